@@ -1,0 +1,1 @@
+"""Applications on top of the server: video analytics and visual retrieval."""

@@ -1,0 +1,1 @@
+"""Video analytics: camera streams cut into chunks, per-stream accuracy and latency targets."""

@@ -1,0 +1,1 @@
+"""Visual retrieval: question answering, captions and grounding over image collections."""

@@ -1,0 +1,1 @@
+"""Online stage: the inference engine, adapter pool, orchestrator and the RPyC service."""

@@ -1,0 +1,1 @@
+"""Offline stage: teachers (small models) distilled into datasets, and LoRA + task-head training."""

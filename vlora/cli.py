@@ -1,0 +1,48 @@
+"""The `vlora` command: one subcommand per stage, each a Hydra app taking `key=value` overrides.
+
+    vlora zoo    [overrides]   build the offline model zoo (conf/zoo.yaml)
+    vlora world  [overrides]   write the synthetic traffic world (conf/world.yaml)
+    vlora demo   [overrides]   the main job on the built-in default (conf/demo.yaml)
+
+Hydra's own flags work after the subcommand, e.g. `vlora zoo --cfg job` prints the config.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with run(cfg), primary config name, one-line help)
+COMMANDS = {
+    "zoo": ("vlora.commands.zoo", "zoo", "build the offline model zoo"),
+    "world": ("vlora.commands.world", "world", "write the synthetic traffic world"),
+    "demo": ("vlora.commands.demo", "demo", "the main job on the built-in default"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: vlora <command> [key=value ...]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += ["", "Each command is a Hydra app: `vlora <command> --help` shows its config and overrides."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"vlora: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    module_name, config_name, _ = COMMANDS[name]
+    from .config import hydra_entry
+
+    run = importlib.import_module(module_name).run
+    sys.argv = [f"vlora-{name}", *rest]  # Hydra parses sys.argv
+    hydra_entry(config_name, run)()
+
+
+if __name__ == "__main__":
+    main()

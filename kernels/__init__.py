@@ -1,1 +1,35 @@
-"""ATMM: adaptive-tiling batched LoRA Triton kernels, their tiling tables and the one-shot merge kernel."""
+"""ATMM: adaptive-tiling batched LoRA kernels (Triton), their tiling tables and the one-shot merge.
+
+Imports only torch and triton. The public API:
+
+    meta = build_segments(slot_ids, device)            # once per forward, shared by every layer
+    add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices)   # y += LoRA(x), many adapters
+    shrink(...), expand(...)                           # the two halves, for callers that fuse
+    merge_lora_(weight, lora_a, lora_b, slot, ...)     # W += scale * B @ A, all layers, in place
+    unmerge_lora_(...)                                 # and back (also the deLoRA subtraction)
+
+Pool layout (one per projection kind and layer; loading an adapter is a copy into a slot):
+    lora_a: [slices, slots, R, K]   lora_b: [slots, sum(slices), R]   R a multiple of 16;
+    rows of A / columns of B past an adapter's rank are zero; ranks: int32 [slices, slots]
+    (0 = slice not targeted); scales: float32 [slots]; slot -1 in slot_ids = no LoRA.
+
+Tilings come from `kernels/tables/<gpu>.json` (written by `vlora tune`), with a nearest-shape
+and then a heuristic fallback. `reference.py` holds the fp32 reference and the PyTorch
+baselines behind the same call signature.
+"""
+
+from .expand import expand
+from .lora import add_lora, configs_for, pinned
+from .merge import MergeGroup, merge_groups_, merge_lora_, merge_lora_ref_, unmerge_lora_
+from .reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
+from .segments import NO_LORA, SegmentMeta, build_segments
+from .shrink import shrink
+from .table import TilingTable
+from .tiling import ShapeKey, TileConfig, config_space, heuristic_config, shape_key
+
+__all__ = [
+    "NO_LORA", "SegmentMeta", "build_segments", "add_lora", "configs_for", "pinned", "shrink", "expand",
+    "merge_lora_", "unmerge_lora_", "merge_lora_ref_", "merge_groups_", "MergeGroup",
+    "lora_reference", "lora_loop", "lora_gather_bmm", "lora_einsum",
+    "TilingTable", "TileConfig", "ShapeKey", "shape_key", "config_space", "heuristic_config",
+]

@@ -1,0 +1,149 @@
+"""ATMM expand: the second half of a batched heterogeneous LoRA, one launch for all adapters.
+
+    for every slice i (output columns off[i]:off[i+1]), segment g (slot s, rank r = ranks[i, s]):
+        for every token t of g:
+            y[t, off[i]:off[i+1]] += scale[s] * sum_j(v[j, i, t, :r]) @ B[s, off[i]:off[i+1], :r].T
+
+Grid: (segments, token tiles, slices x column tiles). The reduction runs over the adapter's
+real rank only; each (token, column) of y is read and written by exactly one program, so no
+atomics are needed and y is touched once. The shrink's split-K partial sums (j) are added here.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .interpreter import dot_nt, interpreted
+from .segments import SegmentMeta
+from .tiling import TileConfig
+
+
+@triton.jit
+def _expand_kernel(
+    v_ptr, b_ptr, y_ptr,
+    token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, scales_ptr, slice_offsets_ptr,
+    n_col_tiles, n_splits,
+    stride_vj, stride_vi, stride_vt, stride_vr,
+    stride_bs, stride_bn, stride_br,
+    stride_yt, stride_yn,
+    stride_ranks_i,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    SLICES_MULT16: tl.constexpr,
+):
+    pid_seg = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_z = tl.program_id(2)
+    pid_n = pid_z % n_col_tiles
+    pid_i = pid_z // n_col_tiles
+    # All metadata loads are issued before the one exit test (see the shrink kernel).
+    seg_len = tl.load(seg_len_ptr + pid_seg)
+    seg_start = tl.load(seg_start_ptr + pid_seg)
+    slot = tl.load(seg_slot_ptr + pid_seg)
+    col_start = tl.load(slice_offsets_ptr + pid_i)
+    col_end = tl.load(slice_offsets_ptr + pid_i + 1)
+    rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + slot)
+    if (pid_m * BLOCK_M >= seg_len) | (rank == 0) | (col_start + pid_n * BLOCK_N >= col_end):
+        return
+    if SLICES_MULT16:  # lets Triton prove 16-byte alignment of the y and B rows it streams
+        col_start = tl.multiple_of(col_start, 16)
+        col_end = tl.multiple_of(col_end, 16)
+    # The pool's contract: B's columns past an adapter's rank are zero, and the shrink wrote
+    # exact zeros to v there up to the next multiple of 16, so the reduction may run to rank16,
+    # a bound whose divisibility keeps the loads vectorized.
+    rank16 = tl.multiple_of((rank + 15) // 16 * 16, 16)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < seg_len
+    tokens = tl.load(token_order_ptr + seg_start + offs_m, mask=mask_m, other=0).to(tl.int64)
+    offs_n = col_start + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < col_end
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # y is the bulk of the traffic: its load is issued before the reduction so that its
+    # latency overlaps the B and v loads instead of following them.
+    y_ptrs = y_ptr + tokens[:, None] * stride_yt + offs_n[None, :] * stride_yn
+    mask_y = mask_m[:, None] & mask_n[None, :]
+    y = tl.load(y_ptrs, mask=mask_y, other=0.0)
+    v_ptrs = v_ptr + pid_i * stride_vi + tokens[:, None] * stride_vt + offs_k[None, :] * stride_vr
+    b_base = b_ptr + slot.to(tl.int64) * stride_bs
+    b_ptrs = b_base + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :] * stride_br  # [BLOCK_N, BLOCK_K]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, rank16, BLOCK_K):
+        # BLOCK_K divides the pool's max rank, so a whole step of B stays inside the pool and,
+        # unmasked along the rank, loads 16 bytes at a time; v past rank16 was never written.
+        b = tl.load(b_ptrs, mask=mask_n[:, None], other=0.0)  # rows of B, rank contiguous
+        mask_v = mask_m[:, None] & ((k + offs_k) < rank16)[None, :]
+        v = tl.load(v_ptrs, mask=mask_v, other=0.0)
+        for j in range(1, n_splits):
+            v += tl.load(v_ptrs + j * stride_vj, mask=mask_v, other=0.0)
+        v = v.to(b.dtype)  # v rounded to the weights' dtype, as PEFT computes it
+        acc = dot_nt(acc, v, b, UPCAST_DOT)
+        v_ptrs += BLOCK_K * stride_vr
+        b_ptrs += BLOCK_K * stride_br
+
+    scale = tl.load(scales_ptr + slot)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc * scale).to(y.dtype), mask=mask_y)
+
+
+_OFFSETS: dict[tuple, torch.Tensor] = {}
+
+
+def slice_offsets(widths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """int32 [slices + 1] cumulative column offsets, cached so graph capture never allocates."""
+    key = (tuple(widths), str(device))
+    if key not in _OFFSETS:
+        offsets = [0]
+        for w in widths:
+            offsets.append(offsets[-1] + int(w))
+        _OFFSETS[key] = torch.tensor(offsets, dtype=torch.int32, device=device)
+    return _OFFSETS[key]
+
+
+def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
+           scales: torch.Tensor, slices: tuple[int, ...], config: TileConfig) -> torch.Tensor:
+    """y[:, slice i] += scale * v[i] @ B[slot, slice i].T per segment, in place; returns y.
+
+    y: [T, sum(slices)] fp16/bf16; v: float32 [splits, slices, T, R] from `shrink`;
+    lora_b: [slots, sum(slices), R] (PEFT's lora_B layout, slices stacked); ranks: int32
+    [slices, slots]; scales: float32 [slots]; slices: output width of each slice (host ints).
+    """
+    n_total = sum(slices)
+    if y.dtype not in (torch.float16, torch.bfloat16) or y.dim() != 2 or y.shape[1] != n_total:
+        raise ValueError(f"y must be fp16/bf16 [tokens, {n_total}], got {y.dtype} {tuple(y.shape)}")
+    if lora_b.dim() != 3 or lora_b.shape[1] != n_total or lora_b.dtype != y.dtype:
+        raise ValueError(f"lora_b must be {y.dtype} [slots, {n_total}, max_rank], got {lora_b.dtype} "
+                         f"{tuple(lora_b.shape)}")
+    if v.dtype != torch.float32 or v.dim() != 4 or tuple(v.shape[1:]) != (len(slices), y.shape[0], lora_b.shape[2]):
+        raise ValueError(f"v must be float32 [splits, {len(slices)}, {y.shape[0]}, {lora_b.shape[2]}], "
+                         f"got {v.dtype} {tuple(v.shape)}")
+    if tuple(ranks.shape) != (len(slices), lora_b.shape[0]) or ranks.dtype != torch.int32:
+        raise ValueError(f"ranks must be int32 [{len(slices)}, {lora_b.shape[0]}], got {ranks.dtype} "
+                         f"{tuple(ranks.shape)}")
+    if scales.dtype != torch.float32 or tuple(scales.shape) != (lora_b.shape[0],):
+        raise ValueError(f"scales must be float32 [{lora_b.shape[0]}], got {scales.dtype} {tuple(scales.shape)}")
+    if lora_b.shape[2] % 16:
+        raise ValueError(f"lora_b's max_rank ({lora_b.shape[2]}) must be a multiple of 16: pad the pool")
+    if y.stride(-1) != 1 or lora_b.stride(-1) != 1:
+        raise ValueError("y and lora_b need a contiguous last dimension")
+    if meta.num_segments == 0 or meta.max_seg_len == 0:
+        return y
+    n_col_tiles = triton.cdiv(max(slices), config.block_n)
+    block_k = config.block_k
+    while lora_b.shape[2] % block_k:  # the reduction step must divide the pool's rank (see kernel)
+        block_k //= 2
+    grid = (meta.num_segments, triton.cdiv(meta.max_seg_len, config.block_m), len(slices) * n_col_tiles)
+    _expand_kernel[grid](
+        v, lora_b, y, meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks, scales,
+        slice_offsets(slices, y.device),
+        n_col_tiles, v.shape[0],
+        v.stride(0), v.stride(1), v.stride(2), v.stride(3),
+        lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
+        y.stride(0), y.stride(1),
+        ranks.stride(0),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, UPCAST_DOT=interpreted(),
+        SLICES_MULT16=all(w % 16 == 0 for w in slices),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return y

@@ -1,0 +1,60 @@
+"""The ATMM LoRA op: shrink then expand, tiled per shape from the device's tiling table.
+
+    add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices)    # y += LoRA(x), in place
+
+Same signature as the references in `reference.py`, so callers can swap implementations.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .expand import expand
+from .segments import SegmentMeta
+from .shrink import shrink
+from .table import TilingTable
+from .tiling import TileConfig, shape_key
+
+
+@functools.lru_cache(maxsize=None)
+def default_table(device_index: int = 0) -> TilingTable:
+    if not torch.cuda.is_available():
+        return TilingTable("cpu")
+    props = torch.cuda.get_device_properties(device_index)
+    return TilingTable.for_device(props.name, props.multi_processor_count)
+
+
+def configs_for(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, slices: tuple[int, ...],
+                table: TilingTable | None = None) -> tuple[TileConfig, TileConfig]:
+    """The (shrink, expand) tilings for this batch and layer."""
+    table = table or default_table(x.device.index or 0)
+    n_slices, _, rank, k = lora_a.shape
+    n = sum(slices)
+    common = (meta.num_tokens, max(1, meta.max_seg_len))
+    return (table.lookup(shape_key("shrink", *common, k, n, rank, n_slices)),
+            table.lookup(shape_key("expand", *common, k, n, rank, n_slices)))
+
+
+def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, table: TilingTable | None = None,
+             shrink_config: TileConfig | None = None, expand_config: TileConfig | None = None):
+    """y[:, slice i] += scales[s] * (x @ A[i, s].T) @ B[s, slice i].T for each token's slot s."""
+    slices = tuple(int(w) for w in slices)
+    if len(slices) != lora_a.shape[0]:
+        raise ValueError(f"slices {slices} name {len(slices)} output slices but lora_a has {lora_a.shape[0]}")
+    if shrink_config is None or expand_config is None:
+        looked_up = configs_for(x, lora_a, meta, slices, table)
+        shrink_config, expand_config = shrink_config or looked_up[0], expand_config or looked_up[1]
+    v = shrink(x, lora_a, meta, ranks, shrink_config)
+    return expand(y, v, lora_b, meta, ranks, scales, slices, expand_config)
+
+
+def pinned(shrink_config: TileConfig, expand_config: TileConfig):
+    """The ATMM op pinned to one static tiling for every shape (the fixed-tiling baseline)."""
+
+    def add_lora_static(y, x, lora_a, lora_b, meta, ranks, scales, slices):
+        return add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices,
+                        shrink_config=shrink_config, expand_config=expand_config)
+
+    return add_lora_static

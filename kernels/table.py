@@ -1,0 +1,79 @@
+"""Tiling tables: the fastest configuration per shape bucket, found offline, one JSON per GPU.
+
+    kernels/tables/<gpu-slug>.json = {"device": "NVIDIA H100 80GB HBM3", "entries": {
+        "shrink|t64|m1|k4096|n4096|r64|s1": {"block_m": 16, ..., "us": 11.2}, ...}}
+
+Lookup is a dict access. A shape missing from the table takes the entry of the nearest
+model dimensions with the same op, token and rank buckets; a GPU without a table, or a
+bucket nobody searched, takes the heuristic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from .tiling import ShapeKey, TileConfig, heuristic_config
+
+TABLE_DIR = Path(__file__).resolve().parent / "tables"
+_FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages")
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+class TilingTable:
+    def __init__(self, device: str = "unknown", entries: dict[str, dict] | None = None, num_sms: int = 132):
+        self.device, self.num_sms = device, num_sms
+        self.entries: dict[str, dict] = dict(entries or {})
+        self._configs: dict[ShapeKey, TileConfig] = {}
+        self._by_bucket: dict[tuple, list[tuple[int, int, TileConfig]]] = {}
+        for text, entry in self.entries.items():
+            key = ShapeKey.parse(text)
+            cfg = TileConfig(**{f: entry[f] for f in _FIELDS})
+            self._configs[key] = cfg
+            self._by_bucket.setdefault(self._bucket(key), []).append((key.k, key.n, cfg))
+
+    @staticmethod
+    def _bucket(key: ShapeKey) -> tuple:
+        return key.op, key.tokens, key.seg_len, key.rank, key.slices
+
+    def lookup(self, key: ShapeKey) -> TileConfig:
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = self._nearest(key) or heuristic_config(key, self.num_sms)
+            self._configs[key] = cfg  # later lookups of this shape are a plain dict hit
+        return cfg
+
+    def _nearest(self, key: ShapeKey) -> TileConfig | None:
+        candidates = self._by_bucket.get(self._bucket(key))
+        if not candidates:
+            return None
+        dist = lambda c: abs(math.log2(c[0] / key.k)) + abs(math.log2(c[1] / key.n))  # noqa: E731
+        return min(candidates, key=dist)[2]
+
+    def record(self, key: ShapeKey, cfg: TileConfig, us: float) -> None:
+        self.entries[str(key)] = {**cfg.to_dict(), "us": round(us, 3)}
+        self._configs[key] = cfg
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"device": self.device, "num_sms": self.num_sms, "entries": dict(sorted(self.entries.items()))}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body, indent=1) + "\n")
+        tmp.replace(path)  # a crash mid-write never leaves a truncated table
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TilingTable":
+        body = json.loads(Path(path).read_text())
+        return cls(body.get("device", "unknown"), body.get("entries", {}), body.get("num_sms", 132))
+
+    @classmethod
+    def for_device(cls, device_name: str, num_sms: int = 132, table_dir: Path = TABLE_DIR) -> "TilingTable":
+        """The committed table of this GPU, or an empty one (heuristic everywhere)."""
+        path = table_dir / f"{device_slug(device_name)}.json"
+        return cls.load(path) if path.exists() else cls(device_name, {}, num_sms)

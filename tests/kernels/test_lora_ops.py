@@ -1,0 +1,142 @@
+"""ATMM shrink/expand against the fp32 reference (CPU: through the Triton interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lora_cases import make_batch, make_pool, rel_err
+
+from kernels.lora import add_lora, configs_for
+from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
+from kernels.shrink import shrink
+from kernels.tiling import TileConfig
+
+TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def _run(slot_ids, slices, k, max_rank, n_slots, dtype, seed, shrink_cfg=None, expand_cfg=None, **pool_kw):
+    lora_a, lora_b, ranks, scales = make_pool(n_slots, slices, k, max_rank, dtype, seed, **pool_kw)
+    x, y0, meta = make_batch(len(slot_ids), k, sum(slices), slot_ids, dtype, seed)
+    ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    out = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices,
+                   shrink_config=shrink_cfg, expand_config=expand_cfg)
+    return y0, ref, out, torch.tensor(slot_ids, device=out.device)
+
+
+def _check(y0, ref, out, slot_ids, dtype):
+    lora_rows = slot_ids >= 0
+    if lora_rows.any():
+        assert rel_err(out[lora_rows] - y0[lora_rows], ref[lora_rows] - y0[lora_rows]) < TOL[dtype]
+    assert torch.equal(out[~lora_rows], y0[~lora_rows]), "tokens without LoRA are untouched"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k, slices", [(64, (48,)), (33, (32, 16, 16)), (96, (40, 24))])
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_matches_reference_over_sizes_slices_and_splits(dtype, k, slices, split_k):
+    g = torch.Generator().manual_seed(k + split_k)
+    slot_ids = torch.randint(-1, 5, (23,), generator=g).tolist()  # 5 adapters and some no-LoRA tokens
+    cfgs = (TileConfig(16, 16, 16, split_k), TileConfig(16, 32, 16))
+    _check(*_run(slot_ids, slices, k, 16, 5, dtype, seed=k, shrink_cfg=cfgs[0], expand_cfg=cfgs[1]), dtype)
+
+
+def test_ranks_1_to_128_mixed_in_one_batch():
+    ranks = [1, 7, 8, 16, 33, 64, 100, 128]
+    slot_ids = [i % len(ranks) for i in range(40)]
+    out = _run(slot_ids, (32,), 48, 128, len(ranks), torch.bfloat16, seed=3, rank_choices=ranks,
+               shrink_cfg=TileConfig(16, 64, 16, 2), expand_cfg=TileConfig(32, 32, 32))
+    _check(*out, torch.bfloat16)
+
+
+@pytest.mark.parametrize("n_adapters", [1, 8, 64])
+def test_one_launch_serves_any_number_of_adapters(n_adapters):
+    slot_ids = [i % n_adapters for i in range(64)]  # interleaved: segments gather tokens by slot
+    _check(*_run(slot_ids, (32,), 32, 16, 64, torch.float16, seed=n_adapters), torch.float16)
+
+
+def test_untargeted_slices_and_no_lora_segments():
+    slot_ids = [-1, 0, 0, 1, -1, 2, 2, 2, -1, 3]
+    out = _run(slot_ids, (16, 16, 32), 32, 16, 4, torch.bfloat16, seed=9, untargeted=0.4)
+    _check(*out, torch.bfloat16)
+
+
+def test_all_tokens_without_lora_leave_y_untouched():
+    y0, ref, out, _ = _run([-1] * 7, (32,), 32, 16, 2, torch.float16, seed=1)
+    assert torch.equal(out, y0) and torch.equal(ref, y0)
+
+
+def test_padded_metadata_for_graph_capture_gives_the_same_result():
+    slot_ids = [2, 0, 2, -1, 1]
+    dtype, slices = torch.float16, (32,)
+    lora_a, lora_b, ranks, scales = make_pool(4, slices, 32, 16, dtype, seed=5)
+    x, y0, meta = make_batch(5, 32, 32, slot_ids, dtype, seed=5)
+    _, _, padded = make_batch(5, 32, 32, slot_ids, dtype, seed=5, max_segments=4, max_tokens=8)
+    assert padded.num_segments == 4 and padded.max_seg_len == 8
+    a = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    b = add_lora(y0.clone(), x, lora_a, lora_b, padded, ranks, scales, slices)
+    assert torch.equal(a, b)
+
+
+def test_every_rank_column_of_v_is_written():
+    """Poison v first: every column below a token's rank must be overwritten by the shrink."""
+    lora_a, _, ranks, _ = make_pool(3, (32,), 40, 32, torch.float16, seed=4)
+    x, _, meta = make_batch(9, 40, 32, [0, 1, 2] * 3, torch.float16, seed=4)
+    v = torch.full((1, 1, 9, 32), float("nan"), device=x.device)
+    shrink(x, lora_a, meta, ranks, TileConfig(16, 16, 16), out=v)
+    for t in range(9):
+        r = int(ranks[0, t % 3])
+        assert torch.isfinite(v[0, 0, t, :r]).all()
+        expected = x[t].float() @ lora_a[0, t % 3, :r].float().T
+        assert rel_err(v[0, 0, t, :r], expected) < 2e-3
+
+
+@pytest.mark.parametrize("impl", [lora_loop, lora_gather_bmm, lora_einsum], ids=lambda f: f.__name__)
+def test_baselines_match_reference(impl):
+    slot_ids = [3, 3, -1, 0, 1, 1, 1, 2, -1, 0]
+    slices, dtype = (24, 8, 8), torch.float32
+    lora_a, lora_b, ranks, scales = make_pool(4, slices, 32, 16, dtype, seed=7, untargeted=0.3)
+    x, y0, meta = make_batch(len(slot_ids), 32, sum(slices), slot_ids, dtype, seed=7)
+    ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    out = impl(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    assert rel_err(out - y0, ref - y0) < 1e-5
+
+
+def test_bad_inputs_are_named():
+    lora_a, lora_b, ranks, scales = make_pool(2, (32,), 32, 16, torch.float16, seed=0)
+    x, y, meta = make_batch(4, 32, 32, [0, 1, 0, 1], torch.float16, seed=0)
+    with pytest.raises(TypeError, match="x must be float16 or bfloat16"):
+        add_lora(y, x.float(), lora_a, lora_b, meta, ranks, scales, (32,))
+    with pytest.raises(ValueError, match="lora_a must be"):
+        add_lora(y, x[:, :16].contiguous(), lora_a, lora_b, meta, ranks, scales, (32,))
+    with pytest.raises(ValueError, match="ranks must be int32"):
+        add_lora(y, x, lora_a, lora_b, meta, ranks.long(), scales, (32,))
+    with pytest.raises(ValueError, match="slices"):
+        add_lora(y, x, lora_a, lora_b, meta, ranks, scales, (16, 16))
+
+
+def test_configs_come_from_the_table_or_the_heuristic():
+    lora_a, *_ = make_pool(2, (32,), 32, 16, torch.float16, seed=0)
+    x, _, meta = make_batch(4, 32, 32, [0, 1, 0, 1], torch.float16, seed=0)
+    shrink_cfg, expand_cfg = configs_for(x, lora_a, meta, (32,))
+    assert shrink_cfg.block_n == 16 and expand_cfg.block_k == 16  # whole rank in one tile
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mix", ["distinct", "skewed", "identical"])
+@pytest.mark.parametrize("tokens", [1, 64, 1024])
+def test_real_shapes_on_the_gpu(mix, tokens):
+    """Full-size shapes (hidden 4096, fused q/k/v of a GQA model) with tiled configs from the table."""
+    from kernels.workload import token_slots
+
+    slices = (3584, 512, 512)
+    slot_ids = token_slots(tokens, mix)
+    _check(*_run(slot_ids, slices, 3584, 64, 64, torch.bfloat16, seed=tokens, rank_choices=[8, 16, 64]),
+           torch.bfloat16)
+
+
+def test_pool_rank_that_is_not_a_power_of_two():
+    """A pool of max rank 48: the expand's reduction step shrinks to one that divides it."""
+    slot_ids = [0, 1, 2, 1, 0, -1]
+    out = _run(slot_ids, (32, 16), 32, 48, 3, torch.float16, seed=12, rank_choices=[5, 40, 48],
+               shrink_cfg=TileConfig(16, 64, 16), expand_cfg=TileConfig(16, 32, 32))
+    _check(*out, torch.float16)

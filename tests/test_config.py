@@ -69,3 +69,11 @@ def test_cli_runs_a_hydra_app(tmp_path):
     assert (tmp_path / "zoo" / "qwen2_5_vl_tiny" / "model.safetensors").is_file()
     assert "[zoo 1/1] qwen2_5_vl_tiny: built" in out.stderr
     assert list((tmp_path / "runs" / "zoo").iterdir()), "Hydra writes its run directory under paths.home"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only refusal")
+@pytest.mark.parametrize("command", ["tune", "bench"])
+def test_gpu_commands_refuse_clearly_without_a_gpu(command, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "vlora.cli", command, f"paths.home={tmp_path}"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "CUDA" in out.stderr + out.stdout

@@ -3,6 +3,8 @@
     vlora zoo    [overrides]   build the offline model zoo (conf/zoo.yaml)
     vlora world  [overrides]   write the synthetic traffic world (conf/world.yaml)
     vlora demo   [overrides]   the main job on the built-in default (conf/demo.yaml)
+    vlora tune   [overrides]   search the ATMM tiling table of this GPU (conf/tune.yaml)
+    vlora bench  [overrides]   GPU benchmarks (conf/bench.yaml)
 
 Hydra's own flags work after the subcommand, e.g. `vlora zoo --cfg job` prints the config.
 """
@@ -17,6 +19,8 @@ COMMANDS = {
     "zoo": ("vlora.commands.zoo", "zoo", "build the offline model zoo"),
     "world": ("vlora.commands.world", "world", "write the synthetic traffic world"),
     "demo": ("vlora.commands.demo", "demo", "the main job on the built-in default"),
+    "tune": ("vlora.commands.tune", "tune", "search the ATMM tiling table of this GPU"),
+    "bench": ("vlora.commands.bench", "bench", "GPU benchmarks (kernels, merge)"),
 }
 
 

@@ -1,0 +1,96 @@
+"""Summaries and plots of the kernel benchmark, checked against the targets the issue set."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+TORCH_BASELINES = ("loop", "gather_bmm", "einsum")
+
+
+def _by_shape(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    shapes: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        shapes[(r["tokens"], r["mix"], r["rank"], r["hidden"])][r["impl"]] = r
+    return shapes
+
+
+def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
+    shapes = _by_shape(rows)
+    decode, prefill, ratios = [], [], []
+    for (t, mix, r, h), impl in shapes.items():
+        atmm = impl["atmm"]
+        torch_best = min((impl[b]["us"] for b in TORCH_BASELINES if b in impl), default=math.nan)
+        if "atmm_static" in impl:
+            ratios.append(impl["atmm_static"]["us"] / atmm["us"])
+        entry = dict(tokens=t, mix=mix, rank=r, hidden=h, us=atmm["us"], floor_us=atmm["floor_us"],
+                     x_floor=atmm["x_floor"], vs_torch=round(torch_best / atmm["us"], 2))
+        if t <= 64:
+            entry["ok"] = atmm["us"] <= max(10.0, 1.5 * atmm["floor_us"]) and entry["vs_torch"] >= 3
+            decode.append(entry)
+        if t >= 1024:
+            entry["ok"] = atmm["x_floor"] <= 1.5
+            prefill.append(entry)
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else math.nan
+    merge_ok = [m for m in merge_rows if m.get("impl") == "atmm_merge"]
+    return dict(
+        meta,
+        decode_shapes=len(decode), decode_ok=sum(e["ok"] for e in decode),
+        decode_worst_x_floor=max((e["x_floor"] for e in decode), default=None),
+        decode_min_vs_torch=min((e["vs_torch"] for e in decode), default=None),
+        prefill_shapes=len(prefill), prefill_ok=sum(e["ok"] for e in prefill),
+        prefill_worst_x_floor=max((e["x_floor"] for e in prefill), default=None),
+        table_vs_static_geomean=round(geo, 3), table_vs_static_min=round(min(ratios), 3) if ratios else None,
+        merge=[{k: m[k] for k in ("model", "modules", "rank", "us", "floor_us", "x_floor")} for m in merge_ok],
+        decode=decode, prefill=prefill,
+    )
+
+
+def print_summary(summary: dict) -> None:
+    print(f"\n{summary['device']} ({summary['date']}): copy {summary['copy_gbs']} GB/s, "
+          f"matmul {summary['matmul_tflops']} TFLOP/s")
+    print(f"decode (<=64 tokens): {summary['decode_ok']}/{summary['decode_shapes']} shapes within "
+          f"max(10 us, 1.5x floor) and >=3x the best PyTorch baseline; worst {summary['decode_worst_x_floor']}x "
+          f"floor, least {summary['decode_min_vs_torch']}x over PyTorch")
+    print(f"prefill (>=1024 tokens): {summary['prefill_ok']}/{summary['prefill_shapes']} within 1.5x floor; "
+          f"worst {summary['prefill_worst_x_floor']}x")
+    print(f"searched table vs best static tiling: geomean {summary['table_vs_static_geomean']}x, "
+          f"worst shape {summary['table_vs_static_min']}x")
+    for m in summary["merge"]:
+        print(f"merge {m['model']} {m['modules']} r={m['rank']}: {m['us'] / 1e3:.2f} ms, floor "
+              f"{m['floor_us'] / 1e3:.2f} ms ({m['x_floor']}x)")
+
+
+def plot(rows: list[dict], path: Path, mix: str = "distinct") -> None:
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # Hydra's root logger would print its cache notes
+    import matplotlib.pyplot as plt
+
+    ranks = sorted({r["rank"] for r in rows})
+    hiddens = sorted({r["hidden"] for r in rows})
+    fig, axes = plt.subplots(len(ranks), len(hiddens), figsize=(6 * len(hiddens), 4 * len(ranks)), squeeze=False)
+    for i, rank in enumerate(ranks):
+        for j, hidden in enumerate(hiddens):
+            ax = axes[i][j]
+            sel = [r for r in rows if r["rank"] == rank and r["hidden"] == hidden and r["mix"] == mix]
+            for impl in sorted({r["impl"] for r in sel}):
+                pts = sorted((r["tokens"], r["us"]) for r in sel if r["impl"] == impl)
+                ax.plot(*zip(*pts), marker="o", label=impl)
+            floor = sorted({(r["tokens"], r["floor_us"]) for r in sel})
+            ax.plot(*zip(*floor), "k--", label="roofline floor")
+            ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="us (shrink + expand)",
+                   title=f"rank {rank}, hidden {hidden}, {mix} adapters")
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{rows[0]['device']} {rows[0]['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_summary(summary: dict, out_dir: Path) -> None:
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -1,0 +1,163 @@
+"""Offline tiling search: profile every configuration of the space on every shape bucket that
+occurs and record the fastest in the GPU's table (`kernels/tables/<gpu>.json`).
+
+Each tiling is judged by the time of the whole op (shrink + expand) with the other half at
+the table's choice. Resumable: the table is saved after each shape, and a rerun skips the
+shapes already in it.
+Compilation of the candidate kernels runs first, in parallel worker processes that fill
+Triton's on-disk cache, so profiling then measures only run time.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+from .expand import expand
+from .segments import build_segments
+from .shrink import shrink
+from .table import TABLE_DIR, TilingTable, device_slug
+from .tiling import TileConfig, config_space, shape_key
+from .timing import copy_bandwidth_gbs, time_op
+from .workload import MIXES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, make_problem, token_slots
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class SearchJob:
+    tokens: list[int]
+    mixes: list[str]
+    ranks: list[int]
+    hidden_sizes: list[int]
+    dtype: str = "float16"
+    warmup: int = 3
+    repeats: int = 7
+    workers: int = 16
+    table: str | None = None  # default: kernels/tables/<gpu>.json
+    log: str | None = None  # CSV of every timing taken
+
+
+def search_keys(job: SearchJob) -> dict:
+    """key -> representative shape, for every (op, bucket) the job's grid produces."""
+    keys = {}
+    for t in job.tokens:
+        for mix in job.mixes:
+            slots = token_slots(t, mix)
+            seg = max(slots.count(s) for s in set(slots))
+            for r in job.ranks:
+                for h in job.hidden_sizes:
+                    for op in ("shrink", "expand"):
+                        keys.setdefault(shape_key(op, t, seg, h, h, r, 1), LoRAShape(t, mix, r, h, (h,)))
+    return keys
+
+
+def _launch(op: str, cfg: TileConfig, problem, v=None):
+    y, x, lora_a, lora_b, meta, ranks, scales, slices = problem
+    if op == "shrink":
+        return shrink(x, lora_a, meta, ranks, cfg)
+    return expand(y, v, lora_b, meta, ranks, scales, slices, cfg)
+
+
+def _problem(shape: LoRAShape, dtype, seed=0):
+    y, x, lora_a, lora_b, slot_ids, ranks, scales = make_problem(shape, dtype, "cuda", seed)
+    return y, x, lora_a, lora_b, build_segments(slot_ids, "cuda"), ranks, scales, shape.slices
+
+
+def _compile_chunk(args) -> int:
+    """Worker: launch each (op, config) once on a small problem of the same shape class."""
+    work, dtype_name = args
+    dtype = _DTYPES[dtype_name]
+    for op, cfg, shape in work:
+        problem = _problem(LoRAShape(16, "distinct", shape.rank, shape.k, shape.slices), dtype)
+        if op == "shrink":
+            _launch("shrink", cfg, problem)
+        else:
+            v = _launch("shrink", TileConfig(16, min(128, max(16, shape.rank)), 64), problem)
+            _launch("expand", cfg, problem, v)
+    torch.cuda.synchronize()
+    return len(work)
+
+
+def precompile(work: list, dtype_name: str, workers: int) -> None:
+    if workers <= 1 or not work:
+        _compile_chunk((work, dtype_name))
+        return
+    chunks = [work[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        done = 0
+        for n in pool.map(_compile_chunk, [(c, dtype_name) for c in chunks if c]):
+            done += n
+            print(f"\rcompiled {done}/{len(work)} kernels", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+
+def _coupled_step(op: str, partner: TileConfig):
+    """One timed step for tuning `op`: the whole LoRA op with the other half at `partner`.
+
+    The halves are coupled (a shrink split into more K planes leaves more partial sums for
+    the expand to add up), so each tiling is judged by what the whole op costs with it. The
+    shrink is searched first; the expand is then tuned behind the shrink the table chose.
+    """
+
+    def step(cfg: TileConfig, problem):
+        shrink_cfg, expand_cfg = (cfg, partner) if op == "shrink" else (partner, cfg)
+        return _launch("expand", expand_cfg, problem, _launch("shrink", shrink_cfg, problem))
+
+    return step
+
+
+def run_search(job: SearchJob) -> TilingTable:
+    props = torch.cuda.get_device_properties(0)
+    path = Path(job.table) if job.table else TABLE_DIR / f"{device_slug(props.name)}.json"
+    table = TilingTable.load(path) if path.exists() else TilingTable(props.name, {}, props.multi_processor_count)
+    dtype = _DTYPES[job.dtype]
+    max_smem = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+    todo = {k: s for k, s in search_keys(job).items() if str(k) not in table.entries}
+    print(f"{props.name}: {len(todo)} shapes to search ({len(table.entries)} already in {path})", file=sys.stderr)
+    spaces = {k: config_space(k, max_smem) for k in todo}
+    unique = {}
+    for k, shape in todo.items():
+        for cfg in spaces[k]:
+            unique.setdefault((k.op, cfg, shape.rank, shape.slices), (k.op, cfg, shape))
+    start = time.perf_counter()
+    precompile(list(unique.values()), job.dtype, min(job.workers, os.cpu_count() or 1))
+    print(f"compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    gbs = copy_bandwidth_gbs()
+    log = open(job.log, "a", newline="") if job.log else None
+    writer = csv.writer(log) if log else None
+    for i, (key, shape) in enumerate(todo.items(), 1):
+        copies = copies_to_defeat_cache(shape, props.L2_cache_size)
+        problems = [_problem(shape, dtype, seed) for seed in range(copies)]
+        partner = replace(key, op="expand" if key.op == "shrink" else "shrink")
+        step = _coupled_step(key.op, table.lookup(partner))
+        timed = []
+        for cfg in spaces[key]:  # a quick pass over the whole space ...
+            timed.append((time_op(Rotation(problems, functools.partial(step, cfg)), warmup=1, repeats=3), cfg))
+        best = (float("inf"), None)
+        for _, cfg in sorted(timed, key=lambda t: t[0])[:5]:  # ... then the front runners, timed properly
+            us = time_op(Rotation(problems, functools.partial(step, cfg)), warmup=job.warmup, repeats=job.repeats)
+            best = min(best, (us, cfg), key=lambda b: b[0])
+        if writer:
+            writer.writerows([props.name, str(key), *cfg.to_dict().values(), f"{us:.3f}"] for us, cfg in timed)
+        table.record(key, best[1], best[0])
+        table.save(path)
+        floor = floor_cost(shape)[1] / (gbs * 1e3)
+        print(f"[{i}/{len(todo)}] {key}: whole op {best[0]:.1f} us (memory floor {floor:.1f} us) {best[1]}",
+              file=sys.stderr, flush=True)
+        del problems
+    if log:
+        log.close()
+    return table
+
+
+__all__ = ["SearchJob", "run_search", "search_keys", "MIXES"]

@@ -1,0 +1,74 @@
+"""Timing on the GPU: CUDA events around graph replays, medians, and the device's two ceilings.
+
+Every benchmark in `kernels/` times through `time_op`, so all numbers are taken the same way:
+warm-up first (compilation and autotuning stay out), then many timed runs, median reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+
+def time_op(fn: Callable[[], object], warmup: int = 10, repeats: int = 50, use_graph: bool = True,
+            inner: int = 20) -> float:
+    """Median microseconds of one call of `fn` on the current CUDA device.
+
+    With `use_graph`, up to `inner` calls are captured in one CUDA graph and each replay is
+    timed with events, which removes the host launch gaps that would dominate microsecond-scale
+    kernels. Calls slower than half a millisecond are timed one by one without a graph: launch
+    gaps no longer matter there, and a graph of many large calls would only hold memory.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_op needs a CUDA device")
+    for _ in range(max(1, warmup)):
+        fn()
+    single = _event_time_us(fn)
+    runner, per_run = fn, 1
+    if use_graph and single < 500:
+        inner = max(1, min(inner, int(2000 / max(single, 1.0))))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # warm the side stream's allocator pool before capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(inner):
+                fn()
+        runner, per_run = graph.replay, inner
+        runner()
+    torch.cuda.synchronize()
+    return statistics.median(_event_time_us(runner) / per_run for _ in range(repeats))
+
+
+def _event_time_us(fn: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def copy_bandwidth_gbs(n_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
+    src = torch.empty(n_bytes // 2, dtype=torch.float16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    us = time_op(lambda: dst.copy_(src), warmup=3, repeats=20, use_graph=False)
+    return 2 * src.numel() * src.element_size() / (us * 1e-6) / 1e9
+
+
+def matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.float16) -> float:
+    """Dense matrix-product rate of the device's library GEMM, in TFLOP/s."""
+    a = torch.randn(n, n, dtype=dtype, device="cuda")
+    b = torch.randn(n, n, dtype=dtype, device="cuda")
+    us = time_op(lambda: a @ b, warmup=3, repeats=20, use_graph=False)
+    return 2 * n**3 / (us * 1e-6) / 1e12
+
+
+def roofline_us(flops: float, n_bytes: float, tflops: float, gbs: float) -> float:
+    """The floor of an op: the larger of its arithmetic time and its memory time, in microseconds."""
+    return max(flops / (tflops * 1e12), n_bytes / (gbs * 1e9)) * 1e6

@@ -1,0 +1,36 @@
+"""The benchmark's target checks and the search's shape buckets (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.bench_report import summarize
+from kernels.search import SearchJob, search_keys
+
+
+def _row(tokens, impl, us, floor):
+    return dict(device="GPU", date="d", tokens=tokens, mix="distinct", rank=64, hidden=4096, impl=impl,
+                us=us, floor_us=floor, x_floor=round(us / floor, 3))
+
+
+def test_summary_applies_the_issue_targets():
+    rows = [
+        _row(64, "atmm", 20.0, 16.0), _row(64, "atmm_static", 30.0, 16.0), _row(64, "einsum", 90.0, 16.0),
+        _row(1, "atmm", 12.0, 0.3), _row(1, "atmm_static", 12.0, 0.3), _row(1, "loop", 20.0, 0.3),
+        _row(4096, "atmm", 70.0, 40.0), _row(4096, "atmm_static", 70.0, 40.0), _row(4096, "loop", 900.0, 40.0),
+    ]
+    merge = [{"op": "merge_all", "model": "m", "modules": "all", "rank": 16, "impl": "atmm_merge", "us": 7.0,
+              "floor_us": 6.0, "x_floor": 1.17}]
+    s = summarize(rows, merge, dict(device="GPU", date="d"))
+    assert s["decode_shapes"] == 2 and s["decode_ok"] == 1, "12 us > max(10, 1.5 x 0.3) fails; 20 <= 24 passes"
+    assert s["prefill_shapes"] == 1 and s["prefill_ok"] == 0, "70 / 40 = 1.75x floor"
+    assert s["table_vs_static_geomean"] == pytest.approx((1.5 * 1 * 1) ** (1 / 3), abs=1e-3)
+    assert s["table_vs_static_min"] == 1.0
+    assert s["merge"][0]["x_floor"] == 1.17
+
+
+def test_search_buckets_each_shape_once_per_op():
+    keys = search_keys(SearchJob([1, 64], ["distinct", "identical"], [16], [4096]))
+    # t=1: both mixes are one token (one bucket); t=64: seg 1 (distinct) and seg 64 (identical)
+    assert sorted(str(k) for k in keys) == sorted(
+        f"{op}|t{t}|m{m}|k4096|n4096|r16|s1" for op in ("shrink", "expand") for t, m in [(1, 1), (64, 1), (64, 64)])

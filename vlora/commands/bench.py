@@ -1,0 +1,52 @@
+"""`vlora bench`: GPU benchmarks with committed-results output (CSV, summary JSON, PNG)."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+SUITES = ("kernels", "merge")
+
+
+def run(cfg: DictConfig) -> dict:
+    import torch
+
+    from kernels.bench import BenchJob, run_kernel_bench
+    from kernels.bench_report import plot, print_summary, summarize, write_summary
+    from kernels.merge_bench import bench_merge
+    from kernels.timing import copy_bandwidth_gbs
+
+    b = cfg.bench
+    if b.suite not in SUITES:
+        raise SystemExit(f"bench.suite={b.suite!r} is not one of {SUITES}")
+    if not torch.cuda.is_available():
+        raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
+    fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items() if k != "suite"}
+    job = BenchJob(**fields)
+    out = Path(job.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[job.dtype]
+    rows, meta = run_kernel_bench(job) if b.suite == "kernels" else ([], None)
+    gbs = meta["copy_gbs"] if meta else copy_bandwidth_gbs()
+    merge_rows = []
+    for model in job.merge_models:
+        for rank in job.merge_ranks:
+            merge_rows += bench_merge(model, rank, dtype, gbs)
+            print(f"merge {model} r={rank} done", file=sys.stderr, flush=True)
+    if merge_rows:
+        with open(out / "merge.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(merge_rows[0]))
+            writer.writeheader()
+            writer.writerows(merge_rows)
+    if not rows:
+        for r in merge_rows:
+            print(r)
+        return {"merge": merge_rows}
+    summary = summarize(rows, merge_rows, meta)
+    write_summary(summary, out)
+    plot(rows, out / "kernels.png")
+    print_summary(summary)
+    return summary

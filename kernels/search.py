@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -45,6 +45,16 @@ class SearchJob:
     workers: int = 16
     table: str | None = None  # default: kernels/tables/<gpu>.json
     log: str | None = None  # CSV of every timing taken
+    layouts: list = field(default_factory=list)  # more (in_features, out slice widths) than hidden squares
+
+
+def job_layouts(job: SearchJob) -> list[tuple[int, tuple[int, ...]]]:
+    """(K, slices) of every projection searched: hidden x hidden squares plus the given layouts."""
+    out = [(h, (h,)) for h in job.hidden_sizes]
+    for k, slices in job.layouts:
+        if (int(k), tuple(int(w) for w in slices)) not in out:
+            out.append((int(k), tuple(int(w) for w in slices)))
+    return out
 
 
 def search_keys(job: SearchJob) -> dict:
@@ -55,9 +65,10 @@ def search_keys(job: SearchJob) -> dict:
             slots = token_slots(t, mix)
             seg = max(slots.count(s) for s in set(slots))
             for r in job.ranks:
-                for h in job.hidden_sizes:
+                for k, slices in job_layouts(job):
                     for op in ("shrink", "expand"):
-                        keys.setdefault(shape_key(op, t, seg, h, h, r, 1), LoRAShape(t, mix, r, h, (h,)))
+                        keys.setdefault(shape_key(op, t, seg, k, sum(slices), r, len(slices)),
+                                        LoRAShape(t, mix, r, k, slices))
     return keys
 
 

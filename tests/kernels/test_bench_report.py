@@ -34,3 +34,14 @@ def test_search_buckets_each_shape_once_per_op():
     # t=1: both mixes are one token (one bucket); t=64: seg 1 (distinct) and seg 64 (identical)
     assert sorted(str(k) for k in keys) == sorted(
         f"{op}|t{t}|m{m}|k4096|n4096|r16|s1" for op in ("shrink", "expand") for t, m in [(1, 1), (64, 1), (64, 64)])
+
+
+def test_search_covers_the_zoo_models_projection_layouts():
+    from vlora.commands.tune import projection_layouts
+
+    layouts = projection_layouts("qwen2_vl_7b")
+    assert layouts == [(3584, (3584, 512, 512)), (3584, (3584,)), (3584, (18944, 18944)), (18944, (3584,))]
+    keys = search_keys(SearchJob([64], ["distinct"], [8], [], layouts=layouts))
+    assert {(k.k, k.n, k.slices) for k in keys} == {(3584, 4608, 3), (3584, 3584, 1), (3584, 37888, 2),
+                                                    (18944, 3584, 1)}
+    assert {k.rank for k in keys} == {16}, "rank 8 shares the 16-wide bucket"

@@ -23,7 +23,7 @@ from .segments import build_segments
 from .table import TilingTable
 from .tiling import TileConfig, heuristic_config, shape_key
 from .timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op
-from .workload import LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, make_problem, token_slots
+from .workload import LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
 
 BASELINES = {"loop": lora_loop, "gather_bmm": lora_gather_bmm, "einsum": lora_einsum}
 STATIC_CANDIDATES = 12  # per op
@@ -72,12 +72,12 @@ def pick_static(shapes, dtype, l2_bytes, table: TilingTable, job: BenchJob) -> t
     chosen among the table's most frequent winners and the heuristic's choices."""
     winners = {"shrink": Counter(), "expand": Counter()}
     for key_text, entry in table.entries.items():
-        winners[key_text.split("|")[0]][TileConfig(**{k: entry[k] for k in TileConfig.__dataclass_fields__})] += 1
+        winners[key_text.split("|")[0]][TileConfig.from_dict(entry)] += 1
     # The configurations that win most often in the table, plus the heuristic's: a static
     # tiling outside that set would lose on nearly every shape.
     candidates = {op: {cfg for cfg, _ in counts.most_common(STATIC_CANDIDATES)} for op, counts in winners.items()}
     for shape in shapes:
-        seg = max(token_slots(shape.tokens, shape.mix).count(s) for s in set(token_slots(shape.tokens, shape.mix)))
+        seg = longest_segment(shape.tokens, shape.mix)
         for op in candidates:
             candidates[op].add(heuristic_config(shape_key(op, shape.tokens, seg, shape.k, shape.n, shape.rank, 1)))
     log_sum = {op: {c: 0.0 for c in cands} for op, cands in candidates.items()}
@@ -96,7 +96,8 @@ def pick_static(shapes, dtype, l2_bytes, table: TilingTable, job: BenchJob) -> t
     return best["shrink"], best["expand"]
 
 
-def run_kernel_bench(job: BenchJob) -> list[dict]:
+def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
+    """Times every implementation on every grid shape; returns (rows, run metadata)."""
     props = torch.cuda.get_device_properties(0)
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[job.dtype]
     gbs, tflops = copy_bandwidth_gbs(), matmul_tflops(dtype=dtype)

@@ -95,6 +95,118 @@ def _merge_lora_kernel(
                         BLOCK_N, BLOCK_K, BLOCK_R, UPCAST_DOT)
 
 
+@triton.jit
+def _load_b_part(b_rows, rows, rank, stride_br, R_START: tl.constexpr, WIDTH: tl.constexpr,
+                 UPCAST_DOT: tl.constexpr):
+    # b_rows: [BLOCK_N] pointers to B[l, slot, n, 0] -> [BLOCK_N, WIDTH] = B[rows, R_START:R_START+WIDTH]
+    offs_r = R_START + tl.arange(0, WIDTH)
+    b = tl.load(b_rows[:, None] + offs_r[None, :] * stride_br,
+                mask=rows[:, None] & (offs_r < rank)[None, :], other=0.0)
+    if UPCAST_DOT:  # see kernels.interpreter
+        b = b.to(tl.float32)
+    return b
+
+
+@triton.jit
+def _dot_part(acc, b, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, R_START: tl.constexpr,
+              WIDTH: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    # acc: [BLOCK_N, BLOCK_K] += b @ A[R_START:R_START+WIDTH, offs_k]
+    offs_r = R_START + tl.arange(0, WIDTH)
+    a = tl.load(a_base + offs_r[:, None] * stride_ar + offs_k[None, :] * stride_ak,
+                mask=(offs_r < rank)[:, None] & mask_k[None, :], other=0.0)
+    if UPCAST_DOT:
+        a = a.to(tl.float32)
+    return tl.dot(b, a, acc, input_precision="ieee")  # ieee: fp32 pools stay exact
+
+
+@triton.jit
+def _merge_rows_parts(w_ptrs, b_rows, a_base, rows, rank, scale, k_start, k_end,
+                      stride_wk, stride_ak, stride_br, stride_ar, N_STEPS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    # The rank rounded up to 16 columns (N_STEPS x 16) splits into power-of-two parts, 48 = 32 + 16:
+    # every dot is a legal tile, none reaches past the rank's last 16-column step, and B's parts
+    # are loaded once per strip, before the k loop that streams the weight and A.
+    W4: tl.constexpr = 16 * (N_STEPS & 16)
+    W3: tl.constexpr = 16 * (N_STEPS & 8)
+    W2: tl.constexpr = 16 * (N_STEPS & 4)
+    W1: tl.constexpr = 16 * (N_STEPS & 2)
+    W0: tl.constexpr = 16 * (N_STEPS & 1)
+    if W4 > 0:
+        b4 = _load_b_part(b_rows, rows, rank, stride_br, 0, W4, UPCAST_DOT)
+    if W3 > 0:
+        b3 = _load_b_part(b_rows, rows, rank, stride_br, W4, W3, UPCAST_DOT)
+    if W2 > 0:
+        b2 = _load_b_part(b_rows, rows, rank, stride_br, W4 + W3, W2, UPCAST_DOT)
+    if W1 > 0:
+        b1 = _load_b_part(b_rows, rows, rank, stride_br, W4 + W3 + W2, W1, UPCAST_DOT)
+    if W0 > 0:
+        b0 = _load_b_part(b_rows, rows, rank, stride_br, W4 + W3 + W2 + W1, W0, UPCAST_DOT)
+    offs_k0 = tl.arange(0, BLOCK_K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + offs_k0
+        mask_k = offs_k < k_end
+        mask_w = rows[:, None] & mask_k[None, :]
+        w = tl.load(w_ptrs + k0 * stride_wk, mask=mask_w, other=0.0)  # [BLOCK_N, BLOCK_K]
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        if W4 > 0:
+            acc = _dot_part(acc, b4, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, 0, W4, UPCAST_DOT)
+        if W3 > 0:
+            acc = _dot_part(acc, b3, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, W4, W3, UPCAST_DOT)
+        if W2 > 0:
+            acc = _dot_part(acc, b2, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, W4 + W3, W2,
+                            UPCAST_DOT)
+        if W1 > 0:
+            acc = _dot_part(acc, b1, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, W4 + W3 + W2, W1,
+                            UPCAST_DOT)
+        if W0 > 0:
+            acc = _dot_part(acc, b0, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, W4 + W3 + W2 + W1,
+                            W0, UPCAST_DOT)
+        out = (w.to(tl.float32) + scale * acc).to(w_ptrs.dtype.element_ty)  # rounded once
+        tl.store(w_ptrs + k0 * stride_wk, out, mask=mask_w)
+
+
+@triton.jit(do_not_specialize=["slot"])
+def _merge_lora_kernel_parts(
+    w_ptr, a_ptr, b_ptr, ranks_ptr, scales_ptr, offsets_ptr,
+    N, K, slot, sign, k_per_program,
+    stride_wl, stride_wn, stride_wk,
+    stride_al, stride_ai, stride_as, stride_ar, stride_ak,
+    stride_bl, stride_bs, stride_bn, stride_br,
+    stride_rank_i, stride_rank_s,
+    R_MAX: tl.constexpr, N_SLICES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_l = tl.program_id(1).to(tl.int64)
+    num_pid_k = tl.cdiv(K, k_per_program)
+    pid_n = pid // num_pid_k
+    k_start = (pid % num_pid_k) * k_per_program
+    k_end = tl.minimum(k_start + k_per_program, K)
+    n_start = pid_n * BLOCK_N
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    slot64 = slot.to(tl.int64)
+    w_ptrs = w_ptr + pid_l * stride_wl + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    b_rows = b_ptr + pid_l * stride_bl + slot64 * stride_bs + offs_n * stride_bn
+    scale = tl.load(scales_ptr + slot) * sign
+    for i in tl.static_range(N_SLICES):
+        lo = tl.load(offsets_ptr + i)
+        hi = tl.load(offsets_ptr + i + 1)
+        rank = tl.minimum(tl.load(ranks_ptr + i * stride_rank_i + slot * stride_rank_s), R_MAX)
+        rows = (offs_n >= lo) & (offs_n < hi) & (offs_n < N)
+        overlaps = (lo < n_start + BLOCK_N) & (hi > n_start) & (rank > 0)
+        n_steps = tl.where(overlaps, tl.cdiv(rank, 16), 0)
+        a_base = a_ptr + pid_l * stride_al + i * stride_ai + slot64 * stride_as
+        for steps in tl.static_range(1, (R_MAX + 15) // 16 + 1):
+            if n_steps == steps:
+                _merge_rows_parts(w_ptrs, b_rows, a_base, rows, rank, scale, k_start, k_end,
+                                  stride_wk, stride_ak, stride_br, stride_ar, steps,
+                                  BLOCK_N, BLOCK_K, UPCAST_DOT)
+
+
+_USE_PARTS = True
+
+
 @functools.lru_cache(maxsize=256)
 def _offsets_on_device(offsets: tuple[int, ...], device: torch.device) -> torch.Tensor:
     # Cached so a list given on every call costs one copy, and replays under graph capture.
@@ -190,7 +302,7 @@ def merge_lora_(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor
     block_k = block_k or cfg["block_k"]
     k_per_program = k_per_program or cfg["k_per_program"]
     grid = (triton.cdiv(n_total, block_n) * triton.cdiv(k, k_per_program), n_layers)
-    _merge_lora_kernel[grid](
+    (_merge_lora_kernel_parts if _USE_PARTS else _merge_lora_kernel)[grid](
         weight, lora_a, lora_b, ranks, scales, offsets,
         n_total, k, slot, float(sign), k_per_program,
         *weight.stride(), *lora_a.stride(), *lora_b.stride(), *ranks.stride(),

@@ -28,7 +28,7 @@ from .shrink import shrink
 from .table import TABLE_DIR, TilingTable, device_slug
 from .tiling import TileConfig, config_space, shape_key
 from .timing import copy_bandwidth_gbs, time_op
-from .workload import MIXES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, make_problem, token_slots
+from .workload import MIXES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -62,8 +62,7 @@ def search_keys(job: SearchJob) -> dict:
     keys = {}
     for t in job.tokens:
         for mix in job.mixes:
-            slots = token_slots(t, mix)
-            seg = max(slots.count(s) for s in set(slots))
+            seg = longest_segment(t, mix)
             for r in job.ranks:
                 for k, slices in job_layouts(job):
                     for op in ("shrink", "expand"):

@@ -18,7 +18,6 @@ from pathlib import Path
 from .tiling import ShapeKey, TileConfig, heuristic_config
 
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
-_FIELDS = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages")
 
 
 def device_slug(name: str) -> str:
@@ -33,7 +32,7 @@ class TilingTable:
         self._by_bucket: dict[tuple, list[tuple[int, int, TileConfig]]] = {}
         for text, entry in self.entries.items():
             key = ShapeKey.parse(text)
-            cfg = TileConfig(**{f: entry[f] for f in _FIELDS})
+            cfg = TileConfig.from_dict(entry)
             self._configs[key] = cfg
             self._by_bucket.setdefault(self._bucket(key), []).append((key.k, key.n, cfg))
 

@@ -35,6 +35,11 @@ class TileConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, entry: dict) -> "TileConfig":
+        """From a table entry, ignoring its other fields (such as the measured time)."""
+        return cls(**{f: entry[f] for f in cls.__dataclass_fields__})
+
 
 @dataclass(frozen=True)
 class ShapeKey:

@@ -39,6 +39,12 @@ def token_slots(n_tokens: int, mix: str, seed: int = 0, max_requests: int = MAX_
     return np.repeat(per_request, lengths).astype(int).tolist()
 
 
+def longest_segment(n_tokens: int, mix: str) -> int:
+    """Tokens of the most used adapter: the batch's longest segment once grouped by slot."""
+    slots = token_slots(n_tokens, mix)
+    return max(slots.count(s) for s in set(slots))
+
+
 @dataclass(frozen=True)
 class LoRAShape:
     tokens: int

@@ -1,12 +1,10 @@
 """One-shot merge / unmerge of one LoRA adapter into the base weights of every layer, in place.
 
-Switching inference modes (unmerged multi-adapter <-> merged single adapter <-> mixture) folds one
-pool slot into, or out of, the base weights of every layer. Doing that with one `addmm_` per
-layer and projection launches hundreds of kernels and moves each weight about twice; here one
-Triton launch per projection group streams each affected weight tile exactly once.
-
-A group is one kind of projection stacked over all L layers; fused projections (q/k/v, gate/up)
-are one group whose output rows are cut into slices by `slice_offsets`.
+Switching inference modes (unmerged <-> merged <-> mixture) folds one pool slot into, or out of,
+every layer's base weights. One `addmm_` per layer and projection launches hundreds of kernels
+and moves each weight about twice; here one launch per projection group (one kind of projection
+stacked over all L layers; fused q/k/v or gate/up cut into slices by `slice_offsets`) streams
+each affected weight tile exactly once.
 """
 
 from __future__ import annotations
@@ -22,77 +20,6 @@ import triton.language as tl
 from .interpreter import interpreted
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _merge_rows(w_ptrs, b_ptrs, a_ptrs, rows, rank, scale, k_start, k_end,
-                stride_wk, stride_ak, stride_br, stride_ar,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    # w_ptrs: [BLOCK_N, BLOCK_K] and a_ptrs: [BLOCK_R, BLOCK_K] at column 0; b_ptrs: [BLOCK_N, BLOCK_R].
-    # The strip's B rows are the same for every k step, so they are loaded once, before the
-    # loop; only the weight (read, add, write) and A stream through it.
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_r = tl.arange(0, BLOCK_R) < rank  # columns past the rank are never read
-    b = tl.load(b_ptrs, mask=rows[:, None] & mask_r[None, :], other=0.0)  # [BLOCK_N, BLOCK_R]
-    if UPCAST_DOT:  # see kernels.interpreter
-        b = b.to(tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        mask_k = (k0 + offs_k) < k_end
-        mask_w = rows[:, None] & mask_k[None, :]
-        w = tl.load(w_ptrs + k0 * stride_wk, mask=mask_w, other=0.0)  # [BLOCK_N, BLOCK_K]
-        a = tl.load(a_ptrs + k0 * stride_ak, mask=mask_r[:, None] & mask_k[None, :], other=0.0)
-        if UPCAST_DOT:
-            a = a.to(tl.float32)
-        acc = tl.dot(b, a, input_precision="ieee")  # ieee: fp32 pools stay exact
-        out = (w.to(tl.float32) + scale * acc).to(w_ptrs.dtype.element_ty)  # rounded once
-        tl.store(w_ptrs + k0 * stride_wk, out, mask=mask_w)
-
-
-@triton.jit(do_not_specialize=["slot"])  # one binary for every slot
-def _merge_lora_kernel(
-    w_ptr, a_ptr, b_ptr, ranks_ptr, scales_ptr, offsets_ptr,
-    N, K, slot, sign, k_per_program,
-    stride_wl, stride_wn, stride_wk,
-    stride_al, stride_ai, stride_as, stride_ar, stride_ak,
-    stride_bl, stride_bs, stride_bn, stride_br,
-    stride_rank_i, stride_rank_s,
-    R_MAX: tl.constexpr, N_SLICES: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST_DOT: tl.constexpr,
-):
-    # grid: (cdiv(N, BLOCK_N) * cdiv(K, k_per_program), L): each program streams a strip of
-    # BLOCK_N rows x k_per_program columns of one layer's weight, BLOCK_K columns at a time.
-    pid = tl.program_id(0)
-    pid_l = tl.program_id(1).to(tl.int64)  # L * N * K can pass 2**31 (7B gate_up: 2.9e9)
-    num_pid_k = tl.cdiv(K, k_per_program)
-    pid_n = pid // num_pid_k
-    k_start = (pid % num_pid_k) * k_per_program
-    k_end = tl.minimum(k_start + k_per_program, K)
-
-    n_start = pid_n * BLOCK_N
-    offs_n = n_start + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_r = tl.arange(0, BLOCK_R)
-    slot64 = slot.to(tl.int64)
-    w_ptrs = w_ptr + pid_l * stride_wl + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    b_ptrs = (b_ptr + pid_l * stride_bl + slot64 * stride_bs
-              + offs_n[:, None] * stride_bn + offs_r[None, :] * stride_br)
-    scale = tl.load(scales_ptr + slot) * sign
-
-    # A strip may straddle slices (q|k|v): it is merged once per slice it overlaps, each pass
-    # touching only that slice's rows, so no byte moves twice and untargeted rows (rank 0, e.g. k
-    # when only q/v carry LoRA) are never read or written.
-    for i in tl.static_range(N_SLICES):
-        lo = tl.load(offsets_ptr + i)
-        hi = tl.load(offsets_ptr + i + 1)
-        rank = tl.minimum(tl.load(ranks_ptr + i * stride_rank_i + slot * stride_rank_s), R_MAX)
-        rows = (offs_n >= lo) & (offs_n < hi) & (offs_n < N)
-        overlaps = (lo < n_start + BLOCK_N) & (hi > n_start) & (rank > 0)
-        a_ptrs = (a_ptr + pid_l * stride_al + i * stride_ai + slot64 * stride_as
-                  + offs_r[:, None] * stride_ar + offs_k[None, :] * stride_ak)
-        if overlaps:
-            _merge_rows(w_ptrs, b_ptrs, a_ptrs, rows, rank, scale, k_start, k_end,
-                        stride_wk, stride_ak, stride_br, stride_ar,
-                        BLOCK_N, BLOCK_K, BLOCK_R, UPCAST_DOT)
 
 
 @triton.jit
@@ -120,9 +47,9 @@ def _dot_part(acc, b, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, R_STAR
 
 
 @triton.jit
-def _merge_rows_parts(w_ptrs, b_rows, a_base, rows, rank, scale, k_start, k_end,
-                      stride_wk, stride_ak, stride_br, stride_ar, N_STEPS: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _merge_rows(w_ptrs, b_rows, a_base, rows, rank, scale, k_start, k_end,
+                stride_wk, stride_ak, stride_br, stride_ar, N_STEPS: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr):
     # The rank rounded up to 16 columns (N_STEPS x 16) splits into power-of-two parts, 48 = 32 + 16:
     # every dot is a legal tile, none reaches past the rank's last 16-column step, and B's parts
     # are loaded once per strip, before the k loop that streams the weight and A.
@@ -131,16 +58,19 @@ def _merge_rows_parts(w_ptrs, b_rows, a_base, rows, rank, scale, k_start, k_end,
     W2: tl.constexpr = 16 * (N_STEPS & 4)
     W1: tl.constexpr = 16 * (N_STEPS & 2)
     W0: tl.constexpr = 16 * (N_STEPS & 1)
+    S2: tl.constexpr = W4 + W3  # first rank column of part W2, and so on
+    S1: tl.constexpr = S2 + W2
+    S0: tl.constexpr = S1 + W1
     if W4 > 0:
         b4 = _load_b_part(b_rows, rows, rank, stride_br, 0, W4, UPCAST_DOT)
     if W3 > 0:
         b3 = _load_b_part(b_rows, rows, rank, stride_br, W4, W3, UPCAST_DOT)
     if W2 > 0:
-        b2 = _load_b_part(b_rows, rows, rank, stride_br, W4 + W3, W2, UPCAST_DOT)
+        b2 = _load_b_part(b_rows, rows, rank, stride_br, S2, W2, UPCAST_DOT)
     if W1 > 0:
-        b1 = _load_b_part(b_rows, rows, rank, stride_br, W4 + W3 + W2, W1, UPCAST_DOT)
+        b1 = _load_b_part(b_rows, rows, rank, stride_br, S1, W1, UPCAST_DOT)
     if W0 > 0:
-        b0 = _load_b_part(b_rows, rows, rank, stride_br, W4 + W3 + W2 + W1, W0, UPCAST_DOT)
+        b0 = _load_b_part(b_rows, rows, rank, stride_br, S0, W0, UPCAST_DOT)
     offs_k0 = tl.arange(0, BLOCK_K)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + offs_k0
@@ -153,20 +83,17 @@ def _merge_rows_parts(w_ptrs, b_rows, a_base, rows, rank, scale, k_start, k_end,
         if W3 > 0:
             acc = _dot_part(acc, b3, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, W4, W3, UPCAST_DOT)
         if W2 > 0:
-            acc = _dot_part(acc, b2, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, W4 + W3, W2,
-                            UPCAST_DOT)
+            acc = _dot_part(acc, b2, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, S2, W2, UPCAST_DOT)
         if W1 > 0:
-            acc = _dot_part(acc, b1, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, W4 + W3 + W2, W1,
-                            UPCAST_DOT)
+            acc = _dot_part(acc, b1, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, S1, W1, UPCAST_DOT)
         if W0 > 0:
-            acc = _dot_part(acc, b0, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, W4 + W3 + W2 + W1,
-                            W0, UPCAST_DOT)
+            acc = _dot_part(acc, b0, a_base, rank, offs_k, mask_k, stride_ar, stride_ak, S0, W0, UPCAST_DOT)
         out = (w.to(tl.float32) + scale * acc).to(w_ptrs.dtype.element_ty)  # rounded once
         tl.store(w_ptrs + k0 * stride_wk, out, mask=mask_w)
 
 
-@triton.jit(do_not_specialize=["slot"])
-def _merge_lora_kernel_parts(
+@triton.jit(do_not_specialize=["slot"])  # one binary for every slot
+def _merge_lora_kernel(
     w_ptr, a_ptr, b_ptr, ranks_ptr, scales_ptr, offsets_ptr,
     N, K, slot, sign, k_per_program,
     stride_wl, stride_wn, stride_wk,
@@ -174,10 +101,12 @@ def _merge_lora_kernel_parts(
     stride_bl, stride_bs, stride_bn, stride_br,
     stride_rank_i, stride_rank_s,
     R_MAX: tl.constexpr, N_SLICES: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
+    # grid: (cdiv(N, BLOCK_N) * cdiv(K, k_per_program), L): each program streams a strip of
+    # BLOCK_N rows x k_per_program columns of one layer's weight, BLOCK_K columns at a time.
     pid = tl.program_id(0)
-    pid_l = tl.program_id(1).to(tl.int64)
+    pid_l = tl.program_id(1).to(tl.int64)  # L * N * K can pass 2**31 (7B gate_up: 2.9e9)
     num_pid_k = tl.cdiv(K, k_per_program)
     pid_n = pid // num_pid_k
     k_start = (pid % num_pid_k) * k_per_program
@@ -189,6 +118,10 @@ def _merge_lora_kernel_parts(
     w_ptrs = w_ptr + pid_l * stride_wl + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
     b_rows = b_ptr + pid_l * stride_bl + slot64 * stride_bs + offs_n * stride_bn
     scale = tl.load(scales_ptr + slot) * sign
+
+    # A strip may straddle slices (q|k|v): it is merged once per slice it overlaps, each pass
+    # touching only that slice's rows, so no byte moves twice and untargeted rows (rank 0, e.g. k
+    # when only q/v carry LoRA) are never read or written.
     for i in tl.static_range(N_SLICES):
         lo = tl.load(offsets_ptr + i)
         hi = tl.load(offsets_ptr + i + 1)
@@ -197,14 +130,12 @@ def _merge_lora_kernel_parts(
         overlaps = (lo < n_start + BLOCK_N) & (hi > n_start) & (rank > 0)
         n_steps = tl.where(overlaps, tl.cdiv(rank, 16), 0)
         a_base = a_ptr + pid_l * stride_al + i * stride_ai + slot64 * stride_as
+        # One branch per rank rounded up to 16 columns: the step count is static inside, so the
+        # dots have fixed shapes and the k loop stays innermost for the pipeliner.
         for steps in tl.static_range(1, (R_MAX + 15) // 16 + 1):
             if n_steps == steps:
-                _merge_rows_parts(w_ptrs, b_rows, a_base, rows, rank, scale, k_start, k_end,
-                                  stride_wk, stride_ak, stride_br, stride_ar, steps,
-                                  BLOCK_N, BLOCK_K, UPCAST_DOT)
-
-
-_USE_PARTS = True
+                _merge_rows(w_ptrs, b_rows, a_base, rows, rank, scale, k_start, k_end,
+                            stride_wk, stride_ak, stride_br, stride_ar, steps, BLOCK_N, BLOCK_K, UPCAST_DOT)
 
 
 @functools.lru_cache(maxsize=256)
@@ -230,12 +161,11 @@ def _as_offsets(slice_offsets, n_total: int, device: torch.device) -> torch.Tens
 
 
 def _default_config(n_total: int, k: int, weight: torch.Tensor) -> dict:
-    # Memory-bound streaming, tuned on H200 (7B shapes, rank 16-64): strips of 32 rows x 2048
-    # columns, walked 128 columns (256 B a row in 16-bit) at a time with 3 pipeline stages, beat
-    # 64-row strips (whose larger dots leave the loads idle) and whole-row strips (too few
-    # programs for short K). fp32 weights halve the tile width to stay within registers.
+    # Memory-bound streaming, tuned on H200 (LLaVA-7B groups, ranks 8-64): strips of 64 rows x
+    # 2048 columns walked 128 columns (256 B a row in 16-bit) at a time, 4 warps, 3 stages; 8
+    # warps or 256-wide steps ran 1.5x slower. fp32 weights halve the step to fit registers.
     block_k = min(64 if weight.element_size() == 4 else 128, max(16, triton.next_power_of_2(k)))
-    return dict(block_n=min(32, max(16, triton.next_power_of_2(n_total))), block_k=block_k,
+    return dict(block_n=min(64, max(16, triton.next_power_of_2(n_total))), block_k=block_k,
                 k_per_program=max(block_k, 2048), num_warps=4, num_stages=3)
 
 
@@ -259,6 +189,8 @@ def merge_lora_(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor
     The product accumulates in fp32 and is added to the weight, rounded once; no delta tensor is
     built. `ranks` and `scales` are read on the device, so the call never syncs and can be
     captured in a CUDA graph (give `slice_offsets` as a device tensor or a list seen before).
+    Tiling overrides: rows per strip (block_n), columns per step (block_k), columns per strip
+    (k_per_program), num_warps, num_stages; defaults in `_default_config`.
     """
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 (merge) or -1 (unmerge), got {sign!r}")
@@ -273,6 +205,8 @@ def merge_lora_(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor
         raise ValueError(f"lora_a must be [L={n_layers}, n_slices, S, R_max, K={k}], "
                          f"got shape {tuple(lora_a.shape)}")
     _, n_slices, n_slots, r_max, _ = lora_a.shape
+    if r_max > 496:  # five power-of-two parts of 16..256 columns
+        raise ValueError(f"lora_a's R_max must be at most 496, got {r_max}")
     if tuple(lora_b.shape) != (n_layers, n_slots, n_total, r_max):
         raise ValueError(f"lora_b must be [L, S, N_total, R_max] = {(n_layers, n_slots, n_total, r_max)}, "
                          f"got shape {tuple(lora_b.shape)}")
@@ -302,14 +236,11 @@ def merge_lora_(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor
     block_k = block_k or cfg["block_k"]
     k_per_program = k_per_program or cfg["k_per_program"]
     grid = (triton.cdiv(n_total, block_n) * triton.cdiv(k, k_per_program), n_layers)
-    (_merge_lora_kernel_parts if _USE_PARTS else _merge_lora_kernel)[grid](
+    _merge_lora_kernel[grid](
         weight, lora_a, lora_b, ranks, scales, offsets,
         n_total, k, slot, float(sign), k_per_program,
         *weight.stride(), *lora_a.stride(), *lora_b.stride(), *ranks.stride(),
-        R_MAX=r_max, N_SLICES=n_slices,
-        # the whole pool rank in one reduction (tl.dot needs >= 16), so B is loaded once per strip
-        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_R=max(16, triton.next_power_of_2(r_max)),
-        UPCAST_DOT=interpreted(),
+        R_MAX=r_max, N_SLICES=n_slices, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST_DOT=interpreted(),
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
 

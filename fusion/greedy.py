@@ -1,0 +1,142 @@
+"""Accuracy-aware knowledge fusion (V-LoRA §4.2.1): greedy packing of domains into adapters.
+
+Packing domains into the fewest adapters that keep every domain above its requirement is a
+constrained bin packing whose "weights" (accuracy after fusion) are only known by training, so
+the paper's heuristic is greedy with roll-back:
+
+    for d in order(domains):
+        S' = train(S, d)                        # S: current adapter's last good state
+        if every domain fused so far, and d, meets its requirement on S':  S = S'       (fuse)
+        else:  close the adapter with S (roll-back), S = train(new_adapter(), d)  (rollback, open)
+
+Roll-back costs nothing because `Trainer.train` returns a new state and never touches S.
+
+A domain that misses its requirement even alone on a fresh adapter is kept in an adapter of
+its own, flagged `met=False` (event "alone_fails"); it is never dropped. The adapter that was
+rolled back for it did not lose it to a capacity limit, so that adapter is reopened and keeps
+taking domains instead of being closed for nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Callable, Iterable
+
+from .journal import Journal, OpenAdapter, Progress, adapter_name
+from .spec import Domain, FusedAdapter, FusionEvent, FusionResult, Trainer, check_accuracy
+
+ORDERS = ("size_desc", "given", "seeded")
+
+
+def order_domains(domains: Iterable[Domain], order: str = "size_desc", seed: int = 0) -> list[Domain]:
+    """The order domains are tried in.
+
+    size_desc: largest first, ties by name (big datasets shape the shared LoRA first);
+    given: as passed; seeded: `random.Random(seed)` shuffle of the name-sorted domains, so it
+    depends on the seed and the set of domains, not on the order they were passed in.
+    """
+    domains = list(domains)
+    for d in domains:
+        if not isinstance(d, Domain):
+            raise TypeError(f"fuse: domains must be fusion.Domain, got {type(d).__name__}: {d!r}")
+    if not domains:
+        raise ValueError("fuse: no domains given")
+    names = [d.name for d in domains]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"fuse: domain names must be unique, repeated: {dupes}")
+    if order == "size_desc":
+        return sorted(domains, key=lambda d: (-d.size, d.name))
+    if order == "given":
+        return domains
+    if order == "seeded":
+        shuffled = sorted(domains, key=lambda d: d.name)
+        random.Random(seed).shuffle(shuffled)
+        return shuffled
+    raise ValueError(f"fuse: order must be one of {ORDERS}, got {order!r}")
+
+
+def _check_trainer(trainer: object, need_io: bool) -> None:
+    needed = ["new_adapter", "train", "evaluate"] + (["save", "load"] if need_io else [])
+    missing = [m for m in needed if not callable(getattr(trainer, m, None))]
+    if missing:
+        why = " (save/load are needed because a workdir was given)" if need_io else ""
+        raise TypeError(f"fuse: trainer {type(trainer).__name__} lacks {missing}{why}")
+
+
+def fuse(
+    domains: Iterable[Domain],
+    trainer: Trainer,
+    order: str = "size_desc",
+    seed: int = 0,
+    workdir: str | os.PathLike | None = None,
+    progress: Callable[[FusionEvent], None] | None = None,
+) -> FusionResult:
+    """Pack `domains` into the fewest adapters meeting every requirement (greedy, with roll-back).
+
+    With `workdir`, each step is journaled with the trainer's checkpoints, and a later call with
+    the same domains, order and workdir continues from there without training finished steps
+    again (a finished journal just returns its result). `progress` gets each new event.
+    """
+    ordered = order_domains(domains, order, seed)
+    _check_trainer(trainer, need_io=workdir is not None)
+    journal = Journal(workdir, ordered, order, seed, trainer) if workdir is not None else None
+    run = (journal.resume() if journal else None) or Progress()
+    by_name = {d.name: d for d in ordered}
+    while not run.done:
+        event = None
+        if run.pos < len(ordered):
+            event = _step(run, ordered[run.pos], trainer, by_name)
+        else:  # every domain placed: the open adapter is final
+            if run.current is not None:
+                run.closed.append(run.current.closed(by_name))
+            run.current, run.done = None, True
+        if journal is not None:
+            journal.commit(run)
+        if event is not None and progress is not None:
+            progress(event)
+    return FusionResult(sorted(run.closed, key=lambda a: a.index), list(run.events), ordered)
+
+
+def _evaluate(trainer: Trainer, state: object, domain: Domain) -> float:
+    return check_accuracy(trainer.evaluate(state, domain), domain.name)
+
+
+def _step(run: Progress, domain: Domain, trainer: Trainer, by_name: dict[str, Domain]) -> FusionEvent:
+    """One train call and its evaluations; updates `run` in place and returns the decision."""
+    step, name, cur = len(run.events), domain.name, run.current
+    if cur is None:
+        index = run.next_index
+        run.next_index += 1
+        state = trainer.train(trainer.new_adapter(index), domain)
+        accs = {name: _evaluate(trainer, state, domain)}
+        run.pos += 1
+        if domain.met_by(accs[name]):
+            if run.parked is not None:  # its violator fits alone, so the rolled-back adapter is done
+                run.closed.append(run.parked.closed(by_name))
+            run.current, run.parked = OpenAdapter(index, [name], accs, state), None
+            return _log(run, FusionEvent(step, name, index, "open", accs))
+        run.closed.append(FusedAdapter(index, adapter_name(index), [name], accs, {name: domain.requirement},
+                                       False, state))
+        run.current, run.parked = run.parked, None
+        return _log(run, FusionEvent(step, name, index, "alone_fails", accs, (name,)))
+
+    state = trainer.train(cur.state, domain)
+    members = [*cur.domains, name]
+    # Every member is evaluated again: fusing d can cost accuracy on an earlier domain (Fig. 10).
+    accs = {m: _evaluate(trainer, state, by_name[m]) for m in members}
+    violations = tuple(m for m in members if not by_name[m].met_by(accs[m]))
+    if not violations:
+        run.current = OpenAdapter(cur.index, members, accs, state)
+        run.pos += 1
+        return _log(run, FusionEvent(step, name, cur.index, "fuse", accs))
+    # Roll back: `state` is dropped and `cur` (the pre-d state) is parked; pos stays on d, so
+    # the next step trains d alone on a fresh adapter.
+    run.current, run.parked = None, cur
+    return _log(run, FusionEvent(step, name, cur.index, "rollback", accs, violations))
+
+
+def _log(run: Progress, event: FusionEvent) -> FusionEvent:
+    run.events.append(event)
+    return event

@@ -23,7 +23,7 @@ from .segments import build_segments
 from .table import TilingTable
 from .tiling import TileConfig, heuristic_config, shape_key
 from .timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op
-from .workload import LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
+from .workload import DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
 
 BASELINES = {"loop": lora_loop, "gather_bmm": lora_gather_bmm, "einsum": lora_einsum}
 STATIC_CANDIDATES = 12  # per op
@@ -99,7 +99,7 @@ def pick_static(shapes, dtype, l2_bytes, table: TilingTable, job: BenchJob) -> t
 def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
     """Times every implementation on every grid shape; returns (rows, run metadata)."""
     props = torch.cuda.get_device_properties(0)
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[job.dtype]
+    dtype = DTYPES[job.dtype]
     gbs, tflops = copy_bandwidth_gbs(), matmul_tflops(dtype=dtype)
     print(f"{props.name}: copy {gbs:.0f} GB/s, matmul {tflops:.0f} TFLOP/s", file=sys.stderr)
     table, shapes = default_table(0), grid(job)

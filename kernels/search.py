@@ -28,9 +28,8 @@ from .shrink import shrink
 from .table import TABLE_DIR, TilingTable, device_slug
 from .tiling import TileConfig, config_space, shape_key
 from .timing import copy_bandwidth_gbs, time_op
-from .workload import MIXES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
+from .workload import DTYPES, MIXES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -86,7 +85,7 @@ def _problem(shape: LoRAShape, dtype, seed=0):
 def _compile_chunk(args) -> int:
     """Worker: launch each (op, config) once on a small problem of the same shape class."""
     work, dtype_name = args
-    dtype = _DTYPES[dtype_name]
+    dtype = DTYPES[dtype_name]
     for op, cfg, shape in work:
         problem = _problem(LoRAShape(16, "distinct", shape.rank, shape.k, shape.slices), dtype)
         if op == "shrink":
@@ -130,7 +129,7 @@ def run_search(job: SearchJob) -> TilingTable:
     props = torch.cuda.get_device_properties(0)
     path = Path(job.table) if job.table else TABLE_DIR / f"{device_slug(props.name)}.json"
     table = TilingTable.load(path) if path.exists() else TilingTable(props.name, {}, props.multi_processor_count)
-    dtype = _DTYPES[job.dtype]
+    dtype = DTYPES[job.dtype]
     max_smem = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
     todo = {k: s for k, s in search_keys(job).items() if str(k) not in table.entries}
     print(f"{props.name}: {len(todo)} shapes to search ({len(table.entries)} already in {path})", file=sys.stderr)

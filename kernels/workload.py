@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 MIXES = ("distinct", "uniform", "skewed", "identical")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}  # what the ATMM kernels take
 MAX_REQUESTS = 64
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ..config import to_dataclass
+
 SUITES = ("kernels", "merge")
 
 
@@ -18,6 +20,7 @@ def run(cfg: DictConfig) -> dict:
     from kernels.bench_report import plot, print_summary, summarize, write_summary
     from kernels.merge_bench import bench_merge
     from kernels.timing import copy_bandwidth_gbs
+    from kernels.workload import DTYPES
 
     b = cfg.bench
     if b.suite not in SUITES:
@@ -25,10 +28,10 @@ def run(cfg: DictConfig) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items() if k != "suite"}
-    job = BenchJob(**fields)
+    job = to_dataclass(BenchJob, fields)
     out = Path(job.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[job.dtype]
+    dtype = DTYPES[job.dtype]
     rows, meta = run_kernel_bench(job) if b.suite == "kernels" else ([], None)
     gbs = meta["copy_gbs"] if meta else copy_bandwidth_gbs()
     merge_rows = []

@@ -21,7 +21,7 @@ from .specs import ModelSpec, get_spec
 from .tokenizer import build_llava_tokenizer, build_qwen_tokenizer
 
 ZOO_FILE = "zoo.json"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_tokenizer_and_ids(spec: ModelSpec):
@@ -67,12 +67,12 @@ def build_model(spec: ModelSpec, ids: dict[str, int], seed: int, dtype: str = "f
     """A randomly initialised model of the spec; the same seed gives the same weights."""
     from transformers import AutoModelForImageTextToText, GenerationConfig
 
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     config = hf_config(spec, ids)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForImageTextToText.from_config(config, dtype=_DTYPES[dtype])
+        model = AutoModelForImageTextToText.from_config(config, dtype=DTYPES[dtype])
     eos = [ids["eos"]] + ([ids["pad"]] if spec.arch != "llava" else [])
     model.generation_config = GenerationConfig(bos_token_id=ids["bos"], eos_token_id=eos,
                                                pad_token_id=ids["pad"], do_sample=False)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from .build import DTYPES
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+_DTYPES = {**DTYPES, "auto": "auto"}
 
 
 def load_pretrained(path: str | Path, dtype: str = "auto", device: str = "cpu"):

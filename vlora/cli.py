@@ -5,6 +5,8 @@
     vlora demo   [overrides]   the main job on the built-in default (conf/demo.yaml)
     vlora tune   [overrides]   search the ATMM tiling table of this GPU (conf/tune.yaml)
     vlora bench  [overrides]   GPU benchmarks (conf/bench.yaml)
+    vlora serve  [overrides]   the inference server over RPyC (conf/serve.yaml)
+    vlora loadtest [overrides] concurrent clients against a server (conf/loadtest.yaml)
 
 Hydra's own flags work after the subcommand, e.g. `vlora zoo --cfg job` prints the config.
 """
@@ -21,6 +23,8 @@ COMMANDS = {
     "demo": ("vlora.commands.demo", "demo", "the main job on the built-in default"),
     "tune": ("vlora.commands.tune", "tune", "search the ATMM tiling table of this GPU"),
     "bench": ("vlora.commands.bench", "bench", "GPU benchmarks (kernels, merge)"),
+    "serve": ("vlora.commands.serve", "serve", "the inference server (RPyC)"),
+    "loadtest": ("vlora.commands.loadtest", "loadtest", "many concurrent clients against a server"),
 }
 
 

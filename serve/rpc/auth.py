@@ -1,0 +1,88 @@
+"""Shared-token authentication, done on the raw socket before RPyC speaks a byte.
+
+The client sends one line `VLORA-AUTH/1 <token>\\n`; the server answers `OK`, `DENIED` or
+`BUSY` (connection limit) and closes on anything but OK. Tokens are compared in constant time.
+A connection that does not finish the handshake within `timeout_s` is dropped, so idle sockets
+cannot hold server threads.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+
+from rpyc.utils.authenticators import AuthenticationError
+
+MAGIC = b"VLORA-AUTH/1 "
+MAX_LINE = 1024
+
+
+class AuthError(ConnectionError):
+    """The server refused the connection (wrong token, or too many connections)."""
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    line = bytearray()
+    while len(line) <= MAX_LINE:
+        byte = sock.recv(1)  # one byte at a time: nothing after the newline may be consumed here
+        if not byte:
+            raise ConnectionError("connection closed during the handshake")
+        if byte == b"\n":
+            return bytes(line)
+        line += byte
+    raise ValueError("handshake line too long")
+
+
+class TokenAuthenticator:
+    """RPyC authenticator: `ThreadedServer(..., authenticator=TokenAuthenticator(token, admit))`.
+
+    `admit()` is asked after a good token whether one more connection fits; it returns False
+    when the server is at its connection limit.
+    """
+
+    def __init__(self, token: str, admit=None, timeout_s: float = 5.0):
+        if not isinstance(token, str) or len(token) < 8 or len(token.encode()) > MAX_LINE - len(MAGIC):
+            raise ValueError("the server token must be a string of 8 to ~1000 characters "
+                             "(set rpc.token or the VLORA_TOKEN environment variable)")
+        self._token = token.encode()
+        self._admit = admit or (lambda: True)
+        self.timeout_s = timeout_s
+
+    def __call__(self, sock: socket.socket):
+        sock.settimeout(self.timeout_s)
+        try:
+            line = _read_line(sock)
+        except (OSError, ValueError) as e:
+            raise AuthenticationError(f"bad handshake: {e}") from None
+        if not (line.startswith(MAGIC) and hmac.compare_digest(line[len(MAGIC):], self._token)):
+            _send(sock, b"DENIED\n")
+            raise AuthenticationError("wrong token")
+        if not self._admit():
+            _send(sock, b"BUSY\n")
+            raise AuthenticationError("too many connections")
+        _send(sock, b"OK\n")
+        sock.settimeout(None)
+        return sock, None
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass
+
+
+def client_handshake(sock: socket.socket, token: str, timeout_s: float = 10.0) -> None:
+    sock.settimeout(timeout_s)
+    sock.sendall(MAGIC + token.encode() + b"\n")
+    try:
+        reply = _read_line(sock)
+    except (OSError, ValueError) as e:
+        raise AuthError(f"the server closed the connection during authentication ({e})") from None
+    if reply == b"DENIED":
+        raise AuthError("the server refused the token")
+    if reply == b"BUSY":
+        raise AuthError("the server is at its connection limit; try again later")
+    if reply != b"OK":
+        raise AuthError(f"unexpected handshake reply {reply[:40]!r}: is this a V-LoRA server?")
+    sock.settimeout(None)

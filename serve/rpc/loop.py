@@ -1,0 +1,202 @@
+"""The engine's own thread: the only code that touches the engine while the server runs.
+
+Connection threads (one per client) validate and decode frames, then hand a `Request` to the
+loop through a queue; the loop adds it, steps the engine while anything is unfinished and files
+each output as an event on its request's `Ticket`, where the connection thread picks it up.
+An exception in one request's admission is that request's error; an exception inside a step
+aborts the requests of that step with an error event and the loop goes on serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("vlora.serve.rpc")
+
+
+@dataclass
+class Ticket:
+    """One request's mailbox: events flow engine thread -> connection thread."""
+
+    request_id: str
+    owner: str  # connection id
+    tag: str | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    frame_decode_ms: float = 0.0
+    events: "queue.Queue[dict[str, Any]]" = field(default_factory=queue.Queue)
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def put(self, event: dict[str, Any]) -> None:
+        event = {"request_id": self.request_id, "tag": self.tag, **event}
+        if event["type"] in ("final", "error"):
+            self.finished.set()
+        self.events.put(event)
+
+    def take(self, timeout: float) -> list[dict[str, Any]]:
+        """Every event waiting now, after waiting up to `timeout` seconds for the first."""
+        try:
+            out = [self.events.get(timeout=max(timeout, 0.0))]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                return out
+
+
+def _ms(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round((b - a) * 1e3, 3)
+
+
+class EngineLoop:
+    def __init__(self, engine, idle_wait_s: float = 0.05):
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self._commands: "queue.Queue[tuple]" = queue.Queue()
+        self._tickets: dict[str, Ticket] = {}  # engine thread only
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.counters: Counter[str] = Counter()  # read by other threads; ints, updated atomically enough
+        self.lock = threading.Lock()  # held around engine calls so stats() from other threads is consistent
+
+    # ---- any thread ----------------------------------------------------------------------------
+    def start(self) -> "EngineLoop":
+        self._thread = threading.Thread(target=self._run, name="vlora-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._commands.put(("wake",))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, request, ticket: Ticket) -> None:
+        self._commands.put(("add", request, ticket))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def call(self, fn, timeout: float = 30.0):
+        """Run fn(engine) on the engine thread (adapter loading, stats) and return its result."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        self._commands.put(("call", fn, box, done))
+        if not done.wait(timeout):
+            raise TimeoutError(f"the engine did not answer within {timeout} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    # ---- engine thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            busy = self.engine.has_unfinished()
+            self._drain(block=not busy)
+            if self.engine.has_unfinished():
+                self._step()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=self.idle_wait_s) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, command: tuple) -> None:
+        kind = command[0]
+        if kind == "add":
+            _, request, ticket = command
+            try:
+                with self.lock:
+                    self.engine.add_request(request)
+            except Exception as e:  # bad for this request only (unknown adapter, too long, ...)
+                self.counters["rejected"] += 1
+                ticket.put({"type": "error", "error": {"type": "rejected", "message": str(e)}})
+                return
+            self._tickets[ticket.request_id] = ticket
+            self.counters["admitted"] += 1
+        elif kind == "abort":
+            ticket = self._tickets.pop(command[1], None)
+            if ticket is not None:
+                with self.lock:
+                    self.engine.abort(command[1])
+                self.counters["aborted"] += 1
+                ticket.put({"type": "final", "text": "", "token_ids": [], "finish_reason": "abort", "timing": {}})
+        elif kind == "call":
+            _, fn, box, done = command
+            try:
+                with self.lock:
+                    box["value"] = fn(self.engine)
+            except Exception as e:
+                box["error"] = e
+            done.set()
+
+    def _step(self) -> None:
+        try:
+            with self.lock:
+                outputs = self.engine.step()
+        except Exception as e:
+            log.exception("engine step failed; aborting the requests in flight")
+            self.counters["step_errors"] += 1
+            self._fail_all(f"the engine failed while running this request ({type(e).__name__}: {e})")
+            return
+        for out in outputs:
+            ticket = self._tickets.get(out.request_id)
+            if ticket is None:  # aborted: its final event is already out
+                continue
+            if out.finished:
+                del self._tickets[out.request_id]
+                self.counters["finished"] += 1
+                ticket.put(self._final(ticket, out))
+            elif out.new_token_ids:
+                ticket.put({"type": "tokens", "text": out.new_text, "token_ids": list(out.new_token_ids)})
+
+    def _final(self, ticket: Ticket, out) -> dict[str, Any]:
+        m = out.metrics
+        timing = {"frame_decode_ms": round(ticket.frame_decode_ms, 3),
+                  "queue_ms": _ms(m.arrival_time, m.first_scheduled_time),
+                  "prefill_ms": _ms(m.first_scheduled_time, m.first_token_time),
+                  "decode_ms": _ms(m.first_token_time, m.finished_time),
+                  "total_ms": _ms(ticket.submitted, time.perf_counter()),
+                  "prompt_tokens": m.num_prompt_tokens, "cached_tokens": m.num_cached_tokens,
+                  "preemptions": m.num_preemptions}
+        event = {"type": "final", "text": out.text, "token_ids": list(out.token_ids),
+                 "finish_reason": out.finish_reason, "timing": timing}
+        head = getattr(out, "head", None)
+        if head is not None:
+            event["head"] = head.to_dict() if hasattr(head, "to_dict") else head
+        if out.new_token_ids:
+            event["new_text"] = out.new_text
+        return event
+
+    def _fail_all(self, message: str) -> None:
+        tickets, self._tickets = self._tickets, {}
+        for request_id, ticket in tickets.items():
+            try:
+                with self.lock:
+                    self.engine.abort(request_id)
+            except Exception:  # the engine's state for it is gone already
+                log.exception("abort of %s after a failed step", request_id)
+            ticket.put({"type": "error", "error": {"type": "engine_error", "message": message}})
+        try:
+            with self.lock:
+                self.engine.step()  # flush the aborts' outputs so nothing lingers in the engine
+        except Exception:
+            log.exception("flushing aborted requests failed")

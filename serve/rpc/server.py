@@ -1,0 +1,92 @@
+"""The RPyC server around one engine: restricted protocol, token authentication, limits.
+
+    server = RpcServer(engine, token="...", port=0).start()   # a background thread
+    print(server.port); ...; server.close()
+
+RPyC runs in its restricted mode: only `exposed_` methods of the service are reachable, no
+public-attribute access, no pickling, no custom exception classes and no server tracebacks in
+replies. Classic mode (remote `eval`, module access) is never offered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from rpyc.utils.helpers import classpartial
+from rpyc.utils.server import ThreadedServer
+
+from .auth import TokenAuthenticator
+from .loop import EngineLoop
+from .service import ServerState, VLoRAService
+from .wire import Limits
+
+PROTOCOL_CONFIG = {
+    "allow_public_attrs": False,
+    "allow_all_attrs": False,
+    "allow_setattr": False,
+    "allow_delattr": False,
+    "allow_pickle": False,
+    "allow_exposed_attrs": True,
+    "exposed_prefix": "exposed_",
+    "import_custom_exceptions": False,
+    "instantiate_custom_exceptions": False,
+    "instantiate_oldstyle_exceptions": False,
+    "include_local_traceback": False,
+    "include_local_version": False,
+    "propagate_SystemExit_locally": False,
+    "sync_request_timeout": 120,
+}
+
+
+def _quiet_logger() -> logging.Logger:
+    """RPyC logs every connect and goodbye at INFO; keep warnings and errors only."""
+    logger = logging.getLogger("vlora.serve.rpc.server")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    return logger
+
+
+class RpcServer:
+    def __init__(self, engine, token: str, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None,
+                 max_connections: int = 64, logger: logging.Logger | None = None):
+        self.loop = EngineLoop(engine)
+        self.state = ServerState(self.loop, limits or Limits(), max_connections)
+        self._server = ThreadedServer(classpartial(VLoRAService, self.state), hostname=host, port=port,
+                                      authenticator=TokenAuthenticator(token, self.state.admit),
+                                      protocol_config=dict(PROTOCOL_CONFIG),
+                                      logger=logger or _quiet_logger())
+        self.host, self.port = host, self._server.port
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "RpcServer":
+        """Serve from a background thread (tests, the load test); see serve_forever for the command."""
+        self.loop.start()
+        # listen before returning, so a client may connect at once (start() skips an active listener)
+        self._server._listen()
+        self._thread = threading.Thread(target=self._server.start, name="vlora-rpc", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self, ready=None) -> None:
+        """Serve on this thread until close(); `ready()` is called once connections are accepted."""
+        self.loop.start()
+        self._server._listen()
+        if ready is not None:
+            ready()
+        try:
+            self._server.start()  # returns after close()
+        finally:
+            self.loop.stop()
+
+    def close(self) -> None:
+        self._server.close()
+        self.loop.stop()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> "RpcServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

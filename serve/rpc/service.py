@@ -1,0 +1,211 @@
+"""The RPyC service: the server's only surface. One instance per connection.
+
+Every exposed method takes plain values and returns one JSON string, `{"ok": true, ...}` or
+`{"ok": false, "error": {"type": ..., "message": ...}}`: no object of the server is ever handed
+out by reference and no exception object crosses the wire, so a client can neither walk into
+the server's attributes nor make it run client code. Nothing a client sends can stop the engine
+thread; a client's own requests are aborted when it disconnects.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import rpyc
+
+from .loop import EngineLoop, Ticket
+from .metrics import prometheus_text
+from .wire import Limits, RequestError, parse_submission
+
+log = logging.getLogger("vlora.serve.rpc")
+MAX_POLL_S = 5.0
+
+
+@dataclass
+class ServerState:
+    """What all connections share."""
+
+    loop: EngineLoop
+    limits: Limits
+    max_connections: int = 64
+    started: float = field(default_factory=time.time)
+    connections: int = 0
+    counters: Counter = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ids: Any = field(default_factory=itertools.count)
+
+    def admit(self) -> bool:
+        with self.lock:
+            return self.connections < self.max_connections
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.counters[key] += n
+
+
+def _reply(**fields) -> str:
+    return json.dumps({"ok": True, **fields})
+
+
+def _error(kind: str, message: str) -> str:
+    return json.dumps({"ok": False, "error": {"type": kind, "message": message}})
+
+
+def _guarded(method):
+    """Turn any failure into an error reply for this client alone."""
+
+    def wrapper(self, *args):
+        try:
+            return method(self, *args)
+        except RequestError as e:
+            self.state.count(f"errors_{e.kind}")
+            return _error(e.kind, str(e))
+        except TypeError as e:  # wrong number of arguments and the like
+            self.state.count("errors_bad_argument")
+            return _error("bad_argument", f"{method.__name__[len('exposed_'):]}: {e}")
+        except Exception as e:
+            log.exception("unexpected error in %s", method.__name__)
+            self.state.count("errors_internal")
+            return _error("internal", f"{type(e).__name__}: {e}")
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+class VLoRAService(rpyc.Service):
+    def __init__(self, state: ServerState):
+        self.state = state
+        self.conn_id = f"c{next(state.ids)}"
+        self._tickets: dict[str, Ticket] = {}
+        self._n = itertools.count()
+        self._connected = False
+
+    def on_connect(self, conn) -> None:
+        with self.state.lock:
+            self.state.connections += 1
+            self.state.counters["connections_total"] += 1
+        self._connected = True
+
+    def on_disconnect(self, conn) -> None:
+        if not self._connected:
+            return
+        self._connected = False
+        for request_id, ticket in list(self._tickets.items()):
+            if not ticket.finished.is_set():
+                self.state.loop.abort(request_id)  # its KV blocks and slot go back to the engine
+                self.state.count("aborted_on_disconnect")
+        self._tickets.clear()
+        with self.state.lock:
+            self.state.connections -= 1
+
+    # ---- requests ------------------------------------------------------------------------------
+    def _submit(self, kind: str, spec_json, blobs) -> str:
+        live = sum(not t.finished.is_set() for t in self._tickets.values())
+        if live >= self.state.limits.max_queued_per_connection:
+            raise RequestError("too_many_requests", f"{live} requests of this connection are in flight "
+                                                    f"(limit {self.state.limits.max_queued_per_connection})")
+        start = time.perf_counter()
+        sub = parse_submission(kind, spec_json, blobs, self.state.limits)
+        from serve.engine import Request, SamplingParams
+
+        try:
+            sampling = SamplingParams(**sub.sampling)
+        except ValueError as e:
+            raise RequestError("bad_argument", f"sampling: {e}") from None
+        request_id = f"{self.conn_id}-{next(self._n)}"
+        frames = sub.frames
+        request = Request(prompt=sub.prompt, images=frames if kind == "image" else [],
+                          video=frames if kind == "video" else None, adapter=sub.adapter,
+                          output_mode=sub.output_mode, sampling=sampling, app=sub.app, slo_ms=sub.slo_ms,
+                          request_id=request_id)
+        ticket = Ticket(request_id, self.conn_id, sub.tag, submitted=start,
+                        frame_decode_ms=(time.perf_counter() - start) * 1e3)
+        self._tickets[request_id] = ticket
+        self.state.loop.submit(request, ticket)
+        self.state.count(f"requests_{kind}")
+        return _reply(request_id=request_id)
+
+    @_guarded
+    def exposed_submit_image(self, spec_json, blobs):
+        """One or more images and a prompt. spec_json: see serve.rpc.wire; blobs: tuple of bytes."""
+        return self._submit("image", spec_json, blobs)
+
+    @_guarded
+    def exposed_submit_video(self, spec_json, blobs):
+        """A video chunk (frames of e.g. 1 s at 30 fps) and a prompt."""
+        return self._submit("video", spec_json, blobs)
+
+    @_guarded
+    def exposed_poll(self, request_id, timeout_s=1.0):
+        """The request's events since the last poll, waiting up to timeout_s for the first one."""
+        if type(request_id) is not str:
+            raise RequestError("bad_argument", "request_id must be a string")
+        if type(timeout_s) not in (int, float) or not 0 <= timeout_s <= 3600:
+            raise RequestError("bad_argument", "timeout_s must be a number of seconds in [0, 3600]")
+        ticket = self._tickets.get(request_id)
+        if ticket is None:
+            raise RequestError("unknown_request", f"no request {request_id!r} on this connection "
+                                                  "(finished and collected, or never submitted)")
+        events = ticket.take(min(float(timeout_s), MAX_POLL_S))
+        if any(e["type"] in ("final", "error") for e in events):
+            del self._tickets[request_id]
+        return _reply(events=events)
+
+    @_guarded
+    def exposed_abort(self, request_id):
+        if type(request_id) is not str or request_id not in self._tickets:
+            raise RequestError("unknown_request", f"no request {request_id!r} in flight on this connection")
+        self.state.loop.abort(request_id)
+        return _reply(request_id=request_id)
+
+    # ---- adapters, health, metrics -------------------------------------------------------------
+    @_guarded
+    def exposed_list_adapters(self):
+        adapters = self.state.loop.call(lambda e: e.list_adapters() if hasattr(e, "list_adapters") else [])
+        return _reply(adapters=adapters)
+
+    @_guarded
+    def exposed_load_adapter(self, name, path):
+        if type(name) is not str or type(path) is not str:
+            raise RequestError("bad_argument", "load_adapter takes a name and a server-side directory path (strings)")
+        if not hasattr(self.state.loop.engine, "load_adapter"):
+            raise RequestError("unsupported", "this engine serves the base model only; it cannot load adapters")
+        self.state.loop.call(lambda e: e.load_adapter(name, path))
+        return _reply(adapter=name)
+
+    @_guarded
+    def exposed_unload_adapter(self, name):
+        if type(name) is not str:
+            raise RequestError("bad_argument", "unload_adapter takes an adapter name (string)")
+        if not hasattr(self.state.loop.engine, "unload_adapter"):
+            raise RequestError("unsupported", "this engine serves the base model only; it has no adapters to unload")
+        self.state.loop.call(lambda e: e.unload_adapter(name))
+        return _reply(adapter=name)
+
+    @_guarded
+    def exposed_health(self):
+        stats = self.state.loop.call(lambda e: e.stats())
+        return _reply(healthy=self.state.loop.alive, uptime_s=round(time.time() - self.state.started, 3),
+                      connections=self.state.connections, in_flight=stats.in_flight,
+                      blocks_in_use=stats.blocks_in_use, waiting=stats.waiting, running=stats.running)
+
+    @_guarded
+    def exposed_metrics(self, fmt="json"):
+        stats = self.state.loop.call(lambda e: e.stats())
+        with self.state.lock:
+            server = dict(self.state.counters, connections=self.state.connections)
+        server.update({f"engine_{k}": v for k, v in self.state.loop.counters.items()})
+        if fmt == "prometheus":
+            return _reply(text=prometheus_text(stats, server))
+        if fmt != "json":
+            raise RequestError("bad_argument", f"fmt must be 'json' or 'prometheus', got {fmt!r}")
+        engine = {k: v for k, v in vars(stats).items() if k != "step_times_ms"}
+        return _reply(engine=engine, server=server)

@@ -1,0 +1,43 @@
+"""A real `vlora serve` in a subprocess on loopback, for the RPC tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+TOKEN = "test-token-0123456789"
+
+
+class ServerProcess:
+    def __init__(self, checkpoint, home, *overrides: str):
+        env = {**os.environ, "VLORA_HOME": str(home), "VLORA_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "vlora.cli", "serve", f"model.path={checkpoint}", "rpc.port=0",
+               "engine.device=cpu", "+engine.num_kv_blocks=96", f"hydra.run.dir={home}/runs/serve", *overrides]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.lines: list[str] = []
+        self.port = None
+        deadline = time.monotonic() + 120
+        while self.port is None:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the server exited before listening:\n" + "".join(self.lines))
+            self.lines.append(line)
+            if line.startswith("vlora serve: listening on "):
+                self.port = int(line.rsplit(":", 1)[1])
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not start in 120 s:\n" + "".join(self.lines))
+        # keep draining its output so a chatty server never blocks on a full pipe
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

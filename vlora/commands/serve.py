@@ -1,0 +1,51 @@
+"""`vlora serve`: the engine on one checkpoint behind the RPyC service (conf/serve.yaml).
+
+    VLORA_TOKEN=... vlora serve                          # tiny zoo model, 127.0.0.1:18861
+    VLORA_TOKEN=... vlora serve model.path=/ckpt rpc.host=0.0.0.0 rpc.port=9000
+
+The server prints `vlora serve: listening on HOST:PORT` once it accepts connections (with
+rpc.port=0 the system picks the port) and stops on SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..zoo import SPECS, build_checkpoint
+
+
+def checkpoint_path(model_cfg) -> Path:
+    """The model's checkpoint directory; a zoo model that is not built yet is built first."""
+    path = Path(model_cfg.path)
+    if not path.exists():
+        if model_cfg.name not in SPECS:
+            raise SystemExit(f"vlora serve: model.path {path} does not exist")
+        print(f"vlora serve: building zoo model {model_cfg.name} into {path}", file=sys.stderr, flush=True)
+        build_checkpoint(model_cfg.name, path)
+    return path
+
+
+def run(cfg: DictConfig):
+    from serve.engine import Engine, EngineConfig
+    from serve.rpc import Limits, RpcServer
+
+    rpc = cfg.rpc
+    if not rpc.token:
+        raise SystemExit("vlora serve: no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters")
+    engine_cfg = OmegaConf.to_container(cfg.engine, resolve=True)
+    engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict({**engine_cfg, "dtype": cfg.model.dtype}))
+    manifest = Path(cfg.adapters.manifest)
+    if (manifest.exists() or cfg.adapters.extra) and not hasattr(engine, "load_adapter"):
+        print(f"vlora serve: this engine serves the base model only; adapters of {manifest} are not loaded",
+              file=sys.stderr, flush=True)
+    limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
+    server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
+    signal.signal(signal.SIGTERM, lambda *_: server.close())
+    try:
+        server.serve_forever(ready=lambda: print(f"vlora serve: listening on {server.host}:{server.port}", flush=True))
+    except KeyboardInterrupt:
+        server.close()

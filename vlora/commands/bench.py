@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
 
-SUITES = ("kernels", "merge")
+SUITES = ("kernels", "merge", "engine")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -27,7 +27,14 @@ def run(cfg: DictConfig) -> dict:
         raise SystemExit(f"bench.suite={b.suite!r} is not one of {SUITES}")
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
-    fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items() if k != "suite"}
+    fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items() if k not in ("suite", "engine")}
+    if b.suite == "engine":
+        from serve.bench import EngineBenchJob, run_engine_bench
+
+        engine_fields = OmegaConf.to_container(b.engine, resolve=True)
+        engine_fields["batch_sizes"] = tuple(engine_fields["batch_sizes"])
+        rows, meta = run_engine_bench(to_dataclass(EngineBenchJob, engine_fields, out_dir=fields["out_dir"]))
+        return {"engine": rows, "meta": meta}
     job = to_dataclass(BenchJob, fields)
     out = Path(job.out_dir)
     out.mkdir(parents=True, exist_ok=True)

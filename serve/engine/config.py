@@ -1,0 +1,49 @@
+"""The engine's configuration: one plain dataclass (Hydra stays at the entry points).
+
+Field names match the `engine:` block of conf/serve.yaml; keys of later stages there
+(adapter_slots, host_adapter_cache, policy values other than fcfs) are accepted by
+`EngineConfig.from_dict`, which ignores what this engine does not use yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    device: str = "auto"  # "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1"
+    dtype: str = "auto"  # "auto" = the checkpoint's dtype, or float32 / bfloat16 / float16
+    max_batch_size: int = 32  # sequences per step
+    max_tokens_per_step: int = 4096  # token budget per step (prefill chunks + decode tokens)
+    kv_block_size: int = 16
+    gpu_memory_fraction: float = 0.85  # of the whole device, for weights + activations + K/V cache
+    num_kv_blocks: int | None = None  # fixed cache size; default on CPU: 512 blocks, on GPU: from the budget
+    attention_backend: str = "auto"  # "auto" (triton on GPU, torch on CPU), "torch", "triton"
+    chunked_prefill: bool = True
+    enable_prefix_cache: bool = True
+    encoder_cache_items: int = 64  # vision-encoder outputs kept by image hash (0 = off)
+    max_vision_batch: int = 16  # images / clips per vision-tower call
+    max_model_len: int | None = None  # default: the model's limit, capped by the cache size
+    cuda_graphs: bool = True  # decode steps replay graphs captured per batch-size bucket (GPU)
+    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+    policy: str = "fcfs"
+    seed: int = 0  # the generator of sampled requests without their own seed
+
+    def __post_init__(self) -> None:
+        if self.kv_block_size < 1 or self.max_batch_size < 1 or self.max_tokens_per_step < 1:
+            raise ValueError("kv_block_size, max_batch_size and max_tokens_per_step must be >= 1")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend {self.attention_backend!r} is not one of auto, torch, triton")
+        self.graph_batch_sizes = tuple(sorted(set(int(b) for b in self.graph_batch_sizes)))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "EngineConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kept = {k: v for k, v in values.items() if k in names}
+        if kept.get("policy") not in (None, "fcfs"):
+            kept.pop("policy")  # other policies arrive with the orchestrator
+        if "graph_batch_sizes" in kept:
+            kept["graph_batch_sizes"] = tuple(kept["graph_batch_sizes"])
+        return cls(**kept)

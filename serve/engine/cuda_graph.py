@@ -1,0 +1,83 @@
+"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket (GPU only).
+
+A decode step's shapes depend only on the batch size, so the forward is captured once per
+bucket over static input buffers; a step copies its inputs into the first B rows, pads the
+bucket with rows that write their K/V into the cache's scratch block, replays and reads the
+first B rows of the output. The paged decode kernel takes its loop bounds from
+`context_lens` in memory, so the graph replays correctly for any context lengths.
+Graphs need the "triton" attention backend (the torch path loops over host lists).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .context import StepContext, step_context
+from .inputs import StepInputs
+from .kv_cache import KVCache
+
+
+class DecodeGraphs:
+    def __init__(self, model, kv_cache: KVCache, batch_sizes: tuple[int, ...], max_blocks_per_seq: int,
+                 hidden_size: int, dtype: torch.dtype, device: torch.device):
+        self.model = model
+        self.batch_sizes = tuple(sorted(batch_sizes))
+        self.max_blocks = max_blocks_per_seq
+        self.max_len = max_blocks_per_seq * kv_cache.block_size
+        b = self.batch_sizes[-1]
+        self.null_slot = kv_cache.null_block * kv_cache.block_size
+        self.input_ids = torch.zeros(b, dtype=torch.int64, device=device)
+        self.positions = torch.zeros((3, b) if model.mrope else (b,), dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((b,), self.null_slot, dtype=torch.int64, device=device)
+        self.context_lens = torch.ones(b, dtype=torch.int32, device=device)
+        self.block_tables = torch.full((b, max_blocks_per_seq), kv_cache.null_block, dtype=torch.int32, device=device)
+        self.query_start = torch.arange(b + 1, dtype=torch.int32, device=device)
+        self.hidden = torch.zeros(b, hidden_size, dtype=dtype, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    def _context(self, bs: int) -> StepContext:
+        return StepContext(slot_mapping=self.slot_mapping[:bs], query_start=self.query_start[:bs + 1],
+                           context_lens=self.context_lens[:bs], block_tables=self.block_tables[:bs],
+                           max_query_len=1, max_context_len=self.max_len, decode_only=True,
+                           query_lens_list=[1] * bs)
+
+    def _forward(self, bs: int) -> None:
+        positions = self.positions[..., :bs]
+        self.hidden[:bs] = self.model(self.input_ids[:bs], positions)
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Captures every bucket, largest first so smaller graphs reuse its memory pool."""
+        for bs in reversed(self.batch_sizes):
+            with step_context(self._context(bs)):
+                self._forward(bs)  # warm-up: compiles the kernels outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._forward(bs)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+
+    def can_run(self, inputs: StepInputs) -> bool:
+        ctx = inputs.context
+        return (ctx.decode_only and inputs.input_ids.shape[0] <= self.batch_sizes[-1]
+                and ctx.block_tables.shape[1] <= self.max_blocks and inputs.mm_embeds is None)
+
+    @torch.no_grad()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """hidden [B, D] of a decode batch of B sequences."""
+        ctx = inputs.context
+        b = inputs.input_ids.shape[0]
+        bs = next(s for s in self.batch_sizes if s >= b)
+        self.input_ids[:b].copy_(inputs.input_ids)
+        self.positions[..., :b].copy_(inputs.positions)
+        self.slot_mapping[:b].copy_(ctx.slot_mapping)
+        self.slot_mapping[b:bs].fill_(self.null_slot)
+        self.context_lens[:b].copy_(ctx.context_lens)
+        self.context_lens[b:bs].fill_(1)
+        self.block_tables[:b, :ctx.block_tables.shape[1]].copy_(ctx.block_tables)
+        self.graphs[bs].replay()
+        return self.hidden[:b]

@@ -1,0 +1,41 @@
+"""Vision-encoder outputs cached by image content hash (least recently used out).
+
+A repeated image or clip (same pixels) is encoded once: later requests, and a preempted
+request recomputing its prompt, take its embeddings from here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+
+class EncoderCache:
+    def __init__(self, capacity: int):
+        if capacity < 0:
+            raise ValueError(f"encoder cache capacity must be >= 0 (0 = off), got {capacity}")
+        self.capacity = capacity
+        self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> torch.Tensor | None:
+        value = self._items.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(key)
+        self.hits += 1
+        return value
+
+    def put(self, key: str, value: torch.Tensor) -> None:
+        if self.capacity == 0:
+            return
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)

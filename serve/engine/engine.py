@@ -1,0 +1,211 @@
+"""The engine API: requests in, streamed tokens out (nano-vllm's `LLMEngine` shape).
+
+    engine = Engine("zoo/qwen2_vl_tiny", EngineConfig(device="cpu"))
+    out = engine.generate(Request(prompt="How many cars?", images=[frame]))
+    for delta in engine.generate([r1, r2], stream=True): print(delta.request_id, delta.new_text)
+
+`step()` runs one scheduler iteration and returns the progress of every request that got a
+token (or was aborted); the RPC server and the tests use only this class.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from serve.models import load_model
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .model_runner import ModelRunner
+from .request import Request, RequestMetrics, RequestOutput
+from .scheduler import POLICIES, Scheduler, SchedulerConfig
+from .sequence import MMSpan, Sequence
+from .stats import EngineStats, collect_stats
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for but no CUDA device is available; use device=cpu")
+    return device
+
+
+def _eos_ids(path: Path, tokenizer) -> frozenset[int]:
+    ids = set()
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    except OSError:  # no generation_config.json
+        pass
+    if not ids and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+@dataclass
+class _Tracked:
+    request: Request
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    metrics: RequestMetrics
+
+
+class Engine:
+    def __init__(self, checkpoint: str | Path, config: EngineConfig | None = None, weights=None):
+        self.config = config = config or EngineConfig()
+        self.device = resolve_device(config.device)
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        self.checkpoint = Path(checkpoint)
+        self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights)
+        self.dtype = self.model.language_model.embed_tokens.weight.dtype
+        self.runner = ModelRunner(self.model, config, self.device, self.dtype, backend)
+        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.kv_block_size,
+                                          config.enable_prefix_cache)
+        if config.policy not in POLICIES:
+            raise ValueError(f"policy {config.policy!r} is not one of {sorted(POLICIES)}")
+        sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
+                                       self.runner.max_model_len)
+        self.scheduler = Scheduler(sched_config, self.block_manager, POLICIES[config.policy]())
+        self.tokenizer = self.processor.tokenizer
+        self.eos_token_ids = _eos_ids(self.checkpoint, self.tokenizer)
+        self._requests: dict[str, _Tracked] = {}
+        self._pending: list[RequestOutput] = []
+        self._ids = itertools.count()
+        self.step_times: deque[float] = deque(maxlen=4096)  # seconds of the model step
+        self.step_log: deque[tuple[int, int, bool, float]] = deque(maxlen=65536)  # (seqs, tokens, decode-only, s)
+        self.num_steps = 0
+        self.num_generated_tokens = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+    def add_request(self, request: Request) -> str:
+        if request.output_mode != "generate":
+            raise ValueError(f"output_mode {request.output_mode!r} needs an adapter with a task head; "
+                             "this engine serves output_mode='generate' only until adapters are loaded")
+        if request.adapter is not None:
+            raise ValueError(f"adapter {request.adapter!r} is not loaded (no adapters are served yet); "
+                             "send adapter=None for the base model")
+        request_id = request.request_id or f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        arrival = time.perf_counter()
+        prompt = self.processor.process(request.prompt, request.messages, request.images, request.video,
+                                        request.raw_prompt, request.prompt_token_ids)
+        positions, delta = self.model.prompt_positions(prompt.token_ids, prompt.vision)
+        params = request.sampling
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        spans = tuple(MMSpan(v.offset, v.offset + v.num_tokens, v.content_hash) for v in prompt.vision)
+        seq = Sequence(request_id, list(prompt.token_ids), params.max_tokens, stops, arrival, request.adapter, spans,
+                       data={"sampling": params, "vision": prompt.vision, "prompt_positions": positions,
+                             "mrope_delta": delta})
+        self.runner.prepare_sequence(seq)
+        self.scheduler.add(seq)
+        metrics = RequestMetrics(arrival_time=arrival, num_prompt_tokens=seq.prompt_len)
+        self._requests[request_id] = _Tracked(request, seq, IncrementalDetokenizer(self.tokenizer), metrics)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stops a request; its final output (finish_reason "abort") comes with the next step."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        tracked = self._requests.pop(request_id)
+        self._pending.append(self._output(tracked, [], finished=True))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    # ---- one iteration -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        batch = self.scheduler.schedule()
+        if not batch.entries:
+            if self.scheduler.waiting and not self.scheduler.running and not batch.preempted:  # would spin
+                raise RuntimeError(f"{len(self.scheduler.waiting)} waiting request(s) cannot be scheduled with "
+                                   f"{self.block_manager.num_free_blocks} free K/V blocks")
+            return outputs
+        start = time.perf_counter()
+        for seq, _ in batch.entries:
+            metrics = self._requests[seq.request_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or start
+        sampled = self.runner.run(batch)
+        self.scheduler.postprocess(batch, sampled)
+        now = time.perf_counter()
+        for seq, _ in batch.entries:
+            if seq.seq_id not in sampled:
+                continue
+            tracked = self._requests[seq.request_id]
+            tracked.metrics.first_token_time = tracked.metrics.first_token_time or now
+            outputs.append(self._output(tracked, [sampled[seq.seq_id]], finished=seq.is_finished))
+            if seq.is_finished:
+                tracked.metrics.finished_time = now
+                del self._requests[seq.request_id]
+        self.num_generated_tokens += len(sampled)
+        self.step_times.append(now - start)
+        self.step_log.append((len(batch.entries), batch.num_tokens, batch.decode_only, now - start))
+        self.num_steps += 1
+        return outputs
+
+    def _output(self, tracked: _Tracked, new_ids: list[int], finished: bool) -> RequestOutput:
+        seq, metrics = tracked.seq, tracked.metrics
+        new_text = ""
+        if seq.data["sampling"].detokenize:
+            new_text = tracked.detok.add(new_ids) if new_ids else ""
+            if finished:
+                new_text += tracked.detok.flush()
+        metrics.num_cached_tokens = max(metrics.num_cached_tokens, seq.num_cached_tokens)
+        metrics.num_preemptions = seq.num_preemptions
+        logits = seq.data.get("logits") if seq.data["sampling"].keep_logits else None
+        return RequestOutput(seq.request_id, new_ids, new_text, seq.output_token_ids, tracked.detok.text, finished,
+                             seq.finish_reason if finished else None, metrics, tracked.request.app, logits)
+
+    # ---- blocking and streaming ---------------------------------------------------------------
+    def generate(self, requests: Request | list[Request], stream: bool = False):
+        """Final outputs (in request order; one output for one request), or with stream=True an
+        iterator of every incremental output of these requests as steps produce them."""
+        single = isinstance(requests, Request)
+        ids = []
+        try:
+            for r in [requests] if single else requests:
+                ids.append(self.add_request(r))
+        except Exception:
+            for request_id in ids:  # all or nothing: a bad request does not leave its batch half queued
+                self.abort(request_id)
+            self._pending = [o for o in self._pending if o.request_id not in ids]
+            raise
+        if stream:
+            return self._stream(ids)
+        final: dict[str, RequestOutput] = {}
+        for out in self._stream(ids):
+            if out.finished:
+                final[out.request_id] = out
+        results = [final[i] for i in ids]
+        return results[0] if single else results
+
+    def _stream(self, ids: list[str]) -> Iterator[RequestOutput]:
+        open_ids = set(ids)
+        while open_ids:
+            if not self.has_unfinished():
+                raise RuntimeError(f"requests {sorted(open_ids)} vanished without a final output")
+            for out in self.step():
+                if out.request_id in open_ids:
+                    if out.finished:
+                        open_ids.discard(out.request_id)
+                    yield out
+
+    def stats(self) -> EngineStats:
+        return collect_stats(self)

@@ -1,0 +1,104 @@
+"""The only part of the engine that touches the model and the device.
+
+Owns the model, the K/V cache, the encoder cache, the decode CUDA graphs and the sampling
+generators. `run(batch)` builds the step's inputs, encodes the images the step needs, runs
+the forward (graph replay for decode-only steps on GPU, eager otherwise), computes logits for
+the sequences that reached their last token and samples their next tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from serve.models import VisionLanguageModel
+
+from .config import EngineConfig
+from .context import StepContext, step_context
+from .cuda_graph import DecodeGraphs
+from .encoder_cache import EncoderCache
+from .inputs import StepInputs, attach_vision, build_step_inputs, release_vision
+from .kv_cache import KVCache, blocks_for_gpu_budget, bytes_per_block
+from .sampling import sample
+from .scheduler import ScheduledBatch
+from .sequence import Sequence
+
+CPU_DEFAULT_BLOCKS = 512
+
+
+class ModelRunner:
+    def __init__(self, model: VisionLanguageModel, config: EngineConfig, device: torch.device, dtype: torch.dtype,
+                 backend: str):
+        self.model, self.config, self.device, self.dtype = model, config, device, dtype
+        args = model.args
+        self.block_size = config.kv_block_size
+        block_bytes = bytes_per_block(args.num_layers, self.block_size, args.num_kv_heads, args.head_dim, dtype)
+        if config.num_kv_blocks is not None:
+            num_blocks = config.num_kv_blocks
+        elif device.type == "cuda":
+            self._profile_peak()
+            num_blocks = blocks_for_gpu_budget(device, config.gpu_memory_fraction, block_bytes)
+        else:
+            num_blocks = CPU_DEFAULT_BLOCKS
+        self.kv_cache = KVCache(args.num_layers, num_blocks, self.block_size, args.num_kv_heads, args.head_dim,
+                                dtype, device)
+        self.kv_cache.bind(model.language_model.attention_layers())
+        self.max_model_len = min(config.max_model_len or args.max_position_embeddings, num_blocks * self.block_size)
+        self.encoder_cache = EncoderCache(config.encoder_cache_items)
+        self.counters = {"encoder_calls": 0, "items_encoded": 0, "graph_steps": 0, "eager_steps": 0}
+        self.default_generator = torch.Generator(device=device).manual_seed(config.seed)
+        self.graphs = None
+        if device.type == "cuda" and config.cuda_graphs and backend == "triton":
+            max_blocks = -(-self.max_model_len // self.block_size)
+            self.graphs = DecodeGraphs(model, self.kv_cache, config.graph_batch_sizes, max_blocks,
+                                       args.hidden_size, dtype, device)
+            self.graphs.capture()
+
+    @torch.no_grad()
+    def _profile_peak(self) -> None:
+        """A forward over a full token budget without a cache, so the activation peak is measured."""
+        n = min(self.config.max_tokens_per_step, self.model.args.max_position_embeddings)
+        ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+        positions = torch.arange(n, device=self.device)
+        if self.model.mrope:
+            positions = positions.expand(3, -1).contiguous()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        ctx = StepContext(None, None, None, None, n, n, False, query_lens_list=[n], context_lens_list=[n])
+        with step_context(ctx):
+            hidden = self.model(ids, positions)
+            self.model.compute_logits(hidden[-self.config.max_batch_size:])
+        del hidden
+        torch.cuda.synchronize(self.device)
+
+    def prepare_sequence(self, seq: Sequence) -> None:
+        """Per-sequence device state at admission: the sampling generator."""
+        seed = seq.data["sampling"].seed
+        if seed is not None:
+            seq.data["generator"] = torch.Generator(device=self.device).manual_seed(seed)
+
+    @torch.no_grad()
+    def run(self, batch: ScheduledBatch) -> dict[int, int]:
+        """Runs one step; returns seq_id -> sampled token for sequences that reached their last token."""
+        entries = batch.entries
+        inputs = build_step_inputs(self.model, entries, self.block_size, self.device)
+        attach_vision(self.model, inputs, entries, self.encoder_cache, self.config.max_vision_batch, self.counters)
+        hidden = self._forward(inputs)
+        release_vision(entries)
+        if not inputs.sample_rows:
+            return {}
+        rows = torch.tensor(inputs.sample_rows, device=self.device)
+        logits = self.model.compute_logits(hidden[rows]).float()  # [N, V]
+        seqs = inputs.sample_seqs
+        tokens = sample(logits, [s.data["sampling"] for s in seqs], [s.data.get("generator") for s in seqs],
+                        self.default_generator).tolist()
+        for i, seq in enumerate(seqs):
+            if seq.data["sampling"].keep_logits:
+                seq.data.setdefault("logits", []).append(logits[i].cpu())
+        return {seq.seq_id: token for seq, token in zip(seqs, tokens)}
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            self.counters["graph_steps"] += 1
+            return self.graphs.run(inputs)
+        self.counters["eager_steps"] += 1
+        with step_context(inputs.context):
+            return self.model(inputs.input_ids, inputs.positions, inputs.mm_embeds, inputs.mm_mask)

@@ -1,0 +1,91 @@
+"""What a client submits (`Request`, `SamplingParams`) and what it gets back (`RequestOutput`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+OUTPUT_MODES = ("generate", "head")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    max_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()  # besides the checkpoint's end-of-sequence tokens
+    ignore_eos: bool = False  # do not stop at the end-of-sequence tokens (benchmarks)
+    seed: int | None = None  # a per-request generator: the same seed gives the same tokens in any batch
+    keep_logits: bool = False  # return each step's float32 logits (oracle tests)
+    detokenize: bool = True  # text deltas per step; off for token-id clients and benchmarks
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Request:
+    """One inference request. Give `prompt` (plain text: the chat template and the image
+    placeholders are added), `messages` (chat messages in the processor's format, with
+    {"type": "image"} / {"type": "video"} entries), `prompt` with `raw_prompt=True` (text
+    that already holds template and placeholders) or `prompt_token_ids` (text only)."""
+
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    images: list[Any] = field(default_factory=list)  # PIL images, uint8 [H, W, 3] arrays or encoded bytes
+    video: Any = None  # frames: uint8 [T, H, W, 3] or a list of images (Qwen only)
+    adapter: str | None = None  # LoRA adapter name; None = base model
+    output_mode: str = "generate"  # "generate" (LM head) | "head" (the adapter's task head)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    app: str | None = None  # application tag
+    slo_ms: float | None = None  # latency objective of the application
+    request_id: str | None = None
+    raw_prompt: bool = False
+    prompt_token_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.output_mode not in OUTPUT_MODES:
+            raise ValueError(f"output_mode {self.output_mode!r} is not one of {OUTPUT_MODES}")
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    num_prompt_tokens: int
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_preemptions: int = 0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    """A request's progress after a step: the new tokens (streaming) and everything so far."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    metrics: RequestMetrics
+    app: str | None = None
+    logits: list | None = None  # float32 [vocab] tensors, one per generated token (keep_logits)

@@ -1,0 +1,177 @@
+"""Iteration-level scheduling with continuous batching (no torch here).
+
+Every step the scheduler spends a token budget: running sequences first, in policy order
+(one token for a decoding sequence, the next chunk of a prefilling one), then waiting
+sequences are admitted while the budget, the batch size and the free blocks allow, each with
+its cached prefix taken from the block manager and a first chunk of its prompt. A step may
+therefore mix decode tokens, prefill chunks and fresh prompts. When a running sequence cannot
+grow, the lowest-priority running sequence is preempted by recompute (its blocks are freed
+and it waits again, at its old priority) rather than the step failing.
+
+The policy says only who comes first; the orchestrator replaces `FCFSPolicy` later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+class SchedulingPolicy:
+    """Priority order of sequences: the first is served first and preempted last."""
+
+    name = "base"
+
+    def order(self, seqs: list[Sequence]) -> list[Sequence]:
+        raise NotImplementedError
+
+
+class FCFSPolicy(SchedulingPolicy):
+    name = "fcfs"
+
+    def order(self, seqs: list[Sequence]) -> list[Sequence]:
+        return sorted(seqs, key=lambda s: (s.arrival_time, s.seq_id))
+
+
+POLICIES = {"fcfs": FCFSPolicy}
+
+
+@dataclass
+class SchedulerConfig:
+    max_batch_size: int = 32  # sequences in one step
+    max_tokens_per_step: int = 4096  # token budget of one step (prefill chunks + decode tokens)
+    chunked_prefill: bool = True  # split prompts over steps; off: a prompt runs whole or waits
+    max_model_len: int = 4096  # prompt + generated tokens of one sequence
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_tokens_per_step < 1:
+            raise ValueError("max_batch_size and max_tokens_per_step must be >= 1")
+
+
+@dataclass
+class ScheduledBatch:
+    entries: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens this step)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def decode_only(self) -> bool:
+        return bool(self.entries) and all(n == 1 for _, n in self.entries)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None):
+        self.config = config
+        self.block_manager = block_manager
+        self.policy = policy or FCFSPolicy()
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # ---- queue --------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        cfg = self.config
+        if seq.num_tokens >= cfg.max_model_len:
+            raise ValueError(f"request {seq.request_id!r}: prompt of {seq.num_tokens} tokens leaves no room "
+                             f"under max_model_len {cfg.max_model_len}")
+        if not cfg.chunked_prefill and seq.num_tokens > cfg.max_tokens_per_step:
+            raise ValueError(f"request {seq.request_id!r}: prompt of {seq.num_tokens} tokens exceeds "
+                             f"max_tokens_per_step {cfg.max_tokens_per_step} with chunked prefill off")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        for queue in (self.waiting, self.running):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    self.block_manager.free(seq)
+                    seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+                    return seq
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step -------------------------------------------------------------------------
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        cfg, bm = self.config, self.block_manager
+        batch = ScheduledBatch()
+        budget = cfg.max_tokens_per_step
+        running = self.policy.order(self.running)
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(seq.num_remaining, budget)
+            if not cfg.chunked_prefill and n < seq.num_remaining:
+                i += 1
+                continue
+            while not bm.can_append(seq, n):
+                victim = running.pop()  # lowest priority; never one scheduled already (those precede i)
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                bm.append(seq, n)
+                batch.entries.append((seq, n))
+                budget -= n
+                i += 1
+        self.running = running
+        if batch.preempted:  # memory is short: admit no one this step
+            return batch
+        for seq in self.policy.order(self.waiting):
+            if budget <= 0 or len(self.running) >= cfg.max_batch_size:
+                break
+            cached = bm.num_cached_tokens(seq)
+            n = min(seq.num_tokens - cached, budget)
+            if not cfg.chunked_prefill and n < seq.num_tokens - cached:
+                break
+            if not bm.can_allocate(seq, cached + n):
+                break
+            bm.allocate(seq, cached + n)
+            seq.status = SequenceStatus.RUNNING
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            batch.entries.append((seq, n))
+            budget -= n
+        return batch
+
+    def postprocess(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:
+        """Advances the scheduled sequences; `sampled` maps seq_id -> next token for those whose
+        step reached their last token. Returns the sequences that finished."""
+        finished = []
+        for seq, n in batch.entries:
+            seq.num_computed_tokens += n
+            self.block_manager.commit(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a prefill chunk: nothing sampled yet
+            token = sampled[seq.seq_id]
+            seq.append(token)
+            reason = None
+            if token in seq.stop_token_ids:
+                reason = "stop"
+            elif seq.num_generated >= seq.max_tokens or seq.num_tokens >= self.config.max_model_len:
+                reason = "length"
+            if reason is not None:
+                seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+                self.running.remove(seq)
+                self.block_manager.free(seq)
+                finished.append(seq)
+        return finished

@@ -1,0 +1,84 @@
+"""A request's token sequence as the scheduler and block manager see it (no torch here).
+
+`token_ids` holds the prompt followed by the generated tokens; the first
+`num_computed_tokens` of them have K/V in the cache. A running sequence is scheduled for
+`num_tokens - num_computed_tokens` more tokens: a (chunk of a) prefill, or one decode token.
+Preemption by recompute only resets `num_computed_tokens` and the block table.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class MMSpan:
+    """Placeholder tokens [start, end) of one image or clip, and its content hash."""
+
+    start: int
+    end: int
+    key: str
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    token_ids: list[int]
+    max_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    arrival_time: float = 0.0
+    adapter: str | None = None  # part of the prefix-cache key (KV depends on the adapter)
+    mm_spans: tuple[MMSpan, ...] = ()
+    data: dict[str, Any] = field(default_factory=dict)  # the model runner's per-sequence state
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    prompt_len: int = -1
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # served from the prefix cache at the last admission
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # content hashes of full blocks, memoized
+    num_hashed_blocks: int = 0  # leading blocks registered in (or taken from) the prefix cache
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 0:
+            self.prompt_len = len(self.token_ids)
+        if self.prompt_len < 1:
+            raise ValueError(f"request {self.request_id!r}: the prompt has no tokens")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens still to run through the model before the next one can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

@@ -1,0 +1,44 @@
+"""Engine statistics: cache occupancy, queues, reuse counters and step times."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineStats:
+    num_blocks: int
+    blocks_in_use: int
+    block_size: int
+    waiting: int  # queue length
+    running: int
+    in_flight: int
+    num_preemptions: int
+    prefix_hit_tokens: int
+    encoder_calls: int
+    items_encoded: int
+    encoder_cache_hits: int
+    encoder_cache_size: int
+    graph_steps: int
+    eager_steps: int
+    num_steps: int
+    generated_tokens: int
+    step_time_mean_ms: float
+    step_time_last_ms: float
+    step_times_ms: list[float]  # the most recent steps
+
+
+def collect_stats(engine) -> EngineStats:
+    bm, sched, runner = engine.block_manager, engine.scheduler, engine.runner
+    times = [t * 1e3 for t in engine.step_times]
+    return EngineStats(
+        num_blocks=bm.num_blocks, blocks_in_use=bm.num_used_blocks, block_size=bm.block_size,
+        waiting=len(sched.waiting), running=len(sched.running), in_flight=len(engine._requests),
+        num_preemptions=sched.num_preemptions, prefix_hit_tokens=bm.prefix_hit_tokens,
+        encoder_calls=runner.counters["encoder_calls"], items_encoded=runner.counters["items_encoded"],
+        encoder_cache_hits=runner.encoder_cache.hits, encoder_cache_size=len(runner.encoder_cache),
+        graph_steps=runner.counters["graph_steps"], eager_steps=runner.counters["eager_steps"],
+        num_steps=engine.num_steps, generated_tokens=engine.num_generated_tokens,
+        step_time_mean_ms=sum(times) / len(times) if times else 0.0,
+        step_time_last_ms=times[-1] if times else 0.0, step_times_ms=times[-256:],
+    )

@@ -1,0 +1,66 @@
+"""Serving models: our own language side of Qwen2-VL / Qwen2.5-VL / LLaVA-1.5 over the paged cache,
+the transformers vision towers with the checkpoint's weights, and prompt processing.
+
+    model, processor = load_model("zoo/qwen2_vl_tiny", dtype="float32", device="cpu")
+    prompt = processor.process(prompt="How many cars?", images=[image])  # token ids + vision inputs
+    hidden = model(input_ids, positions, mm_embeds, mm_mask)             # inside a StepContext
+
+Projection hook points for adapters: `model.language_model.projections()` yields
+(layer, name, module) for qkv_proj / o_proj / gate_up_proj / down_proj (slice layout in layers.py);
+`set_projection(layer, name, module)` replaces one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from .args import ModelArgs, read_model_args
+from .decoder import PROJECTIONS, DecoderModel
+from .layers import Linear, RMSNorm
+from .llava import LlavaForServing
+from .loader import WeightSource
+from .processing import ProcessedPrompt, PromptProcessor, content_hash
+from .qwen2_vl import Qwen2VLForServing
+from .rope import RotaryEmbedding, VisionGrid, mrope_prompt_positions
+from .vision import VisionInput
+from .vlm import VisionLanguageModel
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, args: ModelArgs) -> torch.dtype:
+    name = args.dtype if name == "auto" else name
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of {sorted(DTYPES) + ['auto']}")
+    return DTYPES[name]
+
+
+def load_model(path: str | Path, dtype: str = "auto", device="cpu", attention_backend: str = "torch",
+               weights: Mapping[str, torch.Tensor] | None = None):
+    """(VisionLanguageModel, PromptProcessor) of a Hugging Face checkpoint directory.
+
+    weights: tensors to load instead of the directory's safetensors (e.g. the state dict of a
+    transformers model built in memory); the directory then needs only config and processor files.
+    """
+    from transformers import AutoProcessor
+
+    args, hf_config = read_model_args(path)
+    torch_dtype = resolve_dtype(dtype, args)
+    cls = LlavaForServing if args.arch == "llava" else Qwen2VLForServing
+    model = cls(args, hf_config, attention_backend, torch_dtype, device)
+    source = WeightSource(tensors=weights) if weights is not None else WeightSource.from_dir(path)
+    with torch.no_grad():
+        model.load(source)
+    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    return model.eval(), PromptProcessor(processor, args)
+
+
+__all__ = [
+    "ModelArgs", "read_model_args", "load_model", "resolve_dtype", "DTYPES", "VisionLanguageModel",
+    "Qwen2VLForServing", "LlavaForServing", "DecoderModel", "PROJECTIONS", "Linear", "RMSNorm",
+    "RotaryEmbedding", "VisionGrid", "mrope_prompt_positions", "VisionInput", "ProcessedPrompt",
+    "PromptProcessor", "content_hash", "WeightSource",
+]

@@ -1,0 +1,24 @@
+"""Qwen2-VL and Qwen2.5-VL for serving: Qwen2 decoder with M-RoPE, the Qwen vision transformer."""
+
+from __future__ import annotations
+
+import torch
+
+from .rope import VisionGrid, mrope_prompt_positions
+from .vision import QwenVisionEncoder, VisionInput
+from .vlm import VisionLanguageModel
+
+
+class Qwen2VLForServing(VisionLanguageModel):
+    mrope = True
+
+    def build_vision(self, hf_config, dtype, device):
+        return QwenVisionEncoder(hf_config, self.args.arch, dtype, device)
+
+    def prompt_positions(self, token_ids: list[int], vision: list[VisionInput]) -> tuple[torch.Tensor | None, int]:
+        if not vision:
+            return None, 0
+        a = self.args
+        grids = [VisionGrid(v.kind, v.grid_thw, v.second_per_grid_t) for v in vision]
+        return mrope_prompt_positions(token_ids, grids, a.image_token_id, a.video_token_id, a.spatial_merge_size,
+                                      a.tokens_per_second)

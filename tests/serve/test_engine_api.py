@@ -1,0 +1,150 @@
+"""The Engine API: streaming, abort, stop and length limits, seeded sampling, stats, input errors,
+and the Triton attention backend (interpreter) inside the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from serve_cases import case_specs, image, make_request
+
+from serve import Engine, EngineConfig, Request, SamplingParams
+
+NAME = "qwen2_vl_tiny"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_zoo):
+    return Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=128, max_tokens_per_step=64))
+
+
+def test_streamed_deltas_add_up_to_the_final_output(engine):
+    requests = [make_request(s, max_new=5) for s in case_specs("qwen2_vl")[:3]]
+    final = {r.request_id: r for r in engine.generate([make_request(s, max_new=5) for s in case_specs("qwen2_vl")[:3]])}
+    seen: dict[str, list] = {}
+    for out in engine.generate(requests, stream=True):
+        tokens, text, done = seen.setdefault(out.request_id, [[], "", False])
+        assert not done, "nothing after the final output"
+        seen[out.request_id] = [tokens + out.new_token_ids, text + out.new_text, out.finished]
+        assert out.token_ids == seen[out.request_id][0]
+    assert len(seen) == 3 and all(done for _, _, done in seen.values())
+    assert sorted(len(t) for t, _, _ in seen.values()) == sorted(len(o.token_ids) for o in final.values())
+    for tokens, text, _ in seen.values():
+        assert text == engine.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def test_abort_frees_blocks_and_leaves_the_others_alone(engine):
+    specs = case_specs("qwen2_vl")[:2]
+    alone = engine.generate(make_request(specs[1], max_new=6))
+    ids = [engine.add_request(make_request(s, max_new=6)) for s in specs]
+    engine.step()
+    engine.step()
+    assert engine.stats().blocks_in_use > 0
+    assert engine.abort(ids[0]) and not engine.abort("no-such-request")
+    outputs = {}
+    while engine.has_unfinished():
+        outputs.update({o.request_id: o for o in engine.step() if o.finished})
+    assert outputs[ids[0]].finish_reason == "abort" and len(outputs[ids[0]].token_ids) == 2
+    assert outputs[ids[1]].token_ids == alone.token_ids
+    stats = engine.stats()
+    assert stats.blocks_in_use == 0 and stats.in_flight == 0 and stats.waiting == stats.running == 0
+
+
+def test_stop_tokens_max_tokens_and_ignore_eos(engine, tiny_zoo):
+    spec = case_specs("qwen2_vl")[1]
+    free = engine.generate(make_request(spec, max_new=5, ignore_eos=True))
+    assert free.finish_reason == "length" and len(free.token_ids) == 5
+    stop_at = free.token_ids[2]
+    first = free.token_ids.index(stop_at)
+    stopped = engine.generate(make_request(spec, max_new=5, ignore_eos=True, stop_token_ids=(stop_at,)))
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[:first + 1]
+    assert 2 in engine.eos_token_ids  # <|im_end|> from generation_config.json
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(engine):
+    spec = case_specs("qwen2_vl")[0]
+    params = dict(temperature=1.5, top_p=0.95, seed=11)
+    alone = engine.generate(make_request(spec, max_new=6, ignore_eos=True, **params))
+    others = [make_request(s, max_new=6, ignore_eos=True, temperature=1.0) for s in case_specs("qwen2_vl")]
+    crowd = engine.generate(others + [make_request(spec, max_new=6, ignore_eos=True, **params)])
+    assert crowd[-1].token_ids == alone.token_ids
+    other = engine.generate(make_request(spec, max_new=6, ignore_eos=True, temperature=1.5, top_p=0.95, seed=12))
+    greedy = engine.generate(make_request(spec, max_new=6, ignore_eos=True))
+    assert len({tuple(alone.token_ids), tuple(other.token_ids), tuple(greedy.token_ids)}) > 1
+
+
+def test_stats_report_queue_blocks_and_step_times(engine):
+    before = engine.stats()
+    rid = engine.add_request(make_request(case_specs("qwen2_vl")[0], max_new=3))
+    queued = engine.stats()
+    assert queued.waiting == before.waiting + 1 and queued.in_flight == before.in_flight + 1
+    engine.step()
+    running = engine.stats()
+    assert running.running == 1 and running.blocks_in_use > 0 and running.step_time_last_ms > 0
+    assert running.num_steps == before.num_steps + 1
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                assert out.request_id == rid and out.metrics.time_to_first_token > 0
+    assert engine.stats().blocks_in_use == 0
+
+
+def test_bad_requests_are_refused_with_what_to_fix(engine):
+    spec = case_specs("qwen2_vl")[0]
+    with pytest.raises(ValueError, match="adapter 'lora-a' is not loaded"):
+        engine.add_request(Request(prompt="x", adapter="lora-a"))
+    with pytest.raises(ValueError, match="output_mode 'head' needs an adapter"):
+        engine.add_request(Request(prompt="x", output_mode="head"))
+    with pytest.raises(ValueError, match="not one of"):
+        Request(prompt="x", output_mode="boxes")
+    engine.add_request(Request(prompt="x", request_id="dup"))
+    with pytest.raises(ValueError, match="already in flight"):
+        engine.add_request(Request(prompt="x", request_id="dup"))
+    engine.abort("dup")
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request(Request(prompt_token_ids=[5] * 5000))
+    with pytest.raises(ValueError, match="prompt_token_ids carry no images"):
+        engine.add_request(Request(prompt_token_ids=[5, 6], images=[image(0)]))
+    engine.step()
+    assert engine.generate(make_request(spec, max_new=2)).finished
+
+
+def test_triton_attention_in_the_engine_matches_the_torch_path(tiny_zoo):
+    # the kernels run in Triton's interpreter here; one short request keeps that fast
+    specs = [dict(prompt="Cars?", images=[image(0, 56, 84)]), dict(prompt="Hi")]
+    outs = {}
+    for backend in ("torch", "triton"):
+        engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=32, attention_backend=backend))
+        outs[backend] = engine.generate([make_request(s, max_new=3, ignore_eos=True) for s in specs])
+    for a, b in zip(outs["torch"], outs["triton"]):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=1e-4, rtol=1e-4)
+
+
+def test_config_from_the_serve_yaml_block():
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.to_container(OmegaConf.load("conf/serve.yaml").engine)
+    config = EngineConfig.from_dict(block)
+    assert config.max_batch_size == block["max_batch_size"] and config.policy == "fcfs"
+    with pytest.raises(ValueError, match="attention_backend"):
+        EngineConfig(attention_backend="flash")
+
+
+def test_chat_messages_and_raw_prompts_reach_the_same_tokens(engine):
+    picture = image(6)
+    plain = engine.generate(Request(prompt="How many cars?", images=[picture], sampling=SamplingParams(max_tokens=3)))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many cars?"}]}]
+    chat = engine.generate(Request(messages=messages, images=[picture], sampling=SamplingParams(max_tokens=3)))
+    raw_text = engine.processor.processor.apply_chat_template(messages, add_generation_prompt=True)
+    raw = engine.generate(Request(prompt=raw_text, raw_prompt=True, images=[picture],
+                                  sampling=SamplingParams(max_tokens=3)))
+    assert plain.token_ids == chat.token_ids == raw.token_ids
+    assert plain.metrics.num_prompt_tokens == chat.metrics.num_prompt_tokens == raw.metrics.num_prompt_tokens
+
+
+def test_a_bad_request_in_a_batch_queues_none_of_it(engine):
+    good = make_request(case_specs("qwen2_vl")[1], max_new=2)
+    with pytest.raises(ValueError, match="output_mode"):
+        engine.generate([good, Request(prompt="x", output_mode="head")])
+    stats = engine.stats()
+    assert stats.in_flight == 0 and stats.waiting == 0 and not engine.has_unfinished()

@@ -1,0 +1,49 @@
+"""Fused RMSNorm(+residual) and RoPE Triton kernels (interpreter on CPU) against the PyTorch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from serve.models.fused import rms_norm, rope
+from serve.models.layers import RMSNorm
+from serve.models.rope import RotaryEmbedding, apply_rotary
+
+
+# bfloat16 bounds allow a few ulps: the interpreter truncates float32 -> bfloat16 where a GPU rounds
+@pytest.mark.parametrize("dtype,atol,rtol", [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 5e-2, 2e-2)])
+@pytest.mark.parametrize("dim", [128, 96])
+def test_rms_norm_kernel_matches_the_torch_norm(dtype, atol, rtol, dim):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, dim, generator=g).to(dtype)
+    residual = torch.randn(7, dim, generator=g).to(dtype)
+    norm = RMSNorm(dim, 1e-6, dtype)
+    norm.weight.data.copy_(torch.rand(dim, generator=g) + 0.5)
+    torch.testing.assert_close(rms_norm(x, norm.weight, 1e-6), norm(x), atol=atol, rtol=rtol)
+    y, r = rms_norm(x, norm.weight, 1e-6, residual)
+    want_y, want_r = norm(x, residual)
+    # exact on a GPU; Triton's interpreter truncates float32 -> bfloat16 instead of rounding (1 ulp)
+    torch.testing.assert_close(r, want_r, atol=0, rtol=0 if dtype == torch.float32 else 2 ** -7)
+    torch.testing.assert_close(y, want_y, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)])
+def test_rope_kernel_matches_the_torch_rotation_on_strided_views(dtype, atol):
+    g = torch.Generator().manual_seed(1)
+    t, heads, kv_heads, d = 9, 4, 2, 32
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
+    q = qkv[:, :heads * d].view(t, heads, d)  # strided views into a fused projection, as in the model
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(t, kv_heads, d)
+    positions = torch.stack([torch.arange(t), torch.arange(t) // 2, torch.arange(t) % 3]) + 5
+    cos, sin = RotaryEmbedding(d, 1e6, (4, 6, 6)).cos_sin(positions, dtype)
+    for x in (q, k):
+        got = rope(x, cos, sin)
+        assert got.is_contiguous()
+        torch.testing.assert_close(got, apply_rotary(x, cos, sin), atol=atol, rtol=atol)
+
+
+def test_fused_kernels_name_bad_shapes():
+    with pytest.raises(ValueError, match="rms_norm needs"):
+        rms_norm(torch.zeros(2, 3, 4), torch.ones(4), 1e-6)
+    with pytest.raises(ValueError, match="rope needs"):
+        rope(torch.zeros(2, 1, 8), torch.zeros(3, 8), torch.zeros(3, 8))

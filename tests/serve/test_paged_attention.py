@@ -1,0 +1,105 @@
+"""Paged attention: Triton prefill/decode kernels (interpreter on CPU) against the PyTorch reference,
+and the reference against dense causal attention of the unpaged sequences."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from serve.engine.attention import paged_attention_torch, store_kv
+from serve.engine.decode_kernel import paged_decode
+from serve.engine.prefill_kernel import paged_prefill
+
+
+def _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page, dtype=torch.float32, seed=0):
+    """Random K/V for each sequence scattered over shuffled cache blocks; queries for the last rows."""
+    g = torch.Generator().manual_seed(seed)
+    n_blocks = sum(-(-c // page) for c in context_lens) + 3
+    k_cache = torch.randn(n_blocks, page, n_kv_heads, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(n_blocks, page, n_kv_heads, head_dim, generator=g).to(dtype)
+    free = torch.randperm(n_blocks, generator=g).tolist()
+    max_blocks = max(-(-c // page) for c in context_lens)
+    tables = torch.zeros(len(context_lens), max_blocks, dtype=torch.int32)
+    keys, values = [], []
+    for i, c in enumerate(context_lens):
+        nb = -(-c // page)
+        tables[i, :nb] = torch.tensor([free.pop() for _ in range(nb)], dtype=torch.int32)
+        k = torch.randn(c, n_kv_heads, head_dim, generator=g).to(dtype)
+        v = torch.randn(c, n_kv_heads, head_dim, generator=g).to(dtype)
+        slots = (tables[i, torch.arange(c) // page].long() * page + torch.arange(c) % page)
+        store_kv(k, v, k_cache, v_cache, slots)
+        keys.append(k)
+        values.append(v)
+    q = torch.randn(sum(query_lens), n_heads, head_dim, generator=g).to(dtype)
+    query_start = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
+    return q, k_cache, v_cache, tables, query_start, keys, values
+
+
+def _dense(q, keys, values, query_lens, n_heads):
+    """fp32 attention of each sequence's last query rows over its unpaged K/V."""
+    out, start = [], 0
+    for n, k, v in zip(query_lens, keys, values):
+        group = n_heads // k.shape[1]
+        k, v = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+        qs = q[start:start + n].float()
+        scores = torch.einsum("qhd,khd->hqk", qs, k) / math.sqrt(q.shape[-1])
+        pos = torch.arange(k.shape[0] - n, k.shape[0])
+        scores = scores.masked_fill(torch.arange(k.shape[0])[None, None, :] > pos[None, :, None], float("-inf"))
+        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
+        start += n
+    return torch.cat(out)
+
+
+CASES = [  # (context lens, query lens, heads, kv heads, head dim, page)
+    ([5], [5], 4, 4, 32, 16),  # a short fresh prompt
+    ([37, 1, 16, 50], [37, 1, 3, 17], 4, 2, 32, 16),  # fresh, one-token, chunk after cache, odd lengths; GQA
+    ([70, 33], [1, 33], 8, 1, 16, 8),  # MQA, small pages, decode row beside a prefill
+    ([40, 29], [20, 29], 6, 2, 24, 16),  # head dim not a power of two
+]
+
+
+@pytest.mark.parametrize("context_lens,query_lens,n_heads,n_kv_heads,head_dim,page", CASES)
+def test_reference_matches_dense_attention(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page):
+    q, kc, vc, tables, _, keys, values = _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page)
+    got = paged_attention_torch(q, kc, vc, tables, query_lens, context_lens, 1 / math.sqrt(head_dim))
+    torch.testing.assert_close(got, _dense(q, keys, values, query_lens, n_heads), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("context_lens,query_lens,n_heads,n_kv_heads,head_dim,page", CASES)
+def test_prefill_kernel_matches_reference(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page):
+    q, kc, vc, tables, qs, keys, values = _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page)
+    got = paged_prefill(q, kc, vc, tables, qs, torch.tensor(context_lens, dtype=torch.int32), max(query_lens),
+                        1 / math.sqrt(head_dim))
+    torch.testing.assert_close(got, _dense(q, keys, values, query_lens, n_heads), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("context_lens,n_heads,n_kv_heads,head_dim,page", [
+    ([1, 17, 64, 5], 4, 2, 32, 16), ([100, 3], 7, 1, 32, 8), ([9], 4, 4, 16, 16)])
+def test_decode_kernel_matches_reference(context_lens, n_heads, n_kv_heads, head_dim, page):
+    query_lens = [1] * len(context_lens)
+    q, kc, vc, tables, _, keys, values = _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page)
+    got = paged_decode(q, kc, vc, tables, torch.tensor(context_lens, dtype=torch.int32), 1 / math.sqrt(head_dim))
+    torch.testing.assert_close(got, _dense(q, keys, values, query_lens, n_heads), atol=1e-4, rtol=1e-4)
+
+
+def test_kernels_in_bfloat16_stay_close_to_fp32():
+    context_lens, query_lens = [33, 18], [33, 1]
+    q, kc, vc, tables, qs, keys, values = _paged_case(context_lens, query_lens, 4, 2, 32, 16, dtype=torch.bfloat16)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    got = paged_prefill(q, kc, vc, tables, qs, lens, 33, 32 ** -0.5)
+    want = _dense(q, keys, values, query_lens, 4)
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    dec = paged_decode(q[32:34].contiguous(), kc, vc, tables, lens, 32 ** -0.5)
+    torch.testing.assert_close(dec[1].float(), want[33], atol=3e-2, rtol=3e-2)
+
+
+def test_bad_inputs_are_named():
+    q, kc, vc, tables, qs, _, _ = _paged_case([8], [8], 4, 2, 32, 16)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        paged_prefill(q[:, :3].contiguous(), kc, vc, tables, qs, torch.tensor([8], dtype=torch.int32), 8, 1.0)
+    with pytest.raises(TypeError, match="int32"):
+        paged_decode(q[:1], kc, vc, tables.long(), torch.tensor([8], dtype=torch.int32), 1.0)
+    with pytest.raises(ValueError, match="one query row per sequence"):
+        paged_decode(q[:2], kc, vc, tables, torch.tensor([8], dtype=torch.int32), 1.0)

@@ -7,6 +7,7 @@
     vlora bench  [overrides]   GPU benchmarks (conf/bench.yaml)
     vlora serve  [overrides]   the inference server over RPyC (conf/serve.yaml)
     vlora loadtest [overrides] concurrent clients against a server (conf/loadtest.yaml)
+    vlora simulate [overrides] scheduling policies over workloads, simulated (conf/simulate.yaml)
 
 Hydra's own flags work after the subcommand, e.g. `vlora zoo --cfg job` prints the config.
 """
@@ -25,6 +26,7 @@ COMMANDS = {
     "bench": ("vlora.commands.bench", "bench", "GPU benchmarks (kernels, merge)"),
     "serve": ("vlora.commands.serve", "serve", "the inference server (RPyC)"),
     "loadtest": ("vlora.commands.loadtest", "loadtest", "many concurrent clients against a server"),
+    "simulate": ("vlora.commands.simulate", "simulate", "scheduling policies over workloads in the simulator (CPU)"),
 }
 
 

@@ -1,0 +1,147 @@
+"""V-LoRA's credit-based scheduling policy (paper section 4.4.3, Algorithm 1).
+
+Every waiting request carries a credit: its waiting time, plus its estimated execution time
+in the current mode (from the cost profile), plus the switch latency it would need if the
+current mode cannot run it. It starves when
+
+    priority * credit > tolerance * slo_ms            (slo_ms: its application's latency target)
+
+Then, over the requests in the system R (waiting and running), with R_merge those of the most
+requested adapter and R_starve the starving ones:
+
+- |R_starve| <= starve_share * MaxBS and |R_merge| > merge_share * D  (D: see `share_of`):
+  - nobody starves -> merge(a): admit R_merge, first come first served;
+  - some starve    -> mixture(a): admit R_starve (most overdue first), then R_merge;
+- otherwise -> unmerge: admit R_starve, then everyone else first come first served.
+
+Two things Algorithm 1 leaves to the implementation:
+- running requests of other adapters keep running across a switch to merge(a): the policy then
+  picks mixture(a) (same weights, so free to leave later) until they finish, rather than pausing
+  them;
+- anti-thrash: a switch costing s ms is followed by a dwell of s * (1 - max_switch_share) /
+  max_switch_share ms in which the weights stay (the policy holds mixture(current) or unmerge,
+  which can run every request, so the starving are still admitted first). That bounds the
+  share of time spent switching by `max_switch_share` whatever the workload does; with the
+  one-shot kernel (~5 ms) and 10% it is 45 ms, about one decode step. The adapter already merged
+  also keeps its place while its share stays above merge_share - share_hysteresis.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .base import BatchEstimate, Policy, fcfs
+from .profile import CostProfile
+from .types import Decision, Mode, RequestView, StepView
+
+SHARE_OF = ("max_batch", "present")
+
+
+@dataclass
+class VLoRAConfig:
+    tolerance: float = 0.5  # starving once priority * credit exceeds this share of the target
+    default_slo_ms: float = 5000.0  # target of a request that carries none
+    merge_share: float = 0.5  # R_merge must exceed this share of D to merge
+    share_of: str = "max_batch"  # D: "max_batch" (the paper: MaxBS) | "present" (min(MaxBS, |R|))
+    starve_share: float = 0.5  # more starving than this share of MaxBS -> unmerge
+    share_hysteresis: float = 0.1  # the merged adapter stays while its share > merge_share - this
+    max_switch_share: float = 0.1  # at most this share of wall time goes to switching (dwell)
+    backfill: bool = False  # mixture: fill free slots with other adapters' requests too (not in Algorithm 1)
+    lora_op: str = "atmm"
+    switch_op: str = "atmm"
+
+    def __post_init__(self) -> None:
+        if self.share_of not in SHARE_OF:
+            raise ValueError(f"share_of {self.share_of!r} is not one of {SHARE_OF}")
+        for name in ("tolerance", "merge_share", "starve_share", "max_switch_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)}")
+        if not 0 <= self.share_hysteresis < self.merge_share:
+            raise ValueError(f"share_hysteresis must lie in [0, merge_share), got {self.share_hysteresis}")
+
+
+class VLoRAPolicy(Policy):
+    name = "v_lora"
+
+    def __init__(self, profile: CostProfile, config: VLoRAConfig | None = None, log_size: int = 1000):
+        super().__init__(profile, log_size)
+        self.config = config or VLoRAConfig()
+        self.lora_op, self.switch_op = self.config.lora_op, self.config.switch_op
+
+    # ---- credits ------------------------------------------------------------------------------
+    def threshold_ms(self, r: RequestView) -> float:
+        """Credit above which `r` starves."""
+        slo = r.slo_ms if r.slo_ms is not None else self.config.default_slo_ms
+        return self.config.tolerance * slo / r.priority
+
+    def credits(self, view: StepView) -> dict[str, float]:
+        """request id -> credit (ms) of every waiting request."""
+        mode, p = view.mode, self.profile
+        here = BatchEstimate(p, mode, self.lora_op, view.running)
+        away = None  # requests the current mode cannot run: estimated in unmerge, after the switch
+        switch_ms = p.switch_cost_ms(self.switch_op, mode.merged_adapter, None)
+        out = {}
+        for r in view.waiting:
+            wait = view.now_ms - r.arrival_ms
+            if mode.can_run(r.adapter):
+                out[r.request_id] = wait + here.exec_ms(r)
+            else:
+                away = away or BatchEstimate(p, Mode.unmerge(), self.lora_op, view.running)
+                out[r.request_id] = wait + away.exec_ms(r) + switch_ms
+        return out
+
+    def dwell_ms(self) -> float:
+        share = self.config.max_switch_share
+        return self.profile.switch_ms.get(self.switch_op, 0.0) * (1 - share) / share
+
+    # ---- Algorithm 1 ------------------------------------------------------------------------
+    def _decide(self, view: StepView) -> Decision:
+        cfg, mode = self.config, view.mode
+        if not view.waiting and not view.running:
+            return Decision(mode, reason="idle")
+        credits = self.credits(view)
+        urgency = {r.request_id: credits[r.request_id] / self.threshold_ms(r) for r in view.waiting}
+        starving = sorted((r for r in view.waiting if urgency[r.request_id] > 1),
+                          key=lambda r: (-urgency[r.request_id], r.arrival_ms, r.request_id))
+        starving_ids = {r.request_id for r in starving}
+
+        present = view.waiting + view.running
+        counts = Counter(r.adapter for r in present if r.adapter is not None)
+        cur = mode.merged_adapter
+        first = {}
+        for r in fcfs(present):
+            first.setdefault(r.adapter, r.arrival_ms)
+        top = min(counts, key=lambda a: (-counts[a], a != cur, first[a], a)) if counts else None
+        denom = view.max_batch_size if cfg.share_of == "max_batch" else min(view.max_batch_size, len(present))
+        need = (cfg.merge_share - (cfg.share_hysteresis if top == cur else 0.0)) * denom
+        dominated = top is not None and counts[top] > need
+        few_starving = len(starving) <= cfg.starve_share * view.max_batch_size
+        n_starve = len(starving)
+        share = f"{top} holds {counts[top] if top else 0}/{denom}" if top else "no adapter requests"
+
+        if dominated and few_starving:
+            rest = fcfs(r for r in view.waiting if r.adapter == top and r.request_id not in starving_ids)
+            admit = starving + rest
+            if cfg.backfill and (starving or any(r.adapter != top for r in view.running)):
+                admit += fcfs(r for r in view.waiting if r.adapter != top and r.request_id not in starving_ids)
+            others_running = sum(r.adapter != top for r in view.running)
+            if starving:
+                target, reason = Mode.mixture(top), f"mixture: {share}, {n_starve} starving join through deLoRA"
+            elif others_running:
+                target = Mode.mixture(top)
+                reason = f"mixture: {share}, none starving, {others_running} running of other adapters finish"
+            else:
+                target, reason = Mode.merge(top), f"merge: {share}, none starving"
+        else:
+            admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+            why = f"not dominated ({share})" if few_starving else f"{n_starve} starving > {cfg.starve_share:g} MaxBS"
+            target, reason = Mode.unmerge(), f"unmerge: {why}"
+
+        since = view.now_ms - self.last_switch_ms
+        if target.merged_adapter != cur and since < self.dwell_ms():
+            # hold the weights; both hold modes run everyone, the starving first
+            target = Mode.unmerge() if cur is None else Mode.mixture(cur)
+            admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+            reason = f"dwell: {since:.0f} of {self.dwell_ms():.0f} ms since the last switch, hold {target} ({reason})"
+        return Decision(target, tuple(r.request_id for r in admit[:view.free_slots]), (), False, reason, n_starve)

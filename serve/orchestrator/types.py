@@ -1,0 +1,166 @@
+"""What a scheduling policy sees each iteration and what it answers (no torch here).
+
+Times are milliseconds on one monotonic clock (the engine converts its `time.monotonic()`
+seconds). The engine builds one `StepView` per iteration from its queues, calls
+`policy.decide(view)` and then, under the engine's own token budget and memory checks:
+
+1. brings the weights to `decision.mode.merged_adapter` if they hold another adapter (a switch;
+   the engine times it and never lets it change the tokens of a running request);
+2. runs every running request except those in `decision.pause`;
+3. admits a prefix of `decision.admit` (in that order; it stops at the first that does not fit,
+   and admits nobody who is not listed).
+
+Modes and what they can run (the engine computes whatever LoRA work a mode needs):
+
+| mode          | weights hold | requests of the merged adapter | other adapters / no adapter |
+| ------------- | ------------ | ------------------------------ | --------------------------- |
+| unmerge       | base         | ATMM                           | ATMM / plain                |
+| merge(a)      | base + dW_a  | plain, no LoRA work            | cannot run                  |
+| mixture(a)    | base + dW_a  | plain, no LoRA work            | deLoRA: -dW_a + dW_x        |
+
+`merge(a)` and `mixture(a)` hold the same weights: going from one to the other is free; the
+difference is only which requests the policy lets in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODE_KINDS = ("unmerge", "merge", "mixture")
+OUTPUT_MODES = ("generate", "head")
+
+
+@dataclass(frozen=True)
+class Mode:
+    kind: str = "unmerge"
+    adapter: str | None = None  # the merged adapter (merge, mixture); None for unmerge
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODE_KINDS:
+            raise ValueError(f"mode kind {self.kind!r} is not one of {MODE_KINDS}")
+        if (self.kind == "unmerge") != (self.adapter is None):
+            raise ValueError(f"mode {self.kind!r} needs {'no' if self.kind == 'unmerge' else 'an'} adapter, "
+                             f"got adapter={self.adapter!r}")
+
+    @classmethod
+    def unmerge(cls) -> Mode:
+        return cls("unmerge")
+
+    @classmethod
+    def merge(cls, adapter: str) -> Mode:
+        return cls("merge", adapter)
+
+    @classmethod
+    def mixture(cls, adapter: str) -> Mode:
+        return cls("mixture", adapter)
+
+    @property
+    def merged_adapter(self) -> str | None:
+        """The adapter folded into the weights: what a switch changes."""
+        return self.adapter
+
+    def can_run(self, adapter: str | None) -> bool:
+        return self.kind != "merge" or adapter == self.adapter
+
+    def needs_lora(self, adapter: str | None) -> bool:
+        """Whether a request of `adapter` does LoRA work (ATMM or deLoRA) in this mode."""
+        if self.kind == "unmerge":
+            return adapter is not None
+        return adapter != self.adapter
+
+    def __str__(self) -> str:
+        return self.kind if self.adapter is None else f"{self.kind}({self.adapter})"
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """One request as the policy sees it: waiting (not admitted yet) or running."""
+
+    request_id: str
+    adapter: str | None
+    arrival_ms: float
+    prompt_tokens: int  # whole prompt, image/video placeholders included
+    output_tokens: int  # expected tokens to generate (max_tokens); 1 for a head request
+    output_mode: str = "generate"  # "generate" | "head" (one prefill, then the task head)
+    app: str | None = None
+    slo_ms: float | None = None  # latency target of its application; None: the policy's default
+    priority: float = 1.0  # > 1: starves sooner and is served first among the starving
+    computed_tokens: int = 0  # prompt tokens already prefilled (running, chunked prefill)
+    generated_tokens: int = 0  # tokens generated so far (running)
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"request {self.request_id!r}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
+        if self.output_tokens < 1:
+            raise ValueError(f"request {self.request_id!r}: output_tokens must be >= 1, got {self.output_tokens}")
+        if self.output_mode not in OUTPUT_MODES:
+            raise ValueError(f"request {self.request_id!r}: output_mode {self.output_mode!r} "
+                             f"is not one of {OUTPUT_MODES}")
+        if self.priority <= 0:
+            raise ValueError(f"request {self.request_id!r}: priority must be > 0, got {self.priority}")
+
+    @property
+    def remaining_prompt(self) -> int:
+        return self.prompt_tokens - self.computed_tokens
+
+    @property
+    def remaining_output(self) -> int:
+        return self.output_tokens - self.generated_tokens
+
+
+@dataclass(frozen=True)
+class StepView:
+    """Everything the policy may look at for one iteration."""
+
+    now_ms: float
+    waiting: tuple[RequestView, ...]
+    running: tuple[RequestView, ...]
+    mode: Mode
+    max_batch_size: int
+    max_tokens_per_step: int
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_batch_size - len(self.running))
+
+
+@dataclass(frozen=True)
+class Decision:
+    mode: Mode
+    admit: tuple[str, ...] = ()  # waiting request ids, in admission order
+    pause: tuple[str, ...] = ()  # running request ids not to run this step (merge mode)
+    switch: bool = False  # the weights change: mode.merged_adapter differs from the current one
+    reason: str = ""
+    starving: int = 0  # waiting requests over their tolerance when the decision was taken
+
+
+@dataclass
+class DecisionRecord:
+    now_ms: float
+    mode: str
+    switch: bool
+    admitted: int
+    starving: int
+    waiting: int
+    running: int
+    reason: str
+
+
+@dataclass
+class PolicyStats:
+    """Counted over every `decide` call; `switch_ms` is the profile's estimate (the engine
+    reports the measured switch times)."""
+
+    decisions: int = 0
+    steps_by_mode: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MODE_KINDS, 0))
+    switches: int = 0
+    switch_ms: float = 0.0
+    admitted: int = 0
+    paused: int = 0
+    max_starving: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"decisions": self.decisions, "steps_by_mode": dict(self.steps_by_mode),
+                "switches": self.switches, "switch_ms": self.switch_ms, "admitted": self.admitted,
+                "paused": self.paused, "max_starving": self.max_starving, "reasons": dict(self.reasons)}

@@ -1,0 +1,204 @@
+"""Policies on scripted queues: V-LoRA follows Algorithm 1, each baseline its own rule."""
+
+from __future__ import annotations
+
+import pytest
+from orchestrator_cases import linear_profile, req, view
+
+from serve.orchestrator import Decision, Mode, Policy, VLoRAConfig, VLoRAPolicy, build_policy
+
+
+@pytest.fixture
+def profile():
+    return linear_profile()
+
+
+def a_queue(n: int = 6, start: float = 0.0):
+    return [req(f"a{i}", "a", start + i) for i in range(n)]
+
+
+# ---- modes -----------------------------------------------------------------------------------
+def test_modes_say_what_they_can_run_and_what_needs_lora():
+    assert Mode.merge("a").can_run("a") and not Mode.merge("a").can_run("b") and not Mode.merge("a").can_run(None)
+    assert Mode.mixture("a").can_run("b") and Mode.mixture("a").can_run(None) and Mode.unmerge().can_run("b")
+    assert not Mode.mixture("a").needs_lora("a") and Mode.mixture("a").needs_lora(None)  # deLoRA: -dW_a
+    assert Mode.unmerge().needs_lora("a") and not Mode.unmerge().needs_lora(None)
+    assert str(Mode.mixture("x")) == "mixture(x)" and Mode.merge("x").merged_adapter == "x"
+    with pytest.raises(ValueError, match="needs an adapter"):
+        Mode("merge")
+    with pytest.raises(ValueError, match="not one of"):
+        Mode("fused", "a")
+
+
+# ---- Algorithm 1 -------------------------------------------------------------------------------
+def test_one_dominant_adapter_and_nobody_starving_merges_it(profile):
+    policy = VLoRAPolicy(profile)
+    d = policy.decide(view(10.0, a_queue() + [req("b0", "b", 4.0)]))
+    assert d.mode == Mode.merge("a") and d.switch and d.starving == 0
+    assert d.admit == ("a0", "a1", "a2", "a3", "a4", "a5"), "only the merged adapter's requests, in arrival order"
+    assert d.reason.startswith("merge:")
+
+
+def test_a_few_starving_requests_join_the_merged_adapter_through_mixture(profile):
+    policy = VLoRAPolicy(profile)  # tolerance 0.5 x default target 5000 ms: starving past a 2500 ms credit
+    old = [req("b-old", "b", -3000.0), req("c-old", None, -2900.0)]
+    d = policy.decide(view(10.0, a_queue() + [req("b-new", "b", 5.0)] + old))
+    assert d.mode == Mode.mixture("a") and d.starving == 2
+    assert d.admit == ("b-old", "c-old", "a0", "a1", "a2", "a3", "a4", "a5"), "starving first, then R_merge"
+    assert "b-new" not in d.admit
+
+
+def test_more_starving_than_half_the_batch_unmerges(profile):
+    policy = VLoRAPolicy(profile)
+    starving = [req(f"s{i}", f"x{i}", -4000.0 + i) for i in range(5)]  # 5 > 0.5 * MaxBS 8
+    d = policy.decide(view(10.0, a_queue() + starving, mode=Mode.merge("a")))
+    assert d.mode == Mode.unmerge() and d.switch and d.starving == 5
+    assert d.admit == ("s0", "s1", "s2", "s3", "s4", "a0", "a1", "a2")
+
+
+def test_no_dominant_adapter_unmerges_first_come_first_served(profile):
+    queue = [req("a0", "a", 0), req("b0", "b", 1), req("c0", "c", 2), req("a1", "a", 3), req("b1", "b", 4)]
+    d = VLoRAPolicy(profile).decide(view(10.0, queue))
+    assert d.mode == Mode.unmerge() and not d.switch
+    assert d.admit == ("a0", "b0", "c0", "a1", "b1") and d.reason.startswith("unmerge: not dominated")
+
+
+def test_running_requests_of_other_adapters_keep_running_in_mixture_not_paused(profile):
+    running = [req("b-run", "b", -50.0, computed_tokens=100, generated_tokens=3)]
+    d = VLoRAPolicy(profile).decide(view(10.0, a_queue(), running))
+    assert d.mode == Mode.mixture("a") and d.pause == ()
+    assert d.admit == ("a0", "a1", "a2", "a3", "a4", "a5") and "finish" in d.reason
+
+
+def test_dominance_counts_against_the_max_batch_or_the_requests_present(profile):
+    queue = a_queue(3)
+    assert VLoRAPolicy(profile).decide(view(10.0, queue)).mode == Mode.unmerge(), "3 <= 0.5 * MaxBS 8"
+    present = VLoRAPolicy(profile, VLoRAConfig(share_of="present"))
+    assert present.decide(view(10.0, queue)).mode == Mode.merge("a"), "3 > 0.5 * min(8, 3)"
+
+
+def test_the_merged_adapter_keeps_its_place_within_the_hysteresis_band(profile):
+    queue = a_queue(4) + [req("b0", "b", 5), req("c0", "c", 6)]  # a holds 4 of MaxBS 8
+    assert VLoRAPolicy(profile).decide(view(10.0, queue)).mode == Mode.unmerge(), "entering needs > 4"
+    d = VLoRAPolicy(profile).decide(view(10.0, queue, mode=Mode.merge("a")))
+    assert d.mode == Mode.merge("a") and not d.switch, "staying needs > (0.5 - 0.1) * 8"
+
+
+def test_credit_is_wait_plus_execution_in_the_current_mode_plus_switch(profile):
+    running = [req("x-run", "x", -100.0, computed_tokens=100, generated_tokens=2), req("base-run", None, -90.0)]
+    waiting = [req("w", "a", 0.0, prompt=300, out=20)]
+    p = profile
+    unmerge = VLoRAPolicy(p).credits(view(40.0, waiting, running))["w"]
+    # 3 sequences; LoRA over x-run's token and w's tokens, adapters {x, a}
+    expect = 40.0 + p.step_ms(3, 302, 301, 2, "atmm") + 19 * p.step_ms(3, 3, 2, 2, "atmm")
+    assert unmerge == pytest.approx(expect)
+    mixture = VLoRAPolicy(p).credits(view(40.0, waiting, running, Mode.mixture("x")))["w"]
+    # x-run is merged (no LoRA); base-run pays -dW_x, w pays -dW_x + dW_a: adapters {x, a}, deLoRA
+    expect = 40.0 + p.step_ms(3, 302, 301, 2, "delora") + 19 * p.step_ms(3, 3, 2, 2, "delora")
+    assert mixture == pytest.approx(expect)
+    merged = VLoRAPolicy(p).credits(view(40.0, waiting, running[:1], Mode.merge("x")))["w"]
+    # w cannot run merged: estimated unmerged after a switch (one all-layer unmerge, 5 ms)
+    expect = 40.0 + p.step_ms(2, 301, 301, 2, "atmm") + 19 * p.step_ms(2, 2, 2, 2, "atmm") + 5.0
+    assert merged == pytest.approx(expect)
+
+
+def test_application_targets_and_priorities_set_the_starving_threshold(profile):
+    policy = VLoRAPolicy(profile, VLoRAConfig(tolerance=0.5))
+    video = req("v", "b", 0.0, app="video", slo_ms=1000.0, priority=2.0)
+    retrieval = req("r", "b", 0.0, app="retrieval", slo_ms=1000.0)
+    assert policy.threshold_ms(video) == 250.0 and policy.threshold_ms(retrieval) == 500.0
+    assert policy.threshold_ms(req("n", "b", 0.0)) == 2500.0, "no target: default_slo_ms"
+    # wait 300 ms + ~140 ms execution: over the video threshold, under the retrieval one
+    d = policy.decide(view(300.0, a_queue(6, start=290.0) + [retrieval, video]))
+    assert d.mode == Mode.mixture("a") and d.starving == 1 and d.admit[0] == "v" and "r" not in d.admit
+
+
+def test_a_switch_is_followed_by_a_dwell_that_holds_the_weights(profile):
+    policy = VLoRAPolicy(profile)  # switch 5 ms, at most 10% switching: dwell 45 ms
+    assert policy.dwell_ms() == pytest.approx(45.0)
+    d1 = policy.decide(view(0.0, a_queue()))
+    assert d1.mode == Mode.merge("a") and d1.switch
+    b_queue = [req(f"b{i}", "b", 1.0 + i) for i in range(6)] + [req("a9", "a", 2.5)]
+    d2 = policy.decide(view(20.0, b_queue, mode=Mode.merge("a")))
+    assert d2.mode == Mode.mixture("a") and not d2.switch and d2.reason.startswith("dwell:")
+    assert d2.admit == ("b0", "b1", "a9", "b2", "b3", "b4", "b5"), "the hold runs everyone, first come first served"
+    d3 = policy.decide(view(50.0, b_queue, mode=Mode.mixture("a")))
+    assert d3.mode == Mode.merge("b") and d3.switch
+    assert policy.stats.switches == 2 and policy.stats.switch_ms == pytest.approx(5.0 + 10.0), "a->b: unmerge + merge"
+    assert policy.stats.steps_by_mode == {"unmerge": 0, "merge": 2, "mixture": 1}
+    assert [r.switch for r in policy.log] == [True, False, True] and policy.stats.reasons["dwell"] == 1
+
+
+def test_idle_keeps_the_mode(profile):
+    d = VLoRAPolicy(profile).decide(view(0.0, mode=Mode.merge("a")))
+    assert d.mode == Mode.merge("a") and not d.switch and d.reason == "idle"
+
+
+def test_a_policy_that_admits_what_its_mode_cannot_run_is_stopped(profile):
+    class Broken(Policy):
+        name = "broken"
+
+        def _decide(self, v):
+            return Decision(Mode.merge("a"), tuple(r.request_id for r in v.waiting))
+
+    with pytest.raises(RuntimeError, match=r"\['b0'\] cannot run in mode merge\(a\)"):
+        Broken(profile).decide(view(0.0, [req("a0", "a", 0), req("b0", "b", 0)]))
+
+
+# ---- baselines ---------------------------------------------------------------------------------
+def test_unmerge_only_always_unmerges_in_arrival_order(profile):
+    policy = build_policy("unmerge_only", profile)
+    queue = [req("b0", "b", 2), req("x0", "x", 1)] + a_queue(8, start=3)
+    d = policy.decide(view(5.0, queue, mode=Mode.merge("a")))
+    assert d.mode == Mode.unmerge() and d.switch and d.admit[:2] == ("x0", "b0") and len(d.admit) == 8
+    assert policy.lora_op == "atmm"
+
+
+def test_fcfs_keeps_the_mode_and_the_arrival_order(profile):
+    policy = build_policy("fcfs", profile)
+    d = policy.decide(view(5.0, [req("b0", "b", 2), req("n0", None, 1)]))
+    assert d.mode == Mode.unmerge() and not d.switch and d.admit == ("n0", "b0")
+
+
+def test_merge_only_serves_one_adapter_drains_then_turns_to_the_oldest(profile):
+    policy = build_policy("merge_only", profile, {"max_wait_ms": 2000.0})
+    d = policy.decide(view(10.0, [req("a0", "a", 0), req("b0", "b", 1), req("a1", "a", 2)]))
+    assert d.mode == Mode.merge("a") and d.switch and d.admit == ("a0", "a1")
+    running = [req("a0", "a", 0, computed_tokens=100)]
+    d = policy.decide(view(100.0, [req("b0", "b", 1)], running, Mode.merge("a")))
+    assert d.mode == Mode.merge("a") and d.admit == () and d.reason.startswith("drain")
+    d = policy.decide(view(200.0, [req("b0", "b", 1), req("a2", "a", 150)], (), Mode.merge("a")))
+    assert d.mode == Mode.merge("a") and d.admit == ("a2",), "the merged adapter still has requests"
+    d = policy.decide(view(2500.0, [req("b0", "b", 1), req("a3", "a", 2400)], running, Mode.merge("a")))
+    assert d.admit == () and "overdue" in d.reason, "b0 waited 2.5 s: stop admitting a, drain"
+    d = policy.decide(view(2600.0, [req("b0", "b", 1), req("a3", "a", 2400)], (), Mode.merge("a")))
+    assert d.mode == Mode.merge("b") and d.admit == ("b0",)
+
+
+def test_dlora_merges_by_throughput_pauses_others_and_unmerges_when_overdue(profile):
+    policy = build_policy("dlora", profile)
+    assert (policy.lora_op, policy.switch_op) == ("einsum", "addmm")
+    d = policy.decide(view(10.0, a_queue()))
+    assert d.mode == Mode.merge("a") and d.switch
+    running = [req("b-run", "b", 0.0, computed_tokens=100)]
+    d = policy.decide(view(20.0, a_queue(), running, Mode.merge("a")))
+    assert d.mode == Mode.merge("a") and d.pause == ("b-run",) and len(d.admit) == 6
+    d = policy.decide(view(2030.0, a_queue(), running, Mode.merge("a")))
+    assert d.mode == Mode.unmerge() and d.pause == () and "overdue" in d.reason, "b-run paused for 2 s"
+    even = [req(f"{x}{i}", x, i) for i in range(2) for x in "abc"]
+    d = policy.decide(view(10.0, even))
+    assert d.mode == Mode.unmerge() and d.reason.startswith("unmerge:") and len(d.admit) == 6
+
+
+def test_build_policy_names_what_is_valid(profile):
+    with pytest.raises(ValueError, match="unknown policy 'lru'"):
+        build_policy("lru", profile)
+    with pytest.raises(ValueError, match=r"no parameter\(s\) \['tolerence'\]"):
+        build_policy("v_lora", profile, {"tolerence": 0.3})
+    with pytest.raises(ValueError, match="disagrees"):
+        build_policy("v_lora", profile, {"name": "dlora"})
+    with pytest.raises(ValueError, match="share_of"):
+        build_policy("v_lora", profile, {"share_of": "queue"})
+    profile.lora.pop("einsum")
+    with pytest.raises(ValueError, match="needs LoRA op"):
+        build_policy("dlora", profile)

@@ -7,6 +7,8 @@
     vlora bench  [overrides]   GPU benchmarks (conf/bench.yaml)
     vlora serve  [overrides]   the inference server over RPyC (conf/serve.yaml)
     vlora loadtest [overrides] concurrent clients against a server (conf/loadtest.yaml)
+    vlora video_analytics [overrides]  camera streams against the server (conf/video_analytics.yaml)
+    vlora visual_retrieval [overrides] image queries: QA, captions, grounding (conf/visual_retrieval.yaml)
     vlora simulate [overrides] scheduling policies over workloads, simulated (conf/simulate.yaml)
 
 Hydra's own flags work after the subcommand, e.g. `vlora zoo --cfg job` prints the config.
@@ -26,6 +28,8 @@ COMMANDS = {
     "bench": ("vlora.commands.bench", "bench", "GPU benchmarks (kernels, merge)"),
     "serve": ("vlora.commands.serve", "serve", "the inference server (RPyC)"),
     "loadtest": ("vlora.commands.loadtest", "loadtest", "many concurrent clients against a server"),
+    "video_analytics": ("vlora.commands.video_analytics", "video_analytics", "camera streams against the server"),
+    "visual_retrieval": ("vlora.commands.visual_retrieval", "visual_retrieval", "image queries: QA, captions, grounding"),
     "simulate": ("vlora.commands.simulate", "simulate", "scheduling policies over workloads in the simulator (CPU)"),
 }
 

@@ -1,1 +1,40 @@
-"""Video analytics: camera streams cut into chunks, per-stream accuracy and latency targets."""
+"""Video analytics: camera streams cut into chunks, each task answered by the adapter the fusion
+manifest picks for its accuracy target, with per-stream live metrics.
+
+    with StreamManager(lambda: Client(host, port, token), manifest, JsonlSink("results.jsonl")) as m:
+        m.add(stream_from_dict({"name": "cam0", "source": "synthetic:0", "width": 112, "height": 112,
+                                "tasks": [{"task": "count", "accuracy_target": 0.6, "latency_ms": 1000}]}))
+        time.sleep(10); print(m.snapshot()["cam0"]["latency_ms"])
+
+Roles: `sources` (files, URLs, webcams, the synthetic camera), `chunker` (sampling, resizing,
+chunks), `backpressure` (bounded queues, drop policies), `tasks` (prompts, ground truth,
+scoring), `answers` (head output or parsed text -> Prediction), `routing` (manifest -> adapter,
+head, output mode), `stream` / `process` (one stream's threads), `manager` (many streams),
+`metrics`, `annotate`, `sink`. Only `stream`/`process` touch the server, through a client with
+`submit_video`; everything else is plain Python and testable alone.
+"""
+
+from .annotate import Annotator, draw_banner, draw_boxes
+from .answers import (Prediction, f1, from_head, from_text, iou, match_boxes, parse_boxes, parse_count,
+                      parse_label, parse_yes_no)
+from .backpressure import POLICIES, BoundedQueue, Closed, QueueStats
+from .chunker import Chunk, ChunkConfig, Chunker
+from .config import ReconnectPolicy, StreamConfig, stream_from_dict
+from .manager import StreamManager
+from .metrics import StreamMetrics, format_line, percentiles
+from .routing import Route, ServerCaps, load_manifest, resolve_route
+from .sink import JsonlSink, read_jsonl
+from .sources import (CaptureSource, Frame, FrameTruth, Pacer, Source, SourceError, SyntheticCamera, open_source,
+                      source_kind)
+from .stream import StreamRunner
+from .tasks import TASKS, TaskSpec, task_from_dict
+
+__all__ = [
+    "StreamManager", "StreamRunner", "StreamConfig", "ReconnectPolicy", "stream_from_dict",
+    "Source", "CaptureSource", "SyntheticCamera", "Frame", "FrameTruth", "SourceError", "Pacer", "open_source",
+    "source_kind", "Chunk", "ChunkConfig", "Chunker", "BoundedQueue", "QueueStats", "Closed", "POLICIES",
+    "TaskSpec", "TASKS", "task_from_dict", "Route", "ServerCaps", "resolve_route", "load_manifest",
+    "Prediction", "from_head", "from_text", "parse_count", "parse_yes_no", "parse_label", "parse_boxes",
+    "iou", "match_boxes", "f1", "StreamMetrics", "percentiles", "format_line", "Annotator", "draw_boxes",
+    "draw_banner", "JsonlSink", "read_jsonl",
+]

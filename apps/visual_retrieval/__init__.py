@@ -1,1 +1,26 @@
-"""Visual retrieval: question answering, captions and grounding over image collections."""
+"""Visual retrieval: question answering, captions and referring-expression grounding (boxes)
+over an image collection, each query routed to the adapter the fusion manifest names for its
+kind (the base model when none), in batch mode over a JSON-lines query file (scored when the
+answers are known) or interactively.
+
+    app = RetrievalApp(client, ImageCollection("world/seed0/images"), RetrievalConfig(), manifest, "out")
+    report = app.run_batch(read_queries("queries.jsonl"))   # out/results.jsonl, out/drawn/*.png
+    app.interactive(sys.stdin, sys.stdout)
+
+Roles: `collection` (images, world truth), `queries` (kinds, the query file, queries from
+truth), `scoring` (exact / VQA / IoU / caption F1), `app` (routing, submission, results),
+`draw`, `report`. Answer parsing and routing are shared with apps.video_analytics.
+"""
+
+from .app import DEFAULT_ROUTES, RetrievalApp, RetrievalConfig
+from .collection import ImageCollection
+from .draw import draw_result
+from .queries import KINDS, Query, classify, read_queries, world_queries, write_queries
+from .report import summarise
+from .scoring import exact_match, normalise, predict, score, short_answer, token_f1, vqa_normalise, vqa_score
+
+__all__ = [
+    "RetrievalApp", "RetrievalConfig", "DEFAULT_ROUTES", "ImageCollection", "Query", "KINDS", "classify",
+    "read_queries", "write_queries", "world_queries", "summarise", "draw_result", "predict", "score",
+    "short_answer", "exact_match", "vqa_score", "vqa_normalise", "normalise", "token_f1",
+]

@@ -1,0 +1,102 @@
+"""Which adapter, head and output mode serve a task: the fusion manifest's choice, narrowed to
+what the server can do.
+
+    manifest entry with a head, adapter served  -> that adapter, output_mode "head"
+    adapter served but no head (or heads off)   -> that adapter, output_mode "generate"
+    no manifest / nothing accurate enough /
+    adapter not on the server                   -> the base model, "generate" (answers parsed)
+
+A route also degrades at run time: a head request the server rejects falls back to generation
+with the same adapter, and a rejected adapter to the base model (`Route.degrade`); each step
+is counted as a mode switch in the stream's metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from fusion import read_manifest, select_adapter
+
+HEAD_MODES = ("auto", "never", "always")
+
+
+@dataclass(frozen=True)
+class ServerCaps:
+    """What the server offers: the adapters it serves now."""
+
+    adapters: frozenset[str] = frozenset()
+
+    @classmethod
+    def probe(cls, client) -> "ServerCaps":
+        names = set()
+        for entry in client.list_adapters():  # names, or dicts that carry one
+            name = entry if isinstance(entry, str) else entry.get("name") if isinstance(entry, dict) else None
+            if name:
+                names.add(name)
+        return cls(frozenset(names))
+
+
+@dataclass(frozen=True)
+class Route:
+    key: str  # what was looked up in the manifest (domain or task type)
+    adapter: str | None  # what the requests name; None = base model
+    head: str | None
+    output_mode: str  # "head" | "generate"
+    selected: str | None = None  # the manifest's choice, even when the server cannot serve it
+    expected_accuracy: float | None = None  # the manifest's accuracy for the selection
+    reason: str = ""
+
+    def degrade(self, why: str) -> "Route | None":
+        """The next fallback after the server refused this route, or None at the base model."""
+        if self.output_mode == "head":
+            return replace(self, output_mode="generate", head=None, reason=f"head refused ({why}): generate")
+        if self.adapter is not None:
+            return replace(self, adapter=None, reason=f"adapter {self.adapter} refused ({why}): base model")
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "adapter": self.adapter, "head": self.head, "output_mode": self.output_mode,
+                "selected": self.selected, "expected_accuracy": self.expected_accuracy, "reason": self.reason}
+
+
+def load_manifest(path: str | None) -> dict[str, Any] | None:
+    """The manifest at `path`, or None when no path is given or nothing is there yet."""
+    if not path:
+        return None
+    p = Path(path)
+    if not (p / "manifest.json" if p.is_dir() else p).exists():
+        return None
+    return read_manifest(p)
+
+
+def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | None, caps: ServerCaps,
+                  heads: str = "auto", load: Callable[[str, str], None] | None = None) -> Route:
+    """The route of one task. `load(name, path)`, when given, asks the server to load a selected
+    adapter it does not serve yet (an error from it means: use the base model).
+    heads: "auto" (head mode when the selection has a head and its adapter is served), "never",
+    or "always" (head mode even without a manifest head, e.g. to exercise the fallback)."""
+    if heads not in HEAD_MODES:
+        raise ValueError(f"heads must be one of {HEAD_MODES}, got {heads!r}")
+    base = Route(key, None, None, "head" if heads == "always" else "generate")
+    if manifest is None:
+        return replace(base, reason="no fusion manifest: base model")
+    try:
+        sel = select_adapter(manifest, key, accuracy_target)
+    except KeyError:
+        return replace(base, reason=f"the manifest knows no domain or task {key!r}: base model")
+    if sel is None:
+        return replace(base, reason=f"no adapter reaches accuracy {accuracy_target} on {key!r}: base model")
+    picked = replace(base, selected=sel.adapter, expected_accuracy=sel.accuracy)
+    if sel.adapter not in caps.adapters:
+        if load is None:
+            return replace(picked, reason=f"adapter {sel.adapter} is not served: base model")
+        try:
+            load(sel.adapter, sel.path)
+        except Exception as e:  # unsupported engine, missing files: the base model still answers
+            return replace(picked, reason=f"adapter {sel.adapter} could not be loaded ({e}): base model")
+    use_head = heads == "always" or (heads == "auto" and bool(sel.head))
+    return replace(picked, adapter=sel.adapter, head=sel.head if use_head else None,
+                   output_mode="head" if use_head else "generate",
+                   reason=f"manifest: {sel.adapter} ({sel.domain}, accuracy {sel.accuracy})")

@@ -1,0 +1,205 @@
+"""The retrieval application: each query's image and question go to the adapter its kind routes
+to (the fusion manifest's choice by task, the base model when there is none), answers are
+parsed, scored when known and drawn when they hold boxes.
+
+    app = RetrievalApp(client, ImageCollection(root), RetrievalConfig(), manifest, out_dir="out")
+    app.ask(Query("image_00001.png", "Where is the red car?"))   # one query -> result dict
+    app.run_batch(read_queries("queries.jsonl"))                   # results.jsonl + report
+    app.interactive(sys.stdin, sys.stdout)                         # "<image> <question>" per line
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, TextIO
+
+from serve.rpc import ServerError
+
+from apps.video_analytics.routing import Route, ServerCaps, resolve_route
+
+from .draw import draw_result
+from .queries import KINDS, Query
+from .report import summarise
+from .scoring import predict, score
+
+REFUSALS = ("rejected", "unsupported", "bad_argument")
+# query kind -> the manifest domain or task type that serves it
+DEFAULT_ROUTES = {"ground": "detect", "count": "count", "exists": "binary", "color": "qa", "direction": "qa",
+                  "caption": "qa", "qa": "qa"}
+
+
+@dataclass
+class RetrievalConfig:
+    max_new_tokens: int = 32
+    routes: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_ROUTES))
+    accuracy_target: float = 0.0  # an adapter must reach it on the routed domain to be used
+    heads: str = "auto"  # auto | never | always (see apps.video_analytics.routing)
+    load_adapters: bool = False  # ask the server to load selected adapters it does not serve yet
+    concurrency: int = 4  # queries in flight at once in batch mode
+    draw: str = "boxes"  # draw results on their images: boxes (queries with boxes) | all | none
+    box_scale: str = "auto"
+    encoding: str = "png"
+    request_timeout_s: float = 60.0
+    app: str = "visual_retrieval"
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.routes) - set(KINDS))
+        if unknown:
+            raise ValueError(f"routes: unknown query kind(s) {unknown}; kinds: {list(KINDS)}")
+        self.routes = {**DEFAULT_ROUTES, **self.routes}
+        if self.draw not in ("boxes", "all", "none"):
+            raise ValueError(f"draw must be boxes, all or none, got {self.draw!r}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+
+class RetrievalApp:
+    def __init__(self, client, collection, config: RetrievalConfig | None = None,
+                 manifest: dict[str, Any] | None = None, out_dir: str | Path | None = None):
+        self.client, self.collection = client, collection
+        self.config = config or RetrievalConfig()
+        self.manifest = manifest
+        self.out_dir = None if out_dir is None else Path(out_dir)
+        self.routes: dict[str, Route] = {}
+        self.mode_switches = 0
+        self._caps: ServerCaps | None = None
+
+    def route(self, kind: str) -> Route:
+        if kind not in self.routes:
+            if self._caps is None:
+                try:
+                    self._caps = ServerCaps.probe(self.client)
+                except Exception:  # a server without list_adapters serves the base model
+                    self._caps = ServerCaps()
+            load = self.client.load_adapter if self.config.load_adapters else None
+            self.routes[kind] = resolve_route(self.config.routes[kind], self.config.accuracy_target, self.manifest,
+                                              self._caps, self.config.heads, load)
+        return self.routes[kind]
+
+    def _degrade(self, kind: str, error: ServerError) -> bool:
+        route = self.routes[kind].degrade(error.message) if error.kind in REFUSALS else None
+        if route is None:
+            return False
+        self.routes[kind] = route
+        self.mode_switches += 1
+        return True
+
+    def _submit(self, query: Query, image) -> Any:
+        while True:
+            route = self.route(query.kind)
+            try:
+                return self.client.submit_image(query.question, [image[:, :, ::-1].copy()], adapter=route.adapter,
+                                                output_mode=route.output_mode,
+                                                sampling={"max_tokens": self.config.max_new_tokens},
+                                                app=self.config.app, tag=query.id or None,
+                                                encoding=self.config.encoding)
+            except ServerError as e:
+                if not self._degrade(query.kind, e):
+                    raise
+
+    def _result(self, query: Query, image, final: dict | None, error: str | None, started: float,
+                route: Route) -> dict[str, Any]:
+        h, w = image.shape[:2]
+        out: dict[str, Any] = {"id": query.id, "image": query.image, "question": query.question, "kind": query.kind,
+                               "route": {"adapter": route.adapter, "output_mode": route.output_mode},
+                               "answers": query.answers, "box": query.box,
+                               "latency_ms": round((time.perf_counter() - started) * 1e3, 2)}
+        if final is None:
+            out["error"] = error
+            return out
+        pred = predict(query.kind, final, w, h, self.config.box_scale)
+        out.update(text=final.get("text", ""), prediction=pred.to_dict(), scores=score(query, pred),
+                   server_ms=(final.get("timing") or {}).get("total_ms"))
+        draw = self.config.draw == "all" or (self.config.draw == "boxes" and (pred.boxes or query.box is not None))
+        if draw and self.out_dir is not None:
+            out["drawn"] = str(draw_result(image, query, pred, self.out_dir / "drawn"))
+        return out
+
+    def ask(self, query: Query) -> dict[str, Any]:
+        return self.run(iter([query]))[0]
+
+    def run(self, queries: Iterable[Query]) -> list[dict[str, Any]]:
+        """Answer queries, `concurrency` at a time; results in the order of the queries."""
+        queries = list(queries)
+        results: list[dict[str, Any] | None] = [None] * len(queries)
+        pending: dict[int, tuple[Any, float, Any, Route]] = {}
+        nxt = 0
+        while nxt < len(queries) or pending:
+            while nxt < len(queries) and len(pending) < self.config.concurrency:
+                q, started = queries[nxt], time.perf_counter()
+                try:
+                    image = self.collection.load(q.image)
+                    stream = self._submit(q, image)
+                    pending[nxt] = (stream, started, image, self.routes[q.kind])
+                except (KeyError, IOError, ServerError) as e:
+                    results[nxt] = {"id": q.id, "image": q.image, "question": q.question, "kind": q.kind,
+                                    "error": e.args[0] if isinstance(e, KeyError) else str(e)}
+                nxt += 1
+            for i, (stream, started, image, route) in list(pending.items()):
+                final, error = None, None
+                try:
+                    stream.poll(0.02 if len(pending) > 1 else 0.25)
+                    if stream.final is None:
+                        if time.perf_counter() - started < self.config.request_timeout_s:
+                            continue
+                        stream.abort()
+                        error = f"no answer within {self.config.request_timeout_s} s"
+                    final = stream.final if error is None else None
+                except ServerError as e:
+                    if self._degrade(queries[i].kind, e):  # e.g. a head the server lacks: generate instead
+                        try:
+                            pending[i] = (self._submit(queries[i], image), started, image, self.routes[queries[i].kind])
+                            continue
+                        except ServerError as again:
+                            e = again
+                    error = str(e)
+                del pending[i]
+                results[i] = self._result(queries[i], image, final, error, started, route)
+        return results
+
+    def run_batch(self, queries: list[Query], results_path: str | Path | None = None) -> dict[str, Any]:
+        """Answer every query, write one JSON line per result, return the report (report.summarise)."""
+        results = self.run(queries)
+        path = Path(results_path) if results_path else (self.out_dir / "results.jsonl" if self.out_dir else None)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
+        report = summarise(results)
+        report.update(routes={k: r.to_dict() for k, r in self.routes.items()}, mode_switches=self.mode_switches,
+                      results=None if path is None else str(path))
+        return report
+
+    def interactive(self, lines: Iterable[str], out: TextIO) -> int:
+        """A prompt loop: "<image> <question>" answers, ":images" lists the collection, ":quit" ends."""
+        answered = 0
+        print(f"{len(self.collection)} images in {self.collection.root}; type '<image> <question>', "
+              "':images' or ':quit'", file=out, flush=True)
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            if line in (":quit", ":q", ":exit"):
+                break
+            if line == ":images":
+                print("\n".join(self.collection.names), file=out, flush=True)
+                continue
+            name, _, question = line.partition(" ")
+            if not question.strip():
+                print("give an image name and a question, e.g. "
+                      f"'{self.collection.names[0]} How many cars are there?'", file=out, flush=True)
+                continue
+            result = self.ask(Query(name, question.strip(), id=str(answered)))
+            if "error" in result:
+                print(f"error: {result['error']}", file=out, flush=True)
+                continue
+            answered += 1
+            pred = result["prediction"]
+            shown = pred["boxes"] if pred["kind"] == "detect" else pred["count"] if pred["kind"] == "count" else \
+                pred["label"] if pred["kind"] in ("label", "yes_no") else None
+            print(f"[{result['kind']}, {result['route']['adapter'] or 'base model'}, {result['latency_ms']:.0f} ms] "
+                  f"{result['text'].strip() or '(no text)'}" + ("" if shown is None else f"  -> {shown}")
+                  + (f"  drawn: {result['drawn']}" if result.get("drawn") else ""), file=out, flush=True)
+        return answered

@@ -1,0 +1,124 @@
+"""`vlora video_analytics`: the configured camera streams against the server, with live progress
+lines, a JSON-lines sink and a per-stream report (conf/video_analytics.yaml).
+
+    vlora video_analytics                                   # own in-process server, 20 s
+    VLORA_TOKEN=... vlora video_analytics server.port=18861 duration_s=60
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import to_dataclass
+
+
+@dataclass
+class VideoJob:
+    host: str
+    port: int | None
+    token: str | None
+    manifest: str | None
+    heads: str
+    load_adapters: bool
+    duration_s: float | None
+    report_every_s: float
+    sink: str
+    report: str
+    streams: list
+
+
+def start_server(cfg: DictConfig, token: str, connections: int):
+    """An in-process RPyC server over the engine of cfg.model / cfg.engine, on a free port."""
+    from serve.engine import Engine, EngineConfig
+    from serve.rpc import Limits, RpcServer
+
+    from .serve import checkpoint_path
+
+    engine_cfg = OmegaConf.to_container(cfg.engine, resolve=True)
+    engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict({**engine_cfg, "dtype": cfg.model.dtype}))
+    limits = Limits.from_dict(OmegaConf.to_container(cfg.rpc, resolve=True))
+    return RpcServer(engine, token, "127.0.0.1", 0, limits, max(connections, int(cfg.rpc.max_connections))).start()
+
+
+def job_from_cfg(cfg: DictConfig) -> VideoJob:
+    values = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+              for k in ("manifest", "heads", "load_adapters", "duration_s", "report_every_s", "sink", "report",
+                        "streams")}
+    return to_dataclass(VideoJob, values, host=cfg.server.host, port=cfg.server.port, token=cfg.server.token)
+
+
+def run_streams(job: VideoJob, port: int, out=None) -> dict[str, Any]:
+    out = out or sys.stderr  # looked up per call: tests and callers swap sys.stderr
+    from apps.video_analytics import JsonlSink, StreamManager, format_line, load_manifest, stream_from_dict
+    from serve.rpc import Client
+
+    streams = [stream_from_dict(s) for s in job.streams]
+    manifest = load_manifest(job.manifest)
+    if manifest is None:
+        print(f"video_analytics: no fusion manifest at {job.manifest}; every task runs on the base model",
+              file=out, flush=True)
+    began = time.monotonic()
+    with JsonlSink(job.sink) as sink:
+        manager = StreamManager(lambda: Client(job.host, port, job.token), manifest, sink, job.heads,
+                                job.load_adapters)
+        try:
+            for s in streams:
+                manager.add(s)
+            last = time.monotonic()
+            while job.duration_s is None or time.monotonic() - began < job.duration_s:
+                if manager.wait(timeout=0.2):
+                    break
+                if time.monotonic() - last >= job.report_every_s:
+                    last = time.monotonic()
+                    for snap in manager.snapshot().values():
+                        print(format_line(snap), file=out, flush=True)
+        finally:
+            snapshots = manager.close()
+    return {"duration_s": round(time.monotonic() - began, 3), "sink": job.sink, "streams": snapshots}
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f"{'stream':<10} {'task':<10} {'route':<22} {'chunks':>7} {'dropped':>7} {'p50 ms':>8} {'p95 ms':>8} "
+          f"{'p99 ms':>8} {'accuracy':>8}")
+    for name, s in report["streams"].items():
+        for task, t in s["tasks"].items():
+            route = s["routes"][task]
+            where = f"{route['adapter'] or 'base'}/{route['output_mode']}"
+            lat = t["latency_ms"]
+            acc = "-" if t["accuracy"] is None else f"{t['accuracy']:.3f}"
+            print(f"{name:<10} {task:<10} {where:<22} {s['chunks_processed']:>7} {s['chunks_dropped']:>7} "
+                  f"{lat['p50'] or '-':>8} {lat['p95'] or '-':>8} {lat['p99'] or '-':>8} {acc:>8}")
+        if s["status"] == "failed" or s["last_error"]:
+            print(f"{name:<10} status {s['status']}, reconnects {s['reconnects']}, last error: {s['last_error']}")
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    job = job_from_cfg(cfg)
+    server, port = None, job.port
+    if port is None:
+        if not job.token:
+            raise SystemExit("video_analytics: an own server needs a token; set VLORA_TOKEN or rpc.token")
+        server = start_server(cfg, job.token, len(job.streams) + 4)
+        port = server.port
+    elif not job.token:
+        raise SystemExit("video_analytics: set VLORA_TOKEN (or server.token) to the server's token")
+    print(f"video_analytics: {len(job.streams)} streams against {job.host}:{port}"
+          + (" (own server)" if server else ""), file=sys.stderr, flush=True)
+    try:
+        report = run_streams(job, port)
+    finally:
+        if server is not None:
+            server.close()
+    report["server"] = {"host": job.host, "port": port, "own": server is not None}
+    Path(job.report).parent.mkdir(parents=True, exist_ok=True)
+    Path(job.report).write_text(json.dumps(report, indent=1))
+    print_report(report)
+    print(f"results: {job.sink}; report: {job.report}")
+    return report

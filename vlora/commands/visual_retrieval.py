@@ -1,0 +1,116 @@
+"""`vlora visual_retrieval`: queries over an image collection against the server, in batch mode
+(a query file, or queries with known answers made from a world's truth) or interactively
+(conf/visual_retrieval.yaml).
+
+    vlora world && vlora visual_retrieval                   # world queries, own server
+    vlora visual_retrieval queries=/data/q.jsonl collection=/data/images
+    vlora visual_retrieval queries=null                     # "<image> <question>" lines on stdin
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import to_dataclass
+from .video_analytics import start_server
+
+
+@dataclass
+class RetrievalJob:
+    host: str
+    port: int | None
+    token: str | None
+    manifest: str | None
+    collection: str
+    queries: str | None
+    queries_per_image: int
+    max_new_tokens: int
+    accuracy_target: float
+    heads: str
+    load_adapters: bool
+    concurrency: int
+    draw: str
+    out_dir: str
+    seed: int = 0
+    routes: dict = field(default_factory=dict)
+
+
+def job_from_cfg(cfg: DictConfig) -> RetrievalJob:
+    keys = ("manifest", "collection", "queries", "queries_per_image", "max_new_tokens", "accuracy_target", "heads",
+            "load_adapters", "concurrency", "draw", "out_dir", "seed", "routes")
+    values = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in keys}
+    return to_dataclass(RetrievalJob, values, host=cfg.server.host, port=cfg.server.port, token=cfg.server.token)
+
+
+def run_queries(job: RetrievalJob, port: int, stdin=None, stdout=None) -> dict[str, Any]:
+    from apps.video_analytics import load_manifest
+    from apps.visual_retrieval import ImageCollection, RetrievalApp, RetrievalConfig, read_queries, world_queries, \
+        write_queries
+    from serve.rpc import Client
+
+    if not Path(job.collection).is_dir():
+        raise SystemExit(f"visual_retrieval: no image collection at {job.collection} "
+                         "(`vlora world` writes the default one)")
+    collection = ImageCollection(job.collection)
+    manifest = load_manifest(job.manifest)
+    config = RetrievalConfig(max_new_tokens=job.max_new_tokens, routes=job.routes, accuracy_target=job.accuracy_target,
+                             heads=job.heads, load_adapters=job.load_adapters, concurrency=job.concurrency,
+                             draw=job.draw)
+    out = Path(job.out_dir)
+    with Client(job.host, port, job.token) as client:
+        app = RetrievalApp(client, collection, config, manifest, out)
+        if job.queries is None:
+            answered = app.interactive(stdin or sys.stdin, stdout or sys.stdout)
+            return {"mode": "interactive", "answered": answered}
+        if job.queries == "world":
+            if not collection.has_truth:
+                raise SystemExit(f"visual_retrieval: queries=world needs a world's images; {job.collection} has no "
+                                 "world truth (give queries=<file.jsonl>)")
+            queries = world_queries(collection, job.queries_per_image, job.seed)
+            write_queries(queries, out / "queries.jsonl")
+        else:
+            queries = read_queries(job.queries)
+        print(f"visual_retrieval: {len(queries)} queries over {len(collection)} images", file=sys.stderr, flush=True)
+        report = app.run_batch(queries, out / "results.jsonl")
+    report.update(mode="batch", manifest=job.manifest if manifest is not None else None)
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f"{'kind':<10} {'route':<22} {'queries':>7} {'errors':>6} {'accuracy':>8} {'p50 ms':>8} {'p95 ms':>8} "
+          f"{'p99 ms':>8}")
+    rows = {**report["by_kind"], "all": report["overall"]}
+    for kind, s in rows.items():
+        route = report["routes"].get(kind)
+        where = "" if route is None else f"{route['adapter'] or 'base'}/{route['output_mode']}"
+        acc = "-" if s["accuracy"] is None else f"{s['accuracy']:.3f}"
+        lat = s["latency_ms"]
+        print(f"{kind:<10} {where:<22} {s['queries']:>7} {s['errors']:>6} {acc:>8} {lat['p50'] or '-':>8} "
+              f"{lat['p95'] or '-':>8} {lat['p99'] or '-':>8}")
+
+
+def run(cfg: DictConfig, stdin=None, stdout=None) -> dict[str, Any]:
+    job = job_from_cfg(cfg)
+    server, port = None, job.port
+    if not job.token:
+        raise SystemExit("visual_retrieval: set VLORA_TOKEN (or rpc.token / server.token)")
+    if port is None:
+        server = start_server(cfg, job.token, 4)
+        port = server.port
+    try:
+        report = run_queries(job, port, stdin, stdout)
+    finally:
+        if server is not None:
+            server.close()
+    report["server"] = {"host": job.host, "port": port, "own": server is not None}
+    if report["mode"] == "batch":
+        Path(job.out_dir, "report.json").write_text(json.dumps(report, indent=1))
+        print_report(report)
+        print(f"results: {report['results']}; report: {Path(job.out_dir, 'report.json')}")
+    return report

@@ -3,6 +3,8 @@
     vlora zoo    [overrides]   build the offline model zoo (conf/zoo.yaml)
     vlora world  [overrides]   write the synthetic traffic world (conf/world.yaml)
     vlora demo   [overrides]   the main job on the built-in default (conf/demo.yaml)
+    vlora teachers [overrides] train the built-in teachers on the synthetic world (conf/teachers.yaml)
+    vlora distill [overrides]  distil teachers into one dataset per domain (conf/distill.yaml)
     vlora tune   [overrides]   search the ATMM tiling table of this GPU (conf/tune.yaml)
     vlora bench  [overrides]   GPU benchmarks (conf/bench.yaml)
     vlora serve  [overrides]   the inference server over RPyC (conf/serve.yaml)
@@ -24,6 +26,8 @@ COMMANDS = {
     "zoo": ("vlora.commands.zoo", "zoo", "build the offline model zoo"),
     "world": ("vlora.commands.world", "world", "write the synthetic traffic world"),
     "demo": ("vlora.commands.demo", "demo", "the main job on the built-in default"),
+    "teachers": ("vlora.commands.teachers", "teachers", "train the built-in teachers on the synthetic world"),
+    "distill": ("vlora.commands.distill", "distill", "distil teachers into one dataset per knowledge domain"),
     "tune": ("vlora.commands.tune", "tune", "search the ATMM tiling table of this GPU"),
     "bench": ("vlora.commands.bench", "bench", "GPU benchmarks (kernels, merge)"),
     "serve": ("vlora.commands.serve", "serve", "the inference server (RPyC)"),

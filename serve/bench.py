@@ -12,6 +12,8 @@ number of tokens (no early stop). Reported per batch size:
 - end-to-end tokens/s over the whole run (prefill included) for us and for `generate`.
 
     rows, meta = run_engine_bench(EngineBenchJob(model="qwen2_vl_7b", batch_sizes=(1, 8, 32)))
+
+The adapter benchmark (serve/bench_lora.py) reuses these helpers with adapters per request.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ def _floor_ms(engine: Engine, context_lens: list[int], gbs: float) -> float:
     return (weights + kv) / (gbs * 1e9) * 1e3
 
 
-def _replay_ms(engine: Engine, batch: int, context_lens: list[int]) -> float:
-    """Device time of one decode step at these context lengths: graph replay + LM head + argmax."""
+def _replay_ms(engine: Engine, batch: int, context_lens: list[int], slot_ids: list[int] | None = None) -> float:
+    """Device time of one decode step at these context lengths: graph replay + LM head + argmax.
+    slot_ids: the adapter pool slot of each sequence (-1 = none); given, the LoRA graph replays."""
     from kernels.timing import time_op
 
     graphs = engine.runner.graphs
@@ -95,6 +98,9 @@ def _replay_ms(engine: Engine, batch: int, context_lens: list[int]) -> float:
     graphs.slot_mapping.fill_(graphs.null_slot)  # timing must not write into cached blocks
     graphs.context_lens[:batch].copy_(torch.tensor(context_lens, dtype=torch.int32))
     graph, hidden = graphs.graphs[bs], graphs.hidden
+    if slot_ids is not None and any(s >= 0 for s in slot_ids):
+        graphs.lora_buffers.load(tuple(slot_ids), bs)
+        graph = graphs.lora_graphs[bs]
 
     def step():
         graph.replay()
@@ -103,10 +109,12 @@ def _replay_ms(engine: Engine, batch: int, context_lens: list[int]) -> float:
     return time_op(step, warmup=3, repeats=20, use_graph=False) / 1e3
 
 
-def _run_engine(engine: Engine, job: EngineBenchJob, prompts) -> dict:
+def _run_engine(engine: Engine, job: EngineBenchJob, prompts, adapters: list[str | None] | None = None) -> dict:
     params = SamplingParams(max_tokens=job.output_tokens, ignore_eos=True, detokenize=False)
+    adapters = adapters or [None] * len(prompts)
     start = time.perf_counter()
-    ids = [engine.add_request(Request(prompt=text, images=[image], sampling=params)) for text, image in prompts]
+    ids = [engine.add_request(Request(prompt=text, images=[image], sampling=params, adapter=adapter))
+           for (text, image), adapter in zip(prompts, adapters)]
     steps, finals = [], {}
     while engine.has_unfinished():
         t0 = time.perf_counter()
@@ -159,7 +167,8 @@ def run_engine_bench(job: EngineBenchJob) -> tuple[list[dict], dict]:
     config = EngineConfig(device="cuda", dtype=job.dtype, max_batch_size=max_batch,
                           max_tokens_per_step=job.max_tokens_per_step, num_kv_blocks=max_batch * per_seq // 16 + 64,
                           graph_batch_sizes=tuple(sorted(set(job.batch_sizes) | {1, 2, 4, 8, 16, 32, 64})),
-                          encoder_cache_items=0, enable_prefix_cache=False, seed=job.seed)
+                          encoder_cache_items=0, enable_prefix_cache=False, seed=job.seed,
+                          adapter_slots=0)  # the base engine: no adapter pool (serve/bench_lora.py has one)
     t0 = time.perf_counter()
     engine = Engine(workdir, config, weights=dict(hf.state_dict()))
     load_s = time.perf_counter() - t0

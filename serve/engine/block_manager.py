@@ -3,7 +3,7 @@ and prefix sharing by content hash. Pure Python (no torch), so it is tested on a
 
 Prefix sharing: a *full* block whose K/V has been computed is registered under a hash of
 (parent block's hash, its token ids, the content hashes of the images/clips whose
-placeholders it covers); the chain starts from the sequence's adapter, so two sequences share
+placeholders it covers); the chain starts from the sequence's adapter (name and load version), so two sequences share
 a block only if everything that determines its K/V is equal. A freed block keeps its
 registration while it waits in the free list (least recently freed first out), so a later
 request can revive it; it is forgotten only when the block is handed out again. Sequences
@@ -62,15 +62,15 @@ class BlockManager:
             i = len(seq.block_hashes)
             if (i + 1) * self.block_size > seq.num_tokens:
                 raise ValueError(f"block {i} of {seq.request_id!r} is not full")
-            parent = seq.block_hashes[i - 1] if i else hash(("root", seq.adapter))
+            parent = seq.block_hashes[i - 1] if i else hash(("root", seq.adapter, seq.adapter_version))
             seq.block_hashes.append(hash(self._block_key(seq, i, parent)))
-        parent = seq.block_hashes[index - 1] if index else hash(("root", seq.adapter))
+        parent = seq.block_hashes[index - 1] if index else hash(("root", seq.adapter, seq.adapter_version))
         return seq.block_hashes[index], self._block_key(seq, index, parent)
 
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding seq's leading full blocks. At least one token is left to compute
         (its logits are needed), so a prompt is never served from the cache entirely."""
-        if not self.enable_prefix_cache:
+        if not self.enable_prefix_cache or not seq.reuse_prefix:
             return []
         hits = []
         for i in range((seq.num_tokens - 1) // self.block_size):

@@ -1,8 +1,8 @@
 """The engine's configuration: one plain dataclass (Hydra stays at the entry points).
 
 Field names match the `engine:` block of conf/serve.yaml; keys of later stages there
-(adapter_slots, host_adapter_cache, policy values other than fcfs) are accepted by
-`EngineConfig.from_dict`, which ignores what this engine does not use yet.
+(policy values other than fcfs) are accepted by `EngineConfig.from_dict`, which ignores what
+this engine does not use yet.
 """
 
 from __future__ import annotations
@@ -30,6 +30,15 @@ class EngineConfig:
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
     policy: str = "fcfs"
     seed: int = 0  # the generator of sampled requests without their own seed
+    # adapters (serve/lora): the pool is allocated at start; adapter_slots=0 serves the base model only
+    adapter_slots: int = 8  # adapters resident on the device at once
+    host_adapter_cache: int = 64  # adapters whose weights stay in (pinned) host memory
+    max_lora_rank: int = 64  # largest adapter rank; sets the pool's size with the slots and targets
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora_backend: str = "auto"  # "auto" (ATMM Triton kernels on GPU in fp16/bf16, PyTorch otherwise), "triton", "torch"
+    adapters: tuple[str, ...] = ()  # PEFT directories loaded at start: "path" (named after its folder) or "name=path"
+    adapter_manifest: str | None = None  # a fusion manifest (file or folder) whose adapters load at start
+    pinned_adapters: tuple[str, ...] = ()  # names kept resident once loaded
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.max_batch_size < 1 or self.max_tokens_per_step < 1:
@@ -37,6 +46,11 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend {self.attention_backend!r} is not one of auto, torch, triton")
         self.graph_batch_sizes = tuple(sorted(set(int(b) for b in self.graph_batch_sizes)))
+        if self.adapter_slots < 0:
+            raise ValueError(f"adapter_slots must be >= 0 (0 = no adapters), got {self.adapter_slots}")
+        for name in ("lora_targets", "adapters", "pinned_adapters"):  # a lone string is one entry, not characters
+            value = getattr(self, name)
+            setattr(self, name, (value,) if isinstance(value, str) else tuple(value))
 
     @classmethod
     def from_dict(cls, values: dict) -> "EngineConfig":
@@ -44,6 +58,7 @@ class EngineConfig:
         kept = {k: v for k, v in values.items() if k in names}
         if kept.get("policy") not in (None, "fcfs"):
             kept.pop("policy")  # other policies arrive with the orchestrator
-        if "graph_batch_sizes" in kept:
-            kept["graph_batch_sizes"] = tuple(kept["graph_batch_sizes"])
+        for key in ("graph_batch_sizes", "lora_targets", "adapters", "pinned_adapters"):
+            if key in kept and not isinstance(kept[key], str):
+                kept[key] = tuple(kept[key])
         return cls(**kept)

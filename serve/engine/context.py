@@ -1,8 +1,9 @@
 """Per-step metadata shared by every layer of one forward pass (nano-vllm's `Context`).
 
 The model runner fills one `StepContext` before a forward and clears it after; attention
-layers read the paged-cache layout from it, and the adapter layers of the LoRA side will read
-their per-token adapter metadata from `lora` (built once per step, shared by all layers).
+layers read the paged-cache layout from it, and the LoRA layers (serve/lora) read the step's
+adapter metadata from `lora` (a `LoraBatch`, built once per step and shared by all layers;
+None when no token of the step uses an adapter).
 Tensors live on the model's device; the `*_list` fields are the same numbers on the host for
 the plain-PyTorch attention path, which loops over sequences.
 """
@@ -28,8 +29,8 @@ class StepContext:
     decode_only: bool  # every sequence has exactly one query token (the CUDA-graph case)
     query_lens_list: list[int] = field(default_factory=list)
     context_lens_list: list[int] = field(default_factory=list)
-    adapters: list[str | None] = field(default_factory=list)  # per sequence; unused until adapters land
-    lora: Any = None  # per-step adapter metadata, filled by the adapter side
+    adapters: list[str | None] = field(default_factory=list)  # adapter name per sequence (None = base)
+    lora: Any = None  # serve.lora.LoraBatch of the step, or None (no token uses an adapter)
 
 
 _CONTEXT: StepContext | None = None
@@ -38,6 +39,11 @@ _CONTEXT: StepContext | None = None
 def get_context() -> StepContext:
     if _CONTEXT is None:
         raise RuntimeError("no StepContext is set: attention layers run only inside the model runner's step")
+    return _CONTEXT
+
+
+def peek_context() -> StepContext | None:
+    """The current context or None (layers that also run outside a step, e.g. LoRA projections)."""
     return _CONTEXT
 
 

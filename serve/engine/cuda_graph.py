@@ -6,6 +6,10 @@ bucket with rows that write their K/V into the cache's scratch block, replays an
 first B rows of the output. The paged decode kernel takes its loop bounds from
 `context_lens` in memory, so the graph replays correctly for any context lengths.
 Graphs need the "triton" attention backend (the torch path loops over host lists).
+
+With adapters, each bucket has a second graph captured with the LoRA layers active over the
+fixed segment buffers of `serve.lora.LoraGraphBuffers` (the step's metadata is copied in before
+the replay); steps where no token uses an adapter replay the plain graph and pay nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from .kv_cache import KVCache
 
 class DecodeGraphs:
     def __init__(self, model, kv_cache: KVCache, batch_sizes: tuple[int, ...], max_blocks_per_seq: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device):
+                 hidden_size: int, dtype: torch.dtype, device: torch.device, lora_buffers=None):
         self.model = model
+        self.lora_buffers = lora_buffers  # serve.lora.LoraGraphBuffers, or None: LoRA steps run eagerly
         self.batch_sizes = tuple(sorted(batch_sizes))
         self.max_blocks = max_blocks_per_seq
         self.max_len = max_blocks_per_seq * kv_cache.block_size
@@ -33,14 +38,16 @@ class DecodeGraphs:
         self.block_tables = torch.full((b, max_blocks_per_seq), kv_cache.null_block, dtype=torch.int32, device=device)
         self.query_start = torch.arange(b + 1, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(b, hidden_size, dtype=dtype, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # no token uses an adapter
+        self.lora_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # LoRA layers over lora_buffers
         self.pool = None
 
-    def _context(self, bs: int) -> StepContext:
+    def _context(self, bs: int, lora: bool = False) -> StepContext:
         return StepContext(slot_mapping=self.slot_mapping[:bs], query_start=self.query_start[:bs + 1],
                            context_lens=self.context_lens[:bs], block_tables=self.block_tables[:bs],
                            max_query_len=1, max_context_len=self.max_len, decode_only=True,
-                           query_lens_list=[1] * bs)
+                           query_lens_list=[1] * bs,
+                           lora=self.lora_buffers.static_batch(bs) if lora else None)
 
     def _forward(self, bs: int) -> None:
         positions = self.positions[..., :bs]
@@ -50,21 +57,25 @@ class DecodeGraphs:
     def capture(self) -> None:
         """Captures every bucket, largest first so smaller graphs reuse its memory pool."""
         for bs in reversed(self.batch_sizes):
-            with step_context(self._context(bs)):
-                self._forward(bs)  # warm-up: compiles the kernels outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self._forward(bs)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bs] = graph
+            for lora, graphs in ((False, self.graphs), (True, self.lora_graphs)):
+                if lora and self.lora_buffers is None:
+                    continue
+                with step_context(self._context(bs, lora)):
+                    self._forward(bs)  # warm-up: compiles the kernels outside the capture
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool):
+                        self._forward(bs)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                graphs[bs] = graph
         torch.cuda.synchronize()
 
     def can_run(self, inputs: StepInputs) -> bool:
         ctx = inputs.context
         return (ctx.decode_only and inputs.input_ids.shape[0] <= self.batch_sizes[-1]
-                and ctx.block_tables.shape[1] <= self.max_blocks and inputs.mm_embeds is None)
+                and ctx.block_tables.shape[1] <= self.max_blocks and inputs.mm_embeds is None
+                and (ctx.lora is None or self.lora_buffers is not None))
 
     @torch.no_grad()
     def run(self, inputs: StepInputs) -> torch.Tensor:
@@ -79,5 +90,9 @@ class DecodeGraphs:
         self.context_lens[:b].copy_(ctx.context_lens)
         self.context_lens[b:bs].fill_(1)
         self.block_tables[:b, :ctx.block_tables.shape[1]].copy_(ctx.block_tables)
-        self.graphs[bs].replay()
+        if ctx.lora is not None:
+            self.lora_buffers.load(ctx.lora.slot_ids, bs)
+            self.lora_graphs[bs].replay()
+        else:
+            self.graphs[bs].replay()
         return self.hidden[:b]

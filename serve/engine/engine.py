@@ -5,7 +5,12 @@
     for delta in engine.generate([r1, r2], stream=True): print(delta.request_id, delta.new_text)
 
 `step()` runs one scheduler iteration and returns the progress of every request that got a
-token (or was aborted); the RPC server and the tests use only this class.
+token (or was aborted, or got its head answer); the RPC server and the tests use only this class.
+
+Adapters (serve/lora): `load_adapter(name, path)` / `unload_adapter(name)` / `list_adapters()`
+while serving; `EngineConfig.adapters` / `adapter_manifest` load some at start. A request names
+its adapter; `output_mode="head"` answers with the adapter's task head after one prefill
+(`RequestOutput.head`, finish_reason "head"), in the same batches as generating requests.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from serve.lora.manager import AdapterManager
+from serve.lora.pool import PoolConfig
 from serve.models import load_model
 
 from .block_manager import BlockManager
@@ -72,14 +79,19 @@ class Engine:
         self.checkpoint = Path(checkpoint)
         self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights)
         self.dtype = self.model.language_model.embed_tokens.weight.dtype
-        self.runner = ModelRunner(self.model, config, self.device, self.dtype, backend)
+        self.lora = None  # the pool is allocated before the K/V cache is sized from what is left
+        if config.adapter_slots > 0:
+            pool = PoolConfig(config.adapter_slots, config.host_adapter_cache, config.max_lora_rank,
+                              config.lora_targets, config.lora_backend)
+            self.lora = AdapterManager(self.model, pool, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, config, self.device, self.dtype, backend, self.lora)
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.kv_block_size,
                                           config.enable_prefix_cache)
         if config.policy not in POLICIES:
             raise ValueError(f"policy {config.policy!r} is not one of {sorted(POLICIES)}")
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
                                        self.runner.max_model_len)
-        self.scheduler = Scheduler(sched_config, self.block_manager, POLICIES[config.policy]())
+        self.scheduler = Scheduler(sched_config, self.block_manager, POLICIES[config.policy](), self.lora)
         self.tokenizer = self.processor.tokenizer
         self.eos_token_ids = _eos_ids(self.checkpoint, self.tokenizer)
         self._requests: dict[str, _Tracked] = {}
@@ -89,15 +101,66 @@ class Engine:
         self.step_log: deque[tuple[int, int, bool, float]] = deque(maxlen=65536)  # (seqs, tokens, decode-only, s)
         self.num_steps = 0
         self.num_generated_tokens = 0
+        self._load_startup_adapters(config)
+
+    # ---- adapters ---------------------------------------------------------------------------------
+    def _adapters(self) -> AdapterManager:
+        if self.lora is None:
+            raise ValueError("this engine was built with adapter_slots=0 and serves the base model only")
+        return self.lora
+
+    def _load_startup_adapters(self, config: EngineConfig) -> None:
+        if not (config.adapters or config.adapter_manifest or config.pinned_adapters):
+            return
+        if config.adapter_manifest:
+            self.load_manifest(config.adapter_manifest)
+        for entry in config.adapters:
+            name, _, path = entry.partition("=") if "=" in entry else (Path(entry).name, "", entry)
+            self.load_adapter(name, path)
+        for name in config.pinned_adapters:
+            self.pin_adapter(name)
+
+    def load_adapter(self, name: str, path: str | Path, pin: bool = False) -> dict:
+        """Reads and checks a PEFT directory (and its heads) and registers it; serving goes on.
+        A bad directory raises AdapterLoadError (a ValueError) and changes nothing."""
+        return self._adapters().load(name, path, pin)
+
+    def load_manifest(self, path: str | Path, pin: bool = False) -> list[str]:
+        """Loads the adapters of a fusion manifest (file or folder); returns their names."""
+        return self._adapters().load_manifest(path, pin)
+
+    def unload_adapter(self, name: str, abort: bool = False) -> None:
+        """Forgets an adapter. With requests in flight on it this refuses, unless abort=True aborts them."""
+        manager = self._adapters()
+        manager.get(name)
+        users = [rid for rid, t in self._requests.items() if t.request.adapter == name]
+        if users and not abort:
+            raise ValueError(f"adapter {name!r} has {len(users)} request(s) in flight ({users[:4]}); "
+                             "let them finish or unload with abort=True")
+        for request_id in users:
+            self.abort(request_id)
+        manager.unload(name)
+
+    def pin_adapter(self, name: str, pinned: bool = True) -> None:
+        self._adapters().pin(name, pinned)
+
+    def list_adapters(self) -> list[dict]:
+        """name, path, rank, ranks per module, targets, heads (domain -> task), residency, ... per adapter."""
+        return self.lora.list() if self.lora is not None else []
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> str:
-        if request.output_mode != "generate":
-            raise ValueError(f"output_mode {request.output_mode!r} needs an adapter with a task head; "
-                             "this engine serves output_mode='generate' only until adapters are loaded")
+        record, head = None, None
         if request.adapter is not None:
-            raise ValueError(f"adapter {request.adapter!r} is not loaded (no adapters are served yet); "
-                             "send adapter=None for the base model")
+            if self.lora is None:
+                raise ValueError(f"adapter {request.adapter!r} is not loaded: this engine has adapter_slots=0 "
+                                 "(base model only); send adapter=None")
+            record = self.lora.get(request.adapter)
+        if request.output_mode == "head":
+            if record is None:
+                raise ValueError("output_mode 'head' needs an adapter with a task head: name it in "
+                                 "Request.adapter (and the head's domain in Request.task)")
+            head = self.lora.select_head(request.adapter, request.task)
         request_id = request.request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
@@ -110,7 +173,9 @@ class Engine:
         spans = tuple(MMSpan(v.offset, v.offset + v.num_tokens, v.content_hash) for v in prompt.vision)
         seq = Sequence(request_id, list(prompt.token_ids), params.max_tokens, stops, arrival, request.adapter, spans,
                        data={"sampling": params, "vision": prompt.vision, "prompt_positions": positions,
-                             "mrope_delta": delta})
+                             "mrope_delta": delta, "head": head},
+                       adapter_version=record.version if record is not None else 0, prefill_only=head is not None,
+                       reuse_prefix=head is None or head.config.pooling == "last")  # other poolings read every row
         self.runner.prepare_sequence(seq)
         self.scheduler.add(seq)
         metrics = RequestMetrics(arrival_time=arrival, num_prompt_tokens=seq.prompt_len)
@@ -134,6 +199,8 @@ class Engine:
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
         if not batch.entries:
+            if self.lora is not None and self.lora.wait_pending():
+                return outputs  # only adapter swaps were pending: their requests are admitted next step
             if self.scheduler.waiting and not self.scheduler.running and not batch.preempted:  # would spin
                 raise RuntimeError(f"{len(self.scheduler.waiting)} waiting request(s) cannot be scheduled with "
                                    f"{self.block_manager.num_free_blocks} free K/V blocks")
@@ -146,11 +213,15 @@ class Engine:
         self.scheduler.postprocess(batch, sampled)
         now = time.perf_counter()
         for seq, _ in batch.entries:
-            if seq.seq_id not in sampled:
+            head_done = seq.prefill_only and seq.is_finished
+            if seq.seq_id not in sampled and not head_done:
                 continue
             tracked = self._requests[seq.request_id]
             tracked.metrics.first_token_time = tracked.metrics.first_token_time or now
-            outputs.append(self._output(tracked, [sampled[seq.seq_id]], finished=seq.is_finished))
+            if head_done:
+                outputs.append(self._output(tracked, [], finished=True, head=seq.data.pop("head_result")))
+            else:
+                outputs.append(self._output(tracked, [sampled[seq.seq_id]], finished=seq.is_finished))
             if seq.is_finished:
                 tracked.metrics.finished_time = now
                 del self._requests[seq.request_id]
@@ -160,7 +231,7 @@ class Engine:
         self.num_steps += 1
         return outputs
 
-    def _output(self, tracked: _Tracked, new_ids: list[int], finished: bool) -> RequestOutput:
+    def _output(self, tracked: _Tracked, new_ids: list[int], finished: bool, head=None) -> RequestOutput:
         seq, metrics = tracked.seq, tracked.metrics
         new_text = ""
         if seq.data["sampling"].detokenize:
@@ -171,7 +242,7 @@ class Engine:
         metrics.num_preemptions = seq.num_preemptions
         logits = seq.data.get("logits") if seq.data["sampling"].keep_logits else None
         return RequestOutput(seq.request_id, new_ids, new_text, seq.output_token_ids, tracked.detok.text, finished,
-                             seq.finish_reason if finished else None, metrics, tracked.request.app, logits)
+                             seq.finish_reason if finished else None, metrics, tracked.request.app, logits, head)
 
     # ---- blocking and streaming ---------------------------------------------------------------
     def generate(self, requests: Request | list[Request], stream: bool = False):

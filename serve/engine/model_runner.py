@@ -1,9 +1,12 @@
 """The only part of the engine that touches the model and the device.
 
 Owns the model, the K/V cache, the encoder cache, the decode CUDA graphs and the sampling
-generators. `run(batch)` builds the step's inputs, encodes the images the step needs, runs
-the forward (graph replay for decode-only steps on GPU, eager otherwise), computes logits for
-the sequences that reached their last token and samples their next tokens.
+generators. `run(batch)` builds the step's inputs and its adapter metadata (one LoraBatch for
+all layers, from the adapter manager's slots), encodes the images the step needs, runs the
+forward (graph replay for decode-only steps on GPU, eager otherwise), computes logits for
+the sequences that reached their last token and samples their next tokens. Head-mode
+sequences collect their prompt's final hidden states over their prefill chunks instead and,
+at their last chunk, get their task head's answer in `seq.data["head_result"]`.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ CPU_DEFAULT_BLOCKS = 512
 
 class ModelRunner:
     def __init__(self, model: VisionLanguageModel, config: EngineConfig, device: torch.device, dtype: torch.dtype,
-                 backend: str):
+                 backend: str, lora=None):
         self.model, self.config, self.device, self.dtype = model, config, device, dtype
+        self.lora = lora  # serve.lora.AdapterManager, or None (base model only)
         args = model.args
         self.block_size = config.kv_block_size
         block_bytes = bytes_per_block(args.num_layers, self.block_size, args.num_kv_heads, args.head_dim, dtype)
@@ -49,8 +53,9 @@ class ModelRunner:
         self.graphs = None
         if device.type == "cuda" and config.cuda_graphs and backend == "triton":
             max_blocks = -(-self.max_model_len // self.block_size)
+            lora_buffers = lora.graph_buffers(max(config.graph_batch_sizes)) if lora is not None else None
             self.graphs = DecodeGraphs(model, self.kv_cache, config.graph_batch_sizes, max_blocks,
-                                       args.hidden_size, dtype, device)
+                                       args.hidden_size, dtype, device, lora_buffers)
             self.graphs.capture()
 
     @torch.no_grad()
@@ -80,20 +85,39 @@ class ModelRunner:
         """Runs one step; returns seq_id -> sampled token for sequences that reached their last token."""
         entries = batch.entries
         inputs = build_step_inputs(self.model, entries, self.block_size, self.device)
+        if self.lora is not None:
+            inputs.context.lora = self.lora.step_batch([(seq.adapter, n) for seq, n in entries])
         attach_vision(self.model, inputs, entries, self.encoder_cache, self.config.max_vision_batch, self.counters)
         hidden = self._forward(inputs)
         release_vision(entries)
-        if not inputs.sample_rows:
+        self._collect_heads(entries, hidden)
+        keep = [i for i, seq in enumerate(inputs.sample_seqs) if not seq.prefill_only]
+        if not keep:
             return {}
-        rows = torch.tensor(inputs.sample_rows, device=self.device)
+        rows = torch.tensor([inputs.sample_rows[i] for i in keep], device=self.device)
         logits = self.model.compute_logits(hidden[rows]).float()  # [N, V]
-        seqs = inputs.sample_seqs
+        seqs = [inputs.sample_seqs[i] for i in keep]
         tokens = sample(logits, [s.data["sampling"] for s in seqs], [s.data.get("generator") for s in seqs],
                         self.default_generator).tolist()
         for i, seq in enumerate(seqs):
             if seq.data["sampling"].keep_logits:
                 seq.data.setdefault("logits", []).append(logits[i].cpu())
         return {seq.seq_id: token for seq, token in zip(seqs, tokens)}
+
+    def _collect_heads(self, entries: list[tuple[Sequence, int]], hidden: torch.Tensor) -> None:
+        """Head-mode sequences keep their rows of this step; the last chunk runs the head."""
+        row = 0
+        for seq, n in entries:
+            if seq.prefill_only:
+                start = seq.num_computed_tokens  # before this step (postprocess advances it)
+                if start == seq.num_cached_tokens or "head_rows" not in seq.data:  # first chunk (again, if preempted)
+                    seq.data["head_rows"] = []
+                seq.data["head_rows"].append(hidden[row:row + n].clone())  # a graph's output buffer is reused
+                if start + n == seq.num_tokens:
+                    from serve.lora.heads import run_head
+
+                    seq.data["head_result"] = run_head(seq.data["head"], torch.cat(seq.data.pop("head_rows")))
+            row += n
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(inputs):

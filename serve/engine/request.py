@@ -48,6 +48,7 @@ class Request:
     video: Any = None  # frames: uint8 [T, H, W, 3] or a list of images (Qwen only)
     adapter: str | None = None  # LoRA adapter name; None = base model
     output_mode: str = "generate"  # "generate" (LM head) | "head" (the adapter's task head)
+    task: str | None = None  # head mode: the head's domain (or task); None = the adapter's only head
     sampling: SamplingParams = field(default_factory=SamplingParams)
     app: str | None = None  # application tag
     slo_ms: float | None = None  # latency objective of the application
@@ -85,7 +86,8 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort"
+    finish_reason: str | None  # "stop" | "length" | "abort" | "head"
     metrics: RequestMetrics
     app: str | None = None
     logits: list | None = None  # float32 [vocab] tensors, one per generated token (keep_logits)
+    head: Any = None  # head mode: the heads.HeadResult (label / count / boxes / answer; .to_dict())

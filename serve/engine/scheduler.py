@@ -8,6 +8,13 @@ therefore mix decode tokens, prefill chunks and fresh prompts. When a running se
 grow, the lowest-priority running sequence is preempted by recompute (its blocks are freed
 and it waits again, at its old priority) rather than the step failing.
 
+Adapters: a waiting sequence is admitted only when its adapter is usable on the device
+(`AdapterGate.ready`, which starts the swap when it is not); until then it is skipped and the
+rest of the queue goes on. A running sequence holds its adapter's slot (`acquire` at
+admission, `release` when it finishes, is preempted or aborted), so a slot is never swapped
+under a running sequence. Head-mode sequences (`prefill_only`) finish with reason "head" once
+their prompt is computed.
+
 The policy says only who comes first; the orchestrator replaces `FCFSPolicy` later.
 """
 
@@ -36,6 +43,21 @@ class FCFSPolicy(SchedulingPolicy):
 
 
 POLICIES = {"fcfs": FCFSPolicy}
+
+
+class AdapterGate:
+    """What the scheduler asks about adapters; serve.lora's AdapterManager implements it.
+    This default (no adapter side) reports every adapter usable."""
+
+    def ready(self, adapter: str) -> bool:
+        """Usable this step? If not, the implementation starts making it so (a swap)."""
+        return True
+
+    def acquire(self, adapter: str) -> None:
+        """A sequence using `adapter` starts running."""
+
+    def release(self, adapter: str) -> None:
+        """A sequence using `adapter` stops running (finished, preempted or aborted)."""
 
 
 @dataclass
@@ -68,10 +90,12 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None,
+                 adapters: AdapterGate | None = None):
         self.config = config
         self.block_manager = block_manager
         self.policy = policy or FCFSPolicy()
+        self.adapters = adapters or AdapterGate()
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -94,6 +118,8 @@ class Scheduler:
                 if seq.request_id == request_id:
                     queue.remove(seq)
                     self.block_manager.free(seq)
+                    if queue is self.running:
+                        self._release(seq)
                     seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
                     return seq
         return None
@@ -102,7 +128,18 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- one step -------------------------------------------------------------------------
+    def _release(self, seq: Sequence) -> None:
+        if seq.adapter is not None:
+            self.adapters.release(seq.adapter)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        self._release(seq)
+
     def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -145,7 +182,11 @@ class Scheduler:
                 break
             if not bm.can_allocate(seq, cached + n):
                 break
+            if seq.adapter is not None and not self.adapters.ready(seq.adapter):
+                continue  # its adapter is being swapped in: the rest of the queue goes on
             bm.allocate(seq, cached + n)
+            if seq.adapter is not None:
+                self.adapters.acquire(seq.adapter)
             seq.status = SequenceStatus.RUNNING
             self.waiting.remove(seq)
             self.running.append(seq)
@@ -162,6 +203,10 @@ class Scheduler:
             self.block_manager.commit(seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prefill chunk: nothing sampled yet
+            if seq.prefill_only:  # head mode: the runner has read the prompt's hidden states
+                self._finish(seq, "head")
+                finished.append(seq)
+                continue
             token = sampled[seq.seq_id]
             seq.append(token)
             reason = None
@@ -170,8 +215,6 @@ class Scheduler:
             elif seq.num_generated >= seq.max_tokens or seq.num_tokens >= self.config.max_model_len:
                 reason = "length"
             if reason is not None:
-                seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
-                self.running.remove(seq)
-                self.block_manager.free(seq)
+                self._finish(seq, reason)
                 finished.append(seq)
         return finished

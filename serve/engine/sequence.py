@@ -52,6 +52,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    adapter_version: int = 0  # with the name: a reloaded adapter never shares blocks with its old self
+    prefill_only: bool = False  # head mode: finishes (reason "head") once its prompt is computed
+    reuse_prefix: bool = True  # may take cached blocks (off when every prompt row's hidden state is needed)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:

@@ -26,6 +26,12 @@ class EngineStats:
     step_time_mean_ms: float
     step_time_last_ms: float
     step_times_ms: list[float]  # the most recent steps
+    adapters_loaded: int = 0
+    adapters_resident: int = 0  # holding a device slot
+    adapters_in_host_cache: int = 0
+    adapter_swaps: int = 0  # copies of an adapter into a slot
+    adapter_slot_evictions: int = 0
+    adapter_host_reads: int = 0  # adapter directories read (at load, and again after host-cache eviction)
 
 
 def collect_stats(engine) -> EngineStats:
@@ -41,4 +47,5 @@ def collect_stats(engine) -> EngineStats:
         num_steps=engine.num_steps, generated_tokens=engine.num_generated_tokens,
         step_time_mean_ms=sum(times) / len(times) if times else 0.0,
         step_time_last_ms=times[-1] if times else 0.0, step_times_ms=times[-256:],
+        **(engine.lora.stats() if engine.lora is not None else {}),
     )

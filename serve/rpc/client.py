@@ -141,25 +141,25 @@ class Client:
         pairs = [encode_frame(np.asarray(f), encoding or self.encoding) for f in frames]
         return [s for s, _ in pairs], tuple(b for _, b in pairs)
 
-    def _spec(self, prompt, specs, adapter, output_mode, sampling, app, slo_ms, tag) -> dict[str, Any]:
-        return {"prompt": prompt, "frames": specs, "adapter": adapter, "output_mode": output_mode,
+    def _spec(self, prompt, specs, adapter, output_mode, sampling, app, slo_ms, tag, task=None) -> dict[str, Any]:
+        return {"prompt": prompt, "frames": specs, "adapter": adapter, "task": task, "output_mode": output_mode,
                 "sampling": sampling or {}, "app": app, "slo_ms": slo_ms, "tag": tag}
 
     def submit_image(self, prompt: str, images, adapter: str | None = None, output_mode: str = "generate",
                      sampling: dict | None = None, app: str | None = None, slo_ms: float | None = None,
-                     tag: str | None = None, encoding: str | None = None) -> Stream:
-        """images: RGB uint8 [H, W, 3] arrays (or one array)."""
+                     tag: str | None = None, encoding: str | None = None, task: str | None = None) -> Stream:
+        """images: RGB uint8 [H, W, 3] arrays (or one array). task: which head of the adapter answers."""
         images = [images] if isinstance(images, np.ndarray) and images.ndim == 3 else images
         specs, blobs = self._frames(images, encoding)
-        return Stream(self, "submit_image", self._spec(prompt, specs, adapter, output_mode, sampling, app, slo_ms, tag),
+        return Stream(self, "submit_image", self._spec(prompt, specs, adapter, output_mode, sampling, app, slo_ms, tag, task),
                       blobs)
 
     def submit_video(self, prompt: str, frames, adapter: str | None = None, output_mode: str = "generate",
                      sampling: dict | None = None, app: str | None = None, slo_ms: float | None = None,
-                     tag: str | None = None, encoding: str | None = None) -> Stream:
-        """frames: a video chunk, uint8 [T, H, W, 3] or a list of [H, W, 3] frames."""
+                     tag: str | None = None, encoding: str | None = None, task: str | None = None) -> Stream:
+        """frames: a video chunk, uint8 [T, H, W, 3] or a list of [H, W, 3] frames. task: which head of the adapter answers."""
         specs, blobs = self._frames(list(frames), encoding)
-        return Stream(self, "submit_video", self._spec(prompt, specs, adapter, output_mode, sampling, app, slo_ms, tag),
+        return Stream(self, "submit_video", self._spec(prompt, specs, adapter, output_mode, sampling, app, slo_ms, tag, task),
                       blobs)
 
     @staticmethod

@@ -123,7 +123,7 @@ class VLoRAService(rpyc.Service):
         request_id = f"{self.conn_id}-{next(self._n)}"
         frames = sub.frames
         request = Request(prompt=sub.prompt, images=frames if kind == "image" else [],
-                          video=frames if kind == "video" else None, adapter=sub.adapter,
+                          video=frames if kind == "video" else None, adapter=sub.adapter, task=sub.task,
                           output_mode=sub.output_mode, sampling=sampling, app=sub.app, slo_ms=sub.slo_ms,
                           request_id=request_id)
         ticket = Ticket(request_id, self.conn_id, sub.tag, submitted=start,

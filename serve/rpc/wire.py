@@ -24,7 +24,7 @@ KINDS = ("image", "video")
 OUTPUT_MODES = ("generate", "head")
 SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "seed": int,
                  "stop_token_ids": list, "ignore_eos": bool}
-REQUEST_KEYS = {"prompt", "adapter", "output_mode", "sampling", "app", "slo_ms", "frames", "tag"}
+REQUEST_KEYS = {"prompt", "adapter", "task", "output_mode", "sampling", "app", "slo_ms", "frames", "tag"}
 
 
 class RequestError(ValueError):
@@ -62,6 +62,7 @@ class Submission:
     prompt: str
     frames: list[np.ndarray]  # uint8 [H, W, 3] each
     adapter: str | None
+    task: str | None  # which of the adapter's heads answers (a domain or task name)
     output_mode: str
     sampling: dict[str, Any]
     app: str | None
@@ -185,7 +186,8 @@ def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits) -> S
     if kind == "video" and len({f.shape for f in frames}) > 1:
         raise RequestError("bad_frame", f"the frames of a video chunk must share one shape, got {sorted({f.shape for f in frames})}")
     adapter, mode, app, tag = spec.get("adapter"), spec.get("output_mode", "generate"), spec.get("app"), spec.get("tag")
-    for name, value in (("adapter", adapter), ("app", app), ("tag", tag)):
+    task = spec.get("task")
+    for name, value in (("adapter", adapter), ("task", task), ("app", app), ("tag", tag)):
         if value is not None and (not isinstance(value, str) or len(value) > 256):
             raise RequestError("bad_argument", f"{name} must be a string of at most 256 characters or null")
     if mode not in OUTPUT_MODES:
@@ -193,7 +195,7 @@ def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits) -> S
     slo = spec.get("slo_ms")
     if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < 1e9):
         raise RequestError("bad_argument", f"slo_ms must be a positive number of milliseconds, got {slo!r}")
-    return Submission(kind, prompt, frames, adapter, mode, _sampling(spec.get("sampling"), limits), app,
+    return Submission(kind, prompt, frames, adapter, task, mode, _sampling(spec.get("sampling"), limits), app,
                       None if slo is None else float(slo), tag)
 
 

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
 
-SUITES = ("kernels", "merge", "engine")
+SUITES = ("kernels", "merge", "engine", "adapters")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -27,7 +27,15 @@ def run(cfg: DictConfig) -> dict:
         raise SystemExit(f"bench.suite={b.suite!r} is not one of {SUITES}")
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
-    fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items() if k not in ("suite", "engine")}
+    fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
+              if k not in ("suite", "engine", "adapters")}
+    if b.suite == "adapters":
+        from serve.bench_lora import AdapterBenchJob, run_adapter_bench
+
+        values = OmegaConf.to_container(b.adapters, resolve=True)
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        rows, meta = run_adapter_bench(to_dataclass(AdapterBenchJob, values, out_dir=fields["out_dir"]))
+        return {"adapters": rows, "meta": meta}
     if b.suite == "engine":
         from serve.bench import EngineBenchJob, run_engine_bench
 

@@ -115,15 +115,9 @@ def run(cfg: DictConfig) -> dict:
     server = None
     port = job.port
     if port is None:
-        from serve.engine import Engine, EngineConfig
-        from serve.rpc import Limits, RpcServer
+        from .serve import start_server
 
-        from .serve import checkpoint_path
-
-        engine_cfg = OmegaConf.to_container(cfg.engine, resolve=True)
-        engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict({**engine_cfg, "dtype": cfg.model.dtype}))
-        limits = Limits.from_dict(OmegaConf.to_container(cfg.rpc, resolve=True))
-        server = RpcServer(engine, token, "127.0.0.1", 0, limits, max(job.clients, int(cfg.rpc.max_connections))).start()
+        server = start_server(cfg, token, job.clients)
         port = server.port
     print(f"vlora loadtest: {job.clients} clients for {job.duration_s} s against {job.host}:{port}",
           file=sys.stderr, flush=True)

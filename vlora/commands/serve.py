@@ -29,21 +29,41 @@ def checkpoint_path(model_cfg) -> Path:
     return path
 
 
-def run(cfg: DictConfig):
+def build_engine(cfg: DictConfig):
+    """The engine of cfg.model / cfg.engine with the adapters of cfg.adapters (a fusion manifest,
+    when it exists, and any extra PEFT directories) loaded at start."""
     from serve.engine import Engine, EngineConfig
+
+    values = {**OmegaConf.to_container(cfg.engine, resolve=True), "dtype": cfg.model.dtype}
+    manifest = Path(cfg.adapters.manifest)
+    if manifest.exists():
+        values["adapter_manifest"] = str(manifest)
+    if cfg.adapters.extra:
+        values["adapters"] = tuple(cfg.adapters.extra)
+    engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict(values))
+    names = [a["name"] for a in engine.list_adapters()]
+    print(f"vlora serve: {cfg.model.name} with {len(names)} adapter(s){': ' + ', '.join(names) if names else ''}",
+          file=sys.stderr, flush=True)
+    return engine
+
+
+def start_server(cfg: DictConfig, token: str, connections: int = 0):
+    """An in-process RPyC server over build_engine(cfg) on a free loopback port (applications' own server)."""
+    from serve.rpc import Limits, RpcServer
+
+    limits = Limits.from_dict(OmegaConf.to_container(cfg.rpc, resolve=True))
+    return RpcServer(build_engine(cfg), token, "127.0.0.1", 0, limits,
+                     max(connections, int(cfg.rpc.max_connections))).start()
+
+
+def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
     rpc = cfg.rpc
     if not rpc.token:
         raise SystemExit("vlora serve: no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters")
-    engine_cfg = OmegaConf.to_container(cfg.engine, resolve=True)
-    engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict({**engine_cfg, "dtype": cfg.model.dtype}))
-    manifest = Path(cfg.adapters.manifest)
-    if (manifest.exists() or cfg.adapters.extra) and not hasattr(engine, "load_adapter"):
-        print(f"vlora serve: this engine serves the base model only; adapters of {manifest} are not loaded",
-              file=sys.stderr, flush=True)
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
-    server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
+    server = RpcServer(build_engine(cfg), str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     try:
         server.serve_forever(ready=lambda: print(f"vlora serve: listening on {server.host}:{server.port}", flush=True))

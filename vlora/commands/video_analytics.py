@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
+from .serve import start_server
 
 
 @dataclass
@@ -32,19 +33,6 @@ class VideoJob:
     sink: str
     report: str
     streams: list
-
-
-def start_server(cfg: DictConfig, token: str, connections: int):
-    """An in-process RPyC server over the engine of cfg.model / cfg.engine, on a free port."""
-    from serve.engine import Engine, EngineConfig
-    from serve.rpc import Limits, RpcServer
-
-    from .serve import checkpoint_path
-
-    engine_cfg = OmegaConf.to_container(cfg.engine, resolve=True)
-    engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict({**engine_cfg, "dtype": cfg.model.dtype}))
-    limits = Limits.from_dict(OmegaConf.to_container(cfg.rpc, resolve=True))
-    return RpcServer(engine, token, "127.0.0.1", 0, limits, max(connections, int(cfg.rpc.max_connections))).start()
 
 
 def job_from_cfg(cfg: DictConfig) -> VideoJob:

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
-from .video_analytics import start_server
+from .serve import start_server
 
 
 @dataclass

@@ -1,0 +1,93 @@
+"""Vision task heads served with their adapter, and how a head request picks one.
+
+On disk (DESIGN.md, train/adapter_io.py): one head per knowledge domain under
+`<adapter>/heads/<domain>/head.safetensors + head.json`, or a single `head.safetensors +
+head.json` at the adapter root (named after meta.json's only domain, else "default").
+meta.json's `domains[<domain>]["task"]` says what each domain answers.
+
+Head mode: the request's prompt goes through one prefill with the adapter; the head reads the
+final hidden states of the prompt (after the final norm, as training's `last_hidden_state`),
+pooled as its config says, and `decode` gives the `HeadResult` (label, count, boxes, yes/no).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from heads import TaskHead, load_head
+
+from .loader import AdapterLoadError
+
+ROOT_HEAD = "head"
+HEADS_DIR = "heads"
+
+
+def _has_head(directory: Path) -> bool:
+    return (directory / f"{ROOT_HEAD}.json").is_file() or (directory / f"{ROOT_HEAD}.safetensors").is_file()
+
+
+def load_adapter_heads(path: str | Path, meta: dict, hidden_size: int, device: torch.device) -> dict[str, TaskHead]:
+    """domain -> head (fp32, eval mode, on `device`) of an adapter directory; {} when it has none."""
+    path = Path(path)
+    found: dict[str, Path] = {}
+    domains = meta.get("domains") if isinstance(meta.get("domains"), dict) else {}
+    if _has_head(path):
+        found[next(iter(domains)) if len(domains) == 1 else "default"] = path
+    heads_dir = path / HEADS_DIR
+    if heads_dir.is_dir():
+        for sub in sorted(heads_dir.iterdir()):
+            if sub.is_dir() and _has_head(sub):
+                if sub.name in found:
+                    raise AdapterLoadError(f"adapter directory {str(path)!r}: head {sub.name!r} is stored twice "
+                                           f"(at the root and under {HEADS_DIR}/)")
+                found[sub.name] = sub
+    heads = {}
+    for domain, directory in found.items():
+        try:
+            head = load_head(directory, device=device, dtype=torch.float32)
+        except (OSError, ValueError) as e:
+            raise AdapterLoadError(f"adapter directory {str(path)!r}: head {domain!r} cannot be loaded: {e}") from e
+        if head.config.hidden_size != hidden_size:
+            raise AdapterLoadError(f"adapter directory {str(path)!r}: head {domain!r} reads hidden size "
+                                   f"{head.config.hidden_size} but the served model's is {hidden_size}")
+        heads[domain] = head
+    return heads
+
+
+def head_tasks(heads: dict[str, TaskHead], meta: dict) -> dict[str, str]:
+    """domain -> task name (meta.json's, else the head type) of every head."""
+    domains = meta.get("domains") if isinstance(meta.get("domains"), dict) else {}
+    out = {}
+    for domain, head in heads.items():
+        record = domains.get(domain) if isinstance(domains.get(domain), dict) else {}
+        out[domain] = str(record.get("task") or head.config.type)
+    return out
+
+
+def select_head(adapter: str, heads: dict[str, TaskHead], meta: dict, task: str | None) -> TaskHead:
+    """The head a request names by domain or task; without a name, the adapter's only head."""
+    tasks = head_tasks(heads, meta)
+    described = ", ".join(f"{d} ({t})" for d, t in tasks.items())
+    if not heads:
+        raise ValueError(f"output_mode 'head' needs an adapter with a task head; adapter {adapter!r} has none "
+                         "(use output_mode='generate')")
+    if task is None:
+        if len(heads) == 1:
+            return next(iter(heads.values()))
+        raise ValueError(f"adapter {adapter!r} has several heads: {described}; name one with Request.task")
+    if task in heads:
+        return heads[task]
+    matches = [d for d, t in tasks.items() if t == task]
+    if len(matches) == 1:
+        return heads[matches[0]]
+    if matches:
+        raise ValueError(f"task {task!r} of adapter {adapter!r} is ambiguous: domains {matches} answer it; "
+                         "name the domain in Request.task")
+    raise ValueError(f"adapter {adapter!r} has no head for task {task!r}; its heads: {described}")
+
+
+def run_head(head: TaskHead, hidden: torch.Tensor):
+    """hidden: [P, D] final hidden states of a prompt (all of it, or its tail for 'last' pooling) -> HeadResult."""
+    return head.predict(hidden[None], None)[0]

@@ -1,0 +1,71 @@
+"""LoRA-wrapped projections (vLLM's `*WithLoRA` tier): the base matmul once, then the batch's adapters.
+
+    y = x @ W.T (+ b)                              # one matmul for every token of the step
+    y[:, slice i] += scale[s] * x @ A[i, s].T @ B[s, slice i].T    for each token's slot s
+
+The second line is one `op` call over all tokens (ATMM: two launches whatever the mix of
+adapters, ranks and targets; tokens of slot -1 are untouched). A layer holds views of its
+layer's rows of the pool, fixed at start, so swapping an adapter into a slot is visible to
+every layer (and to captured CUDA graphs) without touching the layers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from serve.engine.context import peek_context
+
+from .pool import AdapterPool
+
+
+class LoRALinear(nn.Module):
+    """A serve.models `Linear` with multi-adapter LoRA; x: [T, in] -> y: [T, sum(output_slices)]."""
+
+    def __init__(self, base: nn.Module, pool: AdapterPool, kind: str, layer_index: int):
+        super().__init__()
+        self.base = base
+        self.kind, self.layer_index = kind, layer_index
+        self.slices = tuple(base.output_slices)
+        # plain attributes, not buffers: views into the pool, which owns (and never reallocates) them
+        self.lora_a, self.lora_b, self.ranks, self.scales = pool.layer_views(kind, layer_index)
+
+    # the base layer's description, so code reading projections sees the same shape either way
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def output_slices(self) -> tuple[int, ...]:
+        return self.base.output_slices
+
+    @property
+    def slice_names(self) -> tuple[str, ...]:
+        return self.base.slice_names
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        ctx = peek_context()
+        batch = None if ctx is None else ctx.lora
+        if batch is None:
+            return y
+        return batch.op(y, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales, self.slices)
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, layer={self.layer_index}, rank={self.lora_a.shape[2]}"
+
+
+def wrap_projections(language_model, pool: AdapterPool) -> list[LoRALinear]:
+    """Replaces every projection of a kind the pool holds by its LoRA-wrapped version."""
+    wrapped = []
+    for layer, kind, module in list(language_model.projections()):
+        if kind not in pool.kinds or isinstance(module, LoRALinear):
+            continue
+        lora = LoRALinear(module, pool, kind, layer)
+        language_model.set_projection(layer, kind, lora)
+        wrapped.append(lora)
+    return wrapped

@@ -1,0 +1,258 @@
+"""PEFT LoRA directories -> host tensors in the pool's slot layout.
+
+A PEFT directory stores one (lora_A, lora_B) pair per adapted module under keys such as
+
+    base_model.model.model.language_model.layers.3.self_attn.q_proj.lora_A.weight   A: [r, in]
+    base_model.model.model.language_model.layers.3.self_attn.q_proj.lora_B.weight   B: [out, r]
+
+(older checkpoints put `language_model.model.` or a bare `model.` in front of `layers`). The
+serving model fuses q/k/v and gate/up into one projection with column slices (serve.models
+layers.py), so each PEFT module becomes one slice of a projection kind:
+
+    lora_a[kind]: [L, n_slices, r_pad, in]    lora_b[kind]: [L, sum(slices), r_pad]
+    ranks[kind]:  int32 [L, n_slices]  (0 = that layer's slice is not adapted)
+
+r_pad is the adapter's largest rank on that kind rounded up to 16; rows of A / columns of B
+past a module's rank are zero (the kernels' contract). PEFT scales each module by
+alpha / r (alpha / sqrt(r) with rsLoRA; `rank_pattern` / `alpha_pattern` per module); the pool
+keeps one scale per kind and slot, so a module whose scale differs from its kind's first one
+gets the ratio folded into its B (exact in fp32; the usual uniform config folds nothing).
+
+Anything the serving model cannot apply exactly (LoRA on the vision tower or the embeddings,
+DoRA, LoRA biases, modules_to_save, a shape that does not fit the model) is refused with an
+`AdapterLoadError` that names the directory and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+_KEY = re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?P<block>self_attn|mlp)\.(?P<module>\w+)"
+                  r"\.lora_(?P<ab>[AB])\.weight$")
+_VISION_MARKERS = ("visual", "vision", "multi_modal_projector", "merger", "mm_projector")
+
+
+class AdapterLoadError(ValueError):
+    """An adapter directory the server cannot serve; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ProjectionShape:
+    """One projection kind of the serving model (e.g. qkv_proj with slices q_proj, k_proj, v_proj)."""
+
+    kind: str
+    in_features: int
+    slices: tuple[int, ...]  # output width of each slice
+    slice_names: tuple[str, ...]  # the PEFT module name of each slice
+
+    @property
+    def out_features(self) -> int:
+        return sum(self.slices)
+
+
+def model_shapes(language_model) -> tuple[int, dict[str, ProjectionShape]]:
+    """(num_layers, kind -> ProjectionShape) of a serve.models DecoderModel."""
+    shapes: dict[str, ProjectionShape] = {}
+    layers = set()
+    for layer, kind, module in language_model.projections():
+        layers.add(layer)
+        shapes.setdefault(kind, ProjectionShape(kind, module.in_features, module.output_slices, module.slice_names))
+    return len(layers), shapes
+
+
+@dataclass
+class AdapterWeights:
+    """LoRA tensors of one adapter in the pool's slot layout (host memory; only adapted kinds)."""
+
+    lora_a: dict[str, torch.Tensor]  # kind -> [L, n_slices, r_pad, in]
+    lora_b: dict[str, torch.Tensor]  # kind -> [L, out, r_pad]
+    ranks: dict[str, torch.Tensor]  # kind -> int32 [L, n_slices]
+    scales: dict[str, float]  # kind -> the scale B @ A is multiplied by
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.lora_a, self.lora_b) for t in d.values())
+
+    def pinned(self) -> "AdapterWeights":
+        """A copy in page-locked memory, so copies to the GPU run asynchronously at full bandwidth."""
+        def pin(d):
+            return {k: t.pin_memory() for k, t in d.items()}
+
+        return AdapterWeights(pin(self.lora_a), pin(self.lora_b), pin(self.ranks), dict(self.scales))
+
+
+@dataclass
+class AdapterSpec:
+    """What an adapter directory holds, beside its weights (reported by `list_adapters`)."""
+
+    path: str
+    rank: int  # largest rank of any module
+    module_ranks: dict[str, int]  # PEFT module name -> its largest rank over layers
+    targets: tuple[str, ...]  # adapted module names, in model order
+    layers: int  # layers with at least one adapted module
+    nbytes: int
+    scales_folded: bool = False  # some module's scale was folded into its B (see module docstring)
+    meta: dict = field(default_factory=dict)  # meta.json when present
+
+
+def _fail(path: Path, message: str) -> AdapterLoadError:
+    return AdapterLoadError(f"adapter directory {str(path)!r}: {message}")
+
+
+def read_config(path: Path) -> dict:
+    file = path / CONFIG_FILE
+    if not path.is_dir():
+        raise _fail(path, "does not exist or is not a directory")
+    if not file.is_file():
+        raise _fail(path, f"no {CONFIG_FILE} (a PEFT LoRA directory holds {CONFIG_FILE} and {WEIGHTS_FILE})")
+    try:
+        config = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _fail(path, f"{CONFIG_FILE} is not valid JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise _fail(path, f"{CONFIG_FILE} must hold a JSON object")
+    if config.get("peft_type", "LORA") != "LORA":
+        raise _fail(path, f"peft_type is {config.get('peft_type')!r}; only LORA adapters are served")
+    unsupported = [(k, config.get(k)) for k in ("use_dora", "lora_bias", "fan_in_fan_out") if config.get(k)]
+    if config.get("bias", "none") != "none":
+        unsupported.append(("bias", config["bias"]))
+    if config.get("modules_to_save"):
+        unsupported.append(("modules_to_save", config["modules_to_save"]))
+    if unsupported:
+        raise _fail(path, f"unsupported LoRA options {dict(unsupported)}; the server applies plain LoRA "
+                          "(use_dora=false, bias='none', no modules_to_save)")
+    for key in ("r", "lora_alpha"):
+        if not isinstance(config.get(key), (int, float)) or config[key] <= 0:
+            raise _fail(path, f"{CONFIG_FILE} needs a positive number {key!r}, got {config.get(key)!r}")
+    return config
+
+
+def _pattern_value(patterns: dict, module_key: str, default):
+    """PEFT's `get_pattern_key`: the first pattern matching the end of the module name."""
+    for pattern, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({pattern})$", module_key):
+            return value
+    return default
+
+
+def _scale(config: dict, module_key: str, rank: int, path: Path) -> float:
+    r = _pattern_value(config.get("rank_pattern"), module_key, config["r"])
+    alpha = _pattern_value(config.get("alpha_pattern"), module_key, config["lora_alpha"])
+    if int(r) != rank:
+        raise _fail(path, f"{module_key} has rank {rank} in {WEIGHTS_FILE} but {int(r)} in {CONFIG_FILE}")
+    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        hint = " (adapter_model.bin is not read: save with safe_serialization=True)" \
+            if (path / "adapter_model.bin").is_file() else ""
+        raise _fail(path, f"no {WEIGHTS_FILE}{hint}")
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except Exception as e:  # a truncated or garbled file: safetensors raises several types
+        raise _fail(path, f"{WEIGHTS_FILE} cannot be read ({type(e).__name__}: {e})") from e
+
+
+def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, ProjectionShape], max_rank: int,
+                 dtype: torch.dtype) -> tuple[AdapterWeights, AdapterSpec]:
+    """Reads and checks a PEFT directory against the serving model's projections.
+
+    shapes: the projection kinds the pool holds (kinds left out cannot be adapted);
+    max_rank: the pool's rank; dtype: the pool's dtype.
+    """
+    path = Path(path)
+    config = read_config(path)
+    tensors = _read_tensors(path)
+    slot_of = {name: (kind, i) for kind, s in shapes.items() for i, name in enumerate(s.slice_names)}
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}  # (layer, module) -> {"A": .., "B": ..}
+    keys: dict[tuple[int, str], str] = {}
+    unserved = []
+    for key, tensor in tensors.items():
+        m = _KEY.match(key)
+        if m is None or any(marker in m["prefix"] for marker in _VISION_MARKERS) or m["module"] not in slot_of:
+            unserved.append(key)
+            continue
+        layer = int(m["layer"])
+        pairs.setdefault((layer, m["module"]), {})[m["ab"]] = tensor
+        keys[(layer, m["module"])] = re.sub(r"^base_model\.model\.", "", key).rsplit(".lora_", 1)[0]
+    if unserved:
+        raise _fail(path, f"{len(unserved)} tensor(s) adapt modules the server does not apply LoRA to, e.g. "
+                          f"{unserved[:3]}; served: the language model's {sorted(slot_of)} (no vision tower, "
+                          "embeddings or LM head)")
+    if not pairs:
+        raise _fail(path, f"{WEIGHTS_FILE} holds no LoRA weights")
+    ranks_host = {kind: torch.zeros(num_layers, len(s.slices), dtype=torch.int32) for kind, s in shapes.items()}
+    checked = {}
+    for (layer, module), ab in sorted(pairs.items()):
+        kind, i = slot_of[module]
+        shape = shapes[kind]
+        where = keys[(layer, module)]
+        if set(ab) != {"A", "B"}:
+            raise _fail(path, f"{where} has lora_{''.join(ab)} but not both lora_A and lora_B")
+        a, b = ab["A"], ab["B"]
+        if layer >= num_layers:
+            raise _fail(path, f"{where}: layer {layer} does not exist (the model has {num_layers} layers)")
+        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
+            raise _fail(path, f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} are not [r, in], [out, r]")
+        rank, width = a.shape[0], shape.slices[i]
+        if a.shape[1] != shape.in_features or b.shape[0] != width:
+            raise _fail(path, f"{where}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit this model's "
+                              f"{module} ([r, {shape.in_features}] / [{width}, r]): an adapter of another base model?")
+        if not 0 < rank <= max_rank:
+            raise _fail(path, f"{where}: rank {rank} exceeds the server's max_lora_rank {max_rank}")
+        if not (a.is_floating_point() and torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise _fail(path, f"{where}: weights are not finite floats (a corrupt file?)")
+        ranks_host[kind][layer, i] = rank
+        checked[(layer, module)] = (kind, i, a, b, _scale(config, where, rank, path))
+    weights, folded = _pack(checked, ranks_host, shapes, num_layers, dtype)
+    module_ranks: dict[str, int] = {}
+    for (_, module), (_, _, a, _, _) in checked.items():
+        module_ranks[module] = max(module_ranks.get(module, 0), a.shape[0])
+    order = [n for s in shapes.values() for n in s.slice_names]
+    targets = tuple(n for n in order if n in module_ranks)
+    meta = {}
+    if (path / "meta.json").is_file():
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except ValueError as e:
+            raise _fail(path, f"meta.json is not valid JSON: {e}") from e
+    spec = AdapterSpec(str(path), max(module_ranks.values()), {n: module_ranks[n] for n in targets}, targets,
+                       len({layer for layer, _ in checked}), weights.nbytes,
+                       scales_folded=folded, meta=meta)
+    return weights, spec
+
+
+def _pack(checked: dict, ranks_host: dict, shapes: dict[str, ProjectionShape], num_layers: int,
+          dtype: torch.dtype) -> tuple[AdapterWeights, bool]:
+    lora_a, lora_b, ranks, scales = {}, {}, {}, {}
+    folded = False
+    for kind, shape in shapes.items():
+        mine = {key: v for key, v in checked.items() if v[0] == kind}
+        if not mine:
+            continue
+        r_pad = -(-int(ranks_host[kind].max()) // 16) * 16
+        a_out = torch.zeros(num_layers, len(shape.slices), r_pad, shape.in_features, dtype=dtype)
+        b_out = torch.zeros(num_layers, shape.out_features, r_pad, dtype=dtype)
+        base_scale = None
+        for (layer, _), (_, i, a, b, scale) in sorted(mine.items()):
+            rank = a.shape[0]
+            lo = sum(shape.slices[:i])
+            base_scale = scale if base_scale is None else base_scale
+            ratio = scale / base_scale
+            folded |= ratio != 1.0
+            a_out[layer, i, :rank] = a
+            b_out[layer, lo:lo + shape.slices[i], :rank] = b.double().mul(ratio) if ratio != 1.0 else b
+        lora_a[kind], lora_b[kind] = a_out, b_out
+        ranks[kind], scales[kind] = ranks_host[kind].clone(), float(base_scale)
+    return AdapterWeights(lora_a, lora_b, ranks, scales), folded

@@ -1,0 +1,253 @@
+"""The adapter manager (vLLM's LoRA-manager tier): registry, slots, host cache, swaps, pinning.
+
+    manager = AdapterManager(model, PoolConfig(slots=8, host_cache=64, max_rank=64), dtype, device)
+    manager.load("signs", "adapters/signs")        # read + checked + heads, or AdapterLoadError
+    manager.ready("signs") -> bool                 # resident? else start its swap into a slot
+    manager.acquire("signs") / release("signs")    # a running sequence holds its adapter's slot
+    batch = manager.step_batch([(adapter, n_tokens), ...])   # the step's LoraBatch (or None)
+
+Loading reads and checks everything (weights, heads, meta) before registering anything, so a
+bad directory leaves the served set as it was. Registered adapters keep their weights in the
+host cache (re-read from disk if evicted from it); `ready` puts an adapter into a free slot, or
+the least recently used slot that no running sequence holds and no pin protects. On a GPU the
+copy runs on a side stream (ordered after the work already queued) and `ready` turns true once
+its event has completed, so the scheduler keeps serving other requests while the swap lands.
+The scheduler sees only `ready`, `acquire` and `release` (serve.engine.scheduler.AdapterGate).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .heads import head_tasks, load_adapter_heads, select_head
+from .layers import wrap_projections
+from .loader import AdapterLoadError, AdapterSpec, model_shapes, read_adapter
+from .metadata import LoraBatch, LoraGraphBuffers, build_lora_batch, resolve_backend
+from .pool import AdapterPool, HostCache, PoolConfig
+
+
+@dataclass
+class AdapterRecord:
+    name: str
+    spec: AdapterSpec
+    heads: dict[str, Any]  # domain -> heads.TaskHead
+    version: int  # distinguishes a reload under the same name (part of the prefix-cache key)
+    pinned: bool = False
+    refs: int = 0  # running sequences using it: its slot cannot be taken while > 0
+    slot: int | None = None
+    event: Any = None  # CUDA event of an in-flight swap into `slot`
+    last_use: int = 0
+    swaps: int = 0
+
+    def info(self, in_host_cache: bool) -> dict:
+        """JSON-ready description (what `Engine.list_adapters` returns)."""
+        s = self.spec
+        tasks = s.meta.get("tasks")
+        return {"name": self.name, "path": s.path, "rank": s.rank, "ranks": dict(s.module_ranks),
+                "targets": list(s.targets), "layers": s.layers, "bytes": s.nbytes,
+                "heads": head_tasks(self.heads, s.meta), "tasks": list(tasks) if isinstance(tasks, list) else [],
+                "pinned": self.pinned,
+                "resident": self.slot is not None and (self.event is None or self.event.query()),
+                "slot": self.slot, "in_host_cache": in_host_cache, "running": self.refs, "swaps": self.swaps,
+                "version": self.version}
+
+
+class AdapterManager:
+    def __init__(self, model, config: PoolConfig, dtype: torch.dtype, device: torch.device):
+        self.config, self.dtype, self.device = config, dtype, device
+        lm = model.language_model
+        self.hidden_size = model.args.hidden_size
+        self.num_layers, shapes = model_shapes(lm)
+        shapes = {k: s for k, s in shapes.items() if set(s.slice_names) & set(config.targets)}
+        self.targets = tuple(config.targets)
+        self.backend = resolve_backend(config.backend, device, dtype)
+        self.pool = AdapterPool(self.num_layers, shapes, config.slots, config.max_rank, dtype, device)
+        self.layers = wrap_projections(lm, self.pool)
+        self.host = HostCache(config.host_cache, pin=device.type == "cuda")
+        self.records: dict[str, AdapterRecord] = {}
+        self.slots: list[str | None] = [None] * config.slots
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._clock = itertools.count(1)
+        self._versions = itertools.count(1)
+        self.counters = {"swaps": 0, "slot_evictions": 0, "host_reads": 0, "swap_bytes": 0}
+
+    # ---- registry --------------------------------------------------------------------------
+    def _read(self, path: str | Path):
+        weights, spec = read_adapter(path, self.num_layers, self.pool.shapes, self.config.max_rank, self.dtype)
+        outside = [m for m in spec.targets if m not in self.targets]
+        if outside:  # only reachable when lora_targets drops a slice of a fused kind the pool holds
+            raise AdapterLoadError(f"adapter directory {str(path)!r} adapts {outside}, outside the server's "
+                                   f"lora_targets {list(self.targets)}")
+        self.counters["host_reads"] += 1
+        return weights, spec
+
+    def load(self, name: str, path: str | Path, pin: bool = False) -> dict:
+        if not isinstance(name, str) or not name or name == "__base__":
+            raise ValueError(f"adapter name {name!r}: give a non-empty string other than '__base__'")
+        if name in self.records:
+            raise ValueError(f"adapter {name!r} is already loaded (from {self.records[name].spec.path}); "
+                             "unload it first to replace it")
+        if pin:
+            self._check_pinnable(name)
+        weights, spec = self._read(path)
+        heads = load_adapter_heads(path, spec.meta, self.hidden_size, self.device)
+        record = AdapterRecord(name, spec, heads, next(self._versions))
+        self.records[name] = record  # everything checked: nothing above changed any state
+        self.host.put(name, weights)
+        if pin:
+            self.pin(name)
+        return record.info(name in self.host)
+
+    def get(self, name: str) -> AdapterRecord:
+        record = self.records.get(name)
+        if record is None:
+            loaded = sorted(self.records) or "none"
+            raise ValueError(f"adapter {name!r} is not loaded (loaded: {loaded}); load it with "
+                             "Engine.load_adapter(name, path) or send adapter=None for the base model")
+        return record
+
+    def unload(self, name: str) -> None:
+        record = self.get(name)
+        if record.refs:
+            raise RuntimeError(f"adapter {name!r} is held by {record.refs} running sequence(s)")
+        if record.slot is not None:
+            if record.event is not None:
+                record.event.synchronize()  # the copy must land before the slot can be reused
+            self.pool.clear(record.slot)
+            self.slots[record.slot] = None
+        self.host.drop(name)
+        del self.records[name]
+
+    def pin(self, name: str, pinned: bool = True) -> None:
+        """A pinned adapter keeps its slot once resident (hot adapters never pay a swap)."""
+        record = self.get(name)
+        if pinned and not record.pinned:
+            self._check_pinnable(name)
+            record.pinned = True
+            self.ready(name)  # start its swap now if it is not resident
+        record.pinned = pinned
+
+    def _check_pinnable(self, name: str) -> None:
+        if sum(r.pinned for r in self.records.values()) + 1 >= self.config.slots:
+            raise ValueError(f"cannot pin {name!r}: at least one of the {self.config.slots} adapter slots "
+                             "must stay unpinned for the other adapters")
+
+    def list(self) -> list[dict]:
+        return [r.info(r.name in self.host) for r in self.records.values()]
+
+    def select_head(self, name: str, task: str | None):
+        record = self.get(name)
+        return select_head(name, record.heads, record.spec.meta, task)
+
+    def load_manifest(self, path: str | Path, pin: bool = False) -> list[str]:
+        """Loads every adapter of a fusion manifest (fusion.manifest.read_manifest resolves their paths)."""
+        from fusion.manifest import read_manifest
+
+        manifest = read_manifest(path)
+        names = []
+        for entry in manifest["adapters"]:
+            if entry["name"] not in self.records:
+                self.load(entry["name"], entry["path"], pin=pin)
+            names.append(entry["name"])
+        return names
+
+    # ---- slots (the scheduler's AdapterGate) ---------------------------------------------------
+    def ready(self, name: str) -> bool:
+        """True when the adapter is usable this step; otherwise starts its swap if a slot can be had."""
+        record = self.get(name)
+        record.last_use = next(self._clock)
+        if record.slot is None:
+            slot = self._take_slot()
+            if slot is None:
+                return False
+            self._swap_in(record, slot)
+        if record.event is not None:
+            if not record.event.query():
+                return False
+            record.event = None
+        return True
+
+    def acquire(self, name: str) -> None:
+        record = self.get(name)
+        if record.slot is None or record.event is not None:
+            raise RuntimeError(f"adapter {name!r} is acquired before its swap completed; call ready() first")
+        record.refs += 1
+        record.last_use = next(self._clock)
+
+    def release(self, name: str) -> None:
+        record = self.records.get(name)
+        if record is not None:
+            record.refs -= 1
+            if record.refs < 0:
+                raise RuntimeError(f"adapter {name!r} released more often than acquired")
+
+    def wait_pending(self) -> bool:
+        """Blocks until every in-flight swap has landed; True if there was one."""
+        pending = [r for r in self.records.values() if r.event is not None]
+        for r in pending:
+            r.event.synchronize()
+        return bool(pending)
+
+    def _take_slot(self) -> int | None:
+        if None in self.slots:
+            return self.slots.index(None)
+        victims = [r for r in self.records.values() if r.slot is not None and r.refs == 0 and not r.pinned
+                   and (r.event is None or r.event.query())]
+        if not victims:
+            return None
+        victim = min(victims, key=lambda r: r.last_use)
+        slot, victim.slot, victim.event = victim.slot, None, None
+        self.slots[slot] = None
+        self.counters["slot_evictions"] += 1
+        return slot
+
+    def _swap_in(self, record: AdapterRecord, slot: int) -> None:
+        weights = self.host.get(record.name)
+        if weights is None:  # evicted from the host cache: read it again
+            weights = self.host.put(record.name, self._read(record.spec.path)[0])
+        record.slot = slot
+        self.slots[slot] = record.name
+        record.swaps += 1
+        self.counters["swaps"] += 1
+        self.counters["swap_bytes"] += weights.nbytes
+        if self.stream is None:
+            self.pool.write(slot, weights)
+            return
+        # after everything already queued (a previous step may still read the slot's old adapter)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            self.pool.write(slot, weights)
+            record.event = torch.cuda.Event()
+            record.event.record(self.stream)
+
+    # ---- per-step metadata ------------------------------------------------------------------------
+    def slot_of(self, name: str | None) -> int:
+        if name is None:
+            return -1
+        record = self.get(name)
+        if record.slot is None:
+            raise RuntimeError(f"adapter {name!r} is scheduled but holds no slot")
+        return record.slot
+
+    def step_batch(self, entries: list[tuple[str | None, int]]) -> LoraBatch | None:
+        """entries: (adapter, tokens this step) per sequence, in batch order."""
+        slot_ids = []
+        for adapter, n in entries:
+            slot_ids.extend([self.slot_of(adapter)] * n)
+        return build_lora_batch(slot_ids, self.device, self.backend)
+
+    def graph_buffers(self, max_batch: int) -> LoraGraphBuffers | None:
+        """Fixed metadata buffers for CUDA-graph decode, or None when the backend cannot be captured."""
+        if self.backend != "triton":
+            return None
+        return LoraGraphBuffers(max_batch, self.config.slots, self.device, self.backend)
+
+    def stats(self) -> dict[str, int]:
+        return {"adapters_loaded": len(self.records), "adapters_resident": sum(s is not None for s in self.slots),
+                "adapter_swaps": self.counters["swaps"], "adapter_slot_evictions": self.counters["slot_evictions"],
+                "adapter_host_reads": self.counters["host_reads"], "adapters_in_host_cache": len(self.host)}

@@ -1,0 +1,97 @@
+"""Per-step adapter metadata: which pool slot each token uses, grouped into segments once per step.
+
+The model runner builds one `LoraBatch` per forward from the scheduled sequences (their
+adapters' slots are known on the host, so building costs no device sync) and puts it in the
+step context; every LoRA layer of the forward reads the same one. `op` is the LoRA operator
+of the step, with one signature for both implementations:
+
+    op(y, x, lora_a, lora_b, segments, ranks, scales, slices)      # y += LoRA(x), in place
+
+    "triton": kernels.add_lora (ATMM: two launches per projection whatever the adapter mix;
+              needs fp16/bf16 activations; on CPU it runs in the Triton interpreter)
+    "torch":  kernels.lora_reference (per segment and slice in fp32, rounded once into y:
+              PEFT's arithmetic; the CPU engine's path)
+
+CUDA-graph decode replays kernels whose arguments are fixed at capture, so `LoraGraphBuffers`
+holds the segment metadata in fixed-size device buffers: a batch of b tokens in the graph of
+bucket bs is padded to bs tokens and min(bs, slots) segments (padding segments have length
+0 and exit at once), and each replay first copies the step's metadata into the buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from kernels import NO_LORA, SegmentMeta, add_lora, build_segments, lora_reference
+
+OPS: dict[str, Callable] = {"triton": add_lora, "torch": lora_reference}
+
+
+def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """"auto" -> "triton" on a GPU with fp16/bf16 weights, "torch" otherwise; explicit names are checked."""
+    if name == "auto":
+        return "triton" if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) else "torch"
+    if name not in OPS:
+        raise ValueError(f"lora_backend {name!r} is not one of auto, {', '.join(OPS)}")
+    if name == "triton" and dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"lora_backend='triton' needs float16 or bfloat16 weights, the model is {dtype}; "
+                         "use lora_backend='torch' (or 'auto') for float32")
+    return name
+
+
+class LoraBatch:
+    """slot_ids: the pool slot of every token of the step (host; -1 = no LoRA); segments: the
+    tokens grouped by slot on the device, built on first use (a graph replay only needs slot_ids)."""
+
+    def __init__(self, slot_ids: tuple[int, ...], device: torch.device | str, op: Callable,
+                 segments: SegmentMeta | None = None):
+        self.slot_ids, self.device, self.op = slot_ids, device, op
+        if segments is not None:
+            self.__dict__["segments"] = segments
+
+    @functools.cached_property
+    def segments(self) -> SegmentMeta:
+        return build_segments(self.slot_ids, self.device)
+
+
+def build_lora_batch(slot_ids: list[int], device: torch.device, backend: str) -> LoraBatch | None:
+    """The step's metadata, or None when no token uses an adapter (layers then skip LoRA entirely)."""
+    if all(s == NO_LORA for s in slot_ids):
+        return None
+    return LoraBatch(tuple(slot_ids), device, OPS[backend])
+
+
+class LoraGraphBuffers:
+    """Fixed device buffers of segment metadata for graphs captured up to `max_batch` tokens."""
+
+    def __init__(self, max_batch: int, num_slots: int, device: torch.device, backend: str):
+        if backend != "triton":
+            raise ValueError("CUDA-graph LoRA needs the triton backend (the torch path reads host metadata)")
+        self.num_slots = num_slots
+        self.op = OPS[backend]
+        self.token_order = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        self.seg_slot = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        self.seg_start = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        self.seg_len = torch.zeros(max_batch, dtype=torch.int32, device=device)  # all 0: nothing runs
+
+    def num_segments(self, bs: int) -> int:
+        return min(bs, self.num_slots)
+
+    def static_batch(self, bs: int) -> LoraBatch:
+        """The LoraBatch a bucket-`bs` graph is captured with: views of the buffers, padded sizes."""
+        g = self.num_segments(bs)
+        meta = SegmentMeta(self.token_order[:bs], self.seg_slot[:g], self.seg_start[:g], self.seg_len[:g],
+                           num_tokens=bs, num_segments=g, max_seg_len=bs, host_segments=())
+        return LoraBatch((), self.token_order.device, self.op, meta)
+
+    def load(self, slot_ids: tuple[int, ...], bs: int) -> None:
+        """Writes the metadata of b = len(slot_ids) <= bs tokens into the bucket-`bs` buffers."""
+        g = self.num_segments(bs)
+        meta = build_segments(slot_ids, "cpu", max_segments=g, max_tokens=bs)
+        self.token_order[:bs].copy_(meta.token_order, non_blocking=True)
+        self.seg_slot[:g].copy_(meta.seg_slot, non_blocking=True)
+        self.seg_start[:g].copy_(meta.seg_start, non_blocking=True)
+        self.seg_len[:g].copy_(meta.seg_len, non_blocking=True)

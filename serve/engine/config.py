@@ -1,8 +1,13 @@
 """The engine's configuration: one plain dataclass (Hydra stays at the entry points).
 
-Field names match the `engine:` block of conf/serve.yaml; keys of later stages there
-(policy values other than fcfs) are accepted by `EngineConfig.from_dict`, which ignores what
-this engine does not use yet.
+Field names match the `engine:` block of conf/serve.yaml; `EngineConfig.from_dict` ignores keys
+this engine does not use.
+
+Orchestration (serve/engine/orchestration.py): `policy` names a policy of serve.orchestrator's
+registry. "fcfs" (the default) keeps the plain first-come-first-served scheduler with every
+adapter unmerged, and no orchestrator runs; the others (v_lora, merge_only, unmerge_only, dlora)
+decide the mode and the batch every step, with `policy_params` (the fields of the policy's config
+dataclass, i.e. conf/orchestrator/<name>.yaml) and the cost profile named by `profile`.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's limit, capped by the cache size
     cuda_graphs: bool = True  # decode steps replay graphs captured per batch-size bucket (GPU)
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # serve.orchestrator policy: fcfs | v_lora | merge_only | unmerge_only | dlora
+    policy_params: dict | None = None  # fields of the policy's config dataclass
+    profile: str = "assumed"  # cost profile: "assumed" (serve.orchestrator's default), "measure" (at start), or a JSON path
+    profile_shapes: dict | None = None  # serve.orchestrator.ProfileShapes fields for profile="measure"
+    switch_method: str = "auto"  # merge kernel: "auto" (one_shot on GPU, addmm on CPU), "one_shot" (Triton), "addmm"
     seed: int = 0  # the generator of sampled requests without their own seed
     # adapters (serve/lora): the pool is allocated at start; adapter_slots=0 serves the base model only
     adapter_slots: int = 8  # adapters resident on the device at once
@@ -56,8 +65,14 @@ class EngineConfig:
     def from_dict(cls, values: dict) -> "EngineConfig":
         names = {f.name for f in dataclasses.fields(cls)}
         kept = {k: v for k, v in values.items() if k in names}
-        if kept.get("policy") not in (None, "fcfs"):
-            kept.pop("policy")  # other policies arrive with the orchestrator
+        if isinstance(kept.get("policy"), dict):  # a whole conf/orchestrator group: name + params
+            params = dict(kept.pop("policy"))
+            kept["policy"] = params.pop("name")
+            kept.setdefault("policy_params", params)
+        elif kept.get("policy") not in (None, "fcfs") and "policy_params" not in kept:
+            # a bare name (conf/serve.yaml's `policy: v_lora`) keeps the server on fcfs until the
+            # serve entry point passes the policy group; give policy_params (or the group) to opt in
+            kept.pop("policy")
         for key in ("graph_batch_sizes", "lora_targets", "adapters", "pinned_adapters"):
             if key in kept and not isinstance(kept[key], str):
                 kept[key] = tuple(kept[key])

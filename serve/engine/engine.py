@@ -11,6 +11,11 @@ Adapters (serve/lora): `load_adapter(name, path)` / `unload_adapter(name)` / `li
 while serving; `EngineConfig.adapters` / `adapter_manifest` load some at start. A request names
 its adapter; `output_mode="head"` answers with the adapter's task head after one prefill
 (`RequestOutput.head`, finish_reason "head"), in the same batches as generating requests.
+
+Modes (serve/engine/orchestration.py): with `EngineConfig.policy` other than "fcfs", a
+serve.orchestrator policy picks each step's mode (unmerge | merge(a) | mixture(a)) and batch,
+planning with the cost profile of `EngineConfig.profile` (`engine.cost_profile`). With "fcfs",
+`set_mode(Mode.merge("a"))` sets the mode by hand. Switches are counted and timed in `stats()`.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ import torch
 from serve.lora.manager import AdapterManager
 from serve.lora.pool import PoolConfig
 from serve.models import load_model
+from serve.orchestrator import POLICIES as ORCHESTRATOR_POLICIES
+from serve.orchestrator import CostProfile, Mode, ProfileShapes, assumed_profile, build_policy
 
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
+from .orchestration import Orchestration
 from .request import Request, RequestMetrics, RequestOutput
 from .scheduler import POLICIES, Scheduler, SchedulerConfig
 from .sequence import MMSpan, Sequence
@@ -84,14 +92,23 @@ class Engine:
             pool = PoolConfig(config.adapter_slots, config.host_adapter_cache, config.max_lora_rank,
                               config.lora_targets, config.lora_backend)
             self.lora = AdapterManager(self.model, pool, self.dtype, self.device)
+            self.lora.enable_modes(config.switch_method)  # restack weights before graphs capture them
+        if config.policy not in ORCHESTRATOR_POLICIES:
+            raise ValueError(f"policy {config.policy!r} is not one of {sorted(ORCHESTRATOR_POLICIES)}")
+        self._load_startup_adapters(config)  # before the runner: profile="measure" times them without a cache
+        self.cost_profile: CostProfile | None = None
+        policy = None
+        if config.policy != "fcfs":  # fcfs: the plain scheduler, every adapter unmerged
+            self.cost_profile = self._cost_profile(config)
+            policy = build_policy(config.policy, self.cost_profile, config.policy_params)
         self.runner = ModelRunner(self.model, config, self.device, self.dtype, backend, self.lora)
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.kv_block_size,
                                           config.enable_prefix_cache)
-        if config.policy not in POLICIES:
-            raise ValueError(f"policy {config.policy!r} is not one of {sorted(POLICIES)}")
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
                                        self.runner.max_model_len)
-        self.scheduler = Scheduler(sched_config, self.block_manager, POLICIES[config.policy](), self.lora)
+        self.scheduler = Scheduler(sched_config, self.block_manager, POLICIES["fcfs"](), self.lora)
+        self.orchestration = Orchestration(policy, self.scheduler, self.lora, config.max_batch_size,
+                                           config.max_tokens_per_step, self._request_info)
         self.tokenizer = self.processor.tokenizer
         self.eos_token_ids = _eos_ids(self.checkpoint, self.tokenizer)
         self._requests: dict[str, _Tracked] = {}
@@ -101,7 +118,36 @@ class Engine:
         self.step_log: deque[tuple[int, int, bool, float]] = deque(maxlen=65536)  # (seqs, tokens, decode-only, s)
         self.num_steps = 0
         self.num_generated_tokens = 0
-        self._load_startup_adapters(config)
+
+    # ---- modes ------------------------------------------------------------------------------------
+    def _cost_profile(self, config: EngineConfig) -> CostProfile:
+        if config.profile == "assumed":
+            return assumed_profile()
+        if config.profile == "measure":
+            from .profiling import default_shapes, measure_engine_profile
+
+            shapes = ProfileShapes(**config.profile_shapes) if config.profile_shapes else default_shapes(self.device)
+            return measure_engine_profile(self.model, self._adapters(), self.device, shapes)
+        return CostProfile.load(config.profile)
+
+    def _request_info(self, request_id: str) -> tuple[str | None, float | None, float]:
+        request = self._requests[request_id].request
+        return request.app, request.slo_ms, 1.0
+
+    @property
+    def mode(self) -> Mode:
+        return self.orchestration.mode
+
+    def set_mode(self, mode: Mode) -> None:
+        """Switches the weights to `mode` now (between steps; running requests keep their tokens).
+        Only without a policy (EngineConfig.policy="fcfs"): a policy sets the mode every step."""
+        if self.orchestration.policy is not None:
+            raise ValueError(f"the {self.config.policy!r} policy sets the mode every step; "
+                             "set_mode needs EngineConfig.policy='fcfs'")
+        if mode.merged_adapter is not None:
+            self._adapters().get(mode.merged_adapter)
+        if self.orchestration.apply(mode) != mode:
+            raise ValueError(f"mode {mode} could not be applied: adapter {mode.merged_adapter!r} found no slot")
 
     # ---- adapters ---------------------------------------------------------------------------------
     def _adapters(self) -> AdapterManager:
@@ -197,7 +243,9 @@ class Engine:
     # ---- one iteration -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
-        batch = self.scheduler.schedule()
+        orch = self.orchestration
+        batch = self.scheduler.schedule(orch.plan() if orch.policy is not None or orch.mode.kind != "unmerge"
+                                        else None)
         if not batch.entries:
             if self.lora is not None and self.lora.wait_pending():
                 return outputs  # only adapter swaps were pending: their requests are admitted next step

@@ -120,7 +120,8 @@ class ModelRunner:
             row += n
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.can_run(inputs):
+        mixture = getattr(inputs.context.lora, "has_delora", False)  # graphs hold one LoRA pass: eager
+        if self.graphs is not None and not mixture and self.graphs.can_run(inputs):
             self.counters["graph_steps"] += 1
             return self.graphs.run(inputs)
         self.counters["eager_steps"] += 1

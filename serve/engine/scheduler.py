@@ -15,7 +15,9 @@ admission, `release` when it finishes, is preempted or aborted), so a slot is ne
 under a running sequence. Head-mode sequences (`prefill_only`) finish with reason "head" once
 their prompt is computed.
 
-The policy says only who comes first; the orchestrator replaces `FCFSPolicy` later.
+The policy says only who comes first. An orchestrator (serve/engine/orchestration.py) may
+also hand `schedule` a `StepPlan`: running sequences it pauses are left out of the step (they
+keep their blocks), and only the waiting sequences it lists are admitted, in its order.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_tokens_per_step < 1:
             raise ValueError("max_batch_size and max_tokens_per_step must be >= 1")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's orders from the orchestrator (request ids)."""
+
+    pause: frozenset[str] = frozenset()  # running requests left out of this step
+    admit: tuple[str, ...] | None = None  # waiting requests that may be admitted, in order; None: all, by policy
 
 
 @dataclass
@@ -147,8 +157,9 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.append(seq)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, plan: StepPlan | None = None) -> ScheduledBatch:
         cfg, bm = self.config, self.block_manager
+        plan = plan or StepPlan()
         batch = ScheduledBatch()
         budget = cfg.max_tokens_per_step
         running = self.policy.order(self.running)
@@ -156,7 +167,7 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             n = min(seq.num_remaining, budget)
-            if not cfg.chunked_prefill and n < seq.num_remaining:
+            if seq.request_id in plan.pause or (not cfg.chunked_prefill and n < seq.num_remaining):
                 i += 1
                 continue
             while not bm.can_append(seq, n):
@@ -173,7 +184,12 @@ class Scheduler:
         self.running = running
         if batch.preempted:  # memory is short: admit no one this step
             return batch
-        for seq in self.policy.order(self.waiting):
+        if plan.admit is None:
+            candidates = self.policy.order(self.waiting)
+        else:
+            by_id = {seq.request_id: seq for seq in self.waiting}
+            candidates = [by_id[r] for r in plan.admit if r in by_id]
+        for seq in candidates:
             if budget <= 0 or len(self.running) >= cfg.max_batch_size:
                 break
             cached = bm.num_cached_tokens(seq)

@@ -1,4 +1,4 @@
-"""Engine statistics: cache occupancy, queues, reuse counters and step times."""
+"""Engine statistics: cache occupancy, queues, reuse counters, step times, modes and switches."""
 
 from __future__ import annotations
 
@@ -32,6 +32,14 @@ class EngineStats:
     adapter_swaps: int = 0  # copies of an adapter into a slot
     adapter_slot_evictions: int = 0
     adapter_host_reads: int = 0  # adapter directories read (at load, and again after host-cache eviction)
+    policy: str = "fcfs"
+    mode: str = "unmerge"  # in force now: unmerge | merge(a) | mixture(a)
+    steps_by_mode: dict | None = None  # steps run in each mode kind
+    mode_switches: int = 0  # changes of the merged adapter, each timed
+    switch_ms_total: float = 0.0
+    switch_ms_last: float = 0.0
+    switch_failures: int = 0
+    policy_stats: dict | None = None  # serve.orchestrator.PolicyStats.as_dict(): decisions, reasons histogram
 
 
 def collect_stats(engine) -> EngineStats:
@@ -48,4 +56,14 @@ def collect_stats(engine) -> EngineStats:
         step_time_mean_ms=sum(times) / len(times) if times else 0.0,
         step_time_last_ms=times[-1] if times else 0.0, step_times_ms=times[-256:],
         **(engine.lora.stats() if engine.lora is not None else {}),
+        **_mode_stats(engine),
     )
+
+
+def _mode_stats(engine) -> dict:
+    orch = engine.orchestration
+    m = orch.stats.as_dict()
+    return {"policy": engine.config.policy, "mode": m["mode"], "steps_by_mode": m["steps_by_mode"],
+            "mode_switches": m["switches"], "switch_ms_total": m["switch_ms_total"],
+            "switch_ms_last": m["switch_ms_last"], "switch_failures": m["switch_failures"],
+            "policy_stats": orch.policy.stats.as_dict() if orch.policy is not None else None}

@@ -7,6 +7,10 @@ The second line is one `op` call over all tokens (ATMM: two launches whatever th
 adapters, ranks and targets; tokens of slot -1 are untouched). A layer holds views of its
 layer's rows of the pool, fixed at start, so swapping an adapter into a slot is visible to
 every layer (and to captured CUDA graphs) without touching the layers.
+
+While the weights hold a merged adapter a (mixture mode, serve/lora/modes.py), the step's batch is
+a `MixtureBatch`: the own pass skips when no token has another adapter, and a second pass adds
+-scale * x @ A[a].T @ B[a].T for every token not of a (the same slot, scales negated).
 """
 
 from __future__ import annotations
@@ -53,7 +57,12 @@ class LoRALinear(nn.Module):
         batch = None if ctx is None else ctx.lora
         if batch is None:
             return y
-        return batch.op(y, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales, self.slices)
+        if getattr(batch, "has_own", True):
+            y = batch.op(y, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales, self.slices)
+        delora = getattr(batch, "delora", None)  # mixture: subtract the merged adapter's delta
+        if delora is not None:
+            y = batch.op(y, x, self.lora_a, self.lora_b, delora, self.ranks, -self.scales, self.slices)
+        return y
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, layer={self.layer_index}, rank={self.lora_a.shape[2]}"

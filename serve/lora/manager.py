@@ -13,6 +13,10 @@ the least recently used slot that no running sequence holds and no pin protects.
 copy runs on a side stream (ordered after the work already queued) and `ready` turns true once
 its event has completed, so the scheduler keeps serving other requests while the swap lands.
 The scheduler sees only `ready`, `acquire` and `release` (serve.engine.scheduler.AdapterGate).
+
+Modes (serve/lora/modes.py): `set_merged(name)` folds a resident adapter into the base weights
+(holding a reference on it, so its slot is neither evicted nor unloaded while merged) and
+`set_merged(None)` folds it out again; while one is merged, `step_batch` builds mixture metadata.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .heads import head_tasks, load_adapter_heads, select_head
 from .layers import wrap_projections
 from .loader import AdapterLoadError, AdapterSpec, model_shapes, read_adapter
 from .metadata import LoraBatch, LoraGraphBuffers, build_lora_batch, resolve_backend
+from .modes import WeightMerger, build_mixture_batch
 from .pool import AdapterPool, HostCache, PoolConfig
 
 
@@ -75,6 +80,43 @@ class AdapterManager:
         self._clock = itertools.count(1)
         self._versions = itertools.count(1)
         self.counters = {"swaps": 0, "slot_evictions": 0, "host_reads": 0, "swap_bytes": 0}
+        self.merger: WeightMerger | None = None  # built by enable_modes(): restacks the projection weights
+        self.merged: str | None = None  # the adapter folded into the base weights (merge / mixture mode)
+        self.switch_times_ms: list[float] = []  # one entry per fold in or out
+
+    # ---- modes (merge / mixture) --------------------------------------------------------------
+    def enable_modes(self, method: str = "auto") -> None:
+        """Restacks the projection weights so adapters can be merged in place (once, at start)."""
+        if self.merger is None:
+            self.merger = WeightMerger(self.layers, self.pool, self.device, method)
+
+    def set_merged(self, name: str | None) -> float:
+        """Brings the base weights to hold adapter `name` (None: none); returns the switch time in ms.
+        The new adapter is made resident first (waiting for its swap); if it cannot get a slot the
+        weights end up holding nothing and ValueError says why (unmerge runs every request)."""
+        if self.merger is None:
+            raise RuntimeError("modes are not enabled: call enable_modes() at start (before CUDA graphs)")
+        if name == self.merged:
+            return 0.0
+        total = 0.0
+        if self.merged is not None:
+            total += self._fold(self.merged, -1)
+            self.release(self.merged)
+            self.merged = None
+        if name is not None:
+            if not self.ready(name):
+                self.wait_pending()
+                if not self.ready(name):
+                    raise ValueError(f"adapter {name!r} cannot be merged: no free adapter slot")
+            self.acquire(name)
+            total += self._fold(name, +1)
+            self.merged = name
+        return total
+
+    def _fold(self, name: str, sign: int) -> float:
+        ms = self.merger.fold(self.get(name).slot, sign)
+        self.switch_times_ms.append(ms)
+        return ms
 
     # ---- registry --------------------------------------------------------------------------
     def _read(self, path: str | Path):
@@ -239,6 +281,8 @@ class AdapterManager:
         slot_ids = []
         for adapter, n in entries:
             slot_ids.extend([self.slot_of(adapter)] * n)
+        if self.merged is not None:  # mixture metadata (merge mode proper: None, no LoRA work)
+            return build_mixture_batch(slot_ids, self.slot_of(self.merged), self.device, self.backend)
         return build_lora_batch(slot_ids, self.device, self.backend)
 
     def graph_buffers(self, max_batch: int) -> LoraGraphBuffers | None:

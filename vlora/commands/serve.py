@@ -35,6 +35,15 @@ def build_engine(cfg: DictConfig):
     from serve.engine import Engine, EngineConfig
 
     values = {**OmegaConf.to_container(cfg.engine, resolve=True), "dtype": cfg.model.dtype}
+    policy = values.get("policy")
+    if isinstance(policy, str) and policy != "fcfs":  # the policy's settings from conf/orchestrator/<name>.yaml
+        from ..config import CONF_DIR
+
+        group = Path(CONF_DIR) / "orchestrator" / f"{policy}.yaml"
+        if not group.is_file():
+            raise SystemExit(f"engine.policy={policy!r}: no {group}; policies: "
+                             f"{sorted(p.stem for p in group.parent.glob('*.yaml'))}")
+        values["policy"] = OmegaConf.to_container(OmegaConf.load(group), resolve=True)
     manifest = Path(cfg.adapters.manifest)
     if manifest.exists():
         values["adapter_manifest"] = str(manifest)

@@ -1,0 +1,119 @@
+"""The orchestrator in the engine: each step a policy picks the mode and the batch; switches are applied.
+
+    orch = Orchestration(policy, scheduler, adapters, max_batch_size, max_tokens_per_step, requests)
+    plan = orch.plan()                  # StepView -> policy.decide -> switch weights -> StepPlan
+    batch = scheduler.schedule(plan)    # pauses and admissions as decided
+
+Every step builds one `StepView` from the scheduler's queues (RequestViews of waiting and running
+sequences; times in ms on `time.perf_counter`, the clock of the sequences' arrival times) and
+calls `policy.decide`. When the decision's merged adapter differs from the weights', the
+adapter manager folds the old one out and the new one in (serve/lora/modes.py) before the step
+runs, so a request running across the switch continues with the same function: its K/V cache
+stays valid and its next tokens are those of the unmerged model. If the new adapter cannot get
+a slot, the weights hold nothing (unmerge runs every request) and the step goes on.
+
+Without a policy (EngineConfig.policy = "fcfs") `Engine.set_mode` sets the mode by hand and the
+plan only enforces what the mode can run (merge(a): other requests wait or pause).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from serve.orchestrator import Mode, Policy, RequestView, StepView
+
+from .scheduler import Scheduler, StepPlan
+from .sequence import Sequence
+
+
+@dataclass
+class ModeStats:
+    """What the engine measured about modes (the policy counts its own decisions too)."""
+
+    mode: str = "unmerge"
+    steps_by_mode: Counter = field(default_factory=Counter)
+    switches: int = 0  # changes of the merged adapter (merge(a) -> merge(b) is one switch of two folds)
+    switch_ms_total: float = 0.0
+    switch_ms_last: float = 0.0
+    switch_failures: int = 0  # an adapter could not be merged (no slot): the step ran in unmerge
+    switch_log: deque = field(default_factory=lambda: deque(maxlen=1024))  # (from, to, ms)
+
+    def as_dict(self) -> dict:
+        return {"mode": self.mode, "steps_by_mode": dict(self.steps_by_mode), "switches": self.switches,
+                "switch_ms_total": self.switch_ms_total, "switch_ms_last": self.switch_ms_last,
+                "switch_failures": self.switch_failures}
+
+
+def request_view(seq: Sequence, app: str | None = None, slo_ms: float | None = None,
+                 priority: float = 1.0) -> RequestView:
+    head = seq.prefill_only
+    return RequestView(seq.request_id, seq.adapter, seq.arrival_time * 1e3, max(1, seq.prompt_len),
+                       1 if head else max(1, seq.max_tokens), "head" if head else "generate", app, slo_ms,
+                       priority, min(seq.num_computed_tokens, seq.prompt_len), seq.num_generated)
+
+
+class Orchestration:
+    def __init__(self, policy: Policy | None, scheduler: Scheduler, adapters, max_batch_size: int,
+                 max_tokens_per_step: int, request_info=None):
+        """adapters: serve.lora.AdapterManager with modes enabled, or None (base model only: always
+        unmerge); request_info(request_id) -> (app, slo_ms, priority) of a request."""
+        self.policy, self.scheduler, self.adapters = policy, scheduler, adapters
+        self.max_batch_size, self.max_tokens_per_step = max_batch_size, max_tokens_per_step
+        self.request_info = request_info or (lambda _rid: (None, None, 1.0))
+        self.mode = Mode.unmerge()
+        self.stats = ModeStats()
+
+    # ---- switching -------------------------------------------------------------------------
+    def apply(self, mode: Mode) -> Mode:
+        """Brings the weights to `mode`; returns the mode in force (unmerge if the merge failed)."""
+        if mode.merged_adapter != self.mode.merged_adapter:
+            if self.adapters is None:
+                raise ValueError(f"mode {mode} needs adapters, but this engine serves the base model only")
+            folds = len(self.adapters.switch_times_ms)
+            try:
+                self.adapters.set_merged(mode.merged_adapter)
+            except ValueError:  # the old adapter is folded out already; the new one found no slot
+                self.stats.switch_failures += 1
+                mode = Mode.unmerge()
+            ms = sum(self.adapters.switch_times_ms[folds:])
+            if mode.merged_adapter != self.mode.merged_adapter:
+                s = self.stats
+                s.switches += 1
+                s.switch_ms_total += ms
+                s.switch_ms_last = ms
+                s.switch_log.append((str(self.mode), str(mode), ms))
+        self.mode = mode
+        self.stats.mode = str(mode)
+        return mode
+
+    # ---- one step --------------------------------------------------------------------------
+    def view(self, now_ms: float | None = None) -> StepView:
+        now_ms = time.perf_counter() * 1e3 if now_ms is None else now_ms
+        sched = self.scheduler
+
+        def views(seqs):
+            return tuple(request_view(s, *self.request_info(s.request_id)) for s in seqs)
+
+        return StepView(now_ms, views(sched.waiting), views(sched.running), self.mode, self.max_batch_size,
+                        self.max_tokens_per_step)
+
+    def plan(self) -> StepPlan:
+        sched = self.scheduler
+        if self.policy is None:  # a mode set by hand: enforce only what it can run
+            mode = self.mode
+            pause = frozenset(s.request_id for s in sched.running if not mode.can_run(s.adapter))
+            admit = tuple(s.request_id for s in sched.policy.order(sched.waiting) if mode.can_run(s.adapter))
+            self.stats.steps_by_mode[mode.kind] += 1
+            return StepPlan(pause, admit)
+        if not sched.waiting and not sched.running:
+            return StepPlan()
+        decision = self.policy.decide(self.view())
+        applied = self.apply(decision.mode)
+        self.stats.steps_by_mode[applied.kind] += 1
+        if applied != decision.mode:  # the merge failed: unmerge runs everyone, the policy's order first
+            listed = set(decision.admit)
+            rest = [s.request_id for s in sched.policy.order(sched.waiting) if s.request_id not in listed]
+            return StepPlan(frozenset(), tuple(decision.admit) + tuple(rest))
+        return StepPlan(frozenset(decision.pause), tuple(decision.admit))

@@ -1,0 +1,95 @@
+"""A serve.orchestrator policy driving the engine (fp32, tiny Qwen2-VL): V-LoRA's policy merges the
+adapter that dominates, takes a starving request of another adapter in through mixture, unmerges when
+no adapter dominates; tokens equal the plain FCFS engine's; the stats account for every switch; the
+cost profile is measured at start without leaving a trace in the weights."""
+
+from __future__ import annotations
+
+import pytest
+from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread here)
+from serve_cases import case_specs, make_request
+from test_modes import make_engine, setup  # noqa: F401 (module fixture: checkpoint + adapters)
+
+from serve import EngineConfig
+
+MAX_NEW = 5
+POLICY = {"max_switch_share": 1.0}  # no dwell after a switch: the scripted queue switches at once
+
+
+def scripted_requests():
+    """Three requests of qv8 (3 > merge_share * max_batch = 2: qv8 dominates), then one of all16
+    with a 1 ms target, so it starves on arrival."""
+    specs = case_specs("qwen2_vl")
+    reqs = []
+    for i, (spec, adapter) in enumerate([(0, "qv8"), (1, "qv8"), (2, "qv8"), (1, "all16")]):
+        r = make_request(specs[spec], MAX_NEW, ignore_eos=True)
+        r.adapter, r.request_id = adapter, f"s{i}"
+        reqs.append(r)
+    reqs[-1].slo_ms = 1.0
+    return reqs
+
+
+def drive(engine):
+    """Three qv8 requests first; after two steps the starving all16 request arrives."""
+    reqs = scripted_requests()
+    for r in reqs[:3]:
+        engine.add_request(r)
+    done, modes, step = {}, [], 0
+    while engine.has_unfinished():
+        if step == 2:
+            engine.add_request(reqs[3])
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+        modes.append(str(engine.mode))
+        step += 1
+    return done, modes
+
+
+def test_v_lora_merges_then_mixture_then_unmerge(setup):  # noqa: F811
+    ref, _ = drive(make_engine(setup, max_batch_size=4))
+    engine = make_engine(setup, max_batch_size=4, policy="v_lora", policy_params=POLICY)
+    assert engine.cost_profile.assumed
+    done, modes = drive(engine)
+    for rid, out in ref.items():
+        assert done[rid].token_ids == out.token_ids, rid
+    assert modes[:2] == ["merge(qv8)", "merge(qv8)"]
+    assert modes[2] == "mixture(qv8)"  # the starving all16 request joins through deLoRA
+    assert modes[-1] == "unmerge"  # all16 alone does not dominate
+    stats = engine.stats()
+    pstats = stats.policy_stats
+    assert stats.mode_switches == pstats["switches"] == 2  # base -> qv8 -> base
+    assert stats.switch_ms_total > 0 and stats.switch_ms_last > 0
+    assert sum(stats.steps_by_mode.values()) == pstats["decisions"]
+    assert {"merge", "mixture", "unmerge"} <= set(pstats["reasons"])
+    assert engine.lora.merged is None and engine.lora.records["qv8"].refs == 0
+
+
+@pytest.mark.parametrize("policy", ["merge_only", "unmerge_only", "dlora"])
+def test_baseline_policies_keep_tokens(setup, policy):  # noqa: F811
+    ref, _ = drive(make_engine(setup, max_batch_size=4))
+    engine = make_engine(setup, max_batch_size=4, policy=policy)
+    done, modes = drive(engine)
+    assert {r: o.token_ids for r, o in done.items()} == {r: o.token_ids for r, o in ref.items()}
+    if policy == "unmerge_only":
+        assert set(modes) == {"unmerge"} and engine.stats().mode_switches == 0
+    if policy == "merge_only":
+        assert "merge(qv8)" in modes and "merge(all16)" in modes
+
+
+def test_measured_profile(setup):  # noqa: F811
+    ref, _ = drive(make_engine(setup, max_batch_size=4))
+    engine = make_engine(setup, max_batch_size=4, policy="v_lora", policy_params=POLICY, profile="measure",
+                         profile_shapes=dict(seqs=[1, 4], tokens=[1, 16], adapters=[1, 2],
+                                             lora_ops=["atmm", "delora"], switch_ops=["atmm", "addmm"]))
+    p = engine.cost_profile
+    assert not p.assumed and p.device == "cpu"
+    assert set(p.lora) == {"atmm", "delora"} and p.switch_ms["atmm"] > 0 and p.switch_ms["addmm"] > 0
+    assert p.base(4, 16) > 0
+    done, _ = drive(engine)  # the switch round trips left the weights as they were
+    assert {r: o.token_ids for r, o in done.items()} == {r: o.token_ids for r, o in ref.items()}
+
+
+def test_config_policy_from_dict():
+    cfg = EngineConfig.from_dict({"policy": {"name": "v_lora", "tolerance": 0.3}, "device": "cpu"})
+    assert cfg.policy == "v_lora" and cfg.policy_params == {"tolerance": 0.3}
+    assert EngineConfig.from_dict({"policy": "dlora", "policy_params": {}}).policy == "dlora"
+    assert EngineConfig.from_dict({"policy": "dlora"}).policy == "fcfs"  # conf/serve.yaml's bare name

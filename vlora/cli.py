@@ -2,9 +2,14 @@
 
     vlora zoo    [overrides]   build the offline model zoo (conf/zoo.yaml)
     vlora world  [overrides]   write the synthetic traffic world (conf/world.yaml)
-    vlora demo   [overrides]   the main job on the built-in default (conf/demo.yaml)
+    vlora demo   [overrides]   the main job on the built-in default, end to end (conf/demo.yaml)
+    vlora smoke  [overrides]   every tiny zoo model through the transformers Auto classes (conf/smoke.yaml)
     vlora teachers [overrides] train the built-in teachers on the synthetic world (conf/teachers.yaml)
     vlora distill [overrides]  distil teachers into one dataset per domain (conf/distill.yaml)
+    vlora pretrain [overrides] world pretraining of a tiny zoo model (conf/pretrain.yaml)
+    vlora train  [overrides]   one LoRA adapter + task head on one domain (conf/train.yaml)
+    vlora fusion [overrides]   accuracy-aware knowledge fusion into adapters (conf/fusion.yaml)
+    vlora offline [overrides]  teachers -> datasets -> fused adapters -> report (conf/offline.yaml)
     vlora tune   [overrides]   search the ATMM tiling table of this GPU (conf/tune.yaml)
     vlora bench  [overrides]   GPU benchmarks (conf/bench.yaml)
     vlora serve  [overrides]   the inference server over RPyC (conf/serve.yaml)
@@ -25,11 +30,16 @@ import sys
 COMMANDS = {
     "zoo": ("vlora.commands.zoo", "zoo", "build the offline model zoo"),
     "world": ("vlora.commands.world", "world", "write the synthetic traffic world"),
-    "demo": ("vlora.commands.demo", "demo", "the main job on the built-in default"),
+    "demo": ("vlora.commands.demo", "demo", "the main job on the built-in default, end to end"),
+    "smoke": ("vlora.commands.smoke", "smoke", "every tiny zoo model through the Hugging Face Auto classes"),
     "teachers": ("vlora.commands.teachers", "teachers", "train the built-in teachers on the synthetic world"),
     "distill": ("vlora.commands.distill", "distill", "distil teachers into one dataset per knowledge domain"),
+    "pretrain": ("vlora.commands.pretrain", "pretrain", "make a random tiny zoo model learnable (world pretraining)"),
+    "train": ("vlora.commands.train", "train", "one LoRA adapter plus the task head of one domain"),
+    "fusion": ("vlora.commands.fusion", "fusion", "pack the domains into the fewest adapters meeting their requirements"),
+    "offline": ("vlora.commands.offline", "offline", "the whole offline stage: teachers, datasets, fusion, report"),
     "tune": ("vlora.commands.tune", "tune", "search the ATMM tiling table of this GPU"),
-    "bench": ("vlora.commands.bench", "bench", "GPU benchmarks (kernels, merge)"),
+    "bench": ("vlora.commands.bench", "bench", "GPU benchmarks (kernels, merge, engine, adapters)"),
     "serve": ("vlora.commands.serve", "serve", "the inference server (RPyC)"),
     "loadtest": ("vlora.commands.loadtest", "loadtest", "many concurrent clients against a server"),
     "video_analytics": ("vlora.commands.video_analytics", "video_analytics", "camera streams against the server"),
@@ -40,7 +50,7 @@ COMMANDS = {
 
 def usage() -> str:
     lines = ["usage: vlora <command> [key=value ...]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += [f"  {name:<17} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     lines += ["", "Each command is a Hydra app: `vlora <command> --help` shows its config and overrides."]
     return "\n".join(lines)
 

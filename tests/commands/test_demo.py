@@ -1,34 +1,54 @@
-"""The main job and the world command, composed from their real configs and run in-process."""
+"""The main job end to end, in a smaller setting than the README default: two distilled domains
+with cheap teachers, fusion on the un-pretrained tiny model, the server with the fused adapters,
+two synthetic cameras and a few retrieval queries. Its report is checked for content."""
 
 from __future__ import annotations
 
 import json
+import math
 
-from vlora.commands import demo, world
+from vlora.commands import demo
 from vlora.config import compose
 
-
-def test_world_command_writes_the_configured_world(vlora_home):
-    index = world.run(compose("world", ["world=tiny", "seed=5", "world.n_images=3", "world.n_clips=1"]))
-    assert index.root == vlora_home / "world" / "tiny-seed5"
-    assert [it.kind for it in index] == ["image"] * 3 + ["clip"]
-    assert index.config.seed == 5
-    assert all(it.path.is_file() for it in index)
+DOMAINS = "[exists_bus,direction]"
 
 
-def test_demo_runs_every_model_end_to_end_and_reuses_artifacts(vlora_home, tiny_zoo, capsys):
-    cfg = compose("demo", ["demo.max_new_tokens=2", "demo.n_queries=1"])
-    first = demo.run(cfg)
-    assert [m["model"] for m in first["models"]] == ["qwen2_vl_tiny", "qwen2_5_vl_tiny", "llava_1_5_tiny"]
-    by_model = {m["model"]: m["queries"] for m in first["models"]}
-    assert by_model == {"qwen2_vl_tiny": 2, "qwen2_5_vl_tiny": 2, "llava_1_5_tiny": 1}, "LLaVA takes no video"
-    for q in first["queries"]:
-        assert q["latency_ms"] > 0 and q["new_tokens"] <= 2 and q["truth"] != ""
-    report = json.loads((vlora_home / "results" / "demo" / "report.json").read_text())
-    assert report["models"] == first["models"]
-    assert "accuracy" in capsys.readouterr().out
+def _small_demo():
+    cfg = compose("demo")
+    cfg.demo.offline = ["offline.per_domain=false", "offline.all_in_one=false", "offline.compare_lm_head=null",
+                        f"distill.only={DOMAINS}", f"fusion.only={DOMAINS}", "fusion.domains.exists_bus=0.3",
+                        "fusion.domains.direction=0.1", "train.base=model", "train.epochs=1",
+                        "distill.domains.exists_bus.size=40", "distill.domains.direction.size=30"]
+    cfg.demo.video_analytics = ["duration_s=6", "streams.0.width=112", "streams.0.height=112", "streams.0.sample_fps=8",
+                                "streams.1.width=112", "streams.1.height=112", "streams.1.sample_fps=8",
+                                "streams.0.annotate=null"]
+    cfg.demo.visual_retrieval = ["queries_per_image=1", "max_new_tokens=6"]
+    cfg.demo.world = ["world.n_images=3", "world.n_clips=0"]
+    return cfg
 
-    demo.run(cfg)
-    err = capsys.readouterr().err
-    assert err.count(": kept ") == 3, "the second run reuses the zoo"
-    assert "0 rendered" in err, "and the world"
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def test_the_main_job_runs_end_to_end_and_reports_every_stream_and_task(vlora_home, capsys):
+    report = demo.run(_small_demo())
+    saved = json.loads((vlora_home / "results" / "demo" / "report.json").read_text())
+    assert saved["streams"] == report["streams"]
+    assert (vlora_home / "results" / "demo" / "report.png").stat().st_size > 0
+    # offline: both domains fused into adapters that the server loaded
+    assert {d["domain"] for d in report["domains"]} == {"exists_bus", "direction"}
+    assert report["engine"]["adapters"] == report["offline"]["adapters"]["fused"] >= 1
+    # every configured stream and task is in the report, with numeric, plausible numbers
+    assert {(r["stream"], r["task"]) for r in report["streams"]} == {("cam0", "count"), ("cam0", "direction"),
+                                                                      ("cam1", "detect")}
+    for row in report["streams"]:
+        assert row["chunks"] >= 1 and row["dropped"] >= 0
+        assert _number(row["p50_ms"]) and 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] < 60_000
+        assert _number(row["accuracy"]) and 0.0 <= row["accuracy"] <= 1.0
+    kinds = {r["kind"] for r in report["retrieval"]}
+    assert kinds and all(r["errors"] == 0 and 0.0 <= r["accuracy"] <= 1.0 and r["p50_ms"] > 0
+                         for r in report["retrieval"])
+    assert report["engine"]["steps"] > 0 and report["engine"]["generated_tokens"] > 0
+    out = capsys.readouterr().out
+    assert "Video analytics:" in out and "cam1" in out and "Engine: policy v_lora" in out

@@ -1,129 +1,144 @@
-"""`vlora demo`: the main job on the built-in default.
+"""`vlora demo`: the main job on the built-in default, end to end.
 
-It builds whatever is missing (the tiny zoo, a small synthetic world), then asks every tiny
-model questions about the world's images and clips through the Hugging Face Auto classes and
-prints a per-model report with latency and exact-match accuracy against the ground truth. The
-zoo's weights are random, so accuracy is that of an untrained model; the run shows that the
-whole path (checkpoints, processors, chat templates, image and video inputs, real video files)
-works end to end.
+1. the offline stage (`vlora offline`): the tiny zoo model and its world pretraining, the
+   teachers, one distilled dataset per knowledge domain, knowledge fusion into adapters with
+   task heads (every step cached: a second run reuses them);
+2. the server (`vlora serve`) on that model with the fused adapters, the orchestrator's policy
+   and the RPyC service, in this process;
+3. several synthetic camera feeds (`vlora video_analytics`) and a batch of retrieval queries
+   (`vlora visual_retrieval`) through the client library, at the same time as each other's load;
+4. a report per stream and task (accuracy against the world's truth, latency percentiles,
+   drops), per retrieval kind, and of the engine (mode switches, adapters), as JSON, Markdown
+   and a plot.
+
+Each stage is composed from its own primary config (conf/offline.yaml, serve.yaml,
+video_analytics.yaml, visual_retrieval.yaml) with the overrides listed under `demo:`, so the
+same run on a GPU with a real checkpoint is a matter of config values.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
+import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import cv2
-import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from ..config import to_dataclass
-from ..world import WorldItem, write_world
-from ..zoo import load_pretrained
-from .world import world_job
-from .zoo import ZooJob, build_zoo
+from ..config import compose
+from .table import format_table
 
 
-@dataclass
-class DemoJob:
-    models: list[str]
-    max_new_tokens: int
-    n_queries: int
-    report: str
+def _stage(name: str, overrides, seed: int, extra: list[str] = ()) -> DictConfig:
+    return compose(name, [f"seed={seed}", *list(overrides or []), *extra])
 
 
-@dataclass
-class QueryResult:
-    model: str
-    item: str
-    question: str
-    truth: str
-    answer: str
-    latency_ms: float
-    new_tokens: int
-
-    @property
-    def correct(self) -> bool:
-        return self.answer.strip().lower() == self.truth.strip().lower()
-
-
-@dataclass
-class ModelReport:
-    model: str
-    load_ms: float
-    queries: list[QueryResult] = field(default_factory=list)
-
-    def summary(self) -> dict:
-        lat = sorted(q.latency_ms for q in self.queries)
-        return {
-            "model": self.model, "queries": len(self.queries), "load_ms": round(self.load_ms, 1),
-            "p50_ms": round(statistics.median(lat), 1) if lat else None,
-            "max_ms": round(lat[-1], 1) if lat else None,
-            "accuracy": round(sum(q.correct for q in self.queries) / len(self.queries), 3) if lat else None,
-        }
+def _stream_rows(va: dict) -> list[dict]:
+    rows = []
+    for name, s in va["streams"].items():
+        for task, t in s["tasks"].items():
+            route = s["routes"][task]
+            lat = t["latency_ms"]
+            rows.append({"stream": name, "task": task,
+                         "route": f"{route['adapter'] or 'base'}/{route['output_mode']}",
+                         "chunks": s["chunks_processed"], "dropped": s["chunks_dropped"],
+                         "p50_ms": lat["p50"], "p95_ms": lat["p95"], "p99_ms": lat["p99"],
+                         "accuracy": None if t["accuracy"] is None else round(t["accuracy"], 3)})
+    return rows
 
 
-def _rgb(frame):
-    return cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+def _retrieval_rows(vr: dict) -> list[dict]:
+    rows = []
+    for kind, k in (vr.get("by_kind") or {}).items():
+        lat = k.get("latency_ms") or {}
+        rows.append({"kind": kind, "queries": k["queries"], "errors": k["errors"], "accuracy": k["accuracy"],
+                     "p50_ms": lat.get("p50"), "p95_ms": lat.get("p95")})
+    return rows
 
 
-def ask(model, processor, item: WorldItem, question: str, max_new_tokens: int) -> tuple[str, float, int]:
-    """One question about one world item (image, or clip as a video); returns (answer, ms, tokens)."""
-    media = item.load()
-    kind = "video" if item.kind == "clip" else "image"
-    messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": question}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    visual = {"videos": [[_rgb(f) for f in media]]} if kind == "video" else {"images": [_rgb(media)]}
-    start = time.perf_counter()
-    inputs = processor(text=[text], return_tensors="pt", **visual)
-    with torch.inference_mode():
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    new = out[0, inputs["input_ids"].shape[1]:]
-    elapsed = (time.perf_counter() - start) * 1e3
-    return processor.decode(new, skip_special_tokens=True), elapsed, int(new.numel())
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-def run_model(name: str, path: Path, items: list[WorldItem], job: DemoJob, log=None) -> ModelReport:
-    start = time.perf_counter()
-    model, processor = load_pretrained(path)
-    report = ModelReport(name, (time.perf_counter() - start) * 1e3)
-    takes_video = getattr(processor, "video_processor", None) is not None  # LLaVA-1.5 takes images only
-    for item in items:
-        if item.kind == "clip" and not takes_video:
-            continue
-        qa = item.qa[0]
-        answer, ms, n = ask(model, processor, item, qa.question, job.max_new_tokens)
-        report.queries.append(QueryResult(name, item.file, qa.question, qa.answer, answer, ms, n))
-        print(f"  {name} {item.file}: {qa.question!r} -> {answer!r} (truth {qa.answer!r}, {ms:.0f} ms)",
-              file=log or sys.stderr, flush=True)
-    return report
-
-
-def format_table(rows: list[dict]) -> str:
-    cols = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-    lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
-    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
-    return "\n".join(lines)
+    rows = report["streams"]
+    if not rows:
+        return
+    labels = [f"{r['stream']}\n{r['task']}" for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(rows)), 3.4))
+    x = range(len(rows))
+    ax1.bar([i - 0.2 for i in x], [r["p50_ms"] or 0 for r in rows], 0.4, label="p50")
+    ax1.bar([i + 0.2 for i in x], [r["p95_ms"] or 0 for r in rows], 0.4, label="p95")
+    ax1.set_xticks(list(x), labels, fontsize=7)
+    ax1.set_ylabel("chunk latency (ms)")
+    ax1.legend(fontsize=7)
+    ax2.bar(list(x), [r["accuracy"] or 0 for r in rows])
+    ax2.set_xticks(list(x), labels, fontsize=7)
+    ax2.set_ylabel("accuracy vs world truth")
+    ax2.set_ylim(0, 1)
+    fig.suptitle(f"V-LoRA demo: {report['model']}, {report['engine'].get('adapters', 0)} adapters", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def run(cfg: DictConfig) -> dict:
-    job = to_dataclass(DemoJob, cfg.demo)
-    zoo = build_zoo(ZooJob(models=job.models, dir=cfg.paths.zoo, seed=cfg.seed))
-    world_cfg, world = world_job(cfg)
-    index = write_world(world_cfg, world.dir, n_images=world.n_images, n_clips=world.n_clips)
-    items = index.images[: job.n_queries] + index.clips[: job.n_queries]
-    reports = [run_model(name, zoo[name], items, job) for name in job.models]
-    summary = {"world": str(index.root), "models": [r.summary() for r in reports],
-               "queries": [asdict(q) | {"correct": q.correct} for r in reports for q in r.queries]}
-    out = Path(job.report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
-    print("\nV-LoRA demo: tiny zoo (random weights) on the synthetic world\n")
-    print(format_table(summary["models"]))
-    print(f"\nreport: {out}")
-    return summary
+    from . import offline, video_analytics, visual_retrieval, world
+    from .serve import start_server
+
+    d = cfg.demo
+    seed, token = int(cfg.seed), str(d.token)
+    began = time.perf_counter()
+    log = sys.stderr
+    print("[demo 1/4] offline stage: teachers, datasets, fusion", file=log, flush=True)
+    offline_report = offline.run(_stage("offline", d.offline, seed))
+    model_path = offline_report["model_path"]
+    world.run(_stage("world", d.world, seed))  # the retrieval collection (kept when already written)
+    t_offline = time.perf_counter() - began
+
+    print(f"[demo 2/4] server on {model_path} with the fused adapters", file=log, flush=True)
+    serve_cfg = _stage("serve", d.serve, seed, [f"model.path={model_path}", f"rpc.token={token}"])
+    server = start_server(serve_cfg, token, 16)
+    connect = [f"server.port={server.port}", f"server.token={token}"]
+    try:
+        print("[demo 3/4] camera streams and retrieval queries through the client", file=log, flush=True)
+        va_cfg = _stage("video_analytics", d.video_analytics, seed, connect)
+        vr_cfg = _stage("visual_retrieval", d.visual_retrieval, seed, connect)
+        results: dict = {}
+        retrieval = threading.Thread(target=lambda: results.update(vr=visual_retrieval.run(vr_cfg)),
+                                     name="demo-retrieval")
+        retrieval.start()
+        results["va"] = video_analytics.run(va_cfg)
+        retrieval.join()
+        stats = server.loop.call(lambda e: e.stats())
+        adapters = server.loop.call(lambda e: e.list_adapters())
+    finally:
+        server.close()
+
+    print("[demo 4/4] report", file=log, flush=True)
+    engine = {"policy": getattr(stats, "policy", None), "mode_switches": getattr(stats, "mode_switches", 0),
+              "switch_ms_total": round(getattr(stats, "switch_ms_total", 0.0), 3),
+              "steps_by_mode": getattr(stats, "steps_by_mode", {}), "adapters": len(adapters),
+              "adapter_names": [a["name"] for a in adapters], "steps": stats.num_steps,
+              "generated_tokens": stats.generated_tokens}
+    report = {"model": Path(model_path).name, "offline": {k: offline_report[k] for k in ("adapters", "timings_s")},
+              "domains": offline_report["domains"], "streams": _stream_rows(results["va"]),
+              "retrieval": _retrieval_rows(results.get("vr", {})), "retrieval_overall": results.get("vr", {}).get("overall"),
+              "engine": engine, "seconds": {"offline": round(t_offline, 1),
+                                            "total": round(time.perf_counter() - began, 1)}}
+    out = Path(d.report_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    text = [f"# V-LoRA demo ({report['model']})", "", "Video analytics:", "```", format_table(report["streams"]), "```"]
+    if report["retrieval"]:
+        text += ["", "Visual retrieval:", "```", format_table(report["retrieval"]), "```"]
+    text += ["", f"Engine: policy {engine['policy']}, {engine['adapters']} adapters, {engine['mode_switches']} mode "
+                 f"switches ({engine['switch_ms_total']} ms), steps by mode {engine['steps_by_mode']}",
+             f"Time: offline stage {report['seconds']['offline']} s, whole run {report['seconds']['total']} s"]
+    (out / "report.md").write_text("\n".join(text) + "\n")
+    _plot(report, out / "report.png")
+    print("\n".join(text))
+    print(f"\nreport: {out}/report.md, report.json, report.png")
+    return report

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from train.distill import DistillJob, DistillResult, DomainError, DomainSpec, distill
 
-from .demo import format_table
+from .table import format_table
 from .teachers import teacher_settings
 
 

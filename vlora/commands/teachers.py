@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from train.teachers import BUILTIN, TRAINED, TeacherSettings, build_teacher
 
-from .demo import format_table
+from .table import format_table
 
 
 def teacher_settings(cfg: DictConfig) -> TeacherSettings:

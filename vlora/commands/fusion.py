@@ -1,0 +1,99 @@
+"""`vlora fusion`: pack the distilled knowledge domains into the fewest adapters that still meet
+every domain's accuracy requirement (greedy, with roll-back), then export the adapters and
+`manifest.json` to ${fusion.out_dir}.
+
+    vlora fusion                                        # the default domains and requirements
+    vlora fusion fusion.domains.count_vehicles=0.9 "fusion.only=[count_vehicles,color_main]"
+
+Resumable: each step is journaled under ${fusion.out_dir}/work, so a rerun continues where an
+interrupted one stopped and a finished one returns at once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import to_dataclass
+from .table import format_table
+from .train import model_ref, split_train_node
+
+
+@dataclass
+class FusionJob:
+    domains: dict
+    only: list | None = None  # fuse just these domains (Hydra merges dict overrides, so pick by name)
+    order: str = "size_desc"
+    seed: int = 0
+    datasets_dir: str = ".vlora/datasets"
+    out_dir: str = ".vlora/adapters/fused"
+    resume: bool = True
+
+
+def build_trainer(cfg: DictConfig, datasets_dir: str, log=None):
+    """The model (world-pretrained unless train.base=model) and the LoRA trainer over it."""
+    from train import LoraSpec, LoraTrainer, VisionLM
+
+    job, tcfg = split_train_node(cfg.train)
+    tcfg.seed = cfg.seed
+    ref = model_ref(cfg, job, log=log)
+    vlm = VisionLM(ref, to_dataclass(LoraSpec, cfg.adapter), job.train_vision_tower, job.mixed_precision,
+                   job.device, seed=cfg.seed)
+    return LoraTrainer(vlm, datasets_dir, tcfg, log=log), ref
+
+
+def domains_of(job: FusionJob, trainer) -> list:
+    from fusion import Domain
+
+    unknown = sorted(set(job.only or ()) - set(job.domains))
+    if unknown:
+        raise ValueError(f"fusion.only names {unknown}, which are not in fusion.domains {sorted(job.domains)}")
+    out = []
+    for name, requirement in job.domains.items():
+        if job.only is not None and name not in job.only:
+            continue
+        data = trainer.dataset(name)
+        out.append(Domain(name, data.info.task, float(requirement), data.size("train")))
+    return out
+
+
+def print_event(event) -> None:
+    accs = ", ".join(f"{k} {v:.2f}" for k, v in event.accuracies.items())
+    why = f" (below requirement: {', '.join(event.violations)})" if event.violations else ""
+    print(f"[fusion step {event.step}] {event.action:<11} {event.domain} -> adapter {event.adapter}: {accs}{why}",
+          file=sys.stderr, flush=True)
+
+
+def run_fusion(cfg: DictConfig, log=None) -> dict:
+    from fusion import export_adapters, fuse, read_manifest
+
+    job = to_dataclass(FusionJob, OmegaConf.to_container(cfg.fusion, resolve=True))
+    out = Path(job.out_dir)
+    work = out / "work"
+    if not job.resume and work.exists():
+        shutil.rmtree(work)
+    start = time.perf_counter()
+    trainer, ref = build_trainer(cfg, job.datasets_dir, log=log or sys.stderr)
+    domains = domains_of(job, trainer)
+    result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)
+    manifest_path = export_adapters(result, trainer, out, extra={"model": ref.name, "model_path": str(ref.path)})
+    manifest = read_manifest(manifest_path)
+    seconds = time.perf_counter() - start
+    rows = [{"adapter": a.name, "domains": " + ".join(a.domains),
+             "accuracies": ", ".join(f"{d} {a.accuracies[d]:.2f} (>= {a.requirements[d]:.2f})" for d in a.domains),
+             "met": a.met} for a in result.adapters]
+    print(f"\n{len(domains)} domains -> {len(result.adapters)} adapters, {trainer.train_calls} training runs, "
+          f"{seconds:.0f} s; manifest {manifest_path}\n")
+    print(format_table(rows))
+    return {"manifest": str(manifest_path), "adapters": len(result.adapters), "result": result,
+            "manifest_data": manifest, "seconds": seconds, "train_calls": trainer.train_calls, "model": ref,
+            "trainer": trainer}
+
+
+def run(cfg: DictConfig) -> dict:
+    return run_fusion(cfg)

@@ -1,0 +1,146 @@
+"""The offline stage's report: per domain, the accuracy of the base model answering zero-shot,
+of the teacher (against the world's truth), of one adapter per domain, of one adapter for
+everything, and of the fused adapters, with the number of adapters each way; plus the
+head-versus-LM-head comparison of the paper (one domain answered by its head after one
+prefill, and by an adapter trained to write the answer, decoded token by token).
+
+Every accuracy except the teacher's is measured on the domain's eval split against the
+teacher's labels (what the adapters learn from), with the domain's own metric.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+from .table import format_table
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9 ]", "", str(text).lower()).strip()
+
+
+def lm_view(data):
+    """The same domain, answered by the LM head: targets are the `answer` texts."""
+    return dataclasses.replace(data, info=dataclasses.replace(data.info, task="lm"))
+
+
+def zero_shot(trainer, data, limit: int, max_new_tokens: int) -> tuple[float, float]:
+    """Exact match of the base model's decoded answers, and mean decode steps per answer."""
+    from train import greedy_decode
+
+    trainer.vlm.reset_lora(0)  # B = 0: the LoRA adds nothing, this is the base model
+    view = lm_view(data)
+    rows = [view.splits["eval"][i] for i in range(min(limit, view.size("eval")))]
+    preds = []
+    for start in range(0, len(rows), 16):
+        items = [trainer.vlm.encoder.encode(r, view.info) for r in rows[start:start + 16]]
+        preds += greedy_decode(trainer.vlm, items, max_new_tokens)
+    hits = [_norm(p) == _norm(r["answer"]) for p, r in zip(preds, rows)]
+    return sum(hits) / max(1, len(hits)), float(len(rows))
+
+
+def _teacher_agreement(data) -> float | None:
+    raw = json.loads((Path(data.path) / "domain.json").read_text())
+    agreement = raw.get("teacher_vs_truth")
+    return agreement.get("value") if isinstance(agreement, dict) else agreement
+
+
+def head_vs_lm(trainer, data) -> dict:
+    """One domain two ways: its head (one prefill) vs an adapter decoding the answer text."""
+    from train import evaluate
+
+    tok = trainer.vlm.processor.tokenizer
+    answer_tokens = [len(tok(r["answer"], add_special_tokens=False)["input_ids"]) + 1  # + end of turn
+                     for r in data.splits["eval"]]
+    decode_steps = sum(answer_tokens) / len(answer_tokens)
+    with_head = trainer.train(trainer.new_adapter(900), data.name)
+    head_acc = trainer.evaluate(with_head, data.name)
+    view = lm_view(data)
+    trainer._data[f"{data.name}__lm"] = dataclasses.replace(view, info=dataclasses.replace(view.info, name=f"{data.name}__lm"))
+    with_lm = trainer.train(trainer.new_adapter(901), f"{data.name}__lm")
+    trainer.vlm.load_lora_state(with_lm.lora)
+    lm_acc = evaluate(trainer.vlm, None, trainer._data[f"{data.name}__lm"], max_new_tokens=trainer.cfg.max_new_tokens)
+    return {"domain": data.name, "head_accuracy": round(head_acc, 3), "head_forward_passes": 1,
+            "lm_head_accuracy": round(lm_acc["accuracy"], 3), "lm_head_forward_passes": round(1 + decode_steps, 2)}
+
+
+def build_report(cfg, fused: dict, trainer, log=None) -> dict:
+    log = log or sys.stderr
+    opts = cfg.offline
+    result = fused["result"]
+    order = [d for d in result.order]
+    where = {d: a for a in result.adapters for d in a.domains}
+    alone = {e.domain: e.accuracies[e.domain] for e in result.events if e.action in ("open", "alone_fails")}
+    rows, per_domain, all_in_one = [], {}, {}
+    if opts.per_domain:
+        for i, d in enumerate(order):
+            if d.name not in alone:
+                state = trainer.train(trainer.new_adapter(500 + i), d)
+                alone[d.name] = trainer.evaluate(state, d)
+        per_domain = alone
+    if opts.all_in_one:
+        state = trainer.new_adapter(700)
+        for d in order:
+            state = trainer.train(state, d)
+        all_in_one = {d.name: trainer.evaluate(state, d) for d in order}
+    for d in order:
+        data = trainer.dataset(d.name)
+        base, _ = zero_shot(trainer, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
+        adapter = where[d.name]
+        rows.append({"domain": d.name, "task": d.task, "requirement": d.requirement,
+                     "teacher_vs_truth": _teacher_agreement(data), "base_zero_shot": round(base, 3),
+                     "one_adapter_per_domain": round(per_domain[d.name], 3) if per_domain else None,
+                     "one_adapter_for_all": round(all_in_one[d.name], 3) if all_in_one else None,
+                     "fused": round(adapter.accuracies[d.name], 3), "fused_adapter": adapter.name,
+                     "meets_requirement": adapter.accuracies[d.name] >= d.requirement})
+        print(f"[report] {d.name}: base {base:.2f}, fused {adapter.accuracies[d.name]:.2f}", file=log, flush=True)
+    comparison = None
+    if opts.compare_lm_head and opts.compare_lm_head in {d.name for d in order}:
+        comparison = head_vs_lm(trainer, trainer.dataset(opts.compare_lm_head))
+    counts = {"one_adapter_per_domain": len(order), "one_adapter_for_all": 1, "fused": len(result.adapters)}
+    return {"model": fused["model"].name, "domains": rows, "adapters": counts, "head_vs_lm_head": comparison,
+            "train_calls": trainer.train_calls, "manifest": fused["manifest"]}
+
+
+def write_report(report: dict, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    table = format_table(report["domains"])
+    lines = [f"# Offline stage report ({report['model']})", "", "```", table, "```", "",
+             "Adapters: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["adapters"].items())]
+    if report["head_vs_lm_head"]:
+        lines += ["", "Head vs LM head:", "```", format_table([report["head_vs_lm_head"]]), "```"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    _plot(report, out / "report.png")
+    return out
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["domains"]
+    cols = [("base_zero_shot", "base, zero-shot"), ("teacher_vs_truth", "teacher vs truth"),
+            ("one_adapter_per_domain", f"1 adapter per domain ({report['adapters']['one_adapter_per_domain']})"),
+            ("one_adapter_for_all", "1 adapter for all"), ("fused", f"fused ({report['adapters']['fused']} adapters)")]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 3.6))
+    width = 0.8 / len(cols)
+    for k, (key, label) in enumerate(cols):
+        values = [r[key] if r[key] is not None else 0 for r in rows]
+        ax.bar([i + k * width for i in range(len(rows))], values, width, label=label)
+    ax.scatter([i + 0.4 - width / 2 for i in range(len(rows))], [r["requirement"] for r in rows], marker="_",
+               s=400, color="black", label="requirement", zorder=3)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], [r["domain"] for r in rows], rotation=20)
+    ax.set_ylabel("accuracy (domain metric)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

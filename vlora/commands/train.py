@@ -1,0 +1,106 @@
+"""`vlora train`: one LoRA adapter plus the head of one domain; writes the adapter directory.
+
+    vlora train dataset=color_main                      # ${paths.datasets}/color_main -> ${paths.adapters}/color_main
+    vlora train train.dataset_dir=/data/plates train.out_dir=adapters/plates model.path=/ckpt train.base=model
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from train import (AdapterState, HeadState, LoraSpec, ModelRef, PretrainConfig, TrainConfig, VisionLM,
+                   load_domain, pretrained_ref, save_adapter, train_adapter)
+from train.checkpoint import checkpoint_path
+from train.fusion_trainer import domain_record
+from train.trainer import head_config_for
+
+from ..config import to_dataclass
+from .table import format_table
+
+BASES = ("pretrained", "model")
+
+
+@dataclass
+class TrainJob:
+    dataset_dir: str
+    out_dir: str
+    base: str = "pretrained"
+    pretrained_dir: str | None = None
+    resume: bool = True
+    train_vision_tower: bool = False
+    mixed_precision: str = "no"
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.base not in BASES:
+            raise ValueError(f"train.base={self.base!r}: must be one of {list(BASES)}")
+
+
+def split_train_node(node: DictConfig) -> tuple[TrainJob, TrainConfig]:
+    values = OmegaConf.to_container(node, resolve=True)
+    own = {f.name for f in dataclasses.fields(TrainJob)}
+    job = to_dataclass(TrainJob, {k: v for k, v in values.items() if k in own})
+    return job, to_dataclass(TrainConfig, {k: v for k, v in values.items() if k not in own})
+
+
+def ensure_zoo_model(cfg: DictConfig) -> Path:
+    """model.path, built first when it names a missing zoo model."""
+    from vlora.zoo import SPECS, build_checkpoint
+
+    path = Path(cfg.model.path)
+    if not (path / "config.json").is_file() and cfg.model.name in SPECS:
+        build_checkpoint(cfg.model.name, path, seed=cfg.seed)
+    return path
+
+
+def model_ref(cfg: DictConfig, job: TrainJob, log=None) -> ModelRef:
+    """The checkpoint to train on: model.path, or its world pretraining (built when missing)."""
+    ensure_zoo_model(cfg)
+    ref = to_dataclass(ModelRef, cfg.model)
+    if job.base == "pretrained":
+        ref = pretrained_ref(ref, job.pretrained_dir, PretrainConfig(seed=cfg.seed), log=log)
+    return ref
+
+
+def head_options(cfg: DictConfig, task: str) -> dict:
+    head = OmegaConf.to_container(cfg.head, resolve=True) if cfg.get("head") is not None else {}
+    if head and head.get("type") != task:
+        raise ValueError(f"head={head.get('type')!r} does not fit the dataset's task {task!r}; "
+                         f"leave the head out or pass head={task}")
+    return {k: v for k, v in head.items() if k != "type"}
+
+
+def run(cfg: DictConfig) -> dict:
+    job, tcfg = split_train_node(cfg.train)
+    tcfg.seed = cfg.seed
+    start = time.perf_counter()
+    data = load_domain(job.dataset_dir)
+    options = head_options(cfg, data.info.task)
+    ref = model_ref(cfg, job, log=sys.stderr)
+    lora = to_dataclass(LoraSpec, cfg.adapter)
+    vlm = VisionLM(ref, lora, job.train_vision_tower, job.mixed_precision, job.device, seed=cfg.seed)
+    head = None
+    if data.info.task != "lm":
+        from heads import build_head
+
+        head = build_head(head_config_for(data.info, vlm.hidden_size, options))
+    result = train_adapter(vlm, data, tcfg, head=head, checkpoint_dir=job.out_dir, resume=job.resume)
+    name = data.name
+    heads = {name: HeadState.of(result.head)} if result.head is not None else {}
+    state = AdapterState(result.lora, heads, {name: domain_record(data, result.steps)}, {name: result.metrics})
+    out = save_adapter(vlm, state, job.out_dir, extra_meta={"train": dataclasses.asdict(tcfg)})
+    shutil.rmtree(checkpoint_path(out), ignore_errors=True)  # the run is complete: nothing to resume
+    seconds = time.perf_counter() - start
+    row = {"domain": name, "task": data.info.task, "metric": result.metrics["metric"],
+           "accuracy": round(result.metrics["accuracy"], 3), "eval_items": result.metrics["n"],
+           "steps": result.steps, "seconds": round(seconds, 1)}
+    print(f"\nAdapter {out} (base {ref.name})\n")
+    print(format_table([row]))
+    return {"adapter": str(out), "metrics": {name: result.metrics}, "seconds": seconds}

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
 
-SUITES = ("kernels", "merge", "engine", "adapters")
+SUITES = ("kernels", "merge", "engine", "adapters", "serving")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -25,10 +25,12 @@ def run(cfg: DictConfig) -> dict:
     b = cfg.bench
     if b.suite not in SUITES:
         raise SystemExit(f"bench.suite={b.suite!r} is not one of {SUITES}")
+    if b.suite == "serving":  # before the CUDA check: device=cpu with a tiny zoo model runs anywhere
+        return _serving(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
-              if k not in ("suite", "engine", "adapters")}
+              if k not in ("suite", "engine", "adapters", "serving")}
     if b.suite == "adapters":
         from serve.bench_lora import AdapterBenchJob, run_adapter_bench
 
@@ -68,3 +70,20 @@ def run(cfg: DictConfig) -> dict:
     plot(rows, out / "kernels.png")
     print_summary(summary)
     return summary
+
+
+def _serving(b: DictConfig) -> dict:
+    """Every orchestrator policy on the real engine; named policies take conf/orchestrator/<name>.yaml."""
+    from serve.bench_serving import ServingBenchJob, run_serving_bench
+
+    from ..config import CONF_DIR
+
+    values = OmegaConf.to_container(b.serving, resolve=True)
+    policies = []
+    for p in values.pop("policies"):
+        group = Path(CONF_DIR) / "orchestrator" / f"{p}.yaml" if isinstance(p, str) else None
+        policies.append(OmegaConf.to_container(OmegaConf.load(group)) if group and group.is_file() else p)
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    rows, meta = run_serving_bench(to_dataclass(ServingBenchJob, values, policies=tuple(policies),
+                                                out_dir=b.out_dir))
+    return {"serving": rows, "meta": meta}

@@ -1,0 +1,244 @@
+"""Serving evaluation on the real engine: every orchestrator policy replays generated workloads in real time.
+
+One engine (a zoo model with random weights, or a checkpoint directory) serves `adapters` LoRA
+adapters (random PEFT directories of rank `rank` on `targets`, or the given `adapter_dirs`). For
+each point of the sweeps (request rate at `base_skewness`, skewness at `base_rate`) a workload
+comes from serve.orchestrator's generator (Poisson arrivals, the most requested adapter taking
+`skewness` of the requests, the two applications' shapes), then for each policy the same trace is
+replayed against `engine.add_request` / `engine.step` by the wall clock: a request enters once its
+arrival time has passed, the engine steps whenever it has work. Video-analytics requests carry a
+few frames (images of `image_size`) and ask a few tokens; retrieval requests carry one image and a
+question and ask tens of tokens (fixed lengths, no early stop).
+
+The policy is swapped on the one engine between runs, the weights brought back to unmerge first
+(dLoRA's switches use the per-layer addmm merge, the others the one-shot kernel). The engine has
+one unmerged-LoRA path (ATMM on GPU), so dLoRA's einsum is planned and run as ATMM: that baseline
+differs from the paper's dLoRA in its switching rule and switch kernel only. Latency runs
+from the scheduled arrival to the final token. Per (sweep, x, policy) one row: the orchestrator's
+metrics (average token latency, p50/p95/p99, throughput, share within target) and the mode
+switches with their total time from the engine's stats. Writes serving.csv, serving.json,
+latency_vs_<sweep>.png and the trace of every point under out_dir/<device>/, prints the tables.
+
+    rows, meta = run_serving_bench(ServingBenchJob(policies=("v_lora", "unmerge_only"), rates=(16,)))
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gc
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from serve.bench import WORDS
+from serve.bench_serving_replay import build_requests, replay
+from serve.orchestrator import POLICIES, Mode, WorkloadSpec, build_policy, generate, video_analytics, \
+    visual_retrieval, write_trace
+from serve.orchestrator.evaluate import METRIC_COLUMNS, EvalJob, points
+from serve.orchestrator.report import metrics_table, plot, table
+
+COLUMNS = ("sweep", "x", "policy", "seed", "rate", "skewness", *METRIC_COLUMNS, "aborted", "steps_unmerge",
+           "steps_merge", "steps_mixture", "replay_s")
+
+
+@dataclass
+class ServingBenchJob:
+    model: str = "qwen2_vl_7b"  # zoo spec: random weights of the published shape (unless `checkpoint`)
+    checkpoint: str | None = None  # an HF checkpoint directory to serve instead of a zoo build
+    dtype: str = "bfloat16"
+    device: str = "cuda"
+    adapters: int = 8  # random PEFT adapters written (ignored when adapter_dirs are given)
+    rank: int = 64
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    adapter_dirs: tuple[str, ...] = ()  # "name=path" or "path": existing PEFT adapters to serve instead
+    # names (their default parameters) or conf/orchestrator group dicts ({"name": ..., params})
+    policies: tuple = ("v_lora", "unmerge_only", "dlora", "merge_only")
+    rates: tuple[float, ...] = (16.0,)  # requests/s; the rate sweep runs at base_skewness
+    skewness: tuple[float, ...] = (0.3, 0.6, 0.9)  # the skewness sweep runs at base_rate
+    sweeps: tuple[str, ...] = ("skewness",)  # rate | skewness
+    base_rate: float | None = None  # default: the largest of `rates`
+    base_skewness: float | None = None  # default: the middle of `skewness`
+    arrival: str = "poisson"
+    duration_s: float = 20.0  # arrivals per point
+    drain_s: float = 30.0  # after the last arrival, requests still unfinished this long are aborted
+    warmup_s: float = 4.0  # an unmeasured replay per policy first (kernel compiles, autotuning, first shapes)
+    video_share: float = 0.5
+    video_frames: tuple[int, int] = (2, 4)
+    video_output_tokens: tuple[int, int] = (4, 8)
+    retrieval_output_tokens: tuple[int, int] = (16, 64)
+    text_tokens: tuple[int, int] = (16, 48)
+    image_size: int = 448  # square frames; Qwen2-VL: (448 / 28)^2 = 256 tokens each
+    max_batch_size: int = 32
+    max_tokens_per_step: int = 8192
+    profile: str = "measure"  # assumed | measure | a CostProfile JSON path
+    seed: int = 0
+    out_dir: str = "results/serving"
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.sweeps) - {"rate", "skewness"})
+        if bad or not self.sweeps:
+            raise ValueError(f"sweeps {list(self.sweeps)}: give one or both of 'rate', 'skewness'")
+        if not self.policies or not self.rates or not self.skewness:
+            raise ValueError("policies, rates and skewness must each hold at least one value")
+        for name in ("targets", "adapter_dirs", "rates", "skewness", "sweeps", "policies"):
+            value = getattr(self, name)
+            setattr(self, name, (value,) if isinstance(value, str) else tuple(value))
+
+        self.policy_params()  # names checked now, not after the model is built
+
+    def policy_params(self) -> dict[str, dict]:
+        """policy name -> its parameters, in the order given."""
+        out = {}
+        for p in self.policies:
+            params = dict(p) if isinstance(p, dict) else {"name": p}
+            name = params.pop("name", None)
+            if name not in POLICIES or name in out:
+                raise ValueError(f"policies: {name!r} is unknown or given twice; valid: {sorted(POLICIES)}")
+            out[name] = params
+        return out
+
+    def workload(self) -> WorkloadSpec:
+        tokens_per_frame = max(1, (self.image_size // 28) ** 2)  # Qwen2-VL: 14-pixel patches, 2x2 merged
+        video = dataclasses.replace(video_analytics(self.video_share), frames=self.video_frames, head_share=0.0,
+                                    output_tokens=self.video_output_tokens, tokens_per_frame=tokens_per_frame,
+                                    text_tokens=self.text_tokens)
+        retrieval = dataclasses.replace(visual_retrieval(1 - self.video_share), tokens_per_frame=tokens_per_frame,
+                                        output_tokens=self.retrieval_output_tokens, text_tokens=self.text_tokens)
+        return WorkloadSpec(rate=self.base_rate or max(self.rates), duration_s=self.duration_s, arrival=self.arrival,
+                            num_adapters=len(self.adapter_dirs) or self.adapters,
+                            skewness=self.base_skewness or self.skewness[len(self.skewness) // 2],
+                            apps=[video, retrieval], seed=self.seed)
+
+
+def _engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, dict]):
+    """The engine with the adapters loaded at start (profile="measure" times them) and their names,
+    in the order the workload's adapter-000, adapter-001, ... stand for."""
+    from serve.engine import Engine, EngineConfig
+
+    weights, ckpt = None, Path(job.checkpoint) if job.checkpoint else workdir
+    if job.checkpoint is None:
+        from serve.bench_lora import _build
+
+        hf, _ = _build(job, workdir)
+        weights = dict(hf.state_dict())
+        del hf
+    dirs = [d.partition("=")[::2] if "=" in d else (Path(d).name, d) for d in job.adapter_dirs]
+    if not dirs:
+        from serve.bench_lora_parts import write_peft_adapter
+        from serve.models import read_model_args
+
+        args, dtype = read_model_args(ckpt)[0], getattr(torch, job.dtype) if job.dtype != "auto" else torch.float32
+        dirs = [(f"a{i}", write_peft_adapter(workdir / "adapters" / f"a{i}", args, job.rank, job.targets, 1000 + i,
+                                             dtype, job.device)) for i in range(job.adapters)]
+    spec = job.workload()
+    per_seq = (job.video_frames[1] * spec.apps[0].tokens_per_frame + job.text_tokens[1] + 128
+               + max(job.video_output_tokens[1], job.retrieval_output_tokens[1]))
+    name, params = first_policy
+    config = EngineConfig(device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
+                          max_tokens_per_step=job.max_tokens_per_step, seed=job.seed,
+                          num_kv_blocks=2 * job.max_batch_size * per_seq // 16 + 64 if job.device != "cpu" else None,
+                          adapter_slots=len(dirs), host_adapter_cache=len(dirs) + 4, max_lora_rank=job.rank,
+                          lora_targets=job.targets, adapters=tuple(f"{n}={p}" for n, p in dirs), profile=job.profile,
+                          policy=name if name != "fcfs" else "v_lora", policy_params=params if name != "fcfs" else {})
+    return Engine(ckpt, config, weights=weights), [n for n, _ in dirs]
+
+
+def _use_policy(engine, name: str, params: dict) -> None:
+    """Puts policy `name` (fresh state) in charge of the engine, the weights unmerged."""
+    engine.orchestration.apply(Mode.unmerge())
+    # the engine runs unmerged LoRA with its one backend (ATMM on GPU): plan with the cost of what runs
+    if name != "fcfs" and params.get("lora_op", getattr(POLICIES[name][1](), "lora_op", None)) == "einsum":
+        params = {**params, "lora_op": "atmm"}
+    engine.orchestration.policy = None if name == "fcfs" else build_policy(name, engine.cost_profile, params)
+    engine.config.policy = name
+    if engine.lora is not None and engine.lora.merger is not None:  # dLoRA merges layer by layer (addmm)
+        default = "one_shot" if engine.device.type == "cuda" else "addmm"
+        engine.lora.merger.method = "addmm" if name == "dlora" else default
+
+
+def _warm_up(engine, job: ServingBenchJob, names: list[str]) -> None:
+    """Compiles kernels and captures graphs outside the timed runs: a few requests, a switch each way."""
+    rng = np.random.default_rng(10**6)
+    engine.orchestration.apply(Mode.merge(names[0]))
+    engine.orchestration.apply(Mode.unmerge())
+    from serve.engine import Request, SamplingParams
+
+    params = SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False)
+    image = rng.integers(0, 256, (job.image_size, job.image_size, 3), dtype=np.uint8)
+    engine.generate([Request(prompt=" ".join(WORDS[:8]), images=[image], adapter=a, sampling=params)
+                     for a in [names[0], names[-1], None]])
+
+
+def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
+    """Runs every (point, policy); writes CSV / JSON / plots under out_dir/<device>/ and returns (rows, meta)."""
+    if job.device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda asked for but no CUDA device is available; use device=cpu with a tiny model")
+    gpu = torch.cuda.get_device_name() if job.device.startswith("cuda") else "cpu"
+    out = Path(job.out_dir) / gpu.lower().replace(" ", "_").replace("-", "_")
+    out.mkdir(parents=True, exist_ok=True)
+    policies = job.policy_params()
+    first = next(((n, p) for n, p in policies.items() if n != "fcfs"), ("fcfs", {}))
+    workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
+    t0 = time.perf_counter()
+    engine, names = _engine(job, workdir, first)
+    load_s = time.perf_counter() - t0
+    engine.cost_profile.save(out / "profile.json")
+    _warm_up(engine, job, names)
+    spec = job.workload()
+    evaljob = EvalJob(policies=policies, workload=spec, rates=list(job.rates), skewness=list(job.skewness),
+                      sweeps=list(job.sweeps), max_batch_size=job.max_batch_size)
+    rows, done = [], {}  # the same workload is run once even if two sweeps share it
+    todo = points(evaljob)
+    if job.warmup_s > 0:
+        warm = generate(dataclasses.replace(todo[0][2], duration_s=job.warmup_s, seed=job.seed + 10**6))
+        warm_requests = build_requests(warm, names, job.image_size, job.seed + 10**6, sum(job.text_tokens) // 2,
+                                       job.video_frames[1])
+        for name, params in policies.items():
+            _use_policy(engine, name, params)
+            replay(engine, warm, warm_requests, job.drain_s)
+    for i, (sweep, x, point) in enumerate(todo, 1):
+        trace = generate(point)
+        write_trace(out / f"trace_{sweep}_{x:g}.jsonl", trace, point)
+        requests = build_requests(trace, names, job.image_size, job.seed, sum(job.text_tokens) // 2,
+                                  job.video_frames[1])
+        for name, params in policies.items():
+            key = (point.rate, point.skewness, name)
+            if key not in done:
+                _use_policy(engine, name, params)
+                done[key] = replay(engine, trace, requests, job.drain_s)
+                engine.orchestration.apply(Mode.unmerge())
+            m, extra = done[key]
+            row = {"sweep": sweep, "x": x, "policy": name, "seed": job.seed, "rate": point.rate,
+                   "skewness": point.skewness, **{k: m[k] for k in METRIC_COLUMNS}, **extra}
+            rows.append(row)
+            print(f"[{i}/{len(todo)}] {sweep}={x:g} {name}: {row['avg_token_latency_ms']:.2f} ms/token, "
+                  f"p95 {row['p95_ms']:.0f} ms, {row['completed']}/{row['requests']} done, "
+                  f"{row['switches']} switches ({row['switch_ms']:.1f} ms)", file=sys.stderr, flush=True)
+    meta = dict(device=gpu, date=time.strftime("%Y-%m-%d"), engine_load_s=load_s, adapters=names,
+                profile=engine.cost_profile.to_dict(), torch=torch.__version__,
+                transformers=__import__("transformers").__version__, job=dataclasses.asdict(job))
+    profile = engine.cost_profile
+    del engine
+    gc.collect()
+    _write(rows, meta, out, profile)
+    return rows, meta
+
+
+def _write(rows: list[dict], meta: dict, out: Path, profile) -> None:
+    with open(out / "serving.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")
+    meta["plots"] = [str(p) for p in plot(rows, profile, out)]
+    print(table(rows, profile))
+    for sweep, x in dict.fromkeys((r["sweep"], r["x"]) for r in rows):
+        print(f"\n{sweep} = {x:g}")
+        print(metrics_table({r["policy"]: r for r in rows if r["sweep"] == sweep and r["x"] == x}))

@@ -1,0 +1,84 @@
+"""Real-time replay of a workload trace against the engine (the serving evaluation's inner loop).
+
+`build_requests` turns each RequestView of a trace into an engine Request of the same shape:
+`frames` random images (frames = the prompt tokens beyond the typical question, over the tokens
+of one frame) plus as many words as the rest of the prompt, asking exactly `output_tokens`
+tokens. `replay` submits each request once the wall clock passes its arrival time, steps the
+engine while it has work, and measures each request from its scheduled arrival (so time spent
+waiting for a running step to end counts, as it would for a client).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from serve.bench import WORDS
+from serve.engine import Request, SamplingParams
+from serve.orchestrator import RequestRecord, RequestView, adapter_names, summarize
+
+
+def build_requests(trace: Sequence[RequestView], names: Sequence[str], image_size: int, seed: int,
+                   text_tokens: int = 32, max_frames: int = 16) -> list[Request]:
+    """Engine requests for a trace. names: the served adapters that the workload's adapter-000,
+    adapter-001, ... stand for (other adapter names pass through unchanged)."""
+    serve_name = dict(zip(adapter_names(len(names)), names))
+    tokens_per_frame = max(1, (image_size // 28) ** 2)  # Qwen2-VL: 14-pixel patches merged 2x2
+    out = []
+    for i, r in enumerate(trace):
+        rng = np.random.default_rng([seed, i])  # distinct images and words: no prefix or encoder-cache reuse
+        frames = min(max_frames, max(1, round((r.prompt_tokens - text_tokens) / tokens_per_frame)))
+        words = max(1, r.prompt_tokens - frames * tokens_per_frame)
+        images = list(rng.integers(0, 256, (frames, image_size, image_size, 3), dtype=np.uint8))
+        params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False)
+        out.append(Request(prompt=" ".join(rng.choice(WORDS, words)), images=images, sampling=params,
+                           adapter=serve_name.get(r.adapter, r.adapter), app=r.app, slo_ms=r.slo_ms,
+                           request_id=r.request_id))
+    return out
+
+
+def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], drain_s: float) -> tuple[dict, dict]:
+    """Serves the trace in real time. Returns (Metrics.as_row() of the run, extra columns: aborted
+    requests, steps per mode kind, replay seconds). Requests unfinished `drain_s` after the last
+    arrival are aborted and count as not completed."""
+    before = engine.stats()
+    records = {r.request_id: RequestRecord(r.request_id, r.app, r.adapter, r.arrival_ms, r.prompt_tokens,
+                                           r.output_tokens, r.slo_ms) for r in trace}
+    start = time.perf_counter()
+    arrivals = [start + r.arrival_ms / 1e3 for r in trace]
+    deadline = (arrivals[-1] if arrivals else start) + drain_s
+    open_ids: set[str] = set()
+    i, aborted = 0, 0
+    while i < len(trace) or open_ids:
+        now = time.perf_counter()
+        while i < len(trace) and arrivals[i] <= now:
+            open_ids.add(engine.add_request(requests[i]))
+            i += 1
+        if now > deadline:
+            for request_id in sorted(open_ids):
+                aborted += engine.abort(request_id)
+            while engine.has_unfinished():  # hands the abort outputs over
+                engine.step()
+            break
+        if not open_ids:
+            time.sleep(max(0.0, arrivals[i] - time.perf_counter()))
+            continue
+        for o in engine.step():
+            if not o.finished:
+                continue
+            open_ids.discard(o.request_id)
+            rec, m = records[o.request_id], o.metrics
+            rec.prompt_tokens, rec.output_tokens = m.num_prompt_tokens, max(1, len(o.token_ids))
+            rec.first_scheduled_ms = (m.first_scheduled_time - start) * 1e3
+            rec.first_token_ms = (m.first_token_time - start) * 1e3
+            rec.finish_ms = (m.finished_time - start) * 1e3
+    replay_s = time.perf_counter() - start
+    after = engine.stats()
+    steps = {k: (after.steps_by_mode or {}).get(k, 0) - (before.steps_by_mode or {}).get(k, 0)
+             for k in ("unmerge", "merge", "mixture")}
+    metrics = summarize(records.values(), switches=after.mode_switches - before.mode_switches,
+                        switch_ms=after.switch_ms_total - before.switch_ms_total)
+    extra = {"aborted": aborted, **{f"steps_{k}": v for k, v in steps.items()}, "replay_s": replay_s}
+    return metrics.as_row(), extra

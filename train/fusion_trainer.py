@@ -1,0 +1,106 @@
+"""`LoraTrainer`: the real trainer behind `fusion.fuse` (the `fusion.Trainer` protocol).
+
+A state is an `AdapterState` (LoRA weights as CPU tensors, a head per domain, domain records).
+`train(state, domain)` loads the state's LoRA into the one model this trainer holds, trains it
+further on the domain's data together with a new head for that domain, and returns a NEW state;
+the argument is never modified, so fusion's roll-back is just keeping the old state. Heads of
+earlier domains are left as they were: the shared LoRA moves under them, which is why fusion
+re-evaluates every earlier domain after each step (paper, Fig. 10).
+
+Domains map to dataset directories by name: `<datasets_root>/<domain.name>/`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .adapter_io import AdapterState, HeadState, load_adapter, save_adapter
+from .data import DomainData, load_domain
+from .evaluate import evaluate
+from .trainer import TrainConfig, head_config_for, train_adapter
+from .vlm import VisionLM
+
+
+def domain_record(data: DomainData, steps: int) -> dict:
+    info = data.info
+    return {"task": info.task, "labels": info.labels, "max_count": info.max_count, "max_boxes": info.max_boxes,
+            "media": info.media, "teacher": info.teacher, "dataset": str(data.path),
+            "train_size": data.size("train"), "steps": steps}
+
+
+class LoraTrainer:
+    """fusion.Trainer over PEFT LoRA + task heads. `head_overrides`: conf/head-style options
+    applied to every new head (e.g. {"pooling": "attention"})."""
+
+    def __init__(self, vlm: VisionLM, datasets_root: str | Path, cfg: TrainConfig,
+                 head_overrides: dict | None = None, log=None):
+        self.vlm, self.root, self.cfg = vlm, Path(datasets_root), cfg
+        self.head_overrides = head_overrides or {}
+        self.log = log or sys.stderr
+        self._data: dict[str, DomainData] = {}
+        self.train_calls = 0
+
+    def dataset(self, name: str) -> DomainData:
+        if name not in self._data:
+            path = self.root / name
+            if not path.is_dir():
+                have = sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+                raise FileNotFoundError(f"no dataset for domain {name!r} at {path}; datasets there: {have}")
+            self._data[name] = load_domain(path)
+        return self._data[name]
+
+    def _check_task(self, domain, data: DomainData) -> None:
+        task = getattr(domain, "task", data.info.task)
+        if task != data.info.task:
+            raise ValueError(f"domain {data.name!r} is declared with task {task!r} but its dataset "
+                             f"{data.path} holds task {data.info.task!r}")
+
+    # -- fusion.Trainer -----------------------------------------------------------------------
+    def new_adapter(self, index: int) -> AdapterState:
+        """A fresh LoRA (A seeded by the index, B = 0) and no heads."""
+        self.vlm.reset_lora(self.cfg.seed * 1000 + index)
+        return AdapterState(self.vlm.lora_state(), index=index)
+
+    def train(self, state: AdapterState, domain) -> AdapterState:
+        name = getattr(domain, "name", domain)
+        data = self.dataset(name)
+        self._check_task(domain, data)
+        self.train_calls += 1
+        self.vlm.load_lora_state(state.lora)  # copies into the model; state.lora stays as it was
+        head = None
+        if data.info.task != "lm":
+            if name in state.heads:  # trained on this domain before: continue its head
+                head = state.heads[name].build(self.vlm.device)
+            else:
+                from heads import build_head
+
+                head = build_head(head_config_for(data.info, self.vlm.hidden_size, self.head_overrides))
+        result = train_adapter(self.vlm, data, self.cfg, head=head, log=self.log, evaluate_at_end=False)
+        heads = dict(state.heads)
+        if result.head is not None:
+            heads[name] = HeadState.of(result.head)
+        domains = {d: dict(r) for d, r in state.domains.items() if d != name}
+        domains[name] = domain_record(data, result.steps)
+        return AdapterState(result.lora, heads, domains, {}, state.index)
+
+    def evaluate(self, state: AdapterState, domain) -> float:
+        name = getattr(domain, "name", domain)
+        if name in state.accuracies:  # these exact weights were evaluated on it already
+            return float(state.accuracies[name]["accuracy"])
+        data = self.dataset(name)
+        if data.info.task != "lm" and name not in state.heads:
+            raise ValueError(f"adapter has no head for domain {name!r} (it holds {sorted(state.heads)}); "
+                             "train it on the domain first")
+        self.vlm.load_lora_state(state.lora)
+        head = state.heads[name].build(self.vlm.device) if name in state.heads else None
+        metrics = evaluate(self.vlm, head, data, "eval", self.cfg.eval_batch_size, self.cfg.max_new_tokens)
+        state.accuracies[name] = metrics  # a memo of this state's score, not a change of its weights
+        print(f"[fusion eval] {name}: {metrics['metric']} {metrics['accuracy']:.3f}", file=self.log, flush=True)
+        return float(metrics["accuracy"])
+
+    def save(self, state: AdapterState, path: str) -> None:
+        save_adapter(self.vlm, state, path, extra_meta={"index": state.index})
+
+    def load(self, path: str) -> AdapterState:
+        return load_adapter(path)

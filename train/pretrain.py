@@ -1,0 +1,221 @@
+"""Make a random-weight zoo model learnable: a short full fine-tune on the synthetic world.
+
+The zoo's tiny checkpoints have random weights; LoRA adapters plus heads on top of them stay at
+chance on the world's tasks (the frozen random vision tower and language model carry too little
+usable signal). `pretrain` fine-tunes every weight (vision tower, projector, language model) on
+freshly rendered world scenes with conversations from their truth (`pretrain_data`), for a fixed
+number of steps or a time budget, and saves a new Hugging Face checkpoint directory. The result
+is cached: `pretrain.json` records the config and the base checkpoint, and a later call with the
+same ones returns the directory as it is. Interrupted runs resume from `<out>.partial/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vlora.world import WorldConfig
+
+from .pretrain_data import collate_examples, encode_example, encode_pixels, sample_example
+from .pretrain_losses import RegionProbe, conversation_losses, vision_loss
+
+RECORD = "pretrain.json"
+
+
+@dataclass
+class PretrainConfig:
+    """conf/pretrain.yaml `pretrain:`."""
+
+    steps: int = 500  # full steps: conversations + region captions through the whole model
+    batch_size: int = 8
+    vision_steps: int = 0  # first, steps on the vision tower alone (region captions of its features)
+    vision_batch_size: int = 16
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    turns: int = 2  # question/answer turns per item (they share one vision-tower pass)
+    clip_fraction: float = 0.25  # share of batches that are clips (for models that take video)
+    frames: int = 4  # frames per clip
+    world_seed: int = 1_000_003  # scenes unlike the default worlds, so domain eval data is unseen
+    seed: int = 0
+    region_weight: float = 1.0  # weight of the region-caption loss beside the answer loss
+    max_seconds: float | None = None  # stop early (and save) after this much training time
+    save_every: int = 100  # steps between resumable checkpoints in <out>.partial/
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "vision_batch_size", "turns", "frames", "save_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"PretrainConfig.{name}={v!r}: must be an int >= 1")
+        if not 0.0 <= self.clip_fraction <= 1.0:
+            raise ValueError(f"PretrainConfig.clip_fraction={self.clip_fraction!r}: must be in [0, 1]")
+        if isinstance(self.vision_steps, bool) or not isinstance(self.vision_steps, int) or self.vision_steps < 0:
+            raise ValueError(f"PretrainConfig.vision_steps={self.vision_steps!r}: must be an int >= 0")
+
+    @property
+    def total_steps(self) -> int:
+        return self.vision_steps + self.steps
+
+    def phase(self, step: int) -> tuple[bool, int, int]:
+        """(vision only?, batch size, index of the batch's first item in the scene stream) of a step."""
+        v = self.vision_steps
+        if step < v:
+            return True, self.vision_batch_size, step * self.vision_batch_size
+        return False, self.batch_size, v * self.vision_batch_size + (step - v) * self.batch_size
+
+    def lr_factor(self, step: int) -> float:
+        """Warm-up, then cosine decay to 10%, within each phase."""
+        local, length = (step, self.vision_steps) if step < self.vision_steps else \
+            (step - self.vision_steps, self.steps)
+        warm = min(1.0, (local + 1) / max(1, self.warmup_steps))
+        return warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, local / max(1, length)))))
+
+    def key(self) -> dict:
+        """What determines the result (max_seconds does too, but only through the steps it allows)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("save_every",)}
+
+
+def _base_digest(base: Path) -> str:
+    h = hashlib.sha256()
+    for name in ("config.json", "model.safetensors"):
+        if (base / name).is_file():
+            h.update((base / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cached_pretrained(base: str | Path, out: str | Path, cfg: PretrainConfig) -> Path | None:
+    """`out` when it holds a finished pretraining of `base` under `cfg`, else None."""
+    record = Path(out) / RECORD
+    if not record.is_file():
+        return None
+    rec = json.loads(record.read_text())
+    ok = rec.get("config") == json.loads(json.dumps(cfg.key())) and rec.get("base_digest") == _base_digest(Path(base))
+    return Path(out) if ok else None
+
+
+def pretrain(base: str | Path, out: str | Path, cfg: PretrainConfig, log=None, force: bool = False) -> Path:
+    """Full fine-tune of the checkpoint at `base` on the synthetic world; writes checkpoint `out`."""
+    from vlora.zoo import load_pretrained
+
+    log = log or sys.stderr
+    base, out = Path(base), Path(out)
+    if not force and cached_pretrained(base, out, cfg) is not None:
+        print(f"[pretrain] kept {out} (same base and config)", file=log, flush=True)
+        return out
+    model, processor = load_pretrained(base, dtype="float32")
+    video_ok = getattr(processor, "video_processor", None) is not None and "llava" not in model.config.model_type
+    pad_id = processor.tokenizer.pad_token_id or 0
+    world = WorldConfig(seed=cfg.world_seed)
+    c = model.config
+    placeholder_ids = [i for i in (getattr(c, "image_token_id", None), getattr(c, "image_token_index", None),
+                                   getattr(c, "video_token_id", None)) if i is not None]
+    torch.manual_seed(cfg.seed)
+    width = c.get_text_config().hidden_size
+    probe = torch.nn.ModuleList([RegionProbe(width, len(world.classes), len(world.colors)) for _ in range(2)])
+    model.requires_grad_(True).train()
+    params = list(model.parameters()) + list(probe.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.lr_factor)
+    partial = out.with_name(out.name + ".partial")
+    step, losses, elapsed = 0, [], 0.0
+    if (partial / "state.pt").is_file() and not force:
+        state = torch.load(partial / "state.pt", map_location="cpu", weights_only=False)
+        if state["config"] == cfg.key() and state["base_digest"] == _base_digest(base):
+            model.load_state_dict(state["model"])
+            probe.load_state_dict(state["probe"])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            step, losses, elapsed = state["step"], state["losses"], state["elapsed"]
+            torch.set_rng_state(state["rng"])
+            print(f"[pretrain] resumed at step {step} from {partial}", file=log, flush=True)
+    start = time.perf_counter() - elapsed
+    total = cfg.total_steps
+    while step < total:
+        vision_only, size, first = cfg.phase(step)
+        video = video_ok and (step * 0.6180339887) % 1.0 < cfg.clip_fraction  # a fixed, even mix of batches
+        examples = [sample_example(world, first + j, video, cfg.turns, cfg.frames, cfg.seed) for j in range(size)]
+        if vision_only:
+            encoded = [encode_pixels(processor, ex, world.classes, world.colors) for ex in examples]
+        else:
+            encoded = [encode_example(processor, ex, world.classes, world.colors, placeholder_ids) for ex in examples]
+        batch = collate_examples(encoded, pad_id)
+        if vision_only:
+            answer, region = torch.zeros(()), vision_loss(model, probe, batch)
+        else:
+            answer, region = conversation_losses(model, probe, batch, placeholder_ids)
+        loss = answer + cfg.region_weight * region
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        losses.append((round(answer.item(), 4), round(region.item(), 4)))
+        elapsed = time.perf_counter() - start
+        recent = losses[-20:]
+        print(f"\r[pretrain] step {step}/{total}{' (vision)' if vision_only else ''} answer loss {sum(a for a, _ in recent) / len(recent):.3f} "
+              f"region loss {sum(r for _, r in recent) / len(recent):.3f} ({elapsed:.0f} s)",
+              end="", file=log, flush=True)
+        out_of_time = cfg.max_seconds is not None and elapsed >= cfg.max_seconds
+        if step % cfg.save_every == 0 and step < total and not out_of_time:
+            partial.mkdir(parents=True, exist_ok=True)
+            torch.save({"config": cfg.key(), "base_digest": _base_digest(base), "step": step, "losses": losses,
+                        "elapsed": elapsed, "model": model.state_dict(), "probe": probe.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "rng": torch.get_rng_state()}, partial / "state.pt.tmp")
+            (partial / "state.pt.tmp").replace(partial / "state.pt")
+        if out_of_time:
+            break
+    print(file=log, flush=True)
+    _save(model, processor, base, out, cfg, step, losses, elapsed)
+    shutil.rmtree(partial, ignore_errors=True)
+    print(f"[pretrain] {step} steps in {elapsed:.0f} s -> {out}", file=log, flush=True)
+    return out
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process so far (all threads): comparable across loaded and idle machines."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _save(model, processor, base: Path, out: Path, cfg: PretrainConfig, step: int, losses: list, seconds: float):
+    from vlora.zoo import read_zoo_record
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.eval()
+    model.save_pretrained(tmp)
+    processor.save_pretrained(tmp)
+    record = {"base": str(base), "base_digest": _base_digest(base), "base_zoo": read_zoo_record(base),
+              "config": cfg.key(), "steps_done": step, "seconds": round(seconds, 1),
+              "cpu_seconds": round(_cpu_seconds(), 1), "loss_first": losses[:5], "loss_last": losses[-5:],
+              "created_by": "vlora pretrain"}
+    (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def pretrained_ref(ref, out: str | Path | None = None, cfg: PretrainConfig | None = None, log=None):
+    """The `ModelRef` of `ref`'s pretraining (built now when missing or stale, else reused).
+
+    out defaults to `<ref.path>_pretrained` beside the base checkpoint; the returned name is
+    `<ref.name>_pretrained`.
+    """
+    from .model import ModelRef
+
+    cfg = cfg or PretrainConfig()
+    out = Path(out) if out is not None else Path(str(ref.path).rstrip("/") + "_pretrained")
+    path = pretrain(ref.path, out, cfg, log=log)
+    return ModelRef(name=f"{ref.name}_pretrained", path=str(path), arch=ref.arch, dtype=ref.dtype)

@@ -80,7 +80,12 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     start = time.perf_counter()
     trainer, ref = build_trainer(cfg, job.datasets_dir, log=log or sys.stderr)
     domains = domains_of(job, trainer)
-    result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)
+    try:
+        result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)
+    except ValueError as e:
+        if "journal" in str(e):  # the domains or their requirements changed since the interrupted run
+            raise SystemExit(f"vlora fusion: {e}\nrun with fusion.resume=false to start over") from None
+        raise
     manifest_path = export_adapters(result, trainer, out, extra={"model": ref.name, "model_path": str(ref.path)})
     manifest = read_manifest(manifest_path)
     seconds = time.perf_counter() - start

@@ -161,16 +161,18 @@ def pretrain(base: str | Path, out: str | Path, cfg: PretrainConfig, log=None, f
         step += 1
         losses.append((round(answer.item(), 4), round(region.item(), 4)))
         elapsed = time.perf_counter() - start
-        recent = losses[-20:]
-        print(f"\r[pretrain] step {step}/{total}{' (vision)' if vision_only else ''} answer loss {sum(a for a, _ in recent) / len(recent):.3f} "
-              f"region loss {sum(r for _, r in recent) / len(recent):.3f} ({elapsed:.0f} s)",
-              end="", file=log, flush=True)
+        recent = losses[max(len(losses) - 20, 0 if vision_only else cfg.vision_steps):]  # this phase only
+        answer_text = "vision tower only" if vision_only else \
+            f"answer loss {sum(a for a, _ in recent) / len(recent):.3f}"
+        print(f"\r[pretrain] step {step}/{total} {answer_text}, region loss "
+              f"{sum(r for _, r in recent) / len(recent):.3f} ({elapsed:.0f} s)", end="", file=log, flush=True)
         out_of_time = cfg.max_seconds is not None and elapsed >= cfg.max_seconds
         if step % cfg.save_every == 0 and step < total and not out_of_time:
             partial.mkdir(parents=True, exist_ok=True)
             torch.save({"config": cfg.key(), "base_digest": _base_digest(base), "step": step, "losses": losses,
-                        "elapsed": elapsed, "model": model.state_dict(), "probe": probe.state_dict(), "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(), "rng": torch.get_rng_state()}, partial / "state.pt.tmp")
+                        "elapsed": elapsed, "model": model.state_dict(), "probe": probe.state_dict(),
+                        "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state()},
+                       partial / "state.pt.tmp")
             (partial / "state.pt.tmp").replace(partial / "state.pt")
         if out_of_time:
             break

@@ -89,15 +89,18 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         all_in_one = {d.name: trainer.evaluate(state, d) for d in order}
     for d in order:
         data = trainer.dataset(d.name)
-        base, _ = zero_shot(trainer, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
+        base = None
+        if int(opts.base_eval_limit) > 0:  # 0: skip the base model's zero-shot answers
+            base, _ = zero_shot(trainer, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
         adapter = where[d.name]
         rows.append({"domain": d.name, "task": d.task, "requirement": d.requirement,
-                     "teacher_vs_truth": _teacher_agreement(data), "base_zero_shot": round(base, 3),
+                     "teacher_vs_truth": _teacher_agreement(data), "base_zero_shot": None if base is None else round(base, 3),
                      "one_adapter_per_domain": round(per_domain[d.name], 3) if per_domain else None,
                      "one_adapter_for_all": round(all_in_one[d.name], 3) if all_in_one else None,
                      "fused": round(adapter.accuracies[d.name], 3), "fused_adapter": adapter.name,
                      "meets_requirement": adapter.accuracies[d.name] >= d.requirement})
-        print(f"[report] {d.name}: base {base:.2f}, fused {adapter.accuracies[d.name]:.2f}", file=log, flush=True)
+        print(f"[report] {d.name}: base {'-' if base is None else f'{base:.2f}'}, fused "
+              f"{adapter.accuracies[d.name]:.2f}", file=log, flush=True)
     comparison = None
     if opts.compare_lm_head and opts.compare_lm_head in {d.name for d in order}:
         comparison = head_vs_lm(trainer, trainer.dataset(opts.compare_lm_head))

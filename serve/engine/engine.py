@@ -195,7 +195,16 @@ class Engine:
         return self.lora.list() if self.lora is not None else []
 
     # ---- requests ---------------------------------------------------------------------------
-    def add_request(self, request: Request) -> str:
+    def prepare(self, request: Request) -> tuple:
+        """The request's prompt processed (chat template, image/video preprocessing, positions).
+        It reads no engine state that steps change, so it may run on any thread: the RPC server
+        runs it on the client's connection thread, off the engine's. Pass it to add_request."""
+        prompt = self.processor.process(request.prompt, request.messages, request.images, request.video,
+                                        request.raw_prompt, request.prompt_token_ids)
+        positions, delta = self.model.prompt_positions(prompt.token_ids, prompt.vision)
+        return prompt, positions, delta
+
+    def add_request(self, request: Request, prepared: tuple | None = None) -> str:
         record, head = None, None
         if request.adapter is not None:
             if self.lora is None:
@@ -211,9 +220,7 @@ class Engine:
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         arrival = time.perf_counter()
-        prompt = self.processor.process(request.prompt, request.messages, request.images, request.video,
-                                        request.raw_prompt, request.prompt_token_ids)
-        positions, delta = self.model.prompt_positions(prompt.token_ids, prompt.vision)
+        prompt, positions, delta = prepared if prepared is not None else self.prepare(request)
         params = request.sampling
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         spans = tuple(MMSpan(v.offset, v.offset + v.num_tokens, v.content_hash) for v in prompt.vision)

@@ -29,6 +29,7 @@ class Ticket:
     tag: str | None = None
     submitted: float = field(default_factory=time.perf_counter)
     frame_decode_ms: float = 0.0
+    preprocess_ms: float = 0.0  # chat template + image preprocessing, on the connection's thread
     events: "queue.Queue[dict[str, Any]]" = field(default_factory=queue.Queue)
     finished: threading.Event = field(default_factory=threading.Event)
 
@@ -82,8 +83,9 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, request, ticket: Ticket) -> None:
-        self._commands.put(("add", request, ticket))
+    def submit(self, request, ticket: Ticket, prepared=None) -> None:
+        """`prepared`: engine.prepare(request), done by the caller's thread (optional)."""
+        self._commands.put(("add", request, ticket, prepared))
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -122,10 +124,13 @@ class EngineLoop:
     def _handle(self, command: tuple) -> None:
         kind = command[0]
         if kind == "add":
-            _, request, ticket = command
+            _, request, ticket, prepared = command
             try:
                 with self.lock:
-                    self.engine.add_request(request)
+                    if prepared is None:
+                        self.engine.add_request(request)
+                    else:
+                        self.engine.add_request(request, prepared)
             except Exception as e:  # bad for this request only (unknown adapter, too long, ...)
                 self.counters["rejected"] += 1
                 ticket.put({"type": "error", "error": {"type": "rejected", "message": str(e)}})
@@ -170,7 +175,7 @@ class EngineLoop:
 
     def _final(self, ticket: Ticket, out) -> dict[str, Any]:
         m = out.metrics
-        timing = {"frame_decode_ms": round(ticket.frame_decode_ms, 3),
+        timing = {"frame_decode_ms": round(ticket.frame_decode_ms, 3), "preprocess_ms": round(ticket.preprocess_ms, 3),
                   "queue_ms": _ms(m.arrival_time, m.first_scheduled_time),
                   "prefill_ms": _ms(m.first_scheduled_time, m.first_token_time),
                   "decode_ms": _ms(m.first_token_time, m.finished_time),

@@ -126,10 +126,18 @@ class VLoRAService(rpyc.Service):
                           video=frames if kind == "video" else None, adapter=sub.adapter, task=sub.task,
                           output_mode=sub.output_mode, sampling=sampling, app=sub.app, slo_ms=sub.slo_ms,
                           request_id=request_id)
+        decoded = time.perf_counter()
+        prepare = getattr(self.state.loop.engine, "prepare", None)
+        prepared = None
+        if prepare is not None:  # chat template and image preprocessing here, off the engine's thread
+            try:
+                prepared = prepare(request)
+            except (ValueError, TypeError) as e:
+                raise RequestError("rejected", str(e)) from None
         ticket = Ticket(request_id, self.conn_id, sub.tag, submitted=start,
-                        frame_decode_ms=(time.perf_counter() - start) * 1e3)
+                        frame_decode_ms=(decoded - start) * 1e3, preprocess_ms=(time.perf_counter() - decoded) * 1e3)
         self._tickets[request_id] = ticket
-        self.state.loop.submit(request, ticket)
+        self.state.loop.submit(request, ticket, prepared)
         self.state.count(f"requests_{kind}")
         return _reply(request_id=request_id)
 

@@ -73,6 +73,7 @@ def test_image_and_video_requests_match_the_in_process_engine(server, client, ti
             timing = final["timing"]
             assert timing["prompt_tokens"] == local.metrics.num_prompt_tokens
             assert all(timing[k] is not None and timing[k] >= 0 for k in ("frame_decode_ms", "queue_ms", "prefill_ms"))
+            assert timing["preprocess_ms"] > 0  # the processor ran on the connection's thread, not the engine's
 
 
 def test_many_concurrent_clients_stream_in_order(server):

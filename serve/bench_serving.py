@@ -16,8 +16,10 @@ one unmerged-LoRA path (ATMM on GPU), so dLoRA's einsum is planned and run as AT
 differs from the paper's dLoRA in its switching rule and switch kernel only. Latency runs
 from the scheduled arrival to the final token. Per (sweep, x, policy) one row: the orchestrator's
 metrics (average token latency, p50/p95/p99, throughput, share within target) and the mode
-switches with their total time from the engine's stats. Writes serving.csv, serving.json,
-latency_vs_<sweep>.png and the trace of every point under out_dir/<device>/, prints the tables.
+switches with their total time from the engine's stats. Before the replays, decode and prefill
+steps are timed plain, unmerged and in mixture (`mode_steps`: how much of unmerge's extra LoRA time
+mixture saves). Writes serving.csv, modes.csv, serving.json, latency_vs_<sweep>.png and the trace
+of every point under out_dir/<device>/, prints the tables.
 
     rows, meta = run_serving_bench(ServingBenchJob(policies=("v_lora", "unmerge_only"), rates=(16,)))
 """
@@ -78,6 +80,10 @@ class ServingBenchJob:
     max_batch_size: int = 32
     max_tokens_per_step: int = 8192
     profile: str = "measure"  # assumed | measure | a CostProfile JSON path
+    # mixture saving: steps timed in each mode with these shares of the sequences of other adapters
+    mode_other_shares: tuple[float, ...] = (0.125, 0.25, 0.375)
+    mode_decode_seqs: int = 32  # a decode step: this many sequences, one token each
+    mode_prefill: tuple[int, int] = (8, 2048)  # a prefill step: (sequences, tokens)
     seed: int = 0
     out_dir: str = "results/serving"
 
@@ -176,6 +182,29 @@ def _warm_up(engine, job: ServingBenchJob, names: list[str]) -> None:
                      for a in [names[0], names[-1], None]])
 
 
+def mode_steps(engine, job: ServingBenchJob) -> list[dict]:
+    """Decode and prefill steps timed plain, unmerged and in mixture at each share of other adapters'
+    sequences; `saving` is the share of unmerge's extra LoRA time that mixture does not spend."""
+    from serve.engine.profiling import time_mode_steps
+
+    rows = []
+    shapes = (("decode", job.mode_decode_seqs, job.mode_decode_seqs), ("prefill", *job.mode_prefill))
+    for kind, seqs, tokens in shapes:
+        for share in job.mode_other_shares:
+            n_other = max(1, round(share * seqs))
+            t = time_mode_steps(engine.runner, engine.lora, seqs, tokens, n_other * (tokens // seqs),
+                                min(4, len(engine.lora.records)))
+            extra_unmerge, extra_mixture = t["unmerge"] - t["plain"], t["mixture"] - t["plain"]
+            rows.append(dict(step=kind, seqs=seqs, tokens=tokens, other_seqs=n_other, plain_ms=t["plain"],
+                             unmerge_ms=t["unmerge"], mixture_ms=t["mixture"],
+                             saving=1 - extra_mixture / extra_unmerge if extra_unmerge > 0 else float("nan")))
+            r = rows[-1]
+            print(f"modes {kind} {seqs}x{tokens // seqs}, {n_other} of other adapters: plain {r['plain_ms']:.3f} "
+                  f"unmerge {r['unmerge_ms']:.3f} mixture {r['mixture_ms']:.3f} ms, saving {r['saving']:.2f}",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
 def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
     """Runs every (point, policy); writes CSV / JSON / plots under out_dir/<device>/ and returns (rows, meta)."""
     if job.device.startswith("cuda") and not torch.cuda.is_available():
@@ -191,6 +220,7 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
     load_s = time.perf_counter() - t0
     engine.cost_profile.save(out / "profile.json")
     _warm_up(engine, job, names)
+    modes = mode_steps(engine, job) if job.mode_other_shares else []
     spec = job.workload()
     evaljob = EvalJob(policies=policies, workload=spec, rates=list(job.rates), skewness=list(job.skewness),
                       sweeps=list(job.sweeps), max_batch_size=job.max_batch_size)
@@ -221,7 +251,7 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
             print(f"[{i}/{len(todo)}] {sweep}={x:g} {name}: {row['avg_token_latency_ms']:.2f} ms/token, "
                   f"p95 {row['p95_ms']:.0f} ms, {row['completed']}/{row['requests']} done, "
                   f"{row['switches']} switches ({row['switch_ms']:.1f} ms)", file=sys.stderr, flush=True)
-    meta = dict(device=gpu, date=time.strftime("%Y-%m-%d"), engine_load_s=load_s, adapters=names,
+    meta = dict(device=gpu, date=time.strftime("%Y-%m-%d"), engine_load_s=load_s, adapters=names, modes=modes,
                 profile=engine.cost_profile.to_dict(), torch=torch.__version__,
                 transformers=__import__("transformers").__version__, job=dataclasses.asdict(job))
     profile = engine.cost_profile
@@ -232,6 +262,11 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
 
 
 def _write(rows: list[dict], meta: dict, out: Path, profile) -> None:
+    if meta["modes"]:
+        with open(out / "modes.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(meta["modes"][0]))
+            writer.writeheader()
+            writer.writerows(meta["modes"])
     with open(out / "serving.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
         writer.writeheader()

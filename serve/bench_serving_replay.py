@@ -42,7 +42,10 @@ def build_requests(trace: Sequence[RequestView], names: Sequence[str], image_siz
 def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], drain_s: float) -> tuple[dict, dict]:
     """Serves the trace in real time. Returns (Metrics.as_row() of the run, extra columns: aborted
     requests, steps per mode kind, replay seconds). Requests unfinished `drain_s` after the last
-    arrival are aborted and count as not completed."""
+    arrival are aborted and count as not completed. The engine's prefix and encoder caches are
+    emptied first: every policy replays the same images and prompts, and none may find the K/V or
+    vision embeddings of the run before it."""
+    engine.drop_caches()
     before = engine.stats()
     records = {r.request_id: RequestRecord(r.request_id, r.app, r.adapter, r.arrival_ms, r.prompt_tokens,
                                            r.output_tokens, r.slo_ms) for r in trace}

@@ -142,6 +142,20 @@ class BlockManager:
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
+    def forget_free(self) -> int:
+        """Unregisters the cached content of every free block (blocks in use keep theirs), so later
+        requests recompute it; returns how many were dropped. For measurements that replay the same
+        inputs and must not find the previous run's K/V."""
+        dropped = 0
+        for block_id in self.free_blocks:
+            block = self.blocks[block_id]
+            if block.hash is not None:
+                if self.hash_to_block.get(block.hash) == block_id:
+                    del self.hash_to_block[block.hash]
+                block.hash, block.key = None, None
+                dropped += 1
+        return dropped
+
     def commit(self, seq: Sequence) -> None:
         """Registers seq's full blocks whose K/V is now computed, so later requests can share them."""
         if not self.enable_prefix_cache:

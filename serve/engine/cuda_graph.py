@@ -9,7 +9,10 @@ Graphs need the "triton" attention backend (the torch path loops over host lists
 
 With adapters, each bucket has a second graph captured with the LoRA layers active over the
 fixed segment buffers of `serve.lora.LoraGraphBuffers` (the step's metadata is copied in before
-the replay); steps where no token uses an adapter replay the plain graph and pay nothing.
+the replay); steps where no token uses an adapter replay the plain graph and pay nothing. With
+modes enabled, a third graph per bucket holds a mixture step's two LoRA passes (the own pass and
+deLoRA's negative pass of the merged adapter, `serve.lora.MixtureGraphBuffers`), so decode steps
+in mixture mode replay too instead of running eagerly.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from .kv_cache import KVCache
 
 class DecodeGraphs:
     def __init__(self, model, kv_cache: KVCache, batch_sizes: tuple[int, ...], max_blocks_per_seq: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device, lora_buffers=None):
+                 hidden_size: int, dtype: torch.dtype, device: torch.device, lora_buffers=None,
+                 mixture_buffers=None):
         self.model = model
         self.lora_buffers = lora_buffers  # serve.lora.LoraGraphBuffers, or None: LoRA steps run eagerly
+        self.mixture_buffers = mixture_buffers  # serve.lora.MixtureGraphBuffers, or None: mixture runs eagerly
         self.batch_sizes = tuple(sorted(batch_sizes))
         self.max_blocks = max_blocks_per_seq
         self.max_len = max_blocks_per_seq * kv_cache.block_size
@@ -40,14 +45,16 @@ class DecodeGraphs:
         self.hidden = torch.zeros(b, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # no token uses an adapter
         self.lora_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # LoRA layers over lora_buffers
+        self.mixture_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # both deLoRA passes over mixture_buffers
         self.pool = None
 
-    def _context(self, bs: int, lora: bool = False) -> StepContext:
+    def _context(self, bs: int, kind: str = "plain") -> StepContext:
+        lora = {"plain": None, "lora": self.lora_buffers, "mixture": self.mixture_buffers}[kind]
         return StepContext(slot_mapping=self.slot_mapping[:bs], query_start=self.query_start[:bs + 1],
                            context_lens=self.context_lens[:bs], block_tables=self.block_tables[:bs],
                            max_query_len=1, max_context_len=self.max_len, decode_only=True,
                            query_lens_list=[1] * bs,
-                           lora=self.lora_buffers.static_batch(bs) if lora else None)
+                           lora=lora.static_batch(bs) if lora is not None else None)
 
     def _forward(self, bs: int) -> None:
         positions = self.positions[..., :bs]
@@ -56,11 +63,12 @@ class DecodeGraphs:
     @torch.no_grad()
     def capture(self) -> None:
         """Captures every bucket, largest first so smaller graphs reuse its memory pool."""
+        kinds = [("plain", self.graphs)]
+        kinds += [("lora", self.lora_graphs)] if self.lora_buffers is not None else []
+        kinds += [("mixture", self.mixture_graphs)] if self.mixture_buffers is not None else []
         for bs in reversed(self.batch_sizes):
-            for lora, graphs in ((False, self.graphs), (True, self.lora_graphs)):
-                if lora and self.lora_buffers is None:
-                    continue
-                with step_context(self._context(bs, lora)):
+            for kind, graphs in kinds:
+                with step_context(self._context(bs, kind)):
                     self._forward(bs)  # warm-up: compiles the kernels outside the capture
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
@@ -73,9 +81,14 @@ class DecodeGraphs:
 
     def can_run(self, inputs: StepInputs) -> bool:
         ctx = inputs.context
+        if ctx.lora is None:
+            lora_ok = True
+        elif getattr(ctx.lora, "has_delora", False):
+            lora_ok = self.mixture_buffers is not None
+        else:
+            lora_ok = self.lora_buffers is not None
         return (ctx.decode_only and inputs.input_ids.shape[0] <= self.batch_sizes[-1]
-                and ctx.block_tables.shape[1] <= self.max_blocks and inputs.mm_embeds is None
-                and (ctx.lora is None or self.lora_buffers is not None))
+                and ctx.block_tables.shape[1] <= self.max_blocks and inputs.mm_embeds is None and lora_ok)
 
     @torch.no_grad()
     def run(self, inputs: StepInputs) -> torch.Tensor:
@@ -90,7 +103,10 @@ class DecodeGraphs:
         self.context_lens[:b].copy_(ctx.context_lens)
         self.context_lens[b:bs].fill_(1)
         self.block_tables[:b, :ctx.block_tables.shape[1]].copy_(ctx.block_tables)
-        if ctx.lora is not None:
+        if getattr(ctx.lora, "has_delora", False):  # mixture: both passes
+            self.mixture_buffers.load(ctx.lora, bs)
+            self.mixture_graphs[bs].replay()
+        elif ctx.lora is not None:  # unmerged, or mixture with no token of another adapter's own pass
             self.lora_buffers.load(ctx.lora.slot_ids, bs)
             self.lora_graphs[bs].replay()
         else:

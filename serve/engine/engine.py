@@ -95,13 +95,13 @@ class Engine:
             self.lora.enable_modes(config.switch_method)  # restack weights before graphs capture them
         if config.policy not in ORCHESTRATOR_POLICIES:
             raise ValueError(f"policy {config.policy!r} is not one of {sorted(ORCHESTRATOR_POLICIES)}")
-        self._load_startup_adapters(config)  # before the runner: profile="measure" times them without a cache
+        self._load_startup_adapters(config)
+        self.runner = ModelRunner(self.model, config, self.device, self.dtype, backend, self.lora)
         self.cost_profile: CostProfile | None = None
         policy = None
         if config.policy != "fcfs":  # fcfs: the plain scheduler, every adapter unmerged
-            self.cost_profile = self._cost_profile(config)
+            self.cost_profile = self._cost_profile(config)  # "measure": served-shaped steps through the runner
             policy = build_policy(config.policy, self.cost_profile, config.policy_params)
-        self.runner = ModelRunner(self.model, config, self.device, self.dtype, backend, self.lora)
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.kv_block_size,
                                           config.enable_prefix_cache)
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
@@ -127,7 +127,7 @@ class Engine:
             from .profiling import default_shapes, measure_engine_profile
 
             shapes = ProfileShapes(**config.profile_shapes) if config.profile_shapes else default_shapes(self.device)
-            return measure_engine_profile(self.model, self._adapters(), self.device, shapes)
+            return measure_engine_profile(self.runner, self._adapters(), shapes)
         return CostProfile.load(config.profile)
 
     def _request_info(self, request_id: str) -> tuple[str | None, float | None, float]:
@@ -243,6 +243,13 @@ class Engine:
         tracked = self._requests.pop(request_id)
         self._pending.append(self._output(tracked, [], finished=True))
         return True
+
+    def drop_caches(self) -> dict[str, int]:
+        """Forgets the prefix cache's free blocks and the encoder cache (running requests keep their
+        blocks), so a replay of the same inputs computes everything again, as the first run did."""
+        dropped = {"prefix_blocks": self.block_manager.forget_free(), "encoder_items": len(self.runner.encoder_cache)}
+        self.runner.encoder_cache.clear()
+        return dropped
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)

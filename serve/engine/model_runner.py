@@ -53,9 +53,11 @@ class ModelRunner:
         self.graphs = None
         if device.type == "cuda" and config.cuda_graphs and backend == "triton":
             max_blocks = -(-self.max_model_len // self.block_size)
-            lora_buffers = lora.graph_buffers(max(config.graph_batch_sizes)) if lora is not None else None
+            top = max(config.graph_batch_sizes)
+            lora_buffers = lora.graph_buffers(top) if lora is not None else None
+            mixture_buffers = lora.mixture_graph_buffers(top) if lora is not None else None
             self.graphs = DecodeGraphs(model, self.kv_cache, config.graph_batch_sizes, max_blocks,
-                                       args.hidden_size, dtype, device, lora_buffers)
+                                       args.hidden_size, dtype, device, lora_buffers, mixture_buffers)
             self.graphs.capture()
 
     @torch.no_grad()
@@ -120,8 +122,7 @@ class ModelRunner:
             row += n
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        mixture = getattr(inputs.context.lora, "has_delora", False)  # graphs hold one LoRA pass: eager
-        if self.graphs is not None and not mixture and self.graphs.can_run(inputs):
+        if self.graphs is not None and self.graphs.can_run(inputs):
             self.counters["graph_steps"] += 1
             return self.graphs.run(inputs)
         self.counters["eager_steps"] += 1

@@ -32,7 +32,7 @@ from .heads import head_tasks, load_adapter_heads, select_head
 from .layers import wrap_projections
 from .loader import AdapterLoadError, AdapterSpec, model_shapes, read_adapter
 from .metadata import LoraBatch, LoraGraphBuffers, build_lora_batch, resolve_backend
-from .modes import WeightMerger, build_mixture_batch
+from .modes import MixtureGraphBuffers, WeightMerger, build_mixture_batch
 from .pool import AdapterPool, HostCache, PoolConfig
 
 
@@ -290,6 +290,12 @@ class AdapterManager:
         if self.backend != "triton":
             return None
         return LoraGraphBuffers(max_batch, self.config.slots, self.device, self.backend)
+
+    def mixture_graph_buffers(self, max_batch: int) -> MixtureGraphBuffers | None:
+        """Buffers of the mixture (deLoRA) graphs, or None when modes are off or cannot be captured."""
+        if self.backend != "triton" or self.merger is None:
+            return None
+        return MixtureGraphBuffers(max_batch, self.config.slots, self.device, self.backend)
 
     def stats(self) -> dict[str, int]:
         return {"adapters_loaded": len(self.records), "adapters_resident": sum(s is not None for s in self.slots),

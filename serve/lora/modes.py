@@ -34,7 +34,7 @@ from torch import nn
 
 from kernels import NO_LORA, SegmentMeta, build_segments, merge_lora_, merge_lora_ref_
 
-from .metadata import OPS, LoraBatch
+from .metadata import OPS, LoraBatch, LoraGraphBuffers
 
 SWITCH_METHODS = ("auto", "one_shot", "addmm")
 
@@ -62,6 +62,27 @@ def build_mixture_batch(slots: list[int], merged_slot: int, device: torch.device
     neg = tuple(NO_LORA if s == merged_slot else merged_slot for s in slots)
     batch = MixtureBatch(own, neg, device, OPS[backend])
     return batch if batch.has_own or batch.has_delora else None
+
+
+class MixtureGraphBuffers:
+    """Metadata buffers of a mixture step captured in a CUDA graph: the own pass and the negative
+    pass each read one `LoraGraphBuffers`. Both passes are always in the graph; a pass with no
+    tokens has only zero-length segments, which exit at once."""
+
+    def __init__(self, max_batch: int, num_slots: int, device: torch.device, backend: str):
+        self.own = LoraGraphBuffers(max_batch, num_slots, device, backend)
+        self.neg = LoraGraphBuffers(max_batch, num_slots, device, backend)
+
+    def static_batch(self, bs: int) -> MixtureBatch:
+        own, neg = self.own.static_batch(bs), self.neg.static_batch(bs)
+        batch = MixtureBatch((), (), own.device, own.op)
+        batch.has_own = batch.has_delora = True
+        batch.__dict__["segments"], batch.__dict__["delora"] = own.segments, neg.segments
+        return batch
+
+    def load(self, batch: MixtureBatch, bs: int) -> None:
+        self.own.load(batch.slot_ids, bs)
+        self.neg.load(batch.delora_slot_ids, bs)
 
 
 class WeightMerger:

@@ -18,6 +18,13 @@ Two things Algorithm 1 leaves to the implementation:
 - running requests of other adapters keep running across a switch to merge(a): the policy then
   picks mixture(a) (same weights, so free to leave later) until they finish, rather than pausing
   them;
+- mixture only where it pays: before taking mixture(a) the policy compares, from the cost profile,
+  the step time of the batch it would run (the running requests plus those it admits) in
+  mixture(a) and in unmerge, each with the switches it needs spread over the steps the requests
+  of other adapters still have to run; when unmerge is cheaper it unmerges (the starving first).
+  Where the LoRA branch costs about the same whatever the number of tokens (launch-bound decode
+  on a fast GPU), deLoRA's second pass makes mixture dearer than unmerge, and this is where the
+  measured profile says so (`mixture_by_cost`);
 - anti-thrash: a switch costing s ms is followed by a dwell of s * (1 - max_switch_share) /
   max_switch_share ms in which the weights stay (the policy holds mixture(current) or unmerge,
   which can run every request, so the starving are still admitted first). That bounds the
@@ -48,6 +55,7 @@ class VLoRAConfig:
     share_hysteresis: float = 0.1  # the merged adapter stays while its share > merge_share - this
     max_switch_share: float = 0.1  # at most this share of wall time goes to switching (dwell)
     backfill: bool = False  # mixture: fill free slots with other adapters' requests too (not in Algorithm 1)
+    mixture_by_cost: bool = True  # take mixture only when the profile says it is cheaper than unmerge
     lora_op: str = "atmm"
     switch_op: str = "atmm"
 
@@ -95,6 +103,22 @@ class VLoRAPolicy(Policy):
         share = self.config.max_switch_share
         return self.profile.switch_ms.get(self.switch_op, 0.0) * (1 - share) / share
 
+    def _mixture_vs_unmerge(self, view: StepView, top: str, admit: list[RequestView]) -> str | None:
+        """None when mixture(top) is the cheaper way to run `view.running` + `admit`; else why not."""
+        batch = [(r.adapter, 1 if r.remaining_prompt <= 0 else r.remaining_prompt) for r in view.running]
+        batch += [(r.adapter, max(1, r.remaining_prompt)) for r in admit]
+        others = [r for r in (*view.running, *admit) if r.adapter != top]
+        horizon = max((r.remaining_output for r in others), default=1)  # steps the mixed batch lasts
+        p, cur = self.profile, view.mode.merged_adapter
+        mix = p.batch_ms(Mode.mixture(top), batch, self.lora_op) + p.switch_cost_ms(self.switch_op, cur, top) / horizon
+        # unmerging now costs a switch, and merging `top` again once the others are gone another
+        back = 2 if cur == top else 0
+        unm = (p.batch_ms(Mode.unmerge(), batch, self.lora_op)
+               + back * p.switch_cost_ms(self.switch_op, top, None) / horizon)
+        if mix <= unm:
+            return None
+        return f"mixture {mix:.2f} ms > unmerge {unm:.2f} ms per step (profile)"
+
     # ---- Algorithm 1 ------------------------------------------------------------------------
     def _decide(self, view: StepView) -> Decision:
         cfg, mode = self.config, view.mode
@@ -133,6 +157,11 @@ class VLoRAPolicy(Policy):
                 reason = f"mixture: {share}, none starving, {others_running} running of other adapters finish"
             else:
                 target, reason = Mode.merge(top), f"merge: {share}, none starving"
+            if target.kind == "mixture" and cfg.mixture_by_cost:
+                cost = self._mixture_vs_unmerge(view, top, admit[:view.free_slots])
+                if cost is not None:
+                    target, reason = Mode.unmerge(), f"unmerge: {share}, but {cost}"
+                    admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
         else:
             admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
             why = f"not dominated ({share})" if few_starving else f"{n_starve} starving > {cfg.starve_share:g} MaxBS"

@@ -159,7 +159,7 @@ class ProfileShapes:
     switch_ops: list[str] = field(default_factory=lambda: ["atmm"])
 
 
-def _time_ms(fn: Callable[[], None], warmup: int, repeats: int) -> float:
+def time_call_ms(fn: Callable[[], None], warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         fn()
     times = []
@@ -178,7 +178,7 @@ def measure_profile(step_fn: Callable[[StepShape], None], switch_fn: Callable[[s
     returning) over the grid and `switch_fn(op)` (merge one adapter into every layer and unmerge
     it again: a round trip, timed and halved). Medians of `repeats` after `warmup` calls."""
     say = progress or (lambda _msg: None)
-    base = [[_time_ms(lambda s=s, t=t: step_fn(StepShape(s, max(t, s))), warmup, repeats)
+    base = [[time_call_ms(lambda s=s, t=t: step_fn(StepShape(s, max(t, s))), warmup, repeats)
              for t in shapes.tokens] for s in shapes.seqs]
     say(f"base: {len(shapes.seqs)}x{len(shapes.tokens)} shapes")
     lora = {}
@@ -189,9 +189,12 @@ def measure_profile(step_fn: Callable[[StepShape], None], switch_fn: Callable[[s
         for a in shapes.adapters:
             row = []
             for t in shapes.tokens:
-                n = max(t, a)  # one sequence per adapter: at least `a` tokens
-                plain = _time_ms(lambda a=a, n=n: step_fn(StepShape(a, n)), warmup, repeats)
-                with_lora = _time_ms(lambda a=a, n=n, op=op: step_fn(StepShape(a, n, op, n, a)), warmup, repeats)
+                n = max(t, a)  # at least one token per adapter
+                # up to the largest batch, one token per sequence (a decode step, as served: a graph
+                # replay on GPU); past it, one sequence per adapter (prefill chunks)
+                s = n if n <= shapes.seqs[-1] else a
+                plain = time_call_ms(lambda s=s, n=n: step_fn(StepShape(s, n)), warmup, repeats)
+                with_lora = time_call_ms(lambda s=s, n=n, a=a, op=op: step_fn(StepShape(s, n, op, n, a)), warmup, repeats)
                 row.append(max(0.0, with_lora - plain))
             rows.append(row)
         lora[op] = Grid2D([float(a) for a in shapes.adapters], [float(t) for t in shapes.tokens], rows)
@@ -200,7 +203,7 @@ def measure_profile(step_fn: Callable[[StepShape], None], switch_fn: Callable[[s
     for op in shapes.switch_ops if switch_fn is not None else ():
         if op not in SWITCH_OPS:
             raise ValueError(f"ProfileShapes.switch_ops: {op!r} is not one of {SWITCH_OPS}")
-        switch[op] = _time_ms(lambda op=op: switch_fn(op), warmup, repeats) / 2
+        switch[op] = time_call_ms(lambda op=op: switch_fn(op), warmup, repeats) / 2
         say(f"switch {op}: {switch[op]:.2f} ms")
     return CostProfile(Grid2D([float(s) for s in shapes.seqs], [float(t) for t in shapes.tokens], base),
                        lora, switch, name=name, device=device, model=model, assumed=False,

@@ -28,7 +28,8 @@ def test_serving_bench_two_policies(vlora_home, tmp_path):
         policies=({"name": "v_lora", "share_of": "present", "max_switch_share": 1.0}, "unmerge_only"),
         skewness=(0.8,), duration_s=2.0, drain_s=20.0, warmup_s=1.0, image_size=56, video_frames=(1, 2),
         video_output_tokens=(2, 3), retrieval_output_tokens=(4, 8), text_tokens=(4, 12), max_batch_size=8,
-        max_tokens_per_step=1024, profile="assumed", out_dir=str(tmp_path / "out"))
+        max_tokens_per_step=1024, profile="assumed", mode_other_shares=(0.5,), mode_decode_seqs=4,
+        mode_prefill=(2, 32), out_dir=str(tmp_path / "out"))
     rows, meta = run_serving_bench(job)
 
     assert [r["policy"] for r in rows] == ["v_lora", "unmerge_only"]
@@ -52,3 +53,8 @@ def test_serving_bench_two_policies(vlora_home, tmp_path):
             [(r["policy"], str(r["completed"])) for r in rows]
     assert json.loads((out / "serving.json").read_text())["meta"]["adapters"] == ["qv8", "all16"]
     assert (out / "latency_vs_skewness.png").stat().st_size > 1000 and (out / "profile.json").is_file()
+    modes = meta["modes"]
+    assert [(m["step"], m["seqs"], m["tokens"], m["other_seqs"]) for m in modes] == \
+        [("decode", 4, 4, 2), ("prefill", 2, 32, 1)]
+    assert all(m["plain_ms"] > 0 and m["unmerge_ms"] > 0 and m["mixture_ms"] > 0 for m in modes)
+    assert (out / "modes.csv").is_file()

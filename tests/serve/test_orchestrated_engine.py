@@ -84,6 +84,7 @@ def test_measured_profile(setup):  # noqa: F811
     assert not p.assumed and p.device == "cpu"
     assert set(p.lora) == {"atmm", "delora"} and p.switch_ms["atmm"] > 0 and p.switch_ms["addmm"] > 0
     assert p.base(4, 16) > 0
+    assert engine.stats().eager_steps == 0  # profiling steps ran through the runner but are not served steps
     done, _ = drive(engine)  # the switch round trips left the weights as they were
     assert {r: o.token_ids for r, o in done.items()} == {r: o.token_ids for r, o in ref.items()}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from orchestrator_cases import linear_profile, req, view
+from orchestrator_cases import affine, linear_profile, req, view
 
 from serve.orchestrator import Decision, Mode, Policy, VLoRAConfig, VLoRAPolicy, build_policy
 
@@ -13,8 +13,8 @@ def profile():
     return linear_profile()
 
 
-def a_queue(n: int = 6, start: float = 0.0):
-    return [req(f"a{i}", "a", start + i) for i in range(n)]
+def a_queue(n: int = 6, start: float = 0.0, prompt: int = 100):
+    return [req(f"a{i}", "a", start + i, prompt) for i in range(n)]
 
 
 # ---- modes -----------------------------------------------------------------------------------
@@ -42,10 +42,31 @@ def test_one_dominant_adapter_and_nobody_starving_merges_it(profile):
 def test_a_few_starving_requests_join_the_merged_adapter_through_mixture(profile):
     policy = VLoRAPolicy(profile)  # tolerance 0.5 x default target 5000 ms: starving past a 2500 ms credit
     old = [req("b-old", "b", -3000.0), req("c-old", None, -2900.0)]
-    d = policy.decide(view(10.0, a_queue() + [req("b-new", "b", 5.0)] + old))
+    # long prompts of `a`: deLoRA over the two starving costs less than ATMM over everyone
+    d = policy.decide(view(10.0, a_queue(prompt=1000) + [req("b-new", "b", 5.0)] + old))
     assert d.mode == Mode.mixture("a") and d.starving == 2
     assert d.admit == ("b-old", "c-old", "a0", "a1", "a2", "a3", "a4", "a5"), "starving first, then R_merge"
     assert "b-new" not in d.admit
+
+
+def test_mixture_dearer_than_unmerge_in_the_profile_unmerges(profile):
+    """Where the LoRA branch costs about the same for any number of tokens (launch-bound decode),
+    deLoRA's second pass makes mixture dearer than unmerge: the measured profile decides."""
+    launch_bound = linear_profile()
+    rows, cols = launch_bound.lora["atmm"].rows, launch_bound.lora["atmm"].cols
+    launch_bound.lora["atmm"] = affine(rows, cols, lambda a, t: 1.0 + 0.0 * t)
+    launch_bound.lora["delora"] = affine(rows, cols, lambda a, t: 2.0 + 0.0 * t)
+    # b-run has 97 tokens to go: the two switches (5 ms each) spread over them cost less than deLoRA's 1 ms a step
+    running = [req("b-run", "b", -50.0, out=100, computed_tokens=100, generated_tokens=3)]
+    queue = [req(f"a{i}", "a", float(i), computed_tokens=100, generated_tokens=1) for i in range(6)]
+    d = VLoRAPolicy(launch_bound).decide(view(10.0, [], queue + running, mode=Mode.merge("a")))
+    assert d.mode == Mode.unmerge() and d.switch and "per step (profile)" in d.reason
+    d = VLoRAPolicy(launch_bound, VLoRAConfig(mixture_by_cost=False)).decide(
+        view(10.0, [], queue + running, mode=Mode.merge("a")))
+    assert d.mode == Mode.mixture("a") and not d.switch  # Algorithm 1 alone keeps the merged weights
+    # the same batch with the profile's deLoRA as cheap as ATMM per token: mixture, no switch
+    d = VLoRAPolicy(profile).decide(view(10.0, [], queue + running, mode=Mode.merge("a")))
+    assert d.mode == Mode.mixture("a") and not d.switch
 
 
 def test_more_starving_than_half_the_batch_unmerges(profile):
@@ -65,7 +86,7 @@ def test_no_dominant_adapter_unmerges_first_come_first_served(profile):
 
 def test_running_requests_of_other_adapters_keep_running_in_mixture_not_paused(profile):
     running = [req("b-run", "b", -50.0, computed_tokens=100, generated_tokens=3)]
-    d = VLoRAPolicy(profile).decide(view(10.0, a_queue(), running))
+    d = VLoRAPolicy(profile).decide(view(10.0, a_queue(prompt=1000), running))
     assert d.mode == Mode.mixture("a") and d.pause == ()
     assert d.admit == ("a0", "a1", "a2", "a3", "a4", "a5") and "finish" in d.reason
 

@@ -72,3 +72,21 @@ def test_a_repeated_image_is_encoded_once_with_unchanged_outputs(name, tiny_zoo)
     assert batch_engine.stats().items_encoded == 2 and batch_engine.stats().encoder_calls == 1
     for a, spec in zip(batch, specs):
         _same(a, uncached.generate(make_request(spec)))
+
+
+def test_drop_caches_makes_a_repeat_compute_everything_again(tiny_zoo):
+    """What the serving evaluation does between policies: the same request again finds no K/V
+    blocks and no vision embeddings, and gives the same output."""
+    spec = dict(prompt=LONG + "how many cars?", images=[image(0)])
+    engine = _engine(tiny_zoo["qwen2_vl_tiny"])
+    first = engine.generate(make_request(spec))
+    cached = engine.generate(make_request(spec))
+    assert cached.metrics.num_cached_tokens > 0 and len(engine.runner.encoder_cache) == 1
+    dropped = engine.drop_caches()
+    assert dropped["prefix_blocks"] > 0 and dropped["encoder_items"] == 1
+    hits, calls = engine.stats().prefix_hit_tokens, engine.runner.counters["encoder_calls"]
+    again = engine.generate(make_request(spec))
+    assert again.metrics.num_cached_tokens == 0 and engine.stats().prefix_hit_tokens == hits
+    assert engine.runner.counters["encoder_calls"] == calls + 1
+    _same(again, first)
+    assert engine.stats().blocks_in_use == 0

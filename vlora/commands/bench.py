@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
 
-SUITES = ("kernels", "merge", "engine", "adapters", "serving")
+SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -27,10 +27,12 @@ def run(cfg: DictConfig) -> dict:
         raise SystemExit(f"bench.suite={b.suite!r} is not one of {SUITES}")
     if b.suite == "serving":  # before the CUDA check: device=cpu with a tiny zoo model runs anywhere
         return _serving(b)
+    if b.suite == "streams":  # before the CUDA check too: device=cpu with a tiny zoo model runs anywhere
+        return _streams(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
-              if k not in ("suite", "engine", "adapters", "serving")}
+              if k not in ("suite", "engine", "adapters", "serving", "streams")}
     if b.suite == "adapters":
         from serve.bench_lora import AdapterBenchJob, run_adapter_bench
 
@@ -87,3 +89,25 @@ def _serving(b: DictConfig) -> dict:
     rows, meta = run_serving_bench(to_dataclass(ServingBenchJob, values, policies=tuple(policies),
                                                 out_dir=b.out_dir))
     return {"serving": rows, "meta": meta}
+
+
+def _streams(b: DictConfig) -> dict:
+    """N synthetic camera streams against the RPyC server; a named policy takes conf/orchestrator/<name>.yaml."""
+    import shlex
+
+    from apps.video_analytics.bench_streams import StreamsBenchJob, run_streams_bench
+
+    from ..config import CONF_DIR
+
+    values = OmegaConf.to_container(b.streams, resolve=True)
+    if values.get("policy", "fcfs") != "fcfs":
+        group = Path(CONF_DIR) / "orchestrator" / f"{values['policy']}.yaml"
+        if not group.is_file():
+            raise SystemExit(f"bench.streams.policy={values['policy']!r}: no {group}")
+        params = OmegaConf.to_container(OmegaConf.load(group), resolve=True)
+        values["policy"], values["policy_params"] = params.pop("name"), params
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    prog = Path(sys.argv[0]).name  # vlora.cli hands Hydra sys.argv = ["vlora-bench", overrides...]
+    command = " ".join(["vlora bench" if prog == "vlora-bench" else prog, *map(shlex.quote, sys.argv[1:])])
+    rows, meta = run_streams_bench(to_dataclass(StreamsBenchJob, values, out_dir=b.out_dir, command=command))
+    return {"streams": rows, "meta": meta}

@@ -1,0 +1,224 @@
+"""Streams evaluation: how many cameras one GPU serves within a latency target, through the real server.
+
+Each of N synthetic camera streams sends one video chunk per second (`frames_per_chunk` frames of
+`image_size`^2 from the synthetic world's camera, sampled at `frames_per_chunk` fps) to the RPyC
+server on loopback, which runs the engine on a 7B-shaped zoo model with random weights and
+`adapters` random rank-`rank` LoRA adapters, each with a classification head. Streams are given
+adapters round-robin and start staggered over the first second, so arrivals are spread. A
+chunk's latency runs from just before its submission (frames encoding, RPC, preprocessing
+included) to the moment its client holds the result. Modes: "head" (the adapter's head answers
+after one prefill) and "generate" (the LM head decodes exactly `answer_tokens` tokens).
+
+Search, per mode: the `stream_counts` in increasing order until one misses the target
+(p95 > target_ms, an error, or a chunk left unanswered `drain_s` after the last send), then
+`refine` bisection steps between the last passing and the first failing count. The largest
+passing count is the mode's answer.
+
+Compute efficiency (bench_streams_hf.py): FLOPs per chunk from parameter counts,
+`2 * P_lm * (prompt_tokens + generated - 1) + 2 * P_head * generated + 2 * P_vision * patches`
+(generated = 0 in head mode), times the chunks/s achieved at the largest passing count, over the
+dense matmul rate measured in the same run. The transformers baseline runs `generate` on the same
+chunks, `hf_batch` at a time.
+
+    rows, meta = run_streams_bench(StreamsBenchJob(stream_counts=(16, 32, 48)))
+    # writes streams.csv / streams.json / streams.png under out_dir/<device>/
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MODES = ("head", "generate")
+
+
+@dataclass
+class StreamsBenchJob:
+    model: str = "qwen2_vl_7b"  # zoo spec (Qwen2-VL / Qwen2.5-VL: video input), random weights
+    device: str = "cuda"
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    frames_per_chunk: int = 6
+    image_size: int = 448  # square frames; Qwen2-VL-7B: 6 frames -> 3 x 16 x 16 = 768 visual tokens
+    answer_tokens: int = 8  # generate mode: fixed length (ignore_eos)
+    prompt: str = "How many vehicles are in this clip?"
+    stream_counts: tuple[int, ...] = (8, 16, 24, 32, 40, 48, 64)
+    refine: int = 2  # bisection steps between the last passing and the first failing count
+    seconds: float = 10.0  # measured seconds per point
+    warmup_s: float = 1.0  # chunks sent in a point's first seconds are not measured
+    drain_s: float = 5.0  # after the last send, chunks unanswered this long count as failures
+    target_ms: float = 1000.0  # p95 chunk latency a point must meet
+    modes: tuple[str, ...] = MODES
+    adapters: int = 4  # random PEFT adapters, each with a classification head
+    rank: int = 16
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    policy: str = "fcfs"  # serve.orchestrator policy of the engine
+    policy_params: dict | None = None
+    # frames on the wire: jpeg (what cameras send; ~6 ms to encode a 448^2 chunk), raw (no codec, but
+    # RPyC zlib-compresses every message over 3 kB: ~60 ms of CPU per 3.6 MB chunk) or png
+    encoding: str = "jpeg"
+    chunk_pool: int = 32  # distinct rendered chunks; every send is made unique (see bench_streams_load)
+    max_batch_size: int = 64
+    max_tokens_per_step: int = 8192
+    warmup_point_s: float = 3.0  # an unmeasured point per mode first (kernel compiles, graph shapes)
+    hf_baseline: bool = True
+    hf_batch: int = 8
+    hf_batches: int = 4  # timed batches (after one warm-up batch)
+    matmul_n: int = 8192  # side of the timed square matmul (cpu: at most 1024)
+    seed: int = 0
+    out_dir: str = "results/streams"
+    command: str | None = None  # recorded in the JSON; default: this process's command line
+
+    def __post_init__(self) -> None:
+        for name in ("stream_counts", "modes", "targets"):
+            value = getattr(self, name)
+            setattr(self, name, (value,) if isinstance(value, (str, int)) else tuple(value))
+        bad = [m for m in self.modes if m not in MODES]
+        if bad or not self.modes:
+            raise ValueError(f"modes {list(self.modes)}: give one or both of {list(MODES)}")
+        if not self.stream_counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                         for n in self.stream_counts):
+            raise ValueError(f"stream_counts {list(self.stream_counts)}: give positive integers")
+        self.stream_counts = tuple(sorted(set(self.stream_counts)))
+        if self.dtype == "auto":
+            self.dtype = "float32" if self.device == "cpu" else "bfloat16"
+        for name in ("frames_per_chunk", "image_size", "answer_tokens", "adapters", "rank", "chunk_pool",
+                     "hf_batch", "hf_batches", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.image_size % 28:
+            raise ValueError(f"image_size must be a multiple of 28 (14-pixel patches merged 2 x 2), "
+                             f"got {self.image_size}")
+        if not self.seconds > 0 or self.warmup_s < 0 or self.drain_s < 0 or not self.target_ms > 0:
+            raise ValueError("seconds and target_ms must be positive, warmup_s and drain_s >= 0")
+        if self.encoding not in ("raw", "png", "jpeg"):
+            raise ValueError(f"encoding must be raw, png or jpeg, got {self.encoding!r}")
+
+
+def render_chunks(job: StreamsBenchJob) -> list[np.ndarray]:
+    """`chunk_pool` chunks, RGB uint8 [T, S, S, 3]: one second each of the synthetic camera at
+    `frames_per_chunk` fps (the world's clips back to back), rendered before any timing."""
+    import cv2
+
+    from vlora.world import WorldConfig
+
+    from .sources import SyntheticCamera
+
+    side = max(64, job.image_size)  # the world draws at least 64 x 64
+    world = WorldConfig(seed=job.seed, width=side, height=side, fps=job.frames_per_chunk,
+                        clip_frames=max(2, job.frames_per_chunk))
+    camera = SyntheticCamera(world)
+    camera.open()
+    chunks = []
+    for _ in range(job.chunk_pool):
+        frames = [camera.read().image for _ in range(job.frames_per_chunk)]
+        if side != job.image_size:
+            frames = [cv2.resize(f, (job.image_size, job.image_size), interpolation=cv2.INTER_AREA) for f in frames]
+        chunks.append(np.ascontiguousarray(np.stack(frames)[..., ::-1]))  # BGR -> RGB
+    return chunks
+
+
+def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
+    """The engine on the model's weights with `adapters` random adapters (+ heads) loaded at start."""
+    from serve.bench_lora import _write_head
+    from serve.bench_lora_parts import write_peft_adapter
+    from serve.engine import Engine, EngineConfig
+    from serve.models import read_model_args
+
+    args = read_model_args(workdir)[0]
+    wdtype = getattr(torch, job.dtype)
+    dirs = {f"a{i}": write_peft_adapter(workdir / "adapters" / f"a{i}", args, job.rank, job.targets, 1000 + i,
+                                        wdtype, job.device) for i in range(job.adapters)}
+    for path in dirs.values():
+        _write_head(path, args.hidden_size)
+    per_seq = prompt_tokens + job.answer_tokens + 32
+    cuda = job.device.startswith("cuda")
+    config = EngineConfig(device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
+                          max_tokens_per_step=job.max_tokens_per_step, seed=job.seed,
+                          num_kv_blocks=2 * job.max_batch_size * per_seq // 16 + 64 if cuda else None,
+                          graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, job.max_batch_size})),
+                          adapter_slots=job.adapters, host_adapter_cache=job.adapters + 4, max_lora_rank=job.rank,
+                          lora_targets=job.targets, adapters=tuple(f"{n}={p}" for n, p in dirs.items()),
+                          policy=job.policy, policy_params=job.policy_params)
+    return Engine(workdir, config, weights=dict(hf.state_dict())), list(dirs)
+
+
+def search(run_point, counts: tuple[int, ...], refine: int) -> list[dict]:
+    """Rows of the points run: `counts` upwards until one fails, then `refine` bisection steps
+    between the last pass (0 if none) and the first failure. run_point(n) -> row with "pass"."""
+    rows, low, high = [], 0, None
+    for n in counts:
+        rows.append(run_point(n))
+        if not rows[-1]["pass"]:
+            high = n
+            break
+        low = n
+    for _ in range(refine):
+        if high is None or high - low <= 1:
+            break
+        mid = (low + high) // 2
+        rows.append(run_point(mid))
+        low, high = (mid, high) if rows[-1]["pass"] else (low, mid)
+    return sorted(rows, key=lambda r: r["streams"])
+
+
+def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
+    """Runs the search of every mode and the baseline; writes CSV / JSON / PNG; returns (rows, meta)."""
+    from serve.bench_lora import _build
+    from vlora.zoo import get_spec
+
+    from .bench_streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
+    from .bench_streams_load import run_point
+    from .bench_streams_report import summarize, write_report
+
+    cuda = job.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda asked for but no CUDA device is available; use device=cpu with a tiny model "
+                           "(model=qwen2_vl_tiny image_size=56)")
+    if get_spec(job.model).arch not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ValueError(f"model {job.model!r}: the streams evaluation sends video chunks, which only the "
+                         "Qwen2-VL / Qwen2.5-VL zoo models take")
+    device_name = torch.cuda.get_device_name(torch.device(job.device)) if cuda else "cpu"
+    command = job.command or " ".join([Path(sys.argv[0]).name] + [shlex.quote(a) for a in sys.argv[1:]])
+    _log(f"building {job.model} ({job.dtype}) on {job.device} and rendering {job.chunk_pool} chunks")
+    workdir = Path(tempfile.mkdtemp(prefix="streams-bench-"))
+    t0 = time.perf_counter()
+    hf, processor = _build(job, workdir)
+    chunks = render_chunks(job)
+    flops = chunk_flops(hf, processor, job, chunks[0])
+    engine, names = _engine(job, workdir, hf, flops["prompt_tokens"])
+    load_s = time.perf_counter() - t0
+    tflops = matmul_tflops(job)
+    _log(f"ready in {load_s:.1f} s: {flops['prompt_tokens']} prompt tokens and {flops['patches']} patches per chunk, "
+         f"{flops['head'] / 1e12:.2f} TFLOP per chunk (head), matmul {tflops:.1f} TFLOP/s")
+    rows = []
+    for mode in job.modes:
+        if job.warmup_point_s > 0:
+            run_point(engine, job, mode, min(job.stream_counts), chunks, names, seconds=job.warmup_point_s)
+        rows += search(lambda n: run_point(engine, job, mode, n, chunks, names), job.stream_counts, job.refine)
+    hf_result = None
+    if job.hf_baseline:
+        _log(f"transformers generate, {job.hf_batch} chunks per batch, {job.hf_batches} batches")
+        hf_result = hf_chunks_per_s(hf, processor, job, chunks)
+        _log(f"transformers: {hf_result['chunks_per_s']:.2f} chunks/s")
+    summary = summarize(rows, job, flops, tflops, hf_result)
+    meta = dict(device=device_name, date=time.strftime("%Y-%m-%d"), command=command, engine_load_s=load_s,
+                matmul_tflops=tflops, flops=flops, hf=hf_result, summary=summary, adapters=names,
+                torch=torch.__version__, transformers=__import__("transformers").__version__,
+                job=dataclasses.asdict(job))
+    del engine
+    gc.collect()
+    write_report(rows, meta, Path(job.out_dir) / device_name.lower().replace(" ", "_").replace("-", "_"))
+    return rows, meta
+
+
+def _log(message: str) -> None:
+    print(f"[streams] {message}", file=sys.stderr, flush=True)

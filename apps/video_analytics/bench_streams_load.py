@@ -1,0 +1,177 @@
+"""One point of the streams evaluation: N camera streams against a fresh RPyC server on loopback.
+
+Each stream is a thread with its own connection. Stream i sends chunk k at `t0 + i / N + k`
+seconds (one chunk per second, streams staggered over the first second) whether or not its
+earlier chunks are answered, as a camera would, and polls its pending chunks in between. A
+chunk's latency is measured on the stream's thread from just before `submit_video` to the poll
+that returns its final event. Every send stamps a counter into the first frame's corner, so no
+two chunks share pixels and the server's encoder and prefix caches cannot answer one chunk from
+another (a real camera never repeats a frame exactly either).
+
+Chunks sent in the first `warmup_s` (rounded up to whole seconds) are not measured; the next
+`seconds` (rounded up) are. Chunks still pending `drain_s` after a stream's last send are
+aborted and count at the time waited (a lower bound of their latency). Throughput is the number
+of answers, from any chunk, that arrive within the measured seconds, per second (`chunks_per_s`);
+an overloaded point answers late, so `served_per_s` also counts every answer over the time from
+the first send to the last answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import secrets
+import sys
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+
+HEAD_TASK = "vehicle"  # the head serve/bench_lora.py's _write_head saves beside each adapter
+TIMING_KEYS = ("frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms")
+
+
+def _stamped(chunk: np.ndarray, serial: int) -> np.ndarray:
+    """A copy of chunk (uint8 [T, H, W, 3]) whose first frame carries `serial` in 8 pixels."""
+    frames = chunk.copy()
+    frames[0, 0, :8, 0] = np.frombuffer(int(serial).to_bytes(8, "little"), dtype=np.uint8)
+    return frames
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else math.nan
+
+
+def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters: list[str],
+              seconds: float | None = None) -> dict:
+    """Runs n streams; returns the point's row. `seconds` given: an unmeasured warm-up of that length."""
+    from serve.rpc import Client, Limits, RpcServer, ServerError
+
+    warm_up = seconds is not None
+    first = 0 if warm_up else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
+    measured = math.ceil(seconds if warm_up else job.seconds)
+    sends = first + measured
+    sampling = {"max_tokens": job.answer_tokens, "ignore_eos": True}
+    token = secrets.token_hex(16)
+    server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8).start()
+    clients = [Client("127.0.0.1", server.port, token, encoding=job.encoding) for _ in range(n)]
+    records: list[dict] = []
+    errors: Counter[str] = Counter()
+    lock = threading.Lock()
+    serials = itertools.count(int(time.time() * 1e6))  # unique across points too
+    t0 = time.perf_counter() + 0.2
+
+    def finish(i: int, k: int, sent: float, final: dict | None) -> None:
+        done = time.perf_counter()
+        record = {"stream": i, "chunk": k, "sent": sent, "done": done, "latency_ms": (done - sent) * 1e3,
+                  "measured": k >= first, "finished": final is not None}
+        if final is not None:
+            record.update({key: final["timing"].get(key) for key in (*TIMING_KEYS, "prompt_tokens")})
+            wrong = ("no_head" if mode == "head" and not final.get("head")
+                     else "short_answer" if mode == "generate" and len(final["token_ids"]) != job.answer_tokens
+                     else None)
+            if wrong:
+                with lock:
+                    errors[wrong] += 1
+        with lock:
+            records.append(record)
+
+    def stream(i: int) -> None:
+        client, adapter, offset = clients[i], adapters[i % len(adapters)], i / n
+        pending: list[tuple] = []  # (Stream, chunk index, send time)
+        k = 0
+        deadline = t0 + offset + sends - 1 + job.drain_s
+        while True:
+            now = time.perf_counter()
+            if k < sends and now >= t0 + offset + k:
+                frames = _stamped(chunks[(i + k * n) % len(chunks)], next(serials))
+                sent = time.perf_counter()
+                try:
+                    s = client.submit_video(job.prompt, frames, adapter=adapter, output_mode=mode,
+                                            sampling=sampling, task=HEAD_TASK if mode == "head" else None,
+                                            app="video_analytics", slo_ms=job.target_ms, tag=f"{i}/{k}")
+                    pending.append((s, k, sent))
+                except Exception as e:  # a refused submission is this point's failure, not the run's
+                    with lock:
+                        errors[f"submit_{type(e).__name__}"] += 1
+                k += 1
+                continue
+            if not pending:
+                if k >= sends:
+                    return
+                time.sleep(max(0.0, t0 + offset + k - now))
+                continue
+            if k >= sends and now > deadline:
+                for s, kk, sent in pending:
+                    try:
+                        s.abort()
+                    except Exception:  # finished meanwhile, or the connection is gone
+                        pass
+                    finish(i, kk, sent, None)
+                return
+            until = t0 + offset + k if k < sends else deadline
+            for j, (s, kk, sent) in enumerate(list(pending)):
+                try:  # wait on the oldest chunk (usually the next to finish); only glance at the others
+                    s.poll(max(0.0, min(0.05, until - now)) if j == 0 else 0.0)
+                except ServerError as e:
+                    with lock:
+                        errors[e.kind] += 1
+                    pending.remove((s, kk, sent))
+                    continue
+                if s.final is not None:
+                    finish(i, kk, sent, s.final)
+                    pending.remove((s, kk, sent))
+
+    threads = [threading.Thread(target=stream, args=(i,), name=f"stream-{i}", daemon=True) for i in range(n)]
+    _log(f"{'warm-up ' if warm_up else ''}mode={mode} streams={n}: {sends} chunks each")
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _settle(server)
+    for c in clients:
+        c.close()
+    server.close()
+    row = _row(job, mode, n, records, errors, t0 + first, measured)
+    _log(("warm-up " if warm_up else "") + " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
+    return row
+
+
+def _settle(server, timeout_s: float = 60.0) -> None:
+    """Waits until the engine holds no request (aborts of late chunks have been carried out)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and server.loop.call(lambda e: e.has_unfinished()):
+        time.sleep(0.05)
+
+
+def _row(job, mode: str, n: int, records: list[dict], errors: Counter, window_start: float, seconds: int) -> dict:
+    measured = [r for r in records if r["measured"]]
+    latencies = [r["latency_ms"] for r in measured]
+    done = [r for r in measured if r["finished"]]
+    # answers of any chunk arriving within the measured seconds (stream offsets lie in [0, 1))
+    answered = sum(r["finished"] and window_start <= r["done"] < window_start + seconds for r in records)
+    finished = [r for r in records if r["finished"]]
+    # answered chunks (warm-up ones too) over the time from the first send to the last answer, less
+    # one (n answers span n - 1 intervals): the rate actually served, which an overloaded point still tells
+    span = max((r["done"] for r in finished), default=0.0) - min((r["sent"] for r in records), default=0.0)
+    p50, p95, p99 = (_percentile(latencies, q) for q in (50, 95, 99))
+    unfinished = len(measured) - len(done)
+    ok = bool(latencies) and p95 <= job.target_ms and unfinished == 0 and not errors
+    row = {"mode": mode, "streams": n, "offered_per_s": float(n), "sent": len(measured), "done": len(done),
+           "unfinished": unfinished, "errors": sum(errors.values()), "error_kinds": dict(errors),
+           "p50_ms": p50, "p95_ms": p95, "p99_ms": p99,
+           "mean_ms": float(np.mean(latencies)) if latencies else math.nan,
+           "max_ms": max(latencies) if latencies else math.nan,
+           "chunks_per_s": answered / seconds, "served_per_s": (len(finished) - 1) / span if span > 0 else 0.0,
+           "pass": ok,
+           "prompt_tokens": float(np.mean([r["prompt_tokens"] for r in done])) if done else math.nan}
+    for key in TIMING_KEYS:
+        values = [r[key] for r in done if r.get(key) is not None]
+        row[key] = float(np.mean(values)) if values else math.nan
+    return row
+
+
+def _log(message: str) -> None:
+    print(f"[streams] {message}", file=sys.stderr, flush=True)

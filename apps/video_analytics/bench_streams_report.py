@@ -1,0 +1,107 @@
+"""The streams evaluation's outputs: a summary per mode, the printed tables, streams.csv,
+streams.json (meta, summary, rows; NaN written as null) and streams.png (p95 latency against the
+number of streams, one line per mode, with the latency target)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+ROW_COLUMNS = ("mode", "streams", "offered_per_s", "sent", "done", "unfinished", "errors", "error_kinds", "p50_ms",
+               "p95_ms", "p99_ms", "mean_ms", "max_ms", "chunks_per_s", "served_per_s", "pass", "prompt_tokens",
+               "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms")
+TABLE = ("mode", "streams", "sent", "done", "p50_ms", "p95_ms", "p99_ms", "chunks_per_s", "served_per_s", "queue_ms",
+         "prefill_ms", "pass")
+SUMMARY_TABLE = ("mode", "max_streams", "chunks_per_s", "p95_ms", "tflop_per_chunk", "achieved_tflops",
+                 "matmul_fraction", "compute_floor_chunks_per_s", "hf_chunks_per_s", "vs_hf")
+
+
+def summarize(rows: list[dict], job, flops: dict, tflops: float, hf: dict | None) -> list[dict]:
+    """Per mode: the largest passing stream count, its chunks/s and the fraction of the matmul rate
+    that chunks/s x FLOPs per chunk reaches, the compute floor (matmul rate / FLOPs per chunk) and
+    the ratio to transformers' chunks/s."""
+    out = []
+    hf_rate = hf["chunks_per_s"] if hf else math.nan
+    for mode in job.modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        passing = [r for r in mine if r["pass"]]
+        best = max(passing, key=lambda r: r["streams"]) if passing else None
+        rate = best["chunks_per_s"] if best else math.nan
+        per_chunk = flops[mode]
+        achieved = rate * per_chunk / 1e12
+        peak = max(mine, key=lambda r: r["served_per_s"]) if mine else None
+        out.append({"mode": mode, "max_streams": best["streams"] if best else 0, "chunks_per_s": rate,
+                    "p95_ms": best["p95_ms"] if best else math.nan, "target_ms": job.target_ms,
+                    "tflop_per_chunk": per_chunk / 1e12, "achieved_tflops": achieved, "matmul_tflops": tflops,
+                    "matmul_fraction": achieved / tflops, "compute_floor_chunks_per_s": tflops * 1e12 / per_chunk,
+                    "peak_served_per_s": peak["served_per_s"] if peak else math.nan,
+                    "peak_at_streams": peak["streams"] if peak else 0,
+                    "hf_chunks_per_s": hf_rate, "vs_hf": rate / hf_rate if hf else math.nan})
+    return out
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def format_table(records: list[dict], columns: tuple[str, ...]) -> str:
+    cells = [list(columns)] + [[_fmt(r.get(c)) for c in columns] for r in records]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join(" | ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells)
+
+
+def _clean(value):
+    """JSON-safe: NaN / inf -> None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_report(rows: list[dict], meta: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "streams.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(ROW_COLUMNS))
+        writer.writeheader()
+        writer.writerows({k: r.get(k) for k in ROW_COLUMNS} for r in rows)
+    meta["plot"] = str(out / "streams.png")
+    plot(rows, meta["job"]["target_ms"], meta["device"], out / "streams.png")
+    (out / "streams.json").write_text(json.dumps(_clean({"meta": meta, "rows": rows}), indent=2) + "\n")
+    print(format_table(rows, TABLE))
+    print()
+    print(format_table(meta["summary"], SUMMARY_TABLE))
+    hf = meta.get("hf")
+    if hf:
+        print(f"\ntransformers generate, batch {hf['batch']}: {hf['chunks_per_s']:.3g} chunks/s "
+              f"({hf['chunks_per_s_with_preprocess']:.3g} with preprocessing)")
+    print(f"{meta['device']}, {meta['date']}: matmul {meta['matmul_tflops']:.4g} TFLOP/s; wrote {out}")
+
+
+def plot(rows: list[dict], target_ms: float, device: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        points = sorted((r["streams"], r["p95_ms"]) for r in rows if r["mode"] == mode and not math.isnan(r["p95_ms"]))
+        if points:
+            ax.plot(*zip(*points), marker="o", label=f"{mode} (p95)")
+    ax.axhline(target_ms, color="grey", linestyle="--", label=f"target {target_ms:g} ms")
+    ax.set_xlabel("concurrent streams (one chunk per second each)")
+    ax.set_ylabel("p95 chunk latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title(f"Streams within the latency target ({device})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,99 @@
+"""The streams evaluation (`vlora bench bench.suite=streams`) on CPU: the real config shrunk to the
+tiny Qwen2-VL, 56-pixel frames and two stream counts, both modes and the transformers baseline,
+through the real RPyC server; the report, CSV, JSON and plot it writes; the search's order."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from apps.video_analytics.bench_streams import StreamsBenchJob, search
+from vlora.commands.bench import run
+from vlora.config import compose
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny-model ops gain nothing from a second thread; on a shared 2-core machine two OpenMP
+    threads wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _strict_json(text: str):
+    def refuse(name):
+        raise ValueError(f"{name} in JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
+    counts, seconds = [1, 3], 2
+    cfg = compose("bench", ["bench.suite=streams", "bench.streams.device=cpu", "bench.streams.model=qwen2_vl_tiny",
+                            "bench.streams.image_size=56", f"bench.streams.stream_counts={counts}",
+                            f"bench.streams.seconds={seconds}", "bench.streams.warmup_s=0",
+                            "bench.streams.warmup_point_s=0", "bench.streams.refine=0",
+                            "bench.streams.target_ms=5000",  # a busy CI machine must still run every count
+                            "bench.streams.drain_s=20", "bench.streams.chunk_pool=4", "bench.streams.adapters=2",
+                            "bench.streams.max_batch_size=8", "bench.streams.max_tokens_per_step=1024",
+                            "bench.streams.hf_batch=2", "bench.streams.hf_batches=2", f"bench.out_dir={tmp_path}"])
+    result = run(cfg)
+    rows, meta = result["streams"], result["meta"]
+
+    assert [(r["mode"], r["streams"]) for r in rows] == [(m, n) for m in ("head", "generate") for n in counts]
+    flops = meta["flops"]
+    assert flops["patches"] == 3 * 4 * 4  # 6 frames of 56^2: 3 temporal groups of 4 x 4 patches
+    for r in rows:
+        n = r["streams"]
+        assert r["sent"] == r["done"] == n * seconds and r["unfinished"] == r["errors"] == 0, r
+        assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert r["pass"] and 0 < r["chunks_per_s"] <= n and r["served_per_s"] > 0
+        assert r["prompt_tokens"] == flops["prompt_tokens"]  # the server saw the prompt the FLOPs count
+        assert r["prefill_ms"] > 0 and (r["decode_ms"] > 0) == (r["mode"] == "generate")
+    assert meta["hf"]["chunks"] == 4 and meta["hf"]["chunks_per_s"] > 0
+    assert flops["generate"] > flops["head"] > flops["vision"] > 0 and meta["matmul_tflops"] > 0
+    for s in meta["summary"]:
+        assert s["max_streams"] == counts[-1] and 0 < s["matmul_fraction"] < 1
+        assert s["compute_floor_chunks_per_s"] > 0 and s["vs_hf"] > 0
+    assert meta["device"] == "cpu" and meta["date"] and meta["command"]
+
+    out = tmp_path / "cpu"
+    with open(out / "streams.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [(t["mode"], int(t["streams"]), float(t["p95_ms"])) for t in table] == \
+        [(r["mode"], r["streams"], pytest.approx(r["p95_ms"])) for r in rows]
+    saved = _strict_json((out / "streams.json").read_text())
+    assert saved["meta"]["summary"][0]["mode"] == "head" and len(saved["rows"]) == len(rows)
+    assert saved["meta"]["job"]["model"] == "qwen2_vl_tiny" and saved["meta"]["job"]["dtype"] == "float32"
+    assert (out / "streams.png").stat().st_size > 1000
+
+
+def test_search_stops_at_the_first_failure_then_bisects():
+    def searched(capacity, counts, refine):
+        runs = []
+
+        def point(n):
+            runs.append(n)
+            return {"streams": n, "pass": n <= capacity, "p95_ms": math.nan}
+
+        rows = search(point, counts, refine)
+        assert [r["streams"] for r in rows] == sorted(runs)
+        return runs
+
+    assert searched(27, (8, 16, 24, 32, 40), 2) == [8, 16, 24, 32, 28, 26]
+    assert searched(3, (8, 16), 3) == [8, 4, 2, 3]  # none passes: bisect below the first count
+    assert searched(99, (8, 16), 2) == [8, 16]  # all pass: nothing to refine
+
+
+def test_job_names_bad_fields():
+    with pytest.raises(ValueError, match="modes"):
+        StreamsBenchJob(modes=("lm_head",))
+    with pytest.raises(ValueError, match="image_size"):
+        StreamsBenchJob(image_size=50)
+    with pytest.raises(ValueError, match="stream_counts"):
+        StreamsBenchJob(stream_counts=(0, 8))

@@ -12,6 +12,16 @@ from serve import Engine, EngineConfig
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def free_gpu():
+    """An engine sized from the memory budget takes most of the GPU: the previous test's must be gone."""
+    yield
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def test_graph_decode_matches_eager_decode(tiny_zoo):
     specs = case_specs("qwen2_vl")
     outs = {}

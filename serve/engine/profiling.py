@@ -26,7 +26,7 @@ import torch
 from serve.lora.metadata import build_lora_batch
 from serve.lora.modes import build_mixture_batch
 from serve.orchestrator import CostProfile, ProfileShapes, StepShape, measure_profile
-from serve.orchestrator.profile import time_call_ms
+from serve.orchestrator.profile import paired_delta_ms, time_call_ms
 
 from .context import StepContext
 from .inputs import StepInputs
@@ -162,20 +162,24 @@ def time_mode_steps(runner, manager, seqs: int, tokens: int, others: int, adapte
     device = runner.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
     shape = StepShape(seqs, tokens)
-    batches = {"plain": None, "unmerge": build_lora_batch(slot_ids, device, manager.backend),
+    batches = {"unmerge": build_lora_batch(slot_ids, device, manager.backend),
                "mixture": build_mixture_batch(slot_ids, top, device, manager.backend)}
     out, counters = {}, dict(runner.counters)
     try:
-        for mode, lora in batches.items():
+        def step_with(lora):
             @torch.no_grad()
-            def step(lora=lora) -> None:
+            def step() -> None:
                 inputs = synthetic_inputs(runner, shape, decode_context)
                 inputs.context.lora = lora
                 hidden = runner._forward(inputs)
                 runner.model.compute_logits(hidden[inputs.sample_rows])
                 sync(device)
+            return step
 
-            out[mode] = time_call_ms(step, warmup, repeats)
+        plain = step_with(None)
+        out["plain"] = time_call_ms(plain, warmup, repeats)
+        for mode in ("unmerge", "mixture"):  # each as plain + a paired difference (see paired_delta_ms)
+            out[mode] = out["plain"] + paired_delta_ms(plain, step_with(batches[mode]), warmup, repeats)
     finally:
         runner.counters.update(counters)
     return out

@@ -170,13 +170,31 @@ def time_call_ms(fn: Callable[[], None], warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def paired_delta_ms(base: Callable[[], None], other: Callable[[], None], warmup: int, repeats: int) -> float:
+    """Median over `repeats` of (time of `other` - time of `base`), the two called alternately: the
+    host's slow drifts (clocks, other processes) hit both halves of a pair alike and cancel."""
+    for _ in range(warmup):
+        base()
+        other()
+    deltas = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        base()
+        t1 = time.perf_counter()
+        other()
+        deltas.append((time.perf_counter() - t1 - (t1 - t0)) * 1e3)
+    return statistics.median(deltas)
+
+
 def measure_profile(step_fn: Callable[[StepShape], None], switch_fn: Callable[[str], None] | None,
                     shapes: ProfileShapes, *, warmup: int = 2, repeats: int = 5, name: str = "measured",
                     device: str = "unknown", model: str = "unknown",
                     progress: Callable[[str], None] | None = None) -> CostProfile:
     """Times `step_fn(shape)` (one engine step of that shape; it must wait for the device before
     returning) over the grid and `switch_fn(op)` (merge one adapter into every layer and unmerge
-    it again: a round trip, timed and halved). Medians of `repeats` after `warmup` calls."""
+    it again: a round trip, timed and halved). Medians of `repeats` after `warmup` calls; the LoRA
+    grids are medians of 2 * repeats + 1 paired differences (a step without LoRA work, then the
+    same step with it), because a LoRA cell is a small difference of two noisy step times."""
     say = progress or (lambda _msg: None)
     base = [[time_call_ms(lambda s=s, t=t: step_fn(StepShape(s, max(t, s))), warmup, repeats)
              for t in shapes.tokens] for s in shapes.seqs]
@@ -193,9 +211,10 @@ def measure_profile(step_fn: Callable[[StepShape], None], switch_fn: Callable[[s
                 # up to the largest batch, one token per sequence (a decode step, as served: a graph
                 # replay on GPU); past it, one sequence per adapter (prefill chunks)
                 s = n if n <= shapes.seqs[-1] else a
-                plain = time_call_ms(lambda s=s, n=n: step_fn(StepShape(s, n)), warmup, repeats)
-                with_lora = time_call_ms(lambda s=s, n=n, a=a, op=op: step_fn(StepShape(s, n, op, n, a)), warmup, repeats)
-                row.append(max(0.0, with_lora - plain))
+                extra = paired_delta_ms(lambda s=s, n=n: step_fn(StepShape(s, n)),
+                                        lambda s=s, n=n, a=a, op=op: step_fn(StepShape(s, n, op, n, a)),
+                                        warmup, 2 * repeats + 1)
+                row.append(max(0.0, extra))
             rows.append(row)
         lora[op] = Grid2D([float(a) for a in shapes.adapters], [float(t) for t in shapes.tokens], rows)
         say(f"lora {op}: {len(shapes.adapters)}x{len(shapes.tokens)} shapes")

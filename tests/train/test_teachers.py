@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import socket
 
 import cv2
@@ -45,9 +46,11 @@ def no_network(monkeypatch):
     return attempts
 
 
-def test_world_yolo_trains_offline_caches_and_detects(tmp_path, no_network):
+def test_world_yolo_trains_offline_caches_and_detects(tmp_path, no_network, monkeypatch):
     spec = YoloWorldSpec(images=8, val_images=4, epochs=1, imgsz=96, batch=4)
-    weights = train_world_yolo(spec, tmp_path / "yolo_world", tmp_path / "ultralytics")
+    # relative paths, as with the default VLORA_HOME=.vlora: ultralytics must still write under them
+    monkeypatch.chdir(tmp_path)
+    weights = train_world_yolo(spec, Path("yolo_world"), Path("ultralytics"))
     assert no_network == [], "ultralytics tried to reach the network"
     data = tmp_path / "yolo_world" / "data"
     assert len(list((data / "images" / "train").glob("*.png"))) == 8

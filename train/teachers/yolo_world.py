@@ -123,7 +123,7 @@ def train_world_yolo(spec: YoloWorldSpec, out_dir: str | Path, config_dir: str |
                      log: TextIO | None = None) -> Path:
     """Trains the default detector into `out_dir` (weights.pt + teacher.json with its validation
     mAP) and returns the weights; reuses them when they were trained from the same spec."""
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # ultralytics puts a relative `project` under its own runs dir
     rec = read_record(out_dir)
     if rec and rec.get("fingerprint") == spec.fingerprint() and (out_dir / WEIGHTS).is_file():
         return out_dir / WEIGHTS
@@ -190,7 +190,7 @@ def evaluate_yolo(weights: str | Path, data: str | Path, imgsz: int) -> dict[str
 
     model = YOLO(str(weights))
     res = model.val(data=str(data), imgsz=imgsz, batch=32, device="cpu", workers=0, plots=False,
-                    verbose=False, project=str(Path(weights).parent.parent), name="val", exist_ok=True)
+                    verbose=False, project=str(Path(weights).resolve().parent.parent), name="val", exist_ok=True)
     return _summarise(res, [model.names[i] for i in sorted(model.names)])
 
 

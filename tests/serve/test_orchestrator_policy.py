@@ -223,3 +223,14 @@ def test_build_policy_names_what_is_valid(profile):
     profile.lora.pop("einsum")
     with pytest.raises(ValueError, match="needs LoRA op"):
         build_policy("dlora", profile)
+
+
+def test_backfill_admits_other_adapters_instead_of_holding_them(profile):
+    queue = a_queue(prompt=1000) + [req("b0", "b", 4.0), req("c0", None, 5.0)]
+    held = VLoRAPolicy(profile).decide(view(10.0, queue))
+    assert held.mode == Mode.merge("a") and "b0" not in held.admit  # Algorithm 1: b0 waits until it starves
+    d = VLoRAPolicy(profile, VLoRAConfig(backfill=True)).decide(view(10.0, queue))
+    assert d.mode == Mode.mixture("a") and d.admit == ("a0", "a1", "a2", "a3", "a4", "a5", "b0", "c0")
+    assert "backfill" in d.reason
+    alone = VLoRAPolicy(profile, VLoRAConfig(backfill=True)).decide(view(10.0, a_queue()))
+    assert alone.mode == Mode.merge("a")  # nobody else present: merged, no LoRA work at all

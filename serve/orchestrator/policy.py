@@ -19,7 +19,7 @@ Two things Algorithm 1 leaves to the implementation:
   picks mixture(a) (same weights, so free to leave later) until they finish, rather than pausing
   them;
 - `backfill` (off in Algorithm 1, on in conf/orchestrator/v_lora.yaml): requests of other adapters
-  are admitted after the merged adapter's rather than held until they starve. Holding them is
+  are admitted with the merged adapter's, in arrival order, rather than held until they starve. Holding them is
   what buys merge mode its batch, and it pays only where the LoRA branch is a large share of a
   step; measured on an H200 with our kernels it is 15-20% of a decode step, and holding 40% of
   the requests for up to their starving threshold cost far more latency than merging saved;
@@ -111,9 +111,10 @@ class VLoRAPolicy(Policy):
         return self.profile.switch_ms.get(self.switch_op, 0.0) * (1 - share) / share
 
     def _mixture_vs_unmerge(self, view: StepView, top: str, admit: list[RequestView]) -> str | None:
-        """None when mixture(top) is the cheaper way to run `view.running` + `admit`; else why not."""
-        batch = [(r.adapter, 1 if r.remaining_prompt <= 0 else r.remaining_prompt) for r in view.running]
-        batch += [(r.adapter, max(1, r.remaining_prompt)) for r in admit]
+        """None when mixture(top) is the cheaper way to run `view.running` + `admit`; else why not.
+        Compared on their decode step (one token each): a mode holds for many steps, most of them
+        decode steps, and judging by this step's prefill chunk would flip the weights back and forth."""
+        batch = [(r.adapter, 1) for r in (*view.running, *admit)]
         others = [r for r in (*view.running, *admit) if r.adapter != top]
         horizon = max((r.remaining_output for r in others), default=1)  # steps the mixed batch lasts
         p, cur = self.profile, view.mode.merged_adapter
@@ -152,10 +153,10 @@ class VLoRAPolicy(Policy):
         share = f"{top} holds {counts[top] if top else 0}/{denom}" if top else "no adapter requests"
 
         if dominated and few_starving:
-            rest = fcfs(r for r in view.waiting if r.adapter == top and r.request_id not in starving_ids)
-            admit = starving + rest
-            if cfg.backfill:  # nobody is held back: the others come after, through deLoRA
-                admit += fcfs(r for r in view.waiting if r.adapter != top and r.request_id not in starving_ids)
+            if cfg.backfill:  # nobody is held back: everyone in arrival order, the others through deLoRA
+                admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+            else:
+                admit = starving + fcfs(r for r in view.waiting if r.adapter == top and r.request_id not in starving_ids)
             others_running = sum(r.adapter != top for r in view.running)
             others_admitted = sum(r.adapter != top for r in admit[:view.free_slots])
             if others_admitted and not starving:

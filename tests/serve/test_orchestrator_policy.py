@@ -39,8 +39,11 @@ def test_one_dominant_adapter_and_nobody_starving_merges_it(profile):
     assert d.reason.startswith("merge:")
 
 
+ALG1 = VLoRAConfig(mixture_by_cost=False)  # Algorithm 1's rule alone (the profile's veto is tested apart)
+
+
 def test_a_few_starving_requests_join_the_merged_adapter_through_mixture(profile):
-    policy = VLoRAPolicy(profile)  # tolerance 0.5 x default target 5000 ms: starving past a 2500 ms credit
+    policy = VLoRAPolicy(profile, ALG1)  # tolerance 0.5 x default target 5000 ms: starving past a 2500 ms credit
     old = [req("b-old", "b", -3000.0), req("c-old", None, -2900.0)]
     # long prompts of `a`: deLoRA over the two starving costs less than ATMM over everyone
     d = policy.decide(view(10.0, a_queue(prompt=1000) + [req("b-new", "b", 5.0)] + old))
@@ -86,7 +89,7 @@ def test_no_dominant_adapter_unmerges_first_come_first_served(profile):
 
 def test_running_requests_of_other_adapters_keep_running_in_mixture_not_paused(profile):
     running = [req("b-run", "b", -50.0, computed_tokens=100, generated_tokens=3)]
-    d = VLoRAPolicy(profile).decide(view(10.0, a_queue(prompt=1000), running))
+    d = VLoRAPolicy(profile, ALG1).decide(view(10.0, a_queue(prompt=1000), running))
     assert d.mode == Mode.mixture("a") and d.pause == ()
     assert d.admit == ("a0", "a1", "a2", "a3", "a4", "a5") and "finish" in d.reason
 
@@ -124,7 +127,7 @@ def test_credit_is_wait_plus_execution_in_the_current_mode_plus_switch(profile):
 
 
 def test_application_targets_and_priorities_set_the_starving_threshold(profile):
-    policy = VLoRAPolicy(profile, VLoRAConfig(tolerance=0.5))
+    policy = VLoRAPolicy(profile, VLoRAConfig(tolerance=0.5, mixture_by_cost=False))
     video = req("v", "b", 0.0, app="video", slo_ms=1000.0, priority=2.0)
     retrieval = req("r", "b", 0.0, app="retrieval", slo_ms=1000.0)
     assert policy.threshold_ms(video) == 250.0 and policy.threshold_ms(retrieval) == 500.0
@@ -229,8 +232,8 @@ def test_backfill_admits_other_adapters_instead_of_holding_them(profile):
     queue = a_queue(prompt=1000) + [req("b0", "b", 4.0), req("c0", None, 5.0)]
     held = VLoRAPolicy(profile).decide(view(10.0, queue))
     assert held.mode == Mode.merge("a") and "b0" not in held.admit  # Algorithm 1: b0 waits until it starves
-    d = VLoRAPolicy(profile, VLoRAConfig(backfill=True)).decide(view(10.0, queue))
-    assert d.mode == Mode.mixture("a") and d.admit == ("a0", "a1", "a2", "a3", "a4", "a5", "b0", "c0")
+    d = VLoRAPolicy(profile, VLoRAConfig(backfill=True, mixture_by_cost=False)).decide(view(10.0, queue))
+    assert d.mode == Mode.mixture("a") and d.admit == ("a0", "a1", "a2", "a3", "a4", "b0", "a5", "c0")  # arrival order
     assert "backfill" in d.reason
     alone = VLoRAPolicy(profile, VLoRAConfig(backfill=True)).decide(view(10.0, a_queue()))
     assert alone.mode == Mode.merge("a")  # nobody else present: merged, no LoRA work at all

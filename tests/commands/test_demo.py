@@ -10,15 +10,15 @@ import math
 from vlora.commands import demo
 from vlora.config import compose
 
-DOMAINS = "[exists_bus,exists_person]"
+DOMAINS = "[exists_bus,exists_truck]"
 
 
 def _small_demo():
     cfg = compose("demo")
     cfg.demo.offline = ["offline.per_domain=false", "offline.all_in_one=false", "offline.compare_lm_head=null",
                         f"distill.only={DOMAINS}", f"fusion.only={DOMAINS}", "fusion.domains.exists_bus=0.3",
-                        "fusion.domains.exists_person=0.1", "train.base=model", "train.epochs=1",
-                        "distill.domains.exists_bus.size=40", "distill.domains.exists_person.size=40"]
+                        "fusion.domains.exists_truck=0.1", "train.base=model", "train.epochs=1",
+                        "distill.domains.exists_bus.size=40", "distill.domains.exists_truck.size=40"]
     cfg.demo.video_analytics = ["duration_s=6", "streams.0.width=112", "streams.0.height=112", "streams.0.sample_fps=8",
                                 "streams.1.width=112", "streams.1.height=112", "streams.1.sample_fps=8",
                                 "streams.0.annotate=null"]
@@ -37,7 +37,7 @@ def test_the_main_job_runs_end_to_end_and_reports_every_stream_and_task(vlora_ho
     assert saved["streams"] == report["streams"]
     assert (vlora_home / "results" / "demo" / "report.png").stat().st_size > 0
     # offline: both domains fused into adapters that the server loaded
-    assert {d["domain"] for d in report["domains"]} == {"exists_bus", "exists_person"}
+    assert {d["domain"] for d in report["domains"]} == {"exists_bus", "exists_truck"}
     assert report["engine"]["adapters"] == report["offline"]["adapters"]["fused"] >= 1
     # every configured stream and task is in the report, with numeric, plausible numbers
     assert {(r["stream"], r["task"]) for r in report["streams"]} == {("cam0", "count"), ("cam0", "direction"),

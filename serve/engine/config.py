@@ -39,6 +39,9 @@ class EngineConfig:
     profile_shapes: dict | None = None  # serve.orchestrator.ProfileShapes fields for profile="measure"
     switch_method: str = "auto"  # merge kernel: "auto" (one_shot on GPU, addmm on CPU), "one_shot" (Triton), "addmm"
     seed: int = 0  # the generator of sampled requests without their own seed
+    # > 1: this process is one rank of a tensor-parallel group (serve.distributed); torch.distributed
+    # must be initialised with this world size, and every rank gets the same requests and calls
+    tensor_parallel_size: int = 1
     # adapters (serve/lora): the pool is allocated at start; adapter_slots=0 serves the base model only
     adapter_slots: int = 8  # adapters resident on the device at once
     host_adapter_cache: int = 64  # adapters whose weights stay in (pinned) host memory
@@ -57,6 +60,8 @@ class EngineConfig:
         self.graph_batch_sizes = tuple(sorted(set(int(b) for b in self.graph_batch_sizes)))
         if self.adapter_slots < 0:
             raise ValueError(f"adapter_slots must be >= 0 (0 = no adapters), got {self.adapter_slots}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         for name in ("lora_targets", "adapters", "pinned_adapters"):  # a lone string is one entry, not characters
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, str) else tuple(value))

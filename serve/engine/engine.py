@@ -86,6 +86,14 @@ class Engine:
             backend = "triton" if self.device.type == "cuda" else "torch"
         self.checkpoint = Path(checkpoint)
         self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights)
+        if config.tensor_parallel_size > 1:  # before adapters wrap the projections and the cache is sized
+            from serve.distributed import TPGroup, shard_model
+
+            tp = TPGroup.current()
+            if tp.world_size != config.tensor_parallel_size:
+                raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} but torch.distributed "
+                                 f"has {tp.world_size} ranks")
+            shard_model(self.model, tp)
         self.dtype = self.model.language_model.embed_tokens.weight.dtype
         self.lora = None  # the pool is allocated before the K/V cache is sized from what is left
         if config.adapter_slots > 0:

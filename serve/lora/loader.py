@@ -51,6 +51,9 @@ class ProjectionShape:
     in_features: int
     slices: tuple[int, ...]  # output width of each slice
     slice_names: tuple[str, ...]  # the PEFT module name of each slice
+    # tensor parallel (serve.distributed): ("out" | "in", rank, world) = the rank holds its chunk of
+    # every slice's output columns, or of the input; the adapter's B rows or A columns are cut alike
+    shard: tuple[str, int, int] | None = None
 
     @property
     def out_features(self) -> int:
@@ -63,8 +66,26 @@ def model_shapes(language_model) -> tuple[int, dict[str, ProjectionShape]]:
     layers = set()
     for layer, kind, module in language_model.projections():
         layers.add(layer)
-        shapes.setdefault(kind, ProjectionShape(kind, module.in_features, module.output_slices, module.slice_names))
+        shard = getattr(getattr(module, "base", module), "tp_shard", None)
+        shapes.setdefault(kind, ProjectionShape(kind, module.in_features, module.output_slices, module.slice_names,
+                                                shard))
     return len(layers), shapes
+
+
+def cut_to_shard(a: torch.Tensor, b: torch.Tensor, shard: tuple[str, int, int] | None):
+    """One PEFT module's (A [r, in], B [out, r]) cut to a projection shard (Punica's split: no
+    communication of its own): "out" keeps B's rows of the rank, "in" A's columns; None: whole.
+    A width that does not split evenly is left whole, so the shape check names the mismatch."""
+    if shard is None:
+        return a, b
+    axis, rank, world = shard
+    n = b.shape[0] if axis == "out" else a.shape[-1]
+    if n % world:
+        return a, b
+    step = n // world
+    if axis == "out":
+        return a, b[rank * step:(rank + 1) * step]
+    return a[:, rank * step:(rank + 1) * step], b
 
 
 @dataclass
@@ -205,6 +226,7 @@ def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, Projection
             raise _fail(path, f"{where}: layer {layer} does not exist (the model has {num_layers} layers)")
         if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
             raise _fail(path, f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} are not [r, in], [out, r]")
+        a, b = cut_to_shard(a, b, shape.shard)
         rank, width = a.shape[0], shape.slices[i]
         if a.shape[1] != shape.in_features or b.shape[0] != width:
             raise _fail(path, f"{where}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit this model's "

@@ -37,6 +37,7 @@ class Attention(nn.Module):
                              layer_index=layer_index)
         self.attn = PagedAttention(args.num_heads, args.num_kv_heads, args.head_dim, backend)
         self.fused = backend == "triton"
+        self.reduce_output = None  # tensor parallel: sums the ranks' partial outputs (serve.distributed)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         a = self.args
@@ -53,7 +54,8 @@ class Attention(nn.Module):
         else:
             q, k = apply_rotary(q, cos, sin).contiguous(), apply_rotary(k, cos, sin).contiguous()
         o = self.attn(q, k, v)  # [T, H, D]
-        return self.o_proj(o.reshape(t, a.q_size))
+        out = self.o_proj(o.reshape(t, a.q_size))  # row-parallel under tensor parallel: a partial sum,
+        return out if self.reduce_output is None else self.reduce_output(out)  # LoRA's part included
 
 
 class MLP(nn.Module):
@@ -64,9 +66,11 @@ class MLP(nn.Module):
                                    device=device, layer_index=layer_index)
         self.down_proj = Linear(i, (args.hidden_size,), ("down_proj",), dtype=dtype, device=device,
                                 layer_index=layer_index)
+        self.reduce_output = None  # tensor parallel: sums the ranks' partial outputs (serve.distributed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(silu_and_mul(self.gate_up_proj(x)))  # row-parallel: a partial sum
+        return out if self.reduce_output is None else self.reduce_output(out)
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,117 @@
+"""Megatron-style tensor parallelism of the serving language model, over torch.distributed.
+
+Each rank keeps a slice of every decoder layer (gpt-fast's / vLLM's split):
+
+| projection    | split                    | this rank holds                          | after it               |
+| ------------- | ------------------------ | ---------------------------------------- | ---------------------- |
+| qkv_proj      | columns (output), per slice | heads h*r/w .. h*(r+1)/w of q, k and v | local attention heads  |
+| o_proj        | rows (input)             | the columns of its q heads               | all-reduce (sum)       |
+| gate_up_proj  | columns, per slice       | intermediate i*r/w .. i*(r+1)/w of both  | local SiLU-and-multiply|
+| down_proj     | rows (input)             | the matching input columns               | all-reduce (sum)       |
+
+Embeddings, norms, the LM head and the vision tower stay whole on every rank. The K/V cache
+holds the rank's own K/V heads (the model's args become the local ones, so the runner sizes it
+per rank).
+
+LoRA follows Punica's split, which needs no communication of its own: on a column-split
+projection each rank holds all of A and its rows of B (x A^T is the same everywhere, B's rows
+give the rank's columns); on a row-split one each rank holds its columns of A and all of B, so
+x_r A_r^T B^T is the rank's partial sum of x A^T B^T and joins the base output's partial sum
+before the one all-reduce. `tp_shard` on each projection tells the adapter loader which slice
+of a PEFT checkpoint this rank takes (serve.lora.loader.cut_to_shard); merging an adapter into the weights then works per shard
+(W_r += B_r A for columns, W_r += B A_r for rows) with the same kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+from serve.models.layers import Linear
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    rank: int
+    world_size: int
+    group: object = None  # a torch.distributed process group; None: the default group
+
+    @classmethod
+    def current(cls) -> "TPGroup":
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("tensor parallel needs torch.distributed initialised first "
+                               "(torch.distributed.init_process_group, e.g. through torchrun)")
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x, group=self.group)
+        return x
+
+
+def check_divisible(args, world_size: int) -> None:
+    for name in ("num_heads", "num_kv_heads", "intermediate_size"):
+        if getattr(args, name) % world_size:
+            raise ValueError(f"tensor parallel over {world_size} ranks needs {name} ({getattr(args, name)}) "
+                             f"to be a multiple of {world_size}")
+
+
+def _rows(t: torch.Tensor, parts: tuple[int, ...], rank: int, world: int) -> torch.Tensor:
+    """The rank's chunk of every slice of t's first dimension, slices back to back."""
+    out, start = [], 0
+    for size in parts:
+        step = size // world
+        out.append(t[start + rank * step:start + (rank + 1) * step])
+        start += size
+    return torch.cat(out)
+
+
+def split_columns(linear: Linear, tp: TPGroup) -> Linear:
+    """The rank's output columns of every slice (qkv_proj, gate_up_proj)."""
+    w = tp.world_size
+    local = Linear(linear.in_features, tuple(s // w for s in linear.output_slices), linear.slice_names,
+                   bias=linear.bias is not None, dtype=linear.weight.dtype, device=linear.weight.device,
+                   layer_index=linear.layer_index)
+    local.weight.data.copy_(_rows(linear.weight.data, linear.output_slices, tp.rank, w))
+    if linear.bias is not None:
+        local.bias.data.copy_(_rows(linear.bias.data, linear.output_slices, tp.rank, w))
+    local.tp_shard = ("out", tp.rank, w)
+    return local
+
+
+def split_rows(linear: Linear, tp: TPGroup) -> Linear:
+    """The rank's input columns (o_proj, down_proj); a bias would be added once, after the sum."""
+    if linear.bias is not None:
+        raise ValueError(f"row-parallel {linear.slice_names}: a bias is not supported")
+    w, step = tp.world_size, linear.in_features // tp.world_size
+    local = Linear(step, linear.output_slices, linear.slice_names, dtype=linear.weight.dtype,
+                   device=linear.weight.device, layer_index=linear.layer_index)
+    local.weight.data.copy_(linear.weight.data[:, tp.rank * step:(tp.rank + 1) * step])
+    local.tp_shard = ("in", tp.rank, w)
+    return local
+
+
+def shard_model(model, tp: TPGroup) -> None:
+    """Splits a loaded serve.models VisionLanguageModel across the ranks of `tp`, in place, before
+    adapters are attached and before the engine sizes its K/V cache."""
+    args = model.args
+    check_divisible(args, tp.world_size)
+    w = tp.world_size
+    local_args = replace(args, num_heads=args.num_heads // w, num_kv_heads=args.num_kv_heads // w,
+                         intermediate_size=args.intermediate_size // w)
+    lm = model.language_model
+    for layer in lm.layers:
+        attn, mlp = layer.attn, layer.mlp
+        if any(hasattr(m, "base") for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+            raise RuntimeError("shard_model must run before LoRA layers wrap the projections")
+        attn.qkv_proj = split_columns(attn.qkv_proj, tp)
+        attn.o_proj = split_rows(attn.o_proj, tp)
+        mlp.gate_up_proj = split_columns(mlp.gate_up_proj, tp)
+        mlp.down_proj = split_rows(mlp.down_proj, tp)
+        attn.args = local_args
+        attn.attn.num_heads, attn.attn.num_kv_heads = local_args.num_heads, local_args.num_kv_heads
+        attn.reduce_output = mlp.reduce_output = tp.all_reduce
+    model.args = lm.args = local_args
+    model.tp = tp
+

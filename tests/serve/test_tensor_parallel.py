@@ -1,0 +1,104 @@
+"""Tensor parallel on CPU: two processes (gloo), each an engine holding half of every decoder
+layer and its adapters' matching LoRA shards, give the single-process engine's greedy tokens and
+logits (fp32) for requests of three adapters and none, in unmerge, mixture and merge modes."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from adapter_cases import build_adapters
+from serve_cases import case_specs, make_request
+
+from serve import Engine, EngineConfig
+from serve.orchestrator import Mode
+
+ADAPTERS = ("qv8", "all16", "mix")
+PLAN = [(0, "qv8"), (1, None), (2, "all16"), (1, "mix"), (0, "all16")]
+MODES = [Mode.unmerge(), Mode.mixture("all16"), Mode.merge("qv8")]
+MAX_NEW = 4
+
+
+def _config(adapters: dict, tp: int) -> EngineConfig:
+    return EngineConfig(device="cpu", dtype="float32", enable_prefix_cache=False, adapter_slots=4, max_lora_rank=16,
+                        num_kv_blocks=256, adapters=tuple(f"{n}={p}" for n, p in adapters.items()),
+                        tensor_parallel_size=tp)
+
+
+def _run_modes(engine: Engine) -> dict:
+    """(mode, request id) -> (tokens, logits) over the three modes."""
+    out = {}
+    specs = case_specs("qwen2_vl")
+    for mode in MODES:
+        engine.set_mode(mode)
+        requests = []
+        for i, (spec, adapter) in enumerate(PLAN):
+            if mode.kind == "merge" and adapter != mode.adapter:
+                continue
+            r = make_request(specs[spec], MAX_NEW, ignore_eos=True)
+            r.adapter, r.request_id = adapter, f"{mode}-{i}"
+            requests.append(r)
+        for o in engine.generate(requests):
+            out[o.request_id] = (o.token_ids, torch.stack(o.logits))
+    engine.set_mode(Mode.unmerge())
+    return out
+
+
+def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        engine = Engine(ckpt, _config(adapters, world))
+        layer = engine.model.language_model.layers[0]
+        shapes = (engine.model.args.num_heads, engine.model.args.num_kv_heads,
+                  tuple(layer.mlp.gate_up_proj.output_slices), engine.runner.kv_cache.num_blocks)
+        result = _run_modes(engine)
+        torch.save({"result": result, "shapes": shapes}, f"{out_path}.{rank}")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def setup(vlora_home, tmp_path_factory):
+    from vlora.zoo import build_checkpoint
+
+    ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
+    return str(ckpt), {k: str(v) for k, v in build_adapters(ckpt, tmp_path_factory.mktemp("tp_adapters"),
+                                                            ADAPTERS).items()}
+
+
+def test_two_rank_tensor_parallel_matches_one_process_in_every_mode(setup, tmp_path):
+    ckpt, adapters = setup
+    torch.set_num_threads(1)
+    want = _run_modes(Engine(ckpt, _config(adapters, 1)))
+    out = str(tmp_path / "tp")
+    mp.spawn(_rank, args=(2, _free_port(), ckpt, adapters, out), nprocs=2, join=True)
+    for rank in (0, 1):
+        got = torch.load(f"{out}.{rank}", weights_only=False)
+        # the tiny model has 4 query heads, 2 K/V heads and 512 intermediate: each rank holds half
+        assert got["shapes"] == (2, 1, (256, 256), 256)
+        assert set(got["result"]) == set(want)
+        for rid, (tokens, logits) in got["result"].items():
+            assert tokens == want[rid][0], rid
+            torch.testing.assert_close(logits, want[rid][1], atol=1e-4, rtol=0)
+
+
+def test_shapes_that_do_not_split_are_refused():
+    from serve.distributed import check_divisible
+
+    class Args:  # the three sizes the split reads from serve.models.ModelArgs
+        num_heads, num_kv_heads, intermediate_size = 4, 2, 512
+
+    check_divisible(Args, 2)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        check_divisible(Args, 4)

@@ -1,9 +1,11 @@
 """Scale-out: tensor parallelism inside one engine replica (torch.distributed: NCCL on GPUs, gloo on CPU).
 
-    from serve.distributed import TPGroup, shard_model
-    shard_model(model, TPGroup.current())      # or EngineConfig(tensor_parallel_size=2) on every rank
+Every rank builds the same engine with `EngineConfig(tensor_parallel_size=N)` after
+`torch.distributed.init_process_group`; the engine splits its language model (`shard_model`),
+rank 0 serves through `LeaderEngine` and the other ranks run `follow(engine)`.
 """
 
+from .driver import LeaderEngine, follow
 from .tensor_parallel import TPGroup, check_divisible, shard_model, split_columns, split_rows
 
-__all__ = ["TPGroup", "check_divisible", "shard_model", "split_columns", "split_rows"]
+__all__ = ["TPGroup", "check_divisible", "shard_model", "split_columns", "split_rows", "LeaderEngine", "follow"]

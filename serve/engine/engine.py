@@ -117,6 +117,11 @@ class Engine:
         self.scheduler = Scheduler(sched_config, self.block_manager, POLICIES["fcfs"](), self.lora)
         self.orchestration = Orchestration(policy, self.scheduler, self.lora, config.max_batch_size,
                                            config.max_tokens_per_step, self._request_info)
+        tp = getattr(self.model, "tp", None)
+        if tp is not None:  # ranks must take the same decisions at the same steps
+            self.orchestration.tp = tp
+            if self.lora is not None:
+                self.lora.sync_swaps = True
         self.tokenizer = self.processor.tokenizer
         self.eos_token_ids = _eos_ids(self.checkpoint, self.tokenizer)
         self._requests: dict[str, _Tracked] = {}

@@ -64,6 +64,7 @@ class Orchestration:
         self.request_info = request_info or (lambda _rid: (None, None, 1.0))
         self.mode = Mode.unmerge()
         self.stats = ModeStats()
+        self.tp = None  # serve.distributed.TPGroup when this engine is one rank of a tensor-parallel group
 
     # ---- switching -------------------------------------------------------------------------
     def apply(self, mode: Mode) -> Mode:
@@ -99,6 +100,17 @@ class Orchestration:
         return StepView(now_ms, views(sched.waiting), views(sched.running), self.mode, self.max_batch_size,
                         self.max_tokens_per_step)
 
+    def _decide(self):
+        """The policy's decision; under tensor parallel rank 0 decides (its clock and queue view)
+        and every other rank applies the same decision, so the ranks' batches never differ."""
+        if self.tp is None or self.tp.world_size == 1:
+            return self.policy.decide(self.view())
+        import torch.distributed as dist
+
+        box = [self.policy.decide(self.view()) if self.tp.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.tp.group)
+        return box[0]
+
     def plan(self) -> StepPlan:
         sched = self.scheduler
         if self.policy is None:  # a mode set by hand: enforce only what it can run
@@ -109,7 +121,7 @@ class Orchestration:
             return StepPlan(pause, admit)
         if not sched.waiting and not sched.running:
             return StepPlan()
-        decision = self.policy.decide(self.view())
+        decision = self._decide()
         applied = self.apply(decision.mode)
         self.stats.steps_by_mode[applied.kind] += 1
         if applied != decision.mode:  # the merge failed: unmerge runs everyone, the policy's order first

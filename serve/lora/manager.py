@@ -81,6 +81,7 @@ class AdapterManager:
         self._versions = itertools.count(1)
         self.counters = {"swaps": 0, "slot_evictions": 0, "host_reads": 0, "swap_bytes": 0}
         self.merger: WeightMerger | None = None  # built by enable_modes(): restacks the projection weights
+        self.sync_swaps = False  # True: ready() waits for a swap-in instead of deferring its requests
         self.merged: str | None = None  # the adapter folded into the base weights (merge / mixture mode)
         self.switch_times_ms: list[float] = []  # one entry per fold in or out
 
@@ -209,7 +210,9 @@ class AdapterManager:
                 return False
             self._swap_in(record, slot)
         if record.event is not None:
-            if not record.event.query():
+            if self.sync_swaps:  # tensor parallel: every rank must see the swap land at the same step
+                record.event.synchronize()
+            elif not record.event.query():
                 return False
             record.event = None
         return True

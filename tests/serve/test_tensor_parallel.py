@@ -47,19 +47,46 @@ def _run_modes(engine: Engine) -> dict:
     return out
 
 
-def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path: str) -> None:
+def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path: str, lead: bool) -> None:
+    """lead=False: every rank runs the same calls (SPMD); lead=True: rank 0 drives through
+    LeaderEngine with the V-LoRA policy deciding, rank 1 follows."""
+    from serve.distributed import LeaderEngine, follow
+
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        engine = Engine(ckpt, _config(adapters, world))
+        config = _config(adapters, world)
+        if lead:
+            config.policy, config.policy_params = "v_lora", {"share_of": "present", "max_switch_share": 1.0}
+        engine = Engine(ckpt, config)
         layer = engine.model.language_model.layers[0]
         shapes = (engine.model.args.num_heads, engine.model.args.num_kv_heads,
                   tuple(layer.mlp.gate_up_proj.output_slices), engine.runner.kv_cache.num_blocks)
-        result = _run_modes(engine)
-        torch.save({"result": result, "shapes": shapes}, f"{out_path}.{rank}")
+        if not lead:
+            result = _run_modes(engine)
+        elif rank == 0:
+            leader = LeaderEngine(engine)
+            result = {o.request_id: (o.token_ids, torch.stack(o.logits)) for o in leader.generate(_requests())}
+            leader.close()
+        else:
+            follow(engine)
+            result = None
+        modes = dict(engine.stats().steps_by_mode or {})
+        torch.save({"result": result, "shapes": shapes, "modes": modes, "switches": engine.stats().mode_switches},
+                   f"{out_path}.{rank}")
     finally:
         torch.distributed.destroy_process_group()
+
+
+def _requests() -> list:
+    specs = case_specs("qwen2_vl")
+    out = []
+    for i, (spec, adapter) in enumerate(PLAN + [(2, "qv8"), (0, "qv8"), (1, "qv8"), (2, "qv8")]):  # qv8 dominates
+        r = make_request(specs[spec], MAX_NEW, ignore_eos=True)
+        r.adapter, r.request_id = adapter, f"lead-{i}"
+        out.append(r)
+    return out
 
 
 def _free_port() -> int:
@@ -82,7 +109,7 @@ def test_two_rank_tensor_parallel_matches_one_process_in_every_mode(setup, tmp_p
     torch.set_num_threads(1)
     want = _run_modes(Engine(ckpt, _config(adapters, 1)))
     out = str(tmp_path / "tp")
-    mp.spawn(_rank, args=(2, _free_port(), ckpt, adapters, out), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, _free_port(), ckpt, adapters, out, False), nprocs=2, join=True)
     for rank in (0, 1):
         got = torch.load(f"{out}.{rank}", weights_only=False)
         # the tiny model has 4 query heads, 2 K/V heads and 512 intermediate: each rank holds half
@@ -91,6 +118,22 @@ def test_two_rank_tensor_parallel_matches_one_process_in_every_mode(setup, tmp_p
         for rid, (tokens, logits) in got["result"].items():
             assert tokens == want[rid][0], rid
             torch.testing.assert_close(logits, want[rid][1], atol=1e-4, rtol=0)
+
+
+def test_rank_zero_leads_with_the_policy_deciding_once_for_both_ranks(setup, tmp_path):
+    ckpt, adapters = setup
+    torch.set_num_threads(1)
+    want = {o.request_id: (o.token_ids, torch.stack(o.logits)) for o in Engine(ckpt, _config(adapters, 1)).generate(_requests())}
+    out = str(tmp_path / "lead")
+    mp.spawn(_rank, args=(2, _free_port(), ckpt, adapters, out, True), nprocs=2, join=True)
+    leader, follower = (torch.load(f"{out}.{r}", weights_only=False) for r in (0, 1))
+    assert set(leader["result"]) == set(want)
+    for rid, (tokens, logits) in leader["result"].items():
+        assert tokens == want[rid][0], rid
+        torch.testing.assert_close(logits, want[rid][1], atol=1e-4, rtol=0)
+    # the follower ran the very same steps in the very same modes, switches included
+    assert follower["modes"] == leader["modes"] and follower["switches"] == leader["switches"]
+    assert leader["switches"] > 0 and sum(leader["modes"].values()) > 0
 
 
 def test_shapes_that_do_not_split_are_refused():

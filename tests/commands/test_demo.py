@@ -17,7 +17,7 @@ def _small_demo():
     cfg = compose("demo")
     cfg.demo.offline = ["offline.per_domain=false", "offline.all_in_one=false", "offline.compare_lm_head=null",
                         f"distill.only={DOMAINS}", f"fusion.only={DOMAINS}", "fusion.domains.exists_bus=0.3",
-                        "fusion.domains.exists_truck=0.1", "train.base=model", "train.epochs=1",
+                        "+fusion.domains.exists_truck=0.1", "train.base=model", "train.epochs=1",
                         "distill.domains.exists_bus.size=40", "distill.domains.exists_truck.size=40"]
     cfg.demo.video_analytics = ["duration_s=6", "streams.0.width=112", "streams.0.height=112", "streams.0.sample_fps=8",
                                 "streams.1.width=112", "streams.1.height=112", "streams.1.sample_fps=8",

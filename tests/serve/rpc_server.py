@@ -12,9 +12,10 @@ TOKEN = "test-token-0123456789"
 
 
 class ServerProcess:
-    def __init__(self, checkpoint, home, *overrides: str):
+    def __init__(self, checkpoint, home, *overrides: str, launcher: tuple[str, ...] = ()):
+        """launcher: arguments of `python -m` that run the module (e.g. torchrun's) in front of vlora.cli."""
         env = {**os.environ, "VLORA_HOME": str(home), "VLORA_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "vlora.cli", "serve", f"model.path={checkpoint}", "rpc.port=0",
+        cmd = [sys.executable, "-m", *launcher, "vlora.cli", "serve", f"model.path={checkpoint}", "rpc.port=0",
                "engine.device=cpu", "+engine.num_kv_blocks=96", f"hydra.run.dir={home}/runs/serve", *overrides]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []

@@ -5,6 +5,12 @@
 
 The server prints `vlora serve: listening on HOST:PORT` once it accepts connections (with
 rpc.port=0 the system picks the port) and stops on SIGINT / SIGTERM.
+
+Tensor parallel over N GPUs of one host (serve.distributed): launch N ranks with torchrun,
+
+    VLORA_TOKEN=... torchrun --nproc_per_node N -m vlora.cli serve engine.tensor_parallel_size=N
+
+every rank builds its shard of the engine; rank 0 serves RPyC clients and drives the others.
 """
 
 from __future__ import annotations
@@ -65,6 +71,26 @@ def start_server(cfg: DictConfig, token: str, connections: int = 0):
                      max(connections, int(cfg.rpc.max_connections))).start()
 
 
+def _join_tensor_parallel(cfg: DictConfig) -> int:
+    """Joins the torchrun group of engine.tensor_parallel_size ranks; returns this rank. Each rank
+    takes GPU LOCAL_RANK (gloo on CPU)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    size = int(cfg.engine.tensor_parallel_size)
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 1)) != size:
+        raise SystemExit(f"vlora serve: engine.tensor_parallel_size={size} needs {size} ranks started by torchrun "
+                         f"(torchrun --nproc_per_node {size} -m vlora.cli serve ...)")
+    cuda = cfg.engine.device != "cpu" and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        cfg.engine.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank()
+
+
 def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
@@ -72,9 +98,21 @@ def run(cfg: DictConfig):
     if not rpc.token:
         raise SystemExit("vlora serve: no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters")
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
-    server = RpcServer(build_engine(cfg), str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
+    rank = _join_tensor_parallel(cfg) if int(cfg.engine.get("tensor_parallel_size", 1)) > 1 else 0
+    engine = build_engine(cfg)
+    if int(cfg.engine.get("tensor_parallel_size", 1)) > 1:
+        from serve.distributed import LeaderEngine, follow
+
+        if rank != 0:  # the other ranks run what rank 0 sends until it closes
+            follow(engine)
+            return
+        engine = LeaderEngine(engine)
+    server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     try:
         server.serve_forever(ready=lambda: print(f"vlora serve: listening on {server.host}:{server.port}", flush=True))
     except KeyboardInterrupt:
         server.close()
+    finally:
+        if hasattr(engine, "close"):  # a tensor-parallel leader releases its followers
+            engine.close()

@@ -66,13 +66,23 @@ def _drive(engine, requests, timeout_s: float = 120.0) -> dict:
     return done
 
 
-def test_replicas_answer_like_one_engine_and_keep_adapters_together(cluster):
+def test_replicas_behind_the_rpc_front_end_answer_like_one_engine(cluster):
+    from serve.rpc import Client, RpcServer
+
     ckpt, adapters, config, engine = cluster
     local = Engine(ckpt, EngineConfig(**config, adapters=tuple(f"{n}={p}" for n, p in adapters.items())))
-    want = {o.request_id: o.token_ids for o in local.generate(_requests(12))}
-    got = _drive(engine, _requests(12))
-    assert {rid: o.token_ids for rid, o in got.items()} == want
-    assert set(engine.routes.values()) and len(engine.stats().by_replica) == 2  # both replicas served
+    requests = [r for r in _requests(12) if r.images]
+    want = [o.token_ids for o in local.generate(requests)]
+    with RpcServer(engine, TOKEN, "127.0.0.1", 0) as server, Client("127.0.0.1", server.port, TOKEN) as client:
+        streams = [client.submit_image(r.prompt, r.images, adapter=r.adapter,
+                                       sampling={"max_tokens": 4, "ignore_eos": True}) for r in requests]
+        got = [s.result(120)["token_ids"] for s in streams]
+    assert got == want and len(requests) >= 6
+    assert len(engine.stats().by_replica) == 2  # both replicas served
+
+
+def test_repeat_adapters_go_to_the_replica_that_holds_them(cluster):
+    ckpt, adapters, config, engine = cluster
 
     # an adapter first seen alone is loaded by the replica that took it; once Ray's router knows
     # (replicas report their adapters), that adapter's later requests go there

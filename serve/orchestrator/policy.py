@@ -14,28 +14,29 @@ requested adapter and R_starve the starving ones:
   - some starve    -> mixture(a): admit R_starve (most overdue first), then R_merge;
 - otherwise -> unmerge: admit R_starve, then everyone else first come first served.
 
-Two things Algorithm 1 leaves to the implementation:
+What Algorithm 1 leaves to the implementation, and what we added after measuring it:
 - running requests of other adapters keep running across a switch to merge(a): the policy then
   picks mixture(a) (same weights, so free to leave later) until they finish, rather than pausing
   them;
-- `backfill` (off in Algorithm 1, on in conf/orchestrator/v_lora.yaml): requests of other adapters
-  are admitted with the merged adapter's, in arrival order, rather than held until they starve. Holding them is
-  what buys merge mode its batch, and it pays only where the LoRA branch is a large share of a
-  step; measured on an H200 with our kernels it is 15-20% of a decode step, and holding 40% of
-  the requests for up to their starving threshold cost far more latency than merging saved;
-- mixture only where it pays: before taking mixture(a) the policy compares, from the cost profile,
-  the step time of the batch it would run (the running requests plus those it admits) in
+- `backfill` (off in Algorithm 1, on in conf/orchestrator/v_lora.yaml): requests of other
+  adapters are admitted with the merged adapter's, in arrival order, rather than held until they
+  starve. Holding them is what buys merge mode its batch, and it pays only where the LoRA branch
+  is a large share of a step; measured on an H200 with our kernels it is about 16% of a decode
+  step, and holding 40% of the requests up to their starving threshold cost far more latency
+  than merging saved (results/serving/nvidia_h200/README.md);
+- `mixture_by_cost`: before taking mixture(a) the policy compares, from the cost profile, the
+  decode step of the batch it would run (the running requests plus those it admits) in
   mixture(a) and in unmerge, each with the switches it needs spread over the steps the requests
   of other adapters still have to run; when unmerge is cheaper it unmerges (the starving first).
   Where the LoRA branch costs about the same whatever the number of tokens (launch-bound decode
-  on a fast GPU), deLoRA's second pass makes mixture dearer than unmerge, and this is where the
-  measured profile says so (`mixture_by_cost`);
+  on a fast GPU), deLoRA's second pass makes mixture dearer than unmerge, and the measured
+  profile says so;
 - anti-thrash: a switch costing s ms is followed by a dwell of s * (1 - max_switch_share) /
   max_switch_share ms in which the weights stay (the policy holds mixture(current) or unmerge,
   which can run every request, so the starving are still admitted first). That bounds the
   share of time spent switching by `max_switch_share` whatever the workload does; with the
-  one-shot kernel (~5 ms) and 10% it is 45 ms, about one decode step. The adapter already merged
-  also keeps its place while its share stays above merge_share - share_hysteresis.
+  one-shot kernel (~1-5 ms) and 10% it is 10-45 ms, a few decode steps. The adapter already
+  merged also keeps its place while its share stays above merge_share - share_hysteresis.
 """
 
 from __future__ import annotations

@@ -180,7 +180,9 @@ class StreamRunner:
         return self.client.submit_video(spec.question(), frames, adapter=route.adapter, output_mode=route.output_mode,
                                         sampling=spec.sampling_params(), app=self.config.app, slo_ms=spec.latency_ms,
                                         tag=f"{self.config.name}/{chunk.index}/{spec.label}",
-                                        encoding=self.config.encoding)
+                                        encoding=self.config.encoding,
+                                        # an adapter fused from several domains has a head per domain
+                                        task=route.head if route.output_mode == "head" else None)
 
     def _process(self, chunk: Chunk) -> None:
         run_chunk(self, chunk)

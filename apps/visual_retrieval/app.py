@@ -95,7 +95,8 @@ class RetrievalApp:
                                                 output_mode=route.output_mode,
                                                 sampling={"max_tokens": self.config.max_new_tokens},
                                                 app=self.config.app, tag=query.id or None,
-                                                encoding=self.config.encoding)
+                                                encoding=self.config.encoding,
+                                                task=route.head if route.output_mode == "head" else None)
             except ServerError as e:
                 if not self._degrade(query.kind, e):
                     raise

@@ -230,3 +230,39 @@ def test_video_analytics_command_reports_every_stream_and_task(tiny_zoo, tmp_pat
     assert json.loads((tmp_path / "report.json").read_text())["streams"]["c0"]["frames_in"] > 0
     out = capsys.readouterr()
     assert "c1" in out.out and "accuracy" in out.out and "c0" in out.err
+
+
+def test_a_fused_adapter_with_several_heads_answers_each_task_with_its_own_head(server, tiny_zoo, tmp_path):
+    """A fused adapter holds one head per domain: the stream's head request names its task, so the
+    server picks that head instead of refusing an ambiguous request (and the route never degrades)."""
+    import torch
+
+    from heads import HeadConfig, build_head, save_head
+    from serve.bench_lora_parts import write_peft_adapter
+    from serve.models import read_model_args
+
+    args = read_model_args(tiny_zoo[MODEL])[0]
+    adapter = write_peft_adapter(tmp_path / "fused_0", args, 8, ("q_proj", "v_proj"), 7, torch.float32, "cpu")
+    torch.manual_seed(0)
+    for name, config in {"count_vehicles": dict(type="count", max_count=6),
+                         "exists_bus": dict(type="binary")}.items():
+        save_head(build_head(HeadConfig(hidden_size=args.hidden_size, **config)), adapter / "heads" / name)
+    manifest = {
+        "adapters": [{"name": "fused_0", "path": "fused_0", "index": 0, "domains": ["count_vehicles", "exists_bus"],
+                      "accuracies": {"count_vehicles": 0.6, "exists_bus": 0.9}, "met": True}],
+        "tasks": {"count_vehicles": {"adapter": "fused_0", "head": "count_vehicles", "task": "count", "accuracy": 0.6,
+                                     "requirement": 0.5, "met": True},
+                  "exists_bus": {"adapter": "fused_0", "head": "exists_bus", "task": "binary", "accuracy": 0.9,
+                                 "requirement": 0.8, "met": True}},
+        "order": ["count_vehicles", "exists_bus"], "created_by": "vlora fusion"}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    from apps.video_analytics import load_manifest
+
+    with StreamManager(connector(server), manifest=load_manifest(str(tmp_path)), load_adapters=True) as m:
+        runner = m.add(stream_from_dict(_synthetic("fused", 3, max_chunks=2,
+                                                   tasks=[{"task": "count", "accuracy_target": 0.5}])))
+        assert (runner.routes["count"].adapter, runner.routes["count"].output_mode) == ("fused_0", "head")
+        assert m.wait(timeout=60)
+        snap = m.snapshot()["fused"]
+    assert snap["routes"]["count"]["output_mode"] == "head" and snap["tasks"]["count"]["mode_switches"] == 0
+    assert snap["chunks_processed"] == 2 and snap["tasks"]["count"]["errors"] == 0

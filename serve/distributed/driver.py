@@ -17,21 +17,9 @@ step is made on rank 0 and broadcast from inside the step (serve/engine/orchestr
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
 MIRRORED = frozenset({"add_request", "abort", "step", "set_mode", "load_adapter", "unload_adapter", "pin_adapter",
                       "load_manifest", "drop_caches"})
 STOP = "__stop__"
-
-
-def _send(tp, message) -> None:
-    dist.broadcast_object_list([message], src=0, group=tp.group)
-
-
-def _receive(tp):
-    box = [None]
-    dist.broadcast_object_list(box, src=0, group=tp.group)
-    return box[0]
 
 
 class LeaderEngine:
@@ -51,7 +39,7 @@ class LeaderEngine:
         def mirrored(*args, **kwargs):
             if self.closed:
                 raise RuntimeError(f"{name}: the tensor-parallel group was closed")
-            _send(self.tp, (name, args, kwargs))
+            self.tp.from_leader((name, args, kwargs))
             return attr(*args, **kwargs)
 
         return mirrored
@@ -71,7 +59,7 @@ class LeaderEngine:
     def close(self) -> None:
         """Releases the followers (their `follow` returns)."""
         if not self.closed:
-            _send(self.tp, (STOP, (), {}))
+            self.tp.from_leader((STOP, (), {}))
             self.closed = True
 
 
@@ -82,7 +70,7 @@ def follow(engine) -> int:
         raise ValueError("follow runs on ranks 1.. of a tensor-parallel group; rank 0 uses LeaderEngine")
     calls = 0
     while True:
-        name, args, kwargs = _receive(tp)
+        name, args, kwargs = tp.from_leader()
         if name == STOP:
             return calls
         if name not in MIRRORED:

@@ -49,6 +49,18 @@ class TPGroup:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def from_leader(self, obj=None):
+        """Rank 0's `obj` on every rank (the others pass nothing): one pickled broadcast."""
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def agreed_min(self, value: int, device) -> int:
+        """The smallest `value` over the ranks (e.g. K/V cache blocks each rank's memory allows)."""
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
 
 def check_divisible(args, world_size: int) -> None:
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):

@@ -45,11 +45,7 @@ class ModelRunner:
             num_blocks = CPU_DEFAULT_BLOCKS
         tp = getattr(model, "tp", None)
         if tp is not None and tp.world_size > 1:  # every rank schedules alike: one cache size for all
-            import torch.distributed as dist
-
-            agreed = torch.tensor([num_blocks], dtype=torch.int64, device=device)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=tp.group)
-            num_blocks = int(agreed.item())
+            num_blocks = tp.agreed_min(num_blocks, device)
         self.kv_cache = KVCache(args.num_layers, num_blocks, self.block_size, args.num_kv_heads, args.head_dim,
                                 dtype, device)
         self.kv_cache.bind(model.language_model.attention_layers())

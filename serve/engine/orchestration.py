@@ -105,11 +105,7 @@ class Orchestration:
         and every other rank applies the same decision, so the ranks' batches never differ."""
         if self.tp is None or self.tp.world_size == 1:
             return self.policy.decide(self.view())
-        import torch.distributed as dist
-
-        box = [self.policy.decide(self.view()) if self.tp.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0, group=self.tp.group)
-        return box[0]
+        return self.tp.from_leader(self.policy.decide(self.view()) if self.tp.rank == 0 else None)
 
     def plan(self) -> StepPlan:
         sched = self.scheduler

@@ -21,6 +21,9 @@ The engine's own per-step work (scheduling, input building, sampling) is not in 
 
 from __future__ import annotations
 
+import functools
+from contextlib import contextmanager
+
 import torch
 
 from serve.lora.metadata import build_lora_batch
@@ -86,29 +89,46 @@ def _resident_slots(manager, limit: int | None = None) -> list[int]:
     return slots
 
 
-def _step_fn(runner, manager, slots: list[int], decode_context: int):
-    """step(shape): one synthetic step of `shape` through the runner, waited for."""
-    device = runner.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+@contextmanager
+def _unserved(runner):
+    """Steps run inside are timing runs, not served steps: the runner's counters are put back."""
+    counters = dict(runner.counters)
+    try:
+        yield
+    finally:
+        runner.counters.update(counters)
 
-    @torch.no_grad()
+
+@torch.no_grad()
+def _run_step(runner, shape: StepShape, lora, decode_context: int) -> None:
+    """One synthetic step of `shape` with LoRA metadata `lora` through the runner, LM head included,
+    waited for."""
+    inputs = synthetic_inputs(runner, shape, decode_context)
+    inputs.context.lora = lora
+    hidden = runner._forward(inputs)
+    runner.model.compute_logits(hidden[inputs.sample_rows])
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+
+
+def _step_fn(runner, manager, slots: list[int], decode_context: int):
+    """step(shape): one synthetic step of `shape`, with the LoRA work its op and counts ask for."""
+    device = runner.device
+
     def step(shape: StepShape) -> None:
-        inputs = synthetic_inputs(runner, shape, decode_context)
-        t = shape.tokens
+        t, lora = shape.tokens, None
         if shape.lora_op is not None:
             k = max(1, shape.lora_adapters)
             if shape.lora_op == "delora":
                 merged, own = slots[0], [slots[i % len(slots)] for i in range(1, k)] or [-1]
                 slot_ids = [own[i % len(own)] for i in range(shape.lora_tokens)] + [-1] * (t - shape.lora_tokens)
-                inputs.context.lora = build_mixture_batch(slot_ids, merged, device, manager.backend)
+                lora = build_mixture_batch(slot_ids, merged, device, manager.backend)
             else:
                 own = [slots[i % len(slots)] for i in range(k)]
                 slot_ids = [own[i % k] for i in range(shape.lora_tokens)] + [-1] * (t - shape.lora_tokens)
                 backend = "torch" if shape.lora_op == "einsum" else manager.backend
-                inputs.context.lora = build_lora_batch(slot_ids, device, backend)
-        hidden = runner._forward(inputs)
-        runner.model.compute_logits(hidden[inputs.sample_rows])
-        sync(device)
+                lora = build_lora_batch(slot_ids, device, backend)
+        _run_step(runner, shape, lora, decode_context)
 
     return step
 
@@ -129,14 +149,14 @@ def measure_engine_profile(runner, manager, shapes: ProfileShapes | None = None,
         merger.fold(slots[0], +1, method)
         merger.fold(slots[0], -1, method)
 
-    saved, counters = merger.snapshot(), dict(runner.counters)
+    saved = merger.snapshot()
     try:
-        return measure_profile(step, switch, shapes, warmup=warmup, repeats=repeats, name=name,
-                               device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                               model=type(runner.model).__name__, progress=progress)
+        with _unserved(runner):
+            return measure_profile(step, switch, shapes, warmup=warmup, repeats=repeats, name=name,
+                                   device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                                   model=type(runner.model).__name__, progress=progress)
     finally:
         merger.restore(saved)
-        runner.counters.update(counters)  # profiling steps are not served steps
 
 
 def time_mode_steps(runner, manager, seqs: int, tokens: int, others: int, adapters: int, *,
@@ -159,27 +179,15 @@ def time_mode_steps(runner, manager, seqs: int, tokens: int, others: int, adapte
     top, rest = slots[0], slots[1:max(2, adapters)]
     per_seq, n_other = tokens // seqs, others // (tokens // seqs)  # the first n_other sequences: other adapters
     slot_ids = [rest[(i // per_seq) % len(rest)] if i // per_seq < n_other else top for i in range(tokens)]
-    device = runner.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
-    shape = StepShape(seqs, tokens)
+    device, shape = runner.device, StepShape(seqs, tokens)
     batches = {"unmerge": build_lora_batch(slot_ids, device, manager.backend),
                "mixture": build_mixture_batch(slot_ids, top, device, manager.backend)}
-    out, counters = {}, dict(runner.counters)
-    try:
-        def step_with(lora):
-            @torch.no_grad()
-            def step() -> None:
-                inputs = synthetic_inputs(runner, shape, decode_context)
-                inputs.context.lora = lora
-                hidden = runner._forward(inputs)
-                runner.model.compute_logits(hidden[inputs.sample_rows])
-                sync(device)
-            return step
 
-        plain = step_with(None)
+    plain = functools.partial(_run_step, runner, shape, None, decode_context)
+    out = {}
+    with _unserved(runner):
         out["plain"] = time_call_ms(plain, warmup, repeats)
-        for mode in ("unmerge", "mixture"):  # each as plain + a paired difference (see paired_delta_ms)
-            out[mode] = out["plain"] + paired_delta_ms(plain, step_with(batches[mode]), warmup, repeats)
-    finally:
-        runner.counters.update(counters)
+        for mode, lora in batches.items():  # each as plain + a paired difference (see paired_delta_ms)
+            step = functools.partial(_run_step, runner, shape, lora, decode_context)
+            out[mode] = out["plain"] + paired_delta_ms(plain, step, warmup, repeats)
     return out

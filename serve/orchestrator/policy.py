@@ -153,13 +153,16 @@ class VLoRAPolicy(Policy):
         n_starve = len(starving)
         share = f"{top} holds {counts[top] if top else 0}/{denom}" if top else "no adapter requests"
 
+        # every mode that runs everyone (unmerge, backfilled mixture, a dwell) admits in this order
+        everyone = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
         if dominated and few_starving:
             if cfg.backfill:  # nobody is held back: everyone in arrival order, the others through deLoRA
-                admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+                admit = everyone
             else:
                 admit = starving + fcfs(r for r in view.waiting if r.adapter == top and r.request_id not in starving_ids)
             others_running = sum(r.adapter != top for r in view.running)
-            others_admitted = sum(r.adapter != top for r in admit[:view.free_slots])
+            batch = admit[:view.free_slots]
+            others_admitted = sum(r.adapter != top for r in batch)
             if others_admitted and not starving:
                 target = Mode.mixture(top)
                 reason = f"mixture: {share}, none starving, {others_admitted} of other adapters backfill"
@@ -171,19 +174,17 @@ class VLoRAPolicy(Policy):
             else:
                 target, reason = Mode.merge(top), f"merge: {share}, none starving"
             if target.kind == "mixture" and cfg.mixture_by_cost:
-                cost = self._mixture_vs_unmerge(view, top, admit[:view.free_slots])
+                cost = self._mixture_vs_unmerge(view, top, batch)
                 if cost is not None:
-                    target, reason = Mode.unmerge(), f"unmerge: {share}, but {cost}"
-                    admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+                    target, reason, admit = Mode.unmerge(), f"unmerge: {share}, but {cost}", everyone
         else:
-            admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+            admit = everyone
             why = f"not dominated ({share})" if few_starving else f"{n_starve} starving > {cfg.starve_share:g} MaxBS"
             target, reason = Mode.unmerge(), f"unmerge: {why}"
 
         since = view.now_ms - self.last_switch_ms
         if target.merged_adapter != cur and since < self.dwell_ms():
             # hold the weights; both hold modes run everyone, the starving first
-            target = Mode.unmerge() if cur is None else Mode.mixture(cur)
-            admit = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+            target, admit = (Mode.unmerge() if cur is None else Mode.mixture(cur)), everyone
             reason = f"dwell: {since:.0f} of {self.dwell_ms():.0f} ms since the last switch, hold {target} ({reason})"
         return Decision(target, tuple(r.request_id for r in admit[:view.free_slots]), (), False, reason, n_starve)

@@ -98,9 +98,10 @@ def run(cfg: DictConfig):
     if not rpc.token:
         raise SystemExit("vlora serve: no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters")
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
-    rank = _join_tensor_parallel(cfg) if int(cfg.engine.get("tensor_parallel_size", 1)) > 1 else 0
+    tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1
+    rank = _join_tensor_parallel(cfg) if tensor_parallel else 0
     engine = build_engine(cfg)
-    if int(cfg.engine.get("tensor_parallel_size", 1)) > 1:
+    if tensor_parallel:
         from serve.distributed import LeaderEngine, follow
 
         if rank != 0:  # the other ranks run what rank 0 sends until it closes

@@ -75,6 +75,9 @@ def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path:
         modes = dict(engine.stats().steps_by_mode or {})
         torch.save({"result": result, "shapes": shapes, "modes": modes, "switches": engine.stats().mode_switches},
                    f"{out_path}.{rank}")
+        # neither rank tears the group down while the other still talks over it (gloo aborts the
+        # process whose peer vanished mid-connection)
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 

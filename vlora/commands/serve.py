@@ -91,6 +91,14 @@ def _join_tensor_parallel(cfg: DictConfig) -> int:
     return dist.get_rank()
 
 
+def _leave_tensor_parallel() -> None:
+    """Every rank waits for the others before the group goes, so no rank loses a peer mid-call."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
@@ -106,6 +114,7 @@ def run(cfg: DictConfig):
 
         if rank != 0:  # the other ranks run what rank 0 sends until it closes
             follow(engine)
+            _leave_tensor_parallel()
             return
         engine = LeaderEngine(engine)
     server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
@@ -115,5 +124,6 @@ def run(cfg: DictConfig):
     except KeyboardInterrupt:
         server.close()
     finally:
-        if hasattr(engine, "close"):  # a tensor-parallel leader releases its followers
+        if tensor_parallel:  # the leader releases its followers, then the group ends together
             engine.close()
+            _leave_tensor_parallel()

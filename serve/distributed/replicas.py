@@ -10,14 +10,21 @@ running on its own thread (serve.rpc.EngineLoop), so the requests a replica rece
 same time are batched together. Adapters are Ray Serve's multiplexed models: a request names
 its adapter as `multiplexed_model_id`, Ray's router sends it to a replica that already holds
 that adapter when there is one, and a replica loads an adapter on first use and unloads its
-least recently used one past four. Scaling (`autoscaling_config`) is Ray
-Serve's autoscaler: replicas are added as ongoing requests per replica pass its target and
-removed when idle.
+least recently used one past `max_adapters_per_replica`.
+
+Consolidation, Punica's way: a replica takes at most `max_ongoing_requests` requests (give it the
+engine's batch size). Ray's router fills the replicas that hold a request's adapter up to that
+cap, and only when they are full does it send the request to the replica holding the fewest
+adapters, which loads it; when every replica is full, requests wait in the router. Replicas are
+added and removed by Ray Serve's autoscaler (`autoscaling_config`): woken as ongoing requests per
+replica pass its target, removed once idle past its downscale delay.
 
 `ReplicatedEngine` adapts the deployment handle to the step-based Engine API the RPC server's
 loop drives: `add_request` sends the request, `step` returns the outputs that arrived (final
 outputs only: no token streaming across replicas), and a request whose replica failed (killed,
-crashed) is sent again, up to `retries` times, to whichever replica Ray routes it to.
+crashed) is sent again, up to `retries` times, to whichever replica Ray routes it to. Responses
+are awaited on a thread of its own, so a request waiting in the router for a free replica does
+not hold up the outputs of the others.
 Ray is imported here only: a single-GPU server runs without it.
 """
 
@@ -25,30 +32,38 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-import ray
 from ray import serve
 
 from serve.engine import EngineConfig, RequestMetrics, RequestOutput
 
-
 class EngineReplica:
-    """One engine; adapters load on demand through Ray Serve's multiplexing."""
+    """One engine; adapters load on demand through Ray Serve's multiplexing (`adapter`, added by
+    `build_deployment` with the replica's adapter limit)."""
 
-    def __init__(self, checkpoint: str, engine_config: dict, adapters: dict[str, str]):
+    def __init__(self, checkpoint: str, engine_config: dict, adapters: dict[str, str],
+                 builder: Callable[[], tuple[str, dict]] | None = None):
+        """builder: builds (checkpoint directory, weights) inside the replica, on its own GPU, for
+        models that exist only as random weights of a published shape (benchmarks): seven billion
+        parameters are quicker to make again than to ship."""
         from serve.engine import Engine
         from serve.rpc.loop import EngineLoop
 
-        self.engine = Engine(checkpoint, EngineConfig.from_dict(engine_config))
+        weights = None
+        if builder is not None:
+            checkpoint, weights = builder()
+        self.engine = Engine(checkpoint, EngineConfig.from_dict(engine_config), weights=weights)
+        del weights
         self.adapters = dict(adapters)  # name -> PEFT directory this replica may load
         self.loop = EngineLoop(self.engine).start()
         self.replica = serve.get_replica_context().replica_id.unique_id
 
-    @serve.multiplexed(max_num_models_per_replica=4)
-    async def adapter(self, name: str) -> "_Loaded":
+    async def _load(self, name: str) -> "_Loaded":
         if name not in self.adapters:
             raise ValueError(f"adapter {name!r} is not served; served: {sorted(self.adapters)}")
         path = self.adapters[name]
@@ -56,7 +71,8 @@ class EngineReplica:
         return _Loaded(self.loop, name)
 
     async def generate(self, request) -> dict[str, Any]:
-        """The request's final event (serve.rpc.loop's format) plus this replica's id."""
+        """The request's final event (serve.rpc.loop's format), this replica's id and its engine's
+        counters (mode steps and switches, for the front end's stats)."""
         from serve.rpc.loop import Ticket
 
         name = serve.get_multiplexed_model_id()
@@ -69,7 +85,10 @@ class EngineReplica:
         await asyncio.to_thread(ticket.finished.wait)
         events = ticket.take(0.0)
         final = next(e for e in reversed(events) if e["type"] in ("final", "error"))
-        return {**final, "replica": self.replica}
+        stats = self.engine.stats()  # counters read between steps' updates: a snapshot, good enough for totals
+        counters = {"steps_by_mode": dict(stats.steps_by_mode or {}), "mode_switches": stats.mode_switches,
+                    "switch_ms_total": stats.switch_ms_total}
+        return {**final, "replica": self.replica, "counters": counters}
 
     def adapters_loaded(self) -> list[str]:
         return [a["name"] for a in self.loop.call(lambda e: e.list_adapters())]
@@ -88,25 +107,44 @@ class _Loaded:
             pass
 
 
+def _replica_class(max_adapters: int) -> type:
+    """EngineReplica with Ray's multiplexing limit set (the decorator takes it at class creation)."""
+
+    class Replica(EngineReplica):
+        @serve.multiplexed(max_num_models_per_replica=max_adapters)
+        async def adapter(self, name: str) -> _Loaded:
+            return await self._load(name)
+
+    Replica.__name__ = Replica.__qualname__ = "EngineReplica"
+    return Replica
+
+
 def build_deployment(checkpoint: str, engine_config: dict, adapters: dict[str, str], num_replicas: int = 1,
-                     autoscaling_config: dict | None = None, ray_actor_options: dict | None = None):
-    """A bound Ray Serve application of `EngineReplica` (give it to `ray.serve.run`); each replica
-    keeps at most 4 adapters loaded (Ray's multiplexing LRU)."""
-    cls = EngineReplica
-    options = dict(ray_actor_options=ray_actor_options or {"num_cpus": 0}, max_ongoing_requests=256)
+                     autoscaling_config: dict | None = None, ray_actor_options: dict | None = None,
+                     max_ongoing_requests: int = 256, max_adapters_per_replica: int = 4,
+                     builder: Callable[[], tuple[str, dict]] | None = None):
+    """A bound Ray Serve application of `EngineReplica` (give it to `ray.serve.run`).
+    max_ongoing_requests: a replica's capacity (consolidation fills replicas up to it; give it
+    the engine's batch size); ray_actor_options: e.g. {"num_gpus": 1} for one GPU a replica."""
+    if max_ongoing_requests < 1 or max_adapters_per_replica < 1:
+        raise ValueError(f"max_ongoing_requests ({max_ongoing_requests}) and max_adapters_per_replica "
+                         f"({max_adapters_per_replica}) must be at least 1")
+    options = dict(name="EngineReplica", ray_actor_options=ray_actor_options or {"num_cpus": 0},
+                   max_ongoing_requests=max_ongoing_requests)
     if autoscaling_config is not None:
         options["autoscaling_config"] = autoscaling_config
     else:
         options["num_replicas"] = num_replicas
-    return serve.deployment(cls, **options).bind(checkpoint, engine_config, adapters)
+    cls = _replica_class(max_adapters_per_replica)
+    return serve.deployment(cls, **options).bind(checkpoint, engine_config, adapters, builder)
 
 
 @dataclass
 class _Pending:
     request: Any
-    response: Any
     arrival: float
     tries: int = 1
+    future: Any = None  # concurrent.futures.Future of the awaiting coroutine (cancel aborts)
 
 
 @dataclass
@@ -119,6 +157,10 @@ class ReplicatedStats:
     retried: int = 0
     failed: int = 0
     by_replica: dict[str, int] = field(default_factory=dict)
+    # the replicas' engine counters summed (each replica's latest report)
+    steps_by_mode: dict[str, int] = field(default_factory=dict)
+    mode_switches: int = 0
+    switch_ms_total: float = 0.0
 
 
 class ReplicatedEngine:
@@ -127,18 +169,33 @@ class ReplicatedEngine:
     def __init__(self, handle, retries: int = 2, poll_s: float = 0.01):
         self.handle, self.retries, self.poll_s = handle, retries, poll_s
         self._pending: dict[str, _Pending] = {}
+        self._done: queue.Queue = queue.Queue()  # (request id, try, final event or None, error or None)
         self._ids = itertools.count()
         self._stats = ReplicatedStats()
+        self._counters: dict[str, dict] = {}  # replica -> its engine counters, latest
         self.routes: dict[str, str] = {}  # request id -> replica that answered
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="replicated-engine", daemon=True).start()
 
-    def _send(self, request):
-        return self.handle.options(multiplexed_model_id=request.adapter or "").generate.remote(request)
+    def _send(self, rid: str, p: _Pending) -> None:
+        response = self.handle.options(multiplexed_model_id=p.request.adapter or "").generate.remote(p.request)
+        p.future = asyncio.run_coroutine_threadsafe(self._await(rid, p.tries, response), self._loop)
+
+    async def _await(self, rid: str, tries: int, response) -> None:
+        try:
+            self._done.put((rid, tries, await response, None))
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except Exception as e:  # the replica died or failed
+            self._done.put((rid, tries, None, e))
 
     def add_request(self, request, prepared=None) -> str:
         request.request_id = request.request_id or f"req-{next(self._ids)}"
         if request.request_id in self._pending:
             raise ValueError(f"request_id {request.request_id!r} is already in flight")
-        self._pending[request.request_id] = _Pending(request, self._send(request), time.perf_counter())
+        p = self._pending[request.request_id] = _Pending(request, time.perf_counter())
+        self._send(request.request_id, p)
         return request.request_id
 
     def has_unfinished(self) -> bool:
@@ -146,28 +203,33 @@ class ReplicatedEngine:
 
     def abort(self, request_id: str) -> bool:
         p = self._pending.pop(request_id, None)
-        if p is not None:
-            p.response.cancel()
+        if p is not None and p.future is not None:
+            p.future.cancel()
         return p is not None
 
     def step(self) -> list[RequestOutput]:
+        """The outputs that arrived, waiting up to poll_s for the first."""
         if not self._pending:
             return []
-        refs = {p.response._to_object_ref_sync(): rid for rid, p in self._pending.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.poll_s)
+        arrived = []
+        try:
+            arrived.append(self._done.get(timeout=self.poll_s))
+            while True:
+                arrived.append(self._done.get_nowait())
+        except queue.Empty:
+            pass
         outputs = []
-        for ref in ready:
-            rid = refs[ref]
-            p = self._pending[rid]
-            try:
-                final = ray.get(ref)
-            except Exception as e:  # the replica died or failed: send it again, elsewhere if Ray can
-                if p.tries <= self.retries:
+        for rid, tries, final, error in arrived:
+            p = self._pending.get(rid)
+            if p is None or p.tries != tries:  # aborted, or an answer to a try already replaced
+                continue
+            if error is not None:
+                if p.tries <= self.retries:  # send it again, elsewhere if Ray can
                     p.tries += 1
-                    p.response = self._send(p.request)
                     self._stats.retried += 1
+                    self._send(rid, p)
                     continue
-                final = {"type": "error", "error": {"type": "replica", "message": f"{type(e).__name__}: {e}"}}
+                final = {"type": "error", "error": {"type": "replica", "message": f"{type(error).__name__}: {error}"}}
                 self._stats.failed += 1
             del self._pending[rid]
             outputs.append(self._output(rid, p, final))
@@ -178,10 +240,16 @@ class ReplicatedEngine:
         if replica:
             self.routes[rid] = replica
             self._stats.by_replica[replica] = self._stats.by_replica.get(replica, 0) + 1
+            self._counters[replica] = final.get("counters") or {}
         self._stats.finished += 1
         now = time.perf_counter()
         timing = final.get("timing") or {}
-        metrics = RequestMetrics(p.arrival, int(timing.get("prompt_tokens") or 0), finished_time=now)
+        # the replica's clock is not ours: its prefill and decode durations are placed before our
+        # finish time, and everything else (routing, waiting for a free replica, its queue) is queueing
+        first_token = now - (timing.get("decode_ms") or 0.0) / 1e3
+        first_scheduled = max(p.arrival, first_token - (timing.get("prefill_ms") or 0.0) / 1e3)
+        metrics = RequestMetrics(p.arrival, int(timing.get("prompt_tokens") or 0), first_scheduled_time=first_scheduled,
+                                 first_token_time=max(first_scheduled, first_token), finished_time=now)
         if final["type"] == "error":
             return RequestOutput(rid, [], "", [], "", True, "error", metrics)
         return RequestOutput(rid, list(final["token_ids"]), final.get("new_text", final["text"]),
@@ -189,8 +257,21 @@ class ReplicatedEngine:
                              head=final.get("head"))
 
     def stats(self) -> ReplicatedStats:
-        self._stats.in_flight = len(self._pending)
-        return self._stats
+        s = self._stats
+        s.in_flight = len(self._pending)
+        s.steps_by_mode = {}
+        for c in self._counters.values():
+            for mode, n in (c.get("steps_by_mode") or {}).items():
+                s.steps_by_mode[mode] = s.steps_by_mode.get(mode, 0) + n
+        s.mode_switches = sum(c.get("mode_switches", 0) for c in self._counters.values())
+        s.switch_ms_total = sum(c.get("switch_ms_total", 0.0) for c in self._counters.values())
+        return s
 
     def list_adapters(self) -> list:
         return []
+
+    def close(self) -> None:
+        """Stops the thread awaiting responses (requests still in flight are dropped)."""
+        for rid in list(self._pending):
+            self.abort(rid)
+        self._loop.call_soon_threadsafe(self._loop.stop)

@@ -1,7 +1,8 @@
 """Engine replicas on a local Ray cluster (loopback, CPU): two tiny replicas behind the RPyC front
 end serve a mixed-adapter workload with the single engine's tokens, send an adapter's repeat
-requests to the replica that holds it, and keep serving when one replica is killed (its requests
-are sent again and answered)."""
+requests to the replica that holds it until that replica is full (then to the other, which loads
+the adapter), and keep serving when one replica is killed (its requests are sent again and
+answered)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,31 @@ def test_repeat_adapters_go_to_the_replica_that_holds_them(cluster):
     _drive(engine, repeats)
     for r in repeats:
         assert engine.routes[r.request_id] == first[r.adapter], (r.request_id, first)
+
+
+def test_a_full_replica_spills_its_adapter_to_the_other(cluster):
+    from serve.distributed.replicas import ReplicatedEngine, build_deployment
+
+    ckpt, adapters, config, _ = cluster
+    capped = serve.run(build_deployment(str(ckpt), config, adapters, num_replicas=2, max_ongoing_requests=2),
+                       name="capped", route_prefix=None)
+    engine = ReplicatedEngine(capped)
+    try:
+        first = _requests(1)[0]
+        first.adapter, first.request_id = "qv8", "capped-first"
+        _drive(engine, [first])
+        time.sleep(3.0)  # the router learns which replica holds qv8
+        burst = _requests(8, tokens=128)
+        for i, r in enumerate(burst):
+            r.adapter, r.request_id = "qv8", f"capped-{i}"
+        _drive(engine, burst)
+        routes = [engine.routes[r.request_id] for r in burst]
+        # the replica holding qv8 takes two at a time; the rest go to the other replica, which loads it
+        assert routes.count(engine.routes[first.request_id]) < len(burst)
+        assert set(routes) == set(engine.stats().by_replica) and len(set(routes)) == 2
+    finally:
+        engine.close()
+        serve.delete("capped")
 
 
 def test_a_killed_replica_loses_no_request(cluster):

@@ -123,18 +123,27 @@ class ServingBenchJob:
                             apps=[video, retrieval], seed=self.seed)
 
 
-def _engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, dict]):
-    """The engine with the adapters loaded at start (profile="measure" times them) and their names,
-    in the order the workload's adapter-000, adapter-001, ... stand for."""
-    from serve.engine import Engine, EngineConfig
+def random_weights(job: ServingBenchJob, workdir: Path, device: str | None = None) -> dict:
+    """The zoo model's random weights (the same for the same seed), built on `device` (default the
+    job's), its config and processor written to workdir."""
+    from serve.bench_lora import _build
 
-    weights, ckpt = None, Path(job.checkpoint) if job.checkpoint else workdir
+    hf, _ = _build(dataclasses.replace(job, device=device or job.device), workdir)
+    weights = dict(hf.state_dict())
+    del hf
+    return weights
+
+
+def engine_plan(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, dict]):
+    """(checkpoint directory, EngineConfig, adapter names) of the engine the job serves, weights
+    not built: a zoo model's config is written to workdir (its weights come from `random_weights`
+    where the engine runs), the adapters are written (or taken from adapter_dirs). The names are in
+    the order the workload's adapter-000, adapter-001, ... stand for."""
+    from serve.engine import EngineConfig
+
+    ckpt = Path(job.checkpoint) if job.checkpoint else workdir
     if job.checkpoint is None:
-        from serve.bench_lora import _build
-
-        hf, _ = _build(job, workdir)
-        weights = dict(hf.state_dict())
-        del hf
+        random_weights(job, workdir, device="meta")  # config and processor only
     dirs = [d.partition("=")[::2] if "=" in d else (Path(d).name, d) for d in job.adapter_dirs]
     if not dirs:
         from serve.bench_lora_parts import write_peft_adapter
@@ -153,7 +162,16 @@ def _engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, dict])
                           adapter_slots=len(dirs), host_adapter_cache=len(dirs) + 4, max_lora_rank=job.rank,
                           lora_targets=job.targets, adapters=tuple(f"{n}={p}" for n, p in dirs), profile=job.profile,
                           policy=name if name != "fcfs" else "v_lora", policy_params=params if name != "fcfs" else {})
-    return Engine(ckpt, config, weights=weights), [n for n, _ in dirs]
+    return ckpt, config, [n for n, _ in dirs]
+
+
+def _engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, dict]):
+    """The engine with the adapters loaded at start (profile="measure" times them) and their names."""
+    from serve.engine import Engine
+
+    ckpt, config, names = engine_plan(job, workdir, first_policy)
+    weights = None if job.checkpoint else random_weights(job, workdir)
+    return Engine(ckpt, config, weights=weights), names
 
 
 def _use_policy(engine, name: str, params: dict) -> None:

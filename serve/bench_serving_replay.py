@@ -44,8 +44,10 @@ def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], dr
     requests, steps per mode kind, replay seconds). Requests unfinished `drain_s` after the last
     arrival are aborted and count as not completed. The engine's prefix and encoder caches are
     emptied first: every policy replays the same images and prompts, and none may find the K/V or
-    vision embeddings of the run before it."""
-    engine.drop_caches()
+    vision embeddings of the run before it. (Engine replicas behind Ray cannot be reached to empty
+    theirs: replays against them must carry inputs of their own.)"""
+    if hasattr(engine, "drop_caches"):
+        engine.drop_caches()
     before = engine.stats()
     records = {r.request_id: RequestRecord(r.request_id, r.app, r.adapter, r.arrival_ms, r.prompt_tokens,
                                            r.output_tokens, r.slo_ms) for r in trace}

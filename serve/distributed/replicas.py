@@ -67,7 +67,12 @@ class EngineReplica:
         if name not in self.adapters:
             raise ValueError(f"adapter {name!r} is not served; served: {sorted(self.adapters)}")
         path = self.adapters[name]
-        await asyncio.to_thread(self.loop.call, lambda e: e.load_adapter(name, path))
+
+        def load(engine):  # an adapter the engine loaded at start (EngineConfig.adapters) is there already
+            if name not in {a["name"] for a in engine.list_adapters()}:
+                engine.load_adapter(name, path)
+
+        await asyncio.to_thread(self.loop.call, load)
         return _Loaded(self.loop, name)
 
     async def generate(self, request) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
 
-SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams")
+SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -25,14 +25,14 @@ def run(cfg: DictConfig) -> dict:
     b = cfg.bench
     if b.suite not in SUITES:
         raise SystemExit(f"bench.suite={b.suite!r} is not one of {SUITES}")
-    if b.suite == "serving":  # before the CUDA check: device=cpu with a tiny zoo model runs anywhere
-        return _serving(b)
+    if b.suite in ("serving", "scaling"):  # before the CUDA check: device=cpu with a tiny zoo model runs anywhere
+        return _serving(b) if b.suite == "serving" else _scaling(b)
     if b.suite == "streams":  # before the CUDA check too: device=cpu with a tiny zoo model runs anywhere
         return _streams(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
-              if k not in ("suite", "engine", "adapters", "serving", "streams")}
+              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling")}
     if b.suite == "adapters":
         from serve.bench_lora import AdapterBenchJob, run_adapter_bench
 
@@ -74,21 +74,37 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
-def _serving(b: DictConfig) -> dict:
-    """Every orchestrator policy on the real engine; named policies take conf/orchestrator/<name>.yaml."""
-    from serve.bench_serving import ServingBenchJob, run_serving_bench
-
+def _policies(values: dict) -> tuple:
+    """values["policies"] with each name that has a conf/orchestrator/<name>.yaml replaced by it."""
     from ..config import CONF_DIR
 
-    values = OmegaConf.to_container(b.serving, resolve=True)
     policies = []
     for p in values.pop("policies"):
         group = Path(CONF_DIR) / "orchestrator" / f"{p}.yaml" if isinstance(p, str) else None
         policies.append(OmegaConf.to_container(OmegaConf.load(group)) if group and group.is_file() else p)
+    return tuple(policies)
+
+
+def _serving(b: DictConfig) -> dict:
+    """Every orchestrator policy on the real engine; named policies take conf/orchestrator/<name>.yaml."""
+    from serve.bench_serving import ServingBenchJob, run_serving_bench
+
+    values = OmegaConf.to_container(b.serving, resolve=True)
+    policies = _policies(values)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    rows, meta = run_serving_bench(to_dataclass(ServingBenchJob, values, policies=tuple(policies),
-                                                out_dir=b.out_dir))
+    rows, meta = run_serving_bench(to_dataclass(ServingBenchJob, values, policies=policies, out_dir=b.out_dir))
     return {"serving": rows, "meta": meta}
+
+
+def _scaling(b: DictConfig) -> dict:
+    """The serving workload on one GPU and on several (replicas, tensor parallel): requests/s at target."""
+    from serve.bench_scaling import ScalingBenchJob, run_scaling_bench
+
+    values = OmegaConf.to_container(b.scaling, resolve=True)
+    policies = _policies(values)
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    rows, summary = run_scaling_bench(to_dataclass(ScalingBenchJob, values, policies=policies, out_dir=b.out_dir))
+    return {"scaling": rows, "summary": summary}
 
 
 def _streams(b: DictConfig) -> dict:

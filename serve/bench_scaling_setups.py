@@ -1,0 +1,169 @@
+"""The scaling evaluation's setups: each builds its engine(s), warms up and sweeps the request rates.
+
+Every setup replays the same traces (serve.orchestrator's generator, one per rate) through the
+Engine API: the engine itself (single), `ReplicatedEngine` over a Ray Serve deployment (replicas),
+or `LeaderEngine` on rank 0 of a tensor-parallel group (tensor_parallel). Each rate's requests
+carry images and words of their own, so no rate finds another's K/V or vision embeddings in a
+cache (replicas cannot empty theirs from the front end). Rows are saved after every rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from serve.bench_serving import engine_plan, random_weights
+from serve.bench_serving_replay import build_requests, replay
+from serve.orchestrator import generate
+
+SETUPS = ("single", "replicas", "tensor_parallel")
+
+
+def save_rows(path: str | Path, rows: list[dict], meta: dict) -> None:
+    """meta["t0"] (perf_counter at the setup's start) becomes wall_s."""
+    meta = {k: v for k, v in meta.items() if k != "t0"} | {"wall_s": time.perf_counter() - meta["t0"]}
+    Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")
+
+
+def sweep(engine, job, setup: str, names: list[str], path: str, meta: dict, done: list[dict]) -> list[dict]:
+    """Warm-up replay, then the rates from the first one not in `done`, stopping at the first missed."""
+    gpus = job.setup_gpus(setup)
+    print(f"{setup} ({gpus} GPU): ready after {meta.get('load_s', 0):.0f} s", file=sys.stderr, flush=True)
+    base = dataclasses.replace(job.workload(), skewness=job.skewness[0])
+    text = sum(job.text_tokens) // 2
+
+    def requests(trace, seed):
+        return build_requests(trace, names, job.image_size, seed, text, job.video_frames[1])
+
+    if job.warmup_s > 0:  # compiles, graph captures, autotuning, first mode switches: not measured
+        warm = generate(dataclasses.replace(base, rate=job.rates[0] * gpus, duration_s=job.warmup_s,
+                                            seed=job.seed + 10**6))
+        replay(engine, warm, requests(warm, job.seed + 10**6), job.drain_s)
+    rows = list(done)
+    for k, per_gpu in enumerate(job.rates):
+        if k < len(done):
+            continue
+        trace = generate(dataclasses.replace(base, rate=per_gpu * gpus))
+        m, extra = replay(engine, trace, requests(trace, job.seed + 1 + k), job.drain_s)
+        met = m["slo_attainment"] * m["completed"] / m["requests"] if m["requests"] and m["completed"] else 0.0
+        rows.append({"setup": setup, "gpus": gpus, "rate": per_gpu * gpus, "met_share": met,
+                     "meets_target": met >= job.attainment, **m, **extra})
+        r = rows[-1]
+        print(f"{setup} ({gpus} GPU) {r['rate']:g} req/s: {met:.3f} within target, p95 {r['p95_ms']:.0f} ms, "
+              f"{r['throughput_rps']:.2f} req/s served, {r['completed']}/{r['requests']} done",
+              file=sys.stderr, flush=True)
+        save_rows(path, rows, meta)
+        if not r["meets_target"]:
+            break
+    return rows
+
+
+def run_setup(setup: str, job, workdir: Path, path: Path, meta: dict, done: list[dict]) -> None:
+    policy = next(iter(job.policy_params().items()))
+    meta = {**meta, "t0": time.perf_counter()}
+    {"single": _single, "replicas": _replicas, "tensor_parallel": _tensor_parallel}[setup](
+        job, workdir, policy, str(path), meta, done)
+
+
+def _single(job, workdir, policy, path, meta, done) -> None:
+    from serve.engine import Engine
+
+    ckpt, config, names = engine_plan(job, workdir, policy)
+    weights = None if job.checkpoint else random_weights(job, workdir)
+    engine = Engine(ckpt, config, weights=weights)
+    del weights
+    meta["load_s"] = time.perf_counter() - meta["t0"]
+    sweep(engine, job, "single", names, path, meta, done)
+
+
+def _replica_weights(job, workdir: str) -> tuple[str, dict]:
+    """Runs inside a replica: the zoo model's weights on the replica's GPU (same seed, same weights)."""
+    scratch = Path(workdir) / f"replica-{os.getpid()}"
+    return workdir, random_weights(job, scratch, device="cuda" if job.device.startswith("cuda") else job.device)
+
+
+def _replicas(job, workdir, policy, path, meta, done) -> None:
+    import ray
+    from ray import serve
+
+    from serve.distributed.replicas import ReplicatedEngine, build_deployment
+
+    ckpt, config, names = engine_plan(job, workdir, policy)
+    cuda = job.device.startswith("cuda")
+    if cuda:
+        config.device = "cuda"  # each replica sees its own GPU as the first
+    adapters = dict(a.split("=", 1) for a in config.adapters)
+    env = {k: os.environ[k] for k in ("PYTHONPATH", "VLORA_HOME", "OMP_NUM_THREADS") if k in os.environ}
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), num_gpus=job.gpus if cuda else 0, include_dashboard=False,
+             logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env})
+    try:
+        serve.start(proxy_location="Disabled")
+        deployment = build_deployment(
+            str(ckpt), dataclasses.asdict(config), adapters, num_replicas=job.gpus,
+            ray_actor_options={"num_gpus": 1, "num_cpus": 0} if cuda else {"num_cpus": 0},
+            max_ongoing_requests=job.replica_capacity or job.max_batch_size, max_adapters_per_replica=len(names),
+            builder=None if job.checkpoint else functools.partial(_replica_weights, job, str(workdir)))
+        engine = ReplicatedEngine(serve.run(deployment, name="vlora-scaling", route_prefix=None))
+        meta["load_s"] = time.perf_counter() - meta["t0"]
+        try:
+            rows = sweep(engine, job, "replicas", names, path, meta, done)
+        finally:
+            engine.close()
+        meta["by_replica"] = dict(engine.stats().by_replica)
+        save_rows(path, rows, meta)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tensor_parallel(job, workdir, policy, path, meta, done) -> None:
+    import torch.multiprocessing as mp
+
+    ckpt, config, names = engine_plan(job, workdir, policy)
+    config.tensor_parallel_size = job.gpus
+    mp.spawn(_tp_rank, args=(job, str(ckpt), config, names, _free_port(), str(workdir), path, meta, done),
+             nprocs=job.gpus, join=True)
+
+
+def _tp_rank(rank, job, ckpt, config, names, port, workdir, path, meta, done) -> None:
+    from serve.distributed import LeaderEngine, follow
+    from serve.engine import Engine
+
+    cuda = job.device.startswith("cuda")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if cuda:
+        torch.cuda.set_device(rank)
+        config.device = f"cuda:{rank}"
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.gpus))
+    torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=job.gpus)
+    try:
+        weights = None if job.checkpoint else random_weights(job, Path(workdir) / f"rank{rank}", device=config.device)
+        engine = Engine(ckpt, config, weights=weights)
+        del weights
+        if rank == 0:
+            meta["load_s"] = time.perf_counter() - meta["t0"]
+            leader = LeaderEngine(engine)
+            try:
+                sweep(leader, job, "tensor_parallel", names, path, meta, done)
+            finally:
+                leader.close()
+        else:
+            follow(engine)
+        torch.distributed.barrier()  # no rank tears the group down while another still talks over it
+    finally:
+        torch.distributed.destroy_process_group()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import socket
 import sys
@@ -102,13 +103,17 @@ def _replicas(job, workdir, policy, path, meta, done) -> None:
         config.device = "cuda"  # each replica sees its own GPU as the first
     adapters = dict(a.split("=", 1) for a in config.adapters)
     env = {k: os.environ[k] for k in ("PYTHONPATH", "VLORA_HOME", "OMP_NUM_THREADS") if k in os.environ}
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), num_gpus=job.gpus if cuda else 0, include_dashboard=False,
+    cpus = max(2, os.cpu_count() or 2)
+    ray.init(num_cpus=cpus, num_gpus=job.gpus if cuda else 0, include_dashboard=False,
              logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env})
     try:
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
         serve.start(proxy_location="Disabled")
         deployment = build_deployment(
             str(ckpt), dataclasses.asdict(config), adapters, num_replicas=job.gpus,
-            ray_actor_options={"num_gpus": 1, "num_cpus": 0} if cuda else {"num_cpus": 0},
+            # Ray sets a replica's OMP_NUM_THREADS to its CPUs (1 for none): give each its share of the
+            # host's cores, as many as a single engine's process has per GPU
+            ray_actor_options={"num_gpus": 1, "num_cpus": max(1, cpus // job.gpus)} if cuda else {"num_cpus": 0},
             max_ongoing_requests=job.replica_capacity or job.max_batch_size, max_adapters_per_replica=len(names),
             builder=None if job.checkpoint else functools.partial(_replica_weights, job, str(workdir)))
         engine = ReplicatedEngine(serve.run(deployment, name="vlora-scaling", route_prefix=None))

@@ -31,6 +31,7 @@ Ray is imported here only: a single-GPU server runs without it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import queue
 import threading
@@ -270,7 +271,7 @@ class ReplicatedEngine:
                 s.steps_by_mode[mode] = s.steps_by_mode.get(mode, 0) + n
         s.mode_switches = sum(c.get("mode_switches", 0) for c in self._counters.values())
         s.switch_ms_total = sum(c.get("switch_ms_total", 0.0) for c in self._counters.values())
-        return s
+        return dataclasses.replace(s, by_replica=dict(s.by_replica))  # a snapshot: callers diff two of them
 
     def list_adapters(self) -> list:
         return []

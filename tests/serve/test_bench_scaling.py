@@ -53,6 +53,7 @@ def test_setups_sweep_to_the_knee_and_resume(vlora_home, tmp_path, monkeypatch):
         assert [r["rate"] for r in rs] == [2.0 * gpus, 1000.0 * gpus] and all(r["gpus"] == gpus for r in rs)
         low, high = rs
         assert low["meets_target"] and low["completed"] == low["requests"] > 0
+        assert all(r["steps_unmerge"] + r["steps_merge"] + r["steps_mixture"] > 0 for r in rs)  # engines' counters
         # a thousand requests/s per process is far past what the tiny model serves on two cores
         assert not high["meets_target"] and high["aborted"] > 0 and high["met_share"] < 0.9
         s = summary["setups"][setup]

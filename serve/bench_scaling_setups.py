@@ -4,7 +4,10 @@ Every setup replays the same traces (serve.orchestrator's generator, one per rat
 Engine API: the engine itself (single), `ReplicatedEngine` over a Ray Serve deployment (replicas),
 or `LeaderEngine` on rank 0 of a tensor-parallel group (tensor_parallel). Each rate's requests
 carry images and words of their own, so no rate finds another's K/V or vision embeddings in a
-cache (replicas cannot empty theirs from the front end). Rows are saved after every rate.
+cache (replicas cannot empty theirs from the front end). Every engine process gets the same
+share of the host's cores, cores / gpus torch threads (Ray gives a replica that many through
+OMP_NUM_THREADS): a single engine with all of them would compare a different machine, and one
+with more threads than cores of its own was measured slower. Rows are saved after every rate.
 """
 
 from __future__ import annotations
@@ -74,9 +77,15 @@ def run_setup(setup: str, job, workdir: Path, path: Path, meta: dict, done: list
         job, workdir, policy, str(path), meta, done)
 
 
+def _engine_threads(job) -> int:
+    """torch threads of one engine process: its share of the host's cores."""
+    return max(1, (os.cpu_count() or 1) // job.gpus)
+
+
 def _single(job, workdir, policy, path, meta, done) -> None:
     from serve.engine import Engine
 
+    torch.set_num_threads(_engine_threads(job))
     ckpt, config, names = engine_plan(job, workdir, policy)
     weights = None if job.checkpoint else random_weights(job, workdir)
     engine = Engine(ckpt, config, weights=weights)
@@ -113,7 +122,7 @@ def _replicas(job, workdir, policy, path, meta, done) -> None:
             str(ckpt), dataclasses.asdict(config), adapters, num_replicas=job.gpus,
             # Ray sets a replica's OMP_NUM_THREADS to its CPUs (1 for none): give each its share of the
             # host's cores, as many as a single engine's process has per GPU
-            ray_actor_options={"num_gpus": 1, "num_cpus": max(1, cpus // job.gpus)} if cuda else {"num_cpus": 0},
+            ray_actor_options={"num_gpus": 1, "num_cpus": _engine_threads(job)} if cuda else {"num_cpus": 0},
             max_ongoing_requests=job.replica_capacity or job.max_batch_size, max_adapters_per_replica=len(names),
             builder=None if job.checkpoint else functools.partial(_replica_weights, job, str(workdir)))
         engine = ReplicatedEngine(serve.run(deployment, name="vlora-scaling", route_prefix=None))
@@ -150,11 +159,10 @@ def _tp_rank(rank, job, ckpt, config, names, port, workdir, path, meta, done) ->
 
     cuda = job.device.startswith("cuda")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(_engine_threads(job))
     if cuda:
         torch.cuda.set_device(rank)
         config.device = f"cuda:{rank}"
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.gpus))
     torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=job.gpus)
     try:
         weights = None if job.checkpoint else random_weights(job, Path(workdir) / f"rank{rank}", device=config.device)

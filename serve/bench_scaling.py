@@ -46,7 +46,7 @@ COLUMNS = ("setup", "gpus", "rate", "met_share", "meets_target", "slo_attainment
 class ScalingBenchJob(ServingBenchJob):
     setups: tuple[str, ...] = ("single", "replicas", "tensor_parallel")
     gpus: int = 2  # GPUs of the replicas and tensor_parallel setups
-    rates: tuple[float, ...] = (10.0, 12.0, 14.0, 16.0, 18.0)  # offered requests/s per GPU, rising
+    rates: tuple[float, ...] = (10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0)  # offered requests/s per GPU, rising
     skewness: tuple[float, ...] = (0.6,)
     policies: tuple = ("v_lora",)  # one policy, the same in every setup
     attainment: float = 0.9  # share of requests within their latency target for a rate to meet it

@@ -163,7 +163,9 @@ def _tp_rank(rank, job, ckpt, config, names, port, workdir, path, meta, done) ->
     if cuda:
         torch.cuda.set_device(rank)
         config.device = f"cuda:{rank}"
-    torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=job.gpus)
+        torch.distributed.init_process_group("nccl", rank=rank, world_size=job.gpus, device_id=torch.device(config.device))
+    else:
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=job.gpus)
     try:
         weights = None if job.checkpoint else random_weights(job, Path(workdir) / f"rank{rank}", device=config.device)
         engine = Engine(ckpt, config, weights=weights)

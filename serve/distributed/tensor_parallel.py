@@ -37,13 +37,20 @@ class TPGroup:
     rank: int
     world_size: int
     group: object = None  # a torch.distributed process group; None: the default group
+    # pickled control messages (the leader's calls, the policy's decisions) go over a gloo group:
+    # on NCCL each one would be copied to the GPU, broadcast and copied back, stalling the host on
+    # the GPU's queue at every step; None: over `group` (already gloo)
+    control: object = None
 
     @classmethod
     def current(cls) -> "TPGroup":
+        """The default group's ranks; with NCCL, a gloo group of the same ranks for control messages
+        (collective: every rank calls it, once, in the same order)."""
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("tensor parallel needs torch.distributed initialised first "
                                "(torch.distributed.init_process_group, e.g. through torchrun)")
-        return cls(dist.get_rank(), dist.get_world_size())
+        control = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        return cls(dist.get_rank(), dist.get_world_size(), control=control)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(x, group=self.group)
@@ -52,7 +59,7 @@ class TPGroup:
     def from_leader(self, obj=None):
         """Rank 0's `obj` on every rank (the others pass nothing): one pickled broadcast."""
         box = [obj if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0, group=self.group)
+        dist.broadcast_object_list(box, src=0, group=self.control if self.control is not None else self.group)
         return box[0]
 
     def agreed_min(self, value: int, device) -> int:

@@ -6,6 +6,7 @@ two GPUs the same runs over NCCL against one GPU (Triton's fp32 dots run in TF32
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 
@@ -22,6 +23,7 @@ ADAPTERS = ("qv8", "all16", "mix")
 PLAN = [(0, "qv8"), (1, None), (2, "all16"), (1, "mix"), (0, "all16")]
 MODES = [Mode.unmerge(), Mode.mixture("all16"), Mode.merge("qv8")]
 MAX_NEW = 4
+RANK_TIMEOUT_S = 600
 
 
 def _config(adapters: dict, tp: int, device: str = "cpu") -> EngineConfig:
@@ -55,12 +57,15 @@ def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path:
     LeaderEngine with the V-LoRA policy deciding, rank 1 follows. device="cuda": GPU `rank`, NCCL."""
     from serve.distributed import LeaderEngine, follow
 
+    faulthandler.dump_traceback_later(RANK_TIMEOUT_S, exit=True)  # a rank stuck in a collective fails, with its stack
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device == "cuda":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world)
+        torch.distributed.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device(device))
+    else:
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
         config = _config(adapters, world, device)
         if lead:

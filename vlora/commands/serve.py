@@ -87,7 +87,10 @@ def _join_tensor_parallel(cfg: DictConfig) -> int:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         cfg.engine.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-    dist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:  # bound to the rank's GPU: collectives never guess the device
+        dist.init_process_group("nccl", device_id=torch.device(cfg.engine.device))
+    else:
+        dist.init_process_group("gloo")
     return dist.get_rank()
 
 

@@ -65,13 +65,13 @@ class EngineReplica:
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     async def _load(self, name: str) -> "_Loaded":
-        if name not in self.adapters:
-            raise ValueError(f"adapter {name!r} is not served; served: {sorted(self.adapters)}")
-        path = self.adapters[name]
-
-        def load(engine):  # an adapter the engine loaded at start (EngineConfig.adapters) is there already
-            if name not in {a["name"] for a in engine.list_adapters()}:
-                engine.load_adapter(name, path)
+        def load(engine):  # an adapter the engine loaded at start (EngineConfig.adapters, a manifest) is there
+            loaded = {a["name"] for a in engine.list_adapters()}
+            if name in loaded:
+                return
+            if name not in self.adapters:
+                raise ValueError(f"adapter {name!r} is not served; served: {sorted(loaded | set(self.adapters))}")
+            engine.load_adapter(name, self.adapters[name])
 
         await asyncio.to_thread(self.loop.call, load)
         return _Loaded(self.loop, name)
@@ -96,8 +96,9 @@ class EngineReplica:
                     "switch_ms_total": stats.switch_ms_total}
         return {**final, "replica": self.replica, "counters": counters}
 
-    def adapters_loaded(self) -> list[str]:
-        return [a["name"] for a in self.loop.call(lambda e: e.list_adapters())]
+    def list_adapters(self) -> list[dict]:
+        """This replica's adapters (Engine.list_adapters)."""
+        return self.loop.call(lambda e: e.list_adapters())
 
 
 class _Loaded:
@@ -143,6 +144,10 @@ def build_deployment(checkpoint: str, engine_config: dict, adapters: dict[str, s
         options["num_replicas"] = num_replicas
     cls = _replica_class(max_adapters_per_replica)
     return serve.deployment(cls, **options).bind(checkpoint, engine_config, adapters, builder)
+
+
+_FIXED_ADAPTERS = ("replicas load adapters on demand from the set given at deployment (build_deployment's "
+                   "adapters, or the engine config's manifest); redeploy to change it")
 
 
 @dataclass
@@ -273,8 +278,16 @@ class ReplicatedEngine:
         s.switch_ms_total = sum(c.get("switch_ms_total", 0.0) for c in self._counters.values())
         return dataclasses.replace(s, by_replica=dict(s.by_replica))  # a snapshot: callers diff two of them
 
-    def list_adapters(self) -> list:
-        return []
+    def list_adapters(self) -> list[dict]:
+        """The adapters of the replica Ray picks (each replica holds those it loaded at start and
+        those it was sent since)."""
+        return self.handle.list_adapters.remote().result()
+
+    def load_adapter(self, name: str, path=None, pin: bool = False):
+        raise ValueError(_FIXED_ADAPTERS)
+
+    def unload_adapter(self, name: str, abort: bool = False):
+        raise ValueError(_FIXED_ADAPTERS)
 
     def close(self) -> None:
         """Stops the thread awaiting responses (requests still in flight are dropped)."""

@@ -11,6 +11,12 @@ Tensor parallel over N GPUs of one host (serve.distributed): launch N ranks with
     VLORA_TOKEN=... torchrun --nproc_per_node N -m vlora.cli serve engine.tensor_parallel_size=N
 
 every rank builds its shard of the engine; rank 0 serves RPyC clients and drives the others.
+
+Replicas on Ray Serve (serve.distributed.replicas; `pip install -e ".[ray]"`), one engine per GPU
+behind this RPyC front end, requests routed by adapter:
+
+    VLORA_TOKEN=... vlora serve replicas.count=2                    # a local Ray cluster
+    VLORA_TOKEN=... vlora serve replicas.ray_address=auto replicas.autoscaling.max_replicas=8
 """
 
 from __future__ import annotations
@@ -35,11 +41,9 @@ def checkpoint_path(model_cfg) -> Path:
     return path
 
 
-def build_engine(cfg: DictConfig):
-    """The engine of cfg.model / cfg.engine with the adapters of cfg.adapters (a fusion manifest,
-    when it exists, and any extra PEFT directories) loaded at start."""
-    from serve.engine import Engine, EngineConfig
-
+def engine_values(cfg: DictConfig) -> dict:
+    """EngineConfig fields of cfg.engine: the policy's settings, the adapters of cfg.adapters (a
+    fusion manifest, when it exists, and any extra PEFT directories) to load at start."""
     values = {**OmegaConf.to_container(cfg.engine, resolve=True), "dtype": cfg.model.dtype}
     policy = values.get("policy")
     if isinstance(policy, str) and policy != "fcfs":  # the policy's settings from conf/orchestrator/<name>.yaml
@@ -55,7 +59,14 @@ def build_engine(cfg: DictConfig):
         values["adapter_manifest"] = str(manifest)
     if cfg.adapters.extra:
         values["adapters"] = tuple(cfg.adapters.extra)
-    engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict(values))
+    return values
+
+
+def build_engine(cfg: DictConfig):
+    """The engine of cfg.model / cfg.engine with cfg.adapters loaded at start."""
+    from serve.engine import Engine, EngineConfig
+
+    engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict(engine_values(cfg)))
     names = [a["name"] for a in engine.list_adapters()]
     print(f"vlora serve: {cfg.model.name} with {len(names)} adapter(s){': ' + ', '.join(names) if names else ''}",
           file=sys.stderr, flush=True)
@@ -110,8 +121,17 @@ def run(cfg: DictConfig):
         raise SystemExit("vlora serve: no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters")
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
     tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1
+    replicated = "replicas" in cfg and (int(cfg.replicas.count) > 1 or cfg.replicas.autoscaling is not None)
+    if tensor_parallel and replicated:
+        raise SystemExit("vlora serve: replicas of tensor-parallel groups are not supported here; "
+                         "give engine.tensor_parallel_size or replicas, not both")
     rank = _join_tensor_parallel(cfg) if tensor_parallel else 0
-    engine = build_engine(cfg)
+    if replicated:
+        from .serve_replicas import start_replicas
+
+        engine = start_replicas(cfg, engine_values(cfg), checkpoint_path(cfg.model))
+    else:
+        engine = build_engine(cfg)
     if tensor_parallel:
         from serve.distributed import LeaderEngine, follow
 
@@ -130,3 +150,7 @@ def run(cfg: DictConfig):
         if tensor_parallel:  # the leader releases its followers, then the group ends together
             engine.close()
             _leave_tensor_parallel()
+        if replicated:
+            from .serve_replicas import stop_replicas
+
+            stop_replicas(engine)

@@ -1,0 +1,56 @@
+"""`vlora serve replicas.count=2` on CPU: a local Ray cluster with two engine replicas behind the
+RPyC front end. Clients list the adapters, get the single engine's tokens for requests of two
+adapters and none, see the server healthy, and are told why adapters cannot be loaded at run time."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from adapter_cases import build_adapters
+from rpc_server import TOKEN, ServerProcess
+
+from serve import Engine, EngineConfig, Request, SamplingParams
+from serve.rpc import Client, ServerError
+
+pytest.importorskip("ray.serve")
+
+NAME = "qwen2_vl_tiny"
+
+
+def test_replicas_behind_vlora_serve(tiny_zoo, vlora_home, tmp_path):
+    adapters = {n: str(p) for n, p in build_adapters(tiny_zoo[NAME], tmp_path, ("qv8", "all16")).items()}
+    specs = tuple(f"{n}={p}" for n, p in adapters.items())
+    rng = np.random.default_rng(0)
+    cases = [("How many cars?", [rng.integers(0, 256, (64, 80, 3), dtype=np.uint8)], a)
+             for a in ("qv8", "all16", None, "qv8")]
+    engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=96, adapters=specs))
+    want = [engine.generate(Request(prompt=p, images=list(imgs), adapter=a,
+                                    sampling=SamplingParams(max_tokens=6, ignore_eos=True))).token_ids
+            for p, imgs, a in cases]
+    server = ServerProcess(tiny_zoo[NAME], vlora_home, "replicas.count=2", "replicas.cpus_per_replica=0",
+                           "engine.policy=fcfs", "adapters.extra=[" + ",".join(f"'{s}'" for s in specs) + "]")
+    try:
+        got: dict[int, list[int]] = {}
+
+        def ask(i: int) -> None:
+            prompt, imgs, adapter = cases[i]
+            with Client("127.0.0.1", server.port, TOKEN) as c:
+                got[i] = c.submit_image(prompt, imgs, adapter=adapter,
+                                        sampling={"max_tokens": 6, "ignore_eos": True}).result(120)["token_ids"]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(cases))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert got == dict(enumerate(want))
+        with Client("127.0.0.1", server.port, TOKEN) as c:
+            assert {a["name"] for a in c.list_adapters()} == {"qv8", "all16"}
+            assert c.health()["healthy"]
+            with pytest.raises(ServerError, match="redeploy"):
+                c.load_adapter("more", adapters["qv8"])
+    finally:
+        server.stop()
+    assert any("2 replica(s)" in line for line in server.lines)

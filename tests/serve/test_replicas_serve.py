@@ -30,7 +30,8 @@ def test_replicas_behind_vlora_serve(tiny_zoo, vlora_home, tmp_path):
                                     sampling=SamplingParams(max_tokens=6, ignore_eos=True))).token_ids
             for p, imgs, a in cases]
     server = ServerProcess(tiny_zoo[NAME], vlora_home, "replicas.count=2", "replicas.cpus_per_replica=0",
-                           "engine.policy=fcfs", "adapters.extra=[" + ",".join(f"'{s}'" for s in specs) + "]")
+                           "engine.policy=fcfs", f"adapters.manifest={tmp_path}/no-manifest.json",  # only these two
+                           "adapters.extra=[" + ",".join(f"'{s}'" for s in specs) + "]")
     try:
         got: dict[int, list[int]] = {}
 

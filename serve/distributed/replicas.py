@@ -43,6 +43,7 @@ from ray import serve
 
 from serve.engine import EngineConfig, RequestMetrics, RequestOutput
 
+
 class EngineReplica:
     """One engine; adapters load on demand through Ray Serve's multiplexing (`adapter`, added by
     `build_deployment` with the replica's adapter limit)."""
@@ -61,6 +62,8 @@ class EngineReplica:
         self.engine = Engine(checkpoint, EngineConfig.from_dict(engine_config), weights=weights)
         del weights
         self.adapters = dict(adapters)  # name -> PEFT directory this replica may load
+        # loaded at start (config, manifest): served for the replica's life, never unloaded by Ray's LRU
+        self.startup = frozenset(a["name"] for a in self.engine.list_adapters())
         self.loop = EngineLoop(self.engine).start()
         self.replica = serve.get_replica_context().replica_id.unique_id
 
@@ -74,7 +77,7 @@ class EngineReplica:
             engine.load_adapter(name, self.adapters[name])
 
         await asyncio.to_thread(self.loop.call, load)
-        return _Loaded(self.loop, name)
+        return _Loaded(self.loop, name, unload=name not in self.startup)
 
     async def generate(self, request) -> dict[str, Any]:
         """The request's final event (serve.rpc.loop's format), this replica's id and its engine's
@@ -102,12 +105,15 @@ class EngineReplica:
 
 
 class _Loaded:
-    """A multiplexed adapter; Ray drops it (LRU) past the replica's limit, which unloads it."""
+    """A multiplexed adapter; Ray drops it (LRU) past the replica's limit, which unloads it
+    (unless the replica loaded it at start)."""
 
-    def __init__(self, loop, name: str):
-        self.loop, self.name = loop, name
+    def __init__(self, loop, name: str, unload: bool = True):
+        self.loop, self.name, self.unload = loop, name, unload
 
     def __del__(self):
+        if not self.unload:
+            return
         try:
             self.loop.call(lambda e: e.unload_adapter(self.name), timeout=5.0)
         except Exception:  # still referenced by running requests, or the replica is going away

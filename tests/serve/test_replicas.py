@@ -130,13 +130,35 @@ def test_a_full_replica_spills_its_adapter_to_the_other(cluster):
         serve.delete("capped")
 
 
+def test_adapters_loaded_at_start_outlive_the_multiplexing_limit(cluster):
+    from serve.distributed.replicas import ReplicatedEngine, build_deployment
+
+    ckpt, adapters, config, _ = cluster
+    startup = {**config, "adapters": [f"{n}={p}" for n, p in adapters.items()]}  # as vlora serve's manifest
+    handle = serve.run(build_deployment(str(ckpt), startup, {}, num_replicas=1, max_adapters_per_replica=1),
+                       name="startup", route_prefix=None)
+    engine = ReplicatedEngine(handle)
+    try:
+        for i, name in enumerate(ADAPTERS + ADAPTERS):  # each one pushes the one before out of Ray's LRU
+            r = _requests(1)[0]
+            r.adapter, r.request_id = name, f"startup-{i}"
+            out = _drive(engine, [r])[r.request_id]
+            assert out.finish_reason == "length", (name, out)
+        assert {a["name"] for a in engine.list_adapters()} == set(ADAPTERS)
+    finally:
+        engine.close()
+        serve.delete("startup")
+
+
 def test_a_killed_replica_loses_no_request(cluster):
     ckpt, adapters, config, engine = cluster
     requests = _requests(16, tokens=256)  # long enough to be in flight on both replicas when one dies
     for r in requests:
-        r.request_id = f"k-{r.request_id}"
-    names = [n for n in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in str(n)]
-    assert len(names) == 2
+        # no adapter: Ray spreads them over both replicas by queue length, so the victim has some
+        r.request_id, r.adapter = f"k-{r.request_id}", None
+    names = [n for n in ray.util.list_named_actors(all_namespaces=True)
+             if "SERVE_REPLICA" in str(n) and "vlora#" in str(n)]  # this app's, not a test's app going away
+    assert len(names) == 2, names
     victim, errors = names[0], []
 
     def kill():

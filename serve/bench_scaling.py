@@ -67,6 +67,7 @@ class ScalingBenchJob(ServingBenchJob):
             raise ValueError(f"rates {list(self.rates)} must rise and be positive")
         if self.gpus < 2 or not 0 < self.attainment <= 1:
             raise ValueError(f"gpus ({self.gpus}) must be at least 2 and attainment ({self.attainment}) in (0, 1]")
+        self.workload()  # a bad workload (e.g. skewness for too few adapters) fails here, not after loading
 
     def setup_gpus(self, setup: str) -> int:
         return 1 if setup == "single" else self.gpus

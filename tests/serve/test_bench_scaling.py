@@ -34,6 +34,8 @@ def test_bad_jobs_are_refused():
         ScalingBenchJob(rates=(10.0, 8.0))
     with pytest.raises(ValueError, match="one policy"):
         ScalingBenchJob(policies=("v_lora", "unmerge_only"))
+    with pytest.raises(ValueError, match="skewness 0.6"):
+        ScalingBenchJob(adapters=1)
 
 
 def test_setups_sweep_to_the_knee_and_resume(vlora_home, tmp_path, monkeypatch):
@@ -72,3 +74,23 @@ def test_setups_sweep_to_the_knee_and_resume(vlora_home, tmp_path, monkeypatch):
     rows_again, summary_again = run_scaling_bench(job)
     assert {s: (out / f"scaling_{s}.json").read_text() for s in setups} == saved
     assert rows_again == rows and summary_again == summary
+
+
+def test_the_command_runs_the_single_setup(vlora_home, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    overrides = ["bench.suite=scaling", "bench.scaling.device=cpu", "bench.scaling.model=qwen2_vl_tiny",
+                 "bench.scaling.dtype=float32", "bench.scaling.adapters=2", "bench.scaling.rank=8",
+                 "bench.scaling.setups=[single]", "bench.scaling.rates=[2,1000]", "bench.scaling.duration_s=2",
+                 "bench.scaling.drain_s=2", "bench.scaling.warmup_s=0", "bench.scaling.image_size=56",
+                 "bench.scaling.video_frames=[1,2]", "bench.scaling.max_batch_size=8", "bench.scaling.profile=assumed",
+                 f"bench.out_dir={tmp_path}", f"hydra.run.dir={tmp_path}/run"]
+    env = {**os.environ, "VLORA_HOME": str(vlora_home), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "vlora", "bench", *overrides], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "cpu" / "scaling.json").read_text())
+    assert set(summary["setups"]) == {"single"} and summary["setups"]["single"]["bounded"]
+    assert "single" in done.stdout and "capacity" in done.stdout

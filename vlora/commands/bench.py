@@ -26,7 +26,7 @@ def run(cfg: DictConfig) -> dict:
     if b.suite not in SUITES:
         raise SystemExit(f"bench.suite={b.suite!r} is not one of {SUITES}")
     if b.suite in ("serving", "scaling"):  # before the CUDA check: device=cpu with a tiny zoo model runs anywhere
-        return _serving(b) if b.suite == "serving" else _scaling(b)
+        return _replay(b)
     if b.suite == "streams":  # before the CUDA check too: device=cpu with a tiny zoo model runs anywhere
         return _streams(b)
     if not torch.cuda.is_available():
@@ -85,26 +85,20 @@ def _policies(values: dict) -> tuple:
     return tuple(policies)
 
 
-def _serving(b: DictConfig) -> dict:
-    """Every orchestrator policy on the real engine; named policies take conf/orchestrator/<name>.yaml."""
-    from serve.bench_serving import ServingBenchJob, run_serving_bench
-
-    values = OmegaConf.to_container(b.serving, resolve=True)
+def _replay(b: DictConfig) -> dict:
+    """suite=serving: every orchestrator policy on the real engine; suite=scaling: one policy on one
+    GPU and on several. Named policies take conf/orchestrator/<name>.yaml."""
+    if b.suite == "serving":
+        from serve.bench_serving import ServingBenchJob as Job
+        from serve.bench_serving import run_serving_bench as run_job
+    else:
+        from serve.bench_scaling import ScalingBenchJob as Job
+        from serve.bench_scaling import run_scaling_bench as run_job
+    values = OmegaConf.to_container(b[b.suite], resolve=True)
     policies = _policies(values)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    rows, meta = run_serving_bench(to_dataclass(ServingBenchJob, values, policies=policies, out_dir=b.out_dir))
-    return {"serving": rows, "meta": meta}
-
-
-def _scaling(b: DictConfig) -> dict:
-    """The serving workload on one GPU and on several (replicas, tensor parallel): requests/s at target."""
-    from serve.bench_scaling import ScalingBenchJob, run_scaling_bench
-
-    values = OmegaConf.to_container(b.scaling, resolve=True)
-    policies = _policies(values)
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    rows, summary = run_scaling_bench(to_dataclass(ScalingBenchJob, values, policies=policies, out_dir=b.out_dir))
-    return {"scaling": rows, "summary": summary}
+    rows, meta = run_job(to_dataclass(Job, values, policies=policies, out_dir=b.out_dir))
+    return {b.suite: rows, "meta": meta}
 
 
 def _streams(b: DictConfig) -> dict:

@@ -15,16 +15,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from serve.bench_serving import engine_plan, random_weights
+from serve.bench_serving import engine_plan, random_weights, serving_engine
 from serve.bench_serving_replay import build_requests, replay
 from serve.orchestrator import generate
 
@@ -83,13 +81,8 @@ def _engine_threads(job) -> int:
 
 
 def _single(job, workdir, policy, path, meta, done) -> None:
-    from serve.engine import Engine
-
     torch.set_num_threads(_engine_threads(job))
-    ckpt, config, names = engine_plan(job, workdir, policy)
-    weights = None if job.checkpoint else random_weights(job, workdir)
-    engine = Engine(ckpt, config, weights=weights)
-    del weights
+    engine, names = serving_engine(job, workdir, policy)
     meta["load_s"] = time.perf_counter() - meta["t0"]
     sweep(engine, job, "single", names, path, meta, done)
 
@@ -101,23 +94,17 @@ def _replica_weights(job, workdir: str) -> tuple[str, dict]:
 
 
 def _replicas(job, workdir, policy, path, meta, done) -> None:
-    import ray
     from ray import serve
 
-    from serve.distributed.replicas import ReplicatedEngine, build_deployment
+    from serve.distributed.replicas import ReplicatedEngine, build_deployment, start_serve, stop_serve
 
     ckpt, config, names = engine_plan(job, workdir, policy)
     cuda = job.device.startswith("cuda")
     if cuda:
         config.device = "cuda"  # each replica sees its own GPU as the first
     adapters = dict(a.split("=", 1) for a in config.adapters)
-    env = {k: os.environ[k] for k in ("PYTHONPATH", "VLORA_HOME", "OMP_NUM_THREADS") if k in os.environ}
-    cpus = max(2, os.cpu_count() or 2)
-    ray.init(num_cpus=cpus, num_gpus=job.gpus if cuda else 0, include_dashboard=False,
-             logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env})
+    start_serve(num_cpus=max(2, os.cpu_count() or 2), num_gpus=job.gpus if cuda else 0)
     try:
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        serve.start(proxy_location="Disabled")
         deployment = build_deployment(
             str(ckpt), dataclasses.asdict(config), adapters, num_replicas=job.gpus,
             # Ray sets a replica's OMP_NUM_THREADS to its CPUs (1 for none): give each its share of the
@@ -134,38 +121,27 @@ def _replicas(job, workdir, policy, path, meta, done) -> None:
         meta["by_replica"] = dict(engine.stats().by_replica)
         save_rows(path, rows, meta)
     finally:
-        serve.shutdown()
-        ray.shutdown()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        stop_serve()
 
 
 def _tensor_parallel(job, workdir, policy, path, meta, done) -> None:
     import torch.multiprocessing as mp
 
+    from serve.distributed import free_port
+
     ckpt, config, names = engine_plan(job, workdir, policy)
     config.tensor_parallel_size = job.gpus
-    mp.spawn(_tp_rank, args=(job, str(ckpt), config, names, _free_port(), str(workdir), path, meta, done),
+    mp.spawn(_tp_rank, args=(job, str(ckpt), config, names, free_port(), str(workdir), path, meta, done),
              nprocs=job.gpus, join=True)
 
 
 def _tp_rank(rank, job, ckpt, config, names, port, workdir, path, meta, done) -> None:
-    from serve.distributed import LeaderEngine, follow
+    from serve.distributed import LeaderEngine, follow, join_group
     from serve.engine import Engine
 
-    cuda = job.device.startswith("cuda")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(_engine_threads(job))
-    if cuda:
-        torch.cuda.set_device(rank)
-        config.device = f"cuda:{rank}"
-        torch.distributed.init_process_group("nccl", rank=rank, world_size=job.gpus, device_id=torch.device(config.device))
-    else:
-        torch.distributed.init_process_group("gloo", rank=rank, world_size=job.gpus)
+    config.device = join_group(job.device, rank, rank, job.gpus)
     try:
         weights = None if job.checkpoint else random_weights(job, Path(workdir) / f"rank{rank}", device=config.device)
         engine = Engine(ckpt, config, weights=weights)

@@ -165,7 +165,7 @@ def engine_plan(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, di
     return ckpt, config, [n for n, _ in dirs]
 
 
-def _engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, dict]):
+def serving_engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, dict]):
     """The engine with the adapters loaded at start (profile="measure" times them) and their names."""
     from serve.engine import Engine
 
@@ -234,7 +234,7 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
     first = next(((n, p) for n, p in policies.items() if n != "fcfs"), ("fcfs", {}))
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     t0 = time.perf_counter()
-    engine, names = _engine(job, workdir, first)
+    engine, names = serving_engine(job, workdir, first)
     load_s = time.perf_counter() - t0
     engine.cost_profile.save(out / "profile.json")
     _warm_up(engine, job, names)

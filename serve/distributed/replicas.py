@@ -33,15 +33,34 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
+import os
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import ray
 from ray import serve
 
 from serve.engine import EngineConfig, RequestMetrics, RequestOutput
+
+
+def start_serve(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+    """Starts a local Ray cluster (address None) or joins one, then Ray Serve without its HTTP proxy
+    (clients come in through the RPyC front end). Ray's workers get this process's PYTHONPATH,
+    VLORA_HOME and OMP_NUM_THREADS."""
+    env = {k: os.environ[k] for k in ("PYTHONPATH", "VLORA_HOME", "OMP_NUM_THREADS") if k in os.environ}
+    ray.init(address=address, num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+             logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env})
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    serve.start(proxy_location="Disabled")
+
+
+def stop_serve() -> None:
+    serve.shutdown()
+    ray.shutdown()
 
 
 class EngineReplica:

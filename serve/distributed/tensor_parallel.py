@@ -69,6 +69,29 @@ class TPGroup:
         return int(t.item())
 
 
+def free_port() -> int:
+    """A free loopback TCP port, for the rendezvous of a group started on this host."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join_group(device: str, local_rank: int, rank: int | None = None, world_size: int | None = None) -> str:
+    """Joins the default process group (rank / world_size, or torchrun's environment when None):
+    NCCL bound to GPU `local_rank` when device is a CUDA one, gloo otherwise. Returns the rank's
+    device ("cuda:<local_rank>" or device)."""
+    given = {} if rank is None else {"rank": rank, "world_size": world_size}
+    if device.startswith("cuda"):
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"  # bound to the rank's GPU: collectives never guess the device
+        dist.init_process_group("nccl", device_id=torch.device(device), **given)
+    else:
+        dist.init_process_group("gloo", **given)
+    return device
+
+
 def check_divisible(args, world_size: int) -> None:
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):
         if getattr(args, name) % world_size:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import socket
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from adapter_cases import build_adapters
 from serve_cases import case_specs, make_request
 
 from serve import Engine, EngineConfig
+from serve.distributed import free_port
 from serve.orchestrator import Mode
 
 ADAPTERS = ("qv8", "all16", "mix")
@@ -55,17 +55,12 @@ def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path:
           device: str = "cpu") -> None:
     """lead=False: every rank runs the same calls (SPMD); lead=True: rank 0 drives through
     LeaderEngine with the V-LoRA policy deciding, rank 1 follows. device="cuda": GPU `rank`, NCCL."""
-    from serve.distributed import LeaderEngine, follow
+    from serve.distributed import LeaderEngine, follow, join_group
 
     faulthandler.dump_traceback_later(RANK_TIMEOUT_S, exit=True)  # a rank stuck in a collective fails, with its stack
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
-        torch.distributed.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device(device))
-    else:
-        torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    device = join_group(device, rank, rank, world)
     try:
         config = _config(adapters, world, device)
         if lead:
@@ -105,12 +100,6 @@ def _requests() -> list:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def setup(vlora_home, tmp_path_factory):
     from vlora.zoo import build_checkpoint
@@ -128,7 +117,7 @@ def test_two_rank_tensor_parallel_matches_one_process_in_every_mode(setup, tmp_p
     want = _run_modes(Engine(ckpt, _config(adapters, 1, device)))
     want = {k: (tokens, logits.cpu()) for k, (tokens, logits) in want.items()}
     out = str(tmp_path / "tp")
-    mp.spawn(_rank, args=(2, _free_port(), ckpt, adapters, out, False, device), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), ckpt, adapters, out, False, device), nprocs=2, join=True)
     for rank in (0, 1):
         got = torch.load(f"{out}.{rank}", weights_only=False)
         # the tiny model has 4 query heads, 2 K/V heads and 512 intermediate: each rank holds half
@@ -144,7 +133,7 @@ def test_rank_zero_leads_with_the_policy_deciding_once_for_both_ranks(setup, tmp
     torch.set_num_threads(1)
     want = {o.request_id: (o.token_ids, torch.stack(o.logits)) for o in Engine(ckpt, _config(adapters, 1)).generate(_requests())}
     out = str(tmp_path / "lead")
-    mp.spawn(_rank, args=(2, _free_port(), ckpt, adapters, out, True), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), ckpt, adapters, out, True), nprocs=2, join=True)
     leader, follower = (torch.load(f"{out}.{r}", weights_only=False) for r in (0, 1))
     assert set(leader["result"]) == set(want)
     for rid, (tokens, logits) in leader["result"].items():

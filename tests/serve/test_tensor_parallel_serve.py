@@ -4,22 +4,16 @@ single-process engine, and the whole group goes away on SIGTERM."""
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import numpy as np
 from rpc_server import TOKEN, ServerProcess
 
 from serve import Engine, EngineConfig, Request, SamplingParams
+from serve.distributed import free_port
 from serve.rpc import Client
 
 NAME = "qwen2_vl_tiny"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_rank_server_answers_like_one_process(tiny_zoo, vlora_home):
@@ -31,7 +25,7 @@ def test_two_rank_server_answers_like_one_process(tiny_zoo, vlora_home):
                                     sampling=SamplingParams(max_tokens=6, ignore_eos=True))).token_ids
             for p, imgs, clip in cases]
     launcher = ("torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                "--master_port", str(_port()), "-m")
+                "--master_port", str(free_port()), "-m")
     server = ServerProcess(tiny_zoo[NAME], vlora_home, "engine.tensor_parallel_size=2", "engine.policy=fcfs",
                            launcher=launcher)
     try:

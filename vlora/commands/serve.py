@@ -90,18 +90,14 @@ def _join_tensor_parallel(cfg: DictConfig) -> int:
     import torch
     import torch.distributed as dist
 
+    from serve.distributed import join_group
+
     size = int(cfg.engine.tensor_parallel_size)
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 1)) != size:
         raise SystemExit(f"vlora serve: engine.tensor_parallel_size={size} needs {size} ranks started by torchrun "
                          f"(torchrun --nproc_per_node {size} -m vlora.cli serve ...)")
     cuda = cfg.engine.device != "cpu" and torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        cfg.engine.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-    if cuda:  # bound to the rank's GPU: collectives never guess the device
-        dist.init_process_group("nccl", device_id=torch.device(cfg.engine.device))
-    else:
-        dist.init_process_group("gloo")
+    cfg.engine.device = join_group("cuda" if cuda else "cpu", int(os.environ.get("LOCAL_RANK", 0)))
     return dist.get_rank()
 
 

@@ -7,7 +7,6 @@ as to one engine. Ray is imported only here.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -18,23 +17,19 @@ def start_replicas(cfg: DictConfig, values: dict, checkpoint: Path):
     """Starts (or joins, replicas.ray_address) a Ray cluster, deploys the replicas, returns the
     ReplicatedEngine over them."""
     try:
-        import ray
         from ray import serve
+
+        from serve.distributed.replicas import ReplicatedEngine, build_deployment, start_serve
     except ImportError as e:
         raise SystemExit(f'vlora serve: replicas need Ray Serve (pip install -e ".[ray]"): {e}') from e
     import torch
-
-    from serve.distributed.replicas import ReplicatedEngine, build_deployment
 
     r = cfg.replicas
     cuda = values.get("device", "auto") != "cpu" and torch.cuda.is_available()
     if cuda:
         values["device"] = "cuda"  # a replica sees the GPU Ray gave it as the first
     autoscaling = OmegaConf.to_container(r.autoscaling, resolve=True) if r.autoscaling is not None else None
-    env = {k: os.environ[k] for k in ("PYTHONPATH", "VLORA_HOME", "OMP_NUM_THREADS") if k in os.environ}
-    ray.init(address=r.ray_address, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": env})
-    serve.start(proxy_location="Disabled")
+    start_serve(address=r.ray_address)
     actor = {"num_gpus": float(r.gpus_per_replica), "num_cpus": float(r.cpus_per_replica)} if cuda \
         else {"num_cpus": float(r.cpus_per_replica)}
     deployment = build_deployment(str(checkpoint), values, {}, num_replicas=int(r.count),
@@ -48,9 +43,7 @@ def start_replicas(cfg: DictConfig, values: dict, checkpoint: Path):
 
 
 def stop_replicas(engine) -> None:
-    import ray
-    from ray import serve
+    from serve.distributed.replicas import stop_serve
 
     engine.close()
-    serve.shutdown()
-    ray.shutdown()
+    stop_serve()

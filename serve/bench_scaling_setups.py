@@ -136,12 +136,13 @@ def _tensor_parallel(job, workdir, policy, path, meta, done) -> None:
 
 
 def _tp_rank(rank, job, ckpt, config, names, port, workdir, path, meta, done) -> None:
-    from serve.distributed import LeaderEngine, follow, join_group
+    from serve.distributed import LeaderEngine, follow, join_group, leave_group
     from serve.engine import Engine
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(_engine_threads(job))
     config.device = join_group(job.device, rank, rank, job.gpus)
+    engine = None
     try:
         weights = None if job.checkpoint else random_weights(job, Path(workdir) / f"rank{rank}", device=config.device)
         engine = Engine(ckpt, config, weights=weights)
@@ -155,6 +156,6 @@ def _tp_rank(rank, job, ckpt, config, names, port, workdir, path, meta, done) ->
                 leader.close()
         else:
             follow(engine)
-        torch.distributed.barrier()  # no rank tears the group down while another still talks over it
+        leave_group(engine)
     finally:
-        torch.distributed.destroy_process_group()
+        leave_group(engine, wait=False)  # a failing rank: its peers may never reach the barrier

@@ -6,6 +6,6 @@ rank 0 serves through `LeaderEngine` and the other ranks run `follow(engine)`.
 """
 
 from .driver import LeaderEngine, follow
-from .tensor_parallel import TPGroup, check_divisible, free_port, join_group, shard_model, split_columns, split_rows
+from .tensor_parallel import TPGroup, check_divisible, free_port, join_group, leave_group, shard_model, split_columns, split_rows
 
-__all__ = ["TPGroup", "check_divisible", "free_port", "join_group", "shard_model", "split_columns", "split_rows", "LeaderEngine", "follow"]
+__all__ = ["TPGroup", "check_divisible", "free_port", "join_group", "leave_group", "shard_model", "split_columns", "split_rows", "LeaderEngine", "follow"]

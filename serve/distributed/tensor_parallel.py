@@ -92,6 +92,20 @@ def join_group(device: str, local_rank: int, rank: int | None = None, world_size
     return device
 
 
+def leave_group(engine=None, wait: bool = True) -> None:
+    """Ends this rank's part in the default group: frees `engine`'s decode CUDA graphs (their
+    captured NCCL all-reduces would make destroy_process_group hang), waits for every rank (none
+    loses a peer mid-call: gloo aborts a process whose peer vanished) and destroys the group.
+    `engine`: an Engine or a LeaderEngine, or None when the rank built none; wait=False on a
+    failing rank, whose peers may never reach the barrier. Does nothing once the group is gone."""
+    if engine is not None:
+        engine.release_graphs()
+    if dist.is_initialized():
+        if wait:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
 def check_divisible(args, world_size: int) -> None:
     for name in ("num_heads", "num_kv_heads", "intermediate_size"):
         if getattr(args, name) % world_size:

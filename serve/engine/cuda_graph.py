@@ -79,6 +79,17 @@ class DecodeGraphs:
                 graphs[bs] = graph
         torch.cuda.synchronize()
 
+    def release(self) -> None:
+        """Frees every graph and their memory pool. Graphs that captured NCCL collectives (tensor
+        parallel) must go before the process group does: torch.distributed's
+        destroy_process_group otherwise waits forever on the communicator they still use."""
+        torch.cuda.synchronize()  # no replay still running
+        for graphs in (self.graphs, self.lora_graphs, self.mixture_graphs):
+            for graph in graphs.values():
+                graph.reset()
+            graphs.clear()
+        self.pool = None
+
     def can_run(self, inputs: StepInputs) -> bool:
         ctx = inputs.context
         if ctx.lora is None:

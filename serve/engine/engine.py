@@ -264,6 +264,11 @@ class Engine:
         self.runner.encoder_cache.clear()
         return dropped
 
+    def release_graphs(self) -> None:
+        """Frees the decode CUDA graphs; later decode steps run eagerly. A tensor-parallel rank
+        calls it (through serve.distributed.leave_group) before its process group is destroyed."""
+        self.runner.release_graphs()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)
 

@@ -63,6 +63,12 @@ class ModelRunner:
                                        args.hidden_size, dtype, device, lora_buffers, mixture_buffers)
             self.graphs.capture()
 
+    def release_graphs(self) -> None:
+        """Drops the decode CUDA graphs (decode then runs eagerly)."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+
     @torch.no_grad()
     def _profile_peak(self) -> None:
         """A forward over a full token budget without a cache, so the activation peak is measured."""

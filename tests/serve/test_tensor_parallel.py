@@ -23,7 +23,7 @@ ADAPTERS = ("qv8", "all16", "mix")
 PLAN = [(0, "qv8"), (1, None), (2, "all16"), (1, "mix"), (0, "all16")]
 MODES = [Mode.unmerge(), Mode.mixture("all16"), Mode.merge("qv8")]
 MAX_NEW = 4
-RANK_TIMEOUT_S = 600
+RANK_TIMEOUT_S = int(os.environ.get("VLORA_TEST_RANK_TIMEOUT_S", 600))
 
 
 def _config(adapters: dict, tp: int, device: str = "cpu") -> EngineConfig:
@@ -55,12 +55,13 @@ def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path:
           device: str = "cpu") -> None:
     """lead=False: every rank runs the same calls (SPMD); lead=True: rank 0 drives through
     LeaderEngine with the V-LoRA policy deciding, rank 1 follows. device="cuda": GPU `rank`, NCCL."""
-    from serve.distributed import LeaderEngine, follow, join_group
+    from serve.distributed import LeaderEngine, follow, join_group, leave_group
 
     faulthandler.dump_traceback_later(RANK_TIMEOUT_S, exit=True)  # a rank stuck in a collective fails, with its stack
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = join_group(device, rank, rank, world)
+    engine = None
     try:
         config = _config(adapters, world, device)
         if lead:
@@ -83,11 +84,9 @@ def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path:
             result = {k: (tokens, logits.cpu()) for k, (tokens, logits) in result.items()}
         torch.save({"result": result, "shapes": shapes, "modes": modes, "switches": engine.stats().mode_switches},
                    f"{out_path}.{rank}")
-        # neither rank tears the group down while the other still talks over it (gloo aborts the
-        # process whose peer vanished mid-connection)
-        torch.distributed.barrier()
+        leave_group(engine)  # on GPUs this returns only when the NCCL graphs were freed first
     finally:
-        torch.distributed.destroy_process_group()
+        leave_group(engine, wait=False)
 
 
 def _requests() -> list:
@@ -109,8 +108,11 @@ def setup(vlora_home, tmp_path_factory):
                                                             ADAPTERS).items()}
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+DEVICES = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason="needs two GPUs"))])
+
+
+@DEVICES
 def test_two_rank_tensor_parallel_matches_one_process_in_every_mode(setup, tmp_path, device):
     ckpt, adapters = setup
     torch.set_num_threads(1)
@@ -128,17 +130,19 @@ def test_two_rank_tensor_parallel_matches_one_process_in_every_mode(setup, tmp_p
             torch.testing.assert_close(logits, want[rid][1], atol=1e-4 if device == "cpu" else 1e-2, rtol=0)
 
 
-def test_rank_zero_leads_with_the_policy_deciding_once_for_both_ranks(setup, tmp_path):
+@DEVICES
+def test_rank_zero_leads_with_the_policy_deciding_once_for_both_ranks(setup, tmp_path, device):
     ckpt, adapters = setup
     torch.set_num_threads(1)
-    want = {o.request_id: (o.token_ids, torch.stack(o.logits)) for o in Engine(ckpt, _config(adapters, 1)).generate(_requests())}
+    want = {o.request_id: (o.token_ids, torch.stack(o.logits).cpu())
+            for o in Engine(ckpt, _config(adapters, 1, device)).generate(_requests())}
     out = str(tmp_path / "lead")
-    mp.spawn(_rank, args=(2, free_port(), ckpt, adapters, out, True), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), ckpt, adapters, out, True, device), nprocs=2, join=True)
     leader, follower = (torch.load(f"{out}.{r}", weights_only=False) for r in (0, 1))
     assert set(leader["result"]) == set(want)
     for rid, (tokens, logits) in leader["result"].items():
         assert tokens == want[rid][0], rid
-        torch.testing.assert_close(logits, want[rid][1], atol=1e-4, rtol=0)
+        torch.testing.assert_close(logits, want[rid][1], atol=1e-4 if device == "cpu" else 1e-2, rtol=0)
     # the follower ran the very same steps in the very same modes, switches included
     assert follower["modes"] == leader["modes"] and follower["switches"] == leader["switches"]
     assert leader["switches"] > 0 and sum(leader["modes"].values()) > 0

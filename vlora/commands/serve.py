@@ -101,14 +101,6 @@ def _join_tensor_parallel(cfg: DictConfig) -> int:
     return dist.get_rank()
 
 
-def _leave_tensor_parallel() -> None:
-    """Every rank waits for the others before the group goes, so no rank loses a peer mid-call."""
-    import torch.distributed as dist
-
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
@@ -129,11 +121,11 @@ def run(cfg: DictConfig):
     else:
         engine = build_engine(cfg)
     if tensor_parallel:
-        from serve.distributed import LeaderEngine, follow
+        from serve.distributed import LeaderEngine, follow, leave_group
 
         if rank != 0:  # the other ranks run what rank 0 sends until it closes
             follow(engine)
-            _leave_tensor_parallel()
+            leave_group(engine)
             return
         engine = LeaderEngine(engine)
     server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
@@ -145,7 +137,7 @@ def run(cfg: DictConfig):
     finally:
         if tensor_parallel:  # the leader releases its followers, then the group ends together
             engine.close()
-            _leave_tensor_parallel()
+            leave_group(engine)
         if replicated:
             from .serve_replicas import stop_replicas
 

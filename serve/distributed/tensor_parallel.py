@@ -9,9 +9,11 @@ Each rank keeps a slice of every decoder layer (gpt-fast's / vLLM's split):
 | gate_up_proj  | columns, per slice       | intermediate i*r/w .. i*(r+1)/w of both  | local SiLU-and-multiply|
 | down_proj     | rows (input)             | the matching input columns               | all-reduce (sum)       |
 
-Embeddings, norms, the LM head and the vision tower stay whole on every rank. The K/V cache
-holds the rank's own K/V heads (the model's args become the local ones, so the runner sizes it
-per rank).
+Embeddings, norms and the LM head stay whole on every rank. The K/V cache holds the rank's own
+K/V heads (the model's args become the local ones, so the runner sizes it per rank). The vision
+tower is whole on every rank too, but splits the work instead of the weights (`SplitVision`):
+each rank encodes its share of a step's images and clips, and one all-gather hands every rank all
+the embeddings, so the tower's time falls with the ranks without touching its modules.
 
 LoRA follows Punica's split, which needs no communication of its own: on a column-split
 projection each rank holds all of A and its rows of B (x A^T is the same everywhere, B's rows
@@ -28,6 +30,8 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
+
+from torch import nn
 
 from serve.models.layers import Linear
 
@@ -61,6 +65,16 @@ class TPGroup:
         box = [obj if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0, group=self.control if self.control is not None else self.group)
         return box[0]
+
+    def all_gather_rows(self, local: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
+        """Every rank's `local` [rows[rank], ...], on every rank. Padded to the longest, since a
+        collective moves equal shapes; `rows` must be the same list on every rank."""
+        longest = max(rows)
+        padded = local.new_zeros((longest, *local.shape[1:]))
+        padded[:local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded, group=self.group)
+        return [part[:n] for part, n in zip(parts, rows)]
 
     def agreed_min(self, value: int, device) -> int:
         """The smallest `value` over the ranks (e.g. K/V cache blocks each rank's memory allows)."""
@@ -169,5 +183,51 @@ def shard_model(model, tp: TPGroup) -> None:
         attn.attn.num_heads, attn.attn.num_kv_heads = local_args.num_heads, local_args.num_kv_heads
         attn.reduce_output = mlp.reduce_output = tp.all_reduce
     model.args = lm.args = local_args
+    model.vision = SplitVision(model.vision, tp)
     model.tp = tp
+
+
+def assign_items(sizes: list[int], world_size: int) -> list[int]:
+    """The rank of each item: largest first, each to the rank with the fewest tokens so far (ties to
+    the lowest rank). Depends on `sizes` alone, so every rank computes the same assignment."""
+    load, owner = [0] * world_size, [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owner[i] = rank
+        load[rank] += sizes[i]
+    return owner
+
+
+class SplitVision(nn.Module):
+    """A vision encoder (serve.models.vision) whose step's items are shared out across the ranks.
+
+    Each rank runs the whole tower on its items (balanced by tokens, `assign_items`), then one
+    all-gather gives every rank every item's embedding rows, in the caller's order. A step with
+    fewer items than ranks runs whole on every rank: splitting one clip would need the tower's
+    own attention split."""
+
+    def __init__(self, inner: nn.Module, tp: TPGroup):
+        super().__init__()
+        self.inner, self.tp = inner, tp
+        self.items_here = 0  # items this rank encoded itself (the rest came from its peers)
+
+    def load(self, source) -> None:
+        self.inner.load(source)
+
+    def forward(self, items: list) -> list[torch.Tensor]:
+        world = self.tp.world_size
+        if len(items) < world:
+            self.items_here += len(items)
+            return self.inner(items)
+        # with at least `world` items the first `world` go to distinct ranks: none is left empty
+        owner = assign_items([it.num_tokens for it in items], world)
+        mine = [it for it, rank in zip(items, owner) if rank == self.tp.rank]
+        self.items_here += len(mine)
+        rows = [sum(it.num_tokens for it, rank in zip(items, owner) if rank == r) for r in range(world)]
+        parts = self.tp.all_gather_rows(torch.cat(self.inner(mine)), rows)
+        out, taken = [], [0] * world
+        for it, rank in zip(items, owner):
+            out.append(parts[rank][taken[rank]:taken[rank] + it.num_tokens])
+            taken[rank] += it.num_tokens
+        return out
 

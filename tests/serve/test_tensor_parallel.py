@@ -82,8 +82,9 @@ def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path:
         modes = dict(engine.stats().steps_by_mode or {})
         if result is not None:
             result = {k: (tokens, logits.cpu()) for k, (tokens, logits) in result.items()}
-        torch.save({"result": result, "shapes": shapes, "modes": modes, "switches": engine.stats().mode_switches},
-                   f"{out_path}.{rank}")
+        vision = {"here": engine.model.vision.items_here, "items": engine.runner.counters["items_encoded"]}
+        torch.save({"result": result, "shapes": shapes, "modes": modes, "switches": engine.stats().mode_switches,
+                    "vision": vision}, f"{out_path}.{rank}")
         leave_group(engine)  # on GPUs this returns only when the NCCL graphs were freed first
     finally:
         leave_group(engine, wait=False)
@@ -120,8 +121,12 @@ def test_two_rank_tensor_parallel_matches_one_process_in_every_mode(setup, tmp_p
     want = {k: (tokens, logits.cpu()) for k, (tokens, logits) in want.items()}
     out = str(tmp_path / "tp")
     mp.spawn(_rank, args=(2, free_port(), ckpt, adapters, out, False, device), nprocs=2, join=True)
-    for rank in (0, 1):
-        got = torch.load(f"{out}.{rank}", weights_only=False)
+    runs = [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
+    # the ranks shared the tower's work: each encoded part of the items, together all of them
+    # (a step with a single item runs on both ranks, so the sum may exceed the whole)
+    items = runs[0]["vision"]["items"]
+    assert all(0 < run["vision"]["here"] < items for run in runs) and sum(run["vision"]["here"] for run in runs) >= items
+    for got in runs:
         # the tiny model has 4 query heads, 2 K/V heads and 512 intermediate: each rank holds half
         assert got["shapes"] == (2, 1, (256, 256), 256)
         assert set(got["result"]) == set(want)
@@ -157,3 +162,12 @@ def test_shapes_that_do_not_split_are_refused():
     check_divisible(Args, 2)
     with pytest.raises(ValueError, match="num_kv_heads"):
         check_divisible(Args, 4)
+
+
+def test_vision_items_are_shared_out_by_tokens_the_same_on_every_rank():
+    from serve.distributed.tensor_parallel import assign_items
+
+    assert assign_items([256, 64, 1024, 64, 256], 2) == [1, 1, 0, 1, 1]  # 1024 alone vs 640
+    assert assign_items([8, 8, 8], 2) == [0, 1, 0]  # ties go to the lowest rank
+    owner = assign_items([5, 5], 4)
+    assert owner == [0, 1]

@@ -51,17 +51,17 @@ class EngineBenchJob:
     out_dir: str = "results/engine"
 
 
-def _build(job: EngineBenchJob, workdir: Path):
-    """The transformers model (random weights, on the GPU) and a checkpoint dir without weights."""
+def build_random_model(model: str, seed: int, dtype: str, device: str, workdir: Path):
+    """The transformers model of zoo spec `model` (random weights, on `device`) and its processor;
+    `workdir` becomes a checkpoint dir without weights (config, generation config, processor)."""
     from vlora.zoo import build_model, build_processor, build_tokenizer_and_ids, get_spec
 
-    spec = get_spec(job.model)
+    spec = get_spec(model)
     tokenizer, ids = build_tokenizer_and_ids(spec)
     processor = build_processor(spec, tokenizer)
-    hf = build_model(spec, ids, job.seed, job.dtype, device="cuda")
-    hf.config.save_pretrained(workdir)
-    hf.generation_config.save_pretrained(workdir)
-    processor.save_pretrained(workdir)
+    hf = build_model(spec, ids, seed, dtype, device=device)
+    for part in (hf.config, hf.generation_config, processor):
+        part.save_pretrained(workdir)
     return hf, processor
 
 
@@ -160,7 +160,7 @@ def run_engine_bench(job: EngineBenchJob) -> tuple[list[dict], dict]:
     gpu = torch.cuda.get_device_name()
     gbs = copy_bandwidth_gbs()
     workdir = Path(tempfile.mkdtemp(prefix="engine-bench-"))
-    hf, processor = _build(job, workdir)
+    hf, processor = build_random_model(job.model, job.seed, job.dtype, "cuda", workdir)
     max_batch = max(job.batch_sizes)
     prompt_len = _hf_inputs(processor, _prompts(job, processor.tokenizer, 1, 0))["input_ids"].shape[1]
     per_seq = prompt_len + job.output_tokens + 32  # K/V slots one request needs (a few words of slack)

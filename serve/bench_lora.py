@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from serve.bench import _floor_ms, _hf_inputs, _prompts, _replay_ms, _run_engine
+from serve.bench import _floor_ms, _hf_inputs, _prompts, _replay_ms, _run_engine, build_random_model
 from serve.bench_lora_parts import (SHAPES, assign, head_latency_ms, pinned_h2d_gbs, swap_ms, timed,
                                     write_peft_adapter)
 from serve.engine import Engine, EngineConfig
@@ -64,18 +64,6 @@ class AdapterBenchJob:
     device: str = "cuda"  # "cpu" runs a smoke version on a tiny model (no device timings)
     seed: int = 0
     out_dir: str = "results/engine_adapters"
-
-
-def _build(job: AdapterBenchJob, workdir: Path):
-    from vlora.zoo import build_model, build_processor, build_tokenizer_and_ids, get_spec
-
-    spec = get_spec(job.model)
-    tokenizer, ids = build_tokenizer_and_ids(spec)
-    processor = build_processor(spec, tokenizer)
-    hf = build_model(spec, ids, job.seed, job.dtype, device=job.device)
-    for part in (hf.config, hf.generation_config, processor):
-        part.save_pretrained(workdir)
-    return hf, processor
 
 
 def _write_head(adapter: Path, hidden: int) -> None:
@@ -164,7 +152,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
     gpu = torch.cuda.get_device_name() if cuda else "cpu"
     gbs = copy_bandwidth_gbs() if cuda else math.nan
     workdir = Path(tempfile.mkdtemp(prefix="adapter-bench-"))
-    hf, processor = _build(job, workdir)
+    hf, processor = build_random_model(job.model, job.seed, job.dtype, job.device, workdir)
     args = read_model_args(workdir)[0]
     count = _adapter_count(job.mixes)
     b = job.batch_size

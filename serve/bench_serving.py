@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from serve.bench import WORDS
+from serve.bench import WORDS, build_random_model
 from serve.bench_serving_replay import build_requests, replay
 from serve.orchestrator import POLICIES, Mode, WorkloadSpec, build_policy, generate, video_analytics, \
     visual_retrieval, write_trace
@@ -126,9 +126,8 @@ class ServingBenchJob:
 def random_weights(job: ServingBenchJob, workdir: Path, device: str | None = None) -> dict:
     """The zoo model's random weights (the same for the same seed), built on `device` (default the
     job's), its config and processor written to workdir."""
-    from serve.bench_lora import _build
 
-    hf, _ = _build(dataclasses.replace(job, device=device or job.device), workdir)
+    hf, _ = build_random_model(job.model, job.seed, job.dtype, device or job.device, workdir)
     weights = dict(hf.state_dict())
     del hf
     return weights

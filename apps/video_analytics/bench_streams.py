@@ -172,7 +172,7 @@ def search(run_point, counts: tuple[int, ...], refine: int) -> list[dict]:
 
 def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     """Runs the search of every mode and the baseline; writes CSV / JSON / PNG; returns (rows, meta)."""
-    from serve.bench_lora import _build
+    from serve.bench import build_random_model
     from vlora.zoo import get_spec
 
     from .bench_streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
@@ -191,7 +191,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     _log(f"building {job.model} ({job.dtype}) on {job.device} and rendering {job.chunk_pool} chunks")
     workdir = Path(tempfile.mkdtemp(prefix="streams-bench-"))
     t0 = time.perf_counter()
-    hf, processor = _build(job, workdir)
+    hf, processor = build_random_model(job.model, job.seed, job.dtype, job.device, workdir)
     chunks = render_chunks(job)
     flops = chunk_flops(hf, processor, job, chunks[0])
     engine, names = _engine(job, workdir, hf, flops["prompt_tokens"])

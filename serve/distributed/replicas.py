@@ -47,11 +47,16 @@ from ray import serve
 from serve.engine import EngineConfig, RequestMetrics, RequestOutput
 
 
-def start_serve(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+def start_serve(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
+                env: dict[str, str] | None = None) -> None:
     """Starts a local Ray cluster (address None) or joins one, then Ray Serve without its HTTP proxy
     (clients come in through the RPyC front end). Ray's workers get this process's PYTHONPATH,
-    VLORA_HOME and OMP_NUM_THREADS."""
-    env = {k: os.environ[k] for k in ("PYTHONPATH", "VLORA_HOME", "OMP_NUM_THREADS") if k in os.environ}
+    VLORA_HOME and OMP_NUM_THREADS, overridden by `env`."""
+    env = {**{k: os.environ[k] for k in ("PYTHONPATH", "VLORA_HOME", "OMP_NUM_THREADS") if k in os.environ},
+           **(env or {})}
+    # Ray waits 30 s for its control store (GCS) to start; on a busy two-core host, with a previous
+    # cluster's processes still exiting, that was seen to run out. An operator's setting wins.
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
     ray.init(address=address, num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
              logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env})
     logging.getLogger("ray.serve").setLevel(logging.WARNING)

@@ -27,23 +27,20 @@ TOKEN = "replica-token-0123456789"
 def cluster(vlora_home, tmp_path_factory):
     from vlora.zoo import build_checkpoint
 
-    from serve.distributed.replicas import ReplicatedEngine, build_deployment
+    from serve.distributed.replicas import ReplicatedEngine, build_deployment, start_serve, stop_serve
 
     ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
     adapters = {k: str(v) for k, v in build_adapters(ckpt, tmp_path_factory.mktemp("replica_adapters"),
                                                      ADAPTERS).items()}
     config = dict(device="cpu", dtype="float32", num_kv_blocks=128, adapter_slots=4, max_lora_rank=16)
     served = {**adapters, **{f"solo-{n}": p for n, p in adapters.items()}}  # names no request used yet
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "VLORA_HOME": str(vlora_home)}})
-    serve.start(proxy_location="Disabled")
+    start_serve(num_cpus=2, env={"OMP_NUM_THREADS": "1", "VLORA_HOME": str(vlora_home)})
     handle = serve.run(build_deployment(str(ckpt), config, served, num_replicas=2), name="vlora",
                        route_prefix=None)
     try:
         yield ckpt, adapters, config, ReplicatedEngine(handle)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        stop_serve()
 
 
 def _requests(n: int, tokens: int = 4) -> list:

@@ -87,10 +87,10 @@ def _single(job, workdir, policy, path, meta, done) -> None:
     sweep(engine, job, "single", names, path, meta, done)
 
 
-def _replica_weights(job, workdir: str) -> tuple[str, dict]:
-    """Runs inside a replica: the zoo model's weights on the replica's GPU (same seed, same weights)."""
-    scratch = Path(workdir) / f"replica-{os.getpid()}"
-    return workdir, random_weights(job, scratch, device="cuda" if job.device.startswith("cuda") else job.device)
+def _rank_weights(job, workdir: str, device: str) -> tuple[str, dict]:
+    """Runs inside a replica or a tensor-parallel rank: the zoo model's weights on its `device`
+    (same seed, same weights everywhere)."""
+    return workdir, random_weights(job, Path(workdir) / f"rank-{os.getpid()}", device=device)
 
 
 def _replicas(job, workdir, policy, path, meta, done) -> None:
@@ -111,7 +111,7 @@ def _replicas(job, workdir, policy, path, meta, done) -> None:
             # host's cores, as many as a single engine's process has per GPU
             ray_actor_options={"num_gpus": 1, "num_cpus": _engine_threads(job)} if cuda else {"num_cpus": 0},
             max_ongoing_requests=job.replica_capacity or job.max_batch_size, max_adapters_per_replica=len(names),
-            builder=None if job.checkpoint else functools.partial(_replica_weights, job, str(workdir)))
+            builder=None if job.checkpoint else functools.partial(_rank_weights, job, str(workdir)))
         engine = ReplicatedEngine(serve.run(deployment, name="vlora-scaling", route_prefix=None))
         meta["load_s"] = time.perf_counter() - meta["t0"]
         try:
@@ -125,37 +125,16 @@ def _replicas(job, workdir, policy, path, meta, done) -> None:
 
 
 def _tensor_parallel(job, workdir, policy, path, meta, done) -> None:
-    import torch.multiprocessing as mp
-
-    from serve.distributed import free_port
+    """This process leads a group of job.gpus ranks (GPU 0 here, the others in child processes)."""
+    from serve.distributed.local_group import LocalGroup
 
     ckpt, config, names = engine_plan(job, workdir, policy)
     config.tensor_parallel_size = job.gpus
-    mp.spawn(_tp_rank, args=(job, str(ckpt), config, names, free_port(), str(workdir), path, meta, done),
-             nprocs=job.gpus, join=True)
-
-
-def _tp_rank(rank, job, ckpt, config, names, port, workdir, path, meta, done) -> None:
-    from serve.distributed import LeaderEngine, follow, join_group, leave_group
-    from serve.engine import Engine
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(_engine_threads(job))
-    config.device = join_group(job.device, rank, rank, job.gpus)
-    engine = None
+    group = LocalGroup(str(ckpt), dataclasses.asdict(config), threads=_engine_threads(job),
+                       builder=None if job.checkpoint else functools.partial(_rank_weights, job, str(workdir)))
+    meta["load_s"] = time.perf_counter() - meta["t0"]
     try:
-        weights = None if job.checkpoint else random_weights(job, Path(workdir) / f"rank{rank}", device=config.device)
-        engine = Engine(ckpt, config, weights=weights)
-        del weights
-        if rank == 0:
-            meta["load_s"] = time.perf_counter() - meta["t0"]
-            leader = LeaderEngine(engine)
-            try:
-                sweep(leader, job, "tensor_parallel", names, path, meta, done)
-            finally:
-                leader.close()
-        else:
-            follow(engine)
-        leave_group(engine)
+        sweep(group.engine, job, "tensor_parallel", names, path, meta, done)
     finally:
-        leave_group(engine, wait=False)  # a failing rank: its peers may never reach the barrier
+        group.close()

@@ -5,8 +5,9 @@
     engine = ReplicatedEngine(handle)              # the Engine API the RPC server drives
     server = RpcServer(engine, token, ...)
 
-Each replica (`EngineReplica`) is one Engine (one GPU, or one tensor-parallel group's leader)
-running on its own thread (serve.rpc.EngineLoop), so the requests a replica receives at the
+Each replica (`EngineReplica`) is one Engine (one GPU, or the leader of a tensor-parallel group
+over the replica's GPUs, whose other ranks it starts: serve.distributed.local_group) running on
+its own thread (serve.rpc.EngineLoop), so the requests a replica receives at the
 same time are batched together. Adapters are Ray Serve's multiplexed models: a request names
 its adapter as `multiplexed_model_id`, Ray's router sends it to a replica that already holds
 that adapter when there is one, and a replica loads an adapter on first use and unloads its
@@ -73,18 +74,27 @@ class EngineReplica:
     `build_deployment` with the replica's adapter limit)."""
 
     def __init__(self, checkpoint: str, engine_config: dict, adapters: dict[str, str],
-                 builder: Callable[[], tuple[str, dict]] | None = None):
-        """builder: builds (checkpoint directory, weights) inside the replica, on its own GPU, for
-        models that exist only as random weights of a published shape (benchmarks): seven billion
-        parameters are quicker to make again than to ship."""
+                 builder: Callable[[str], tuple[str, dict]] | None = None):
+        """builder(device): builds (checkpoint directory, weights) inside the replica, on its own
+        GPU, for models that exist only as random weights of a published shape (benchmarks): seven
+        billion parameters are quicker to make again than to ship. With tensor_parallel_size N > 1
+        in engine_config the replica leads a group of N ranks on its N GPUs (serve.distributed.
+        local_group), and builder runs in each rank."""
         from serve.engine import Engine
         from serve.rpc.loop import EngineLoop
 
-        weights = None
-        if builder is not None:
-            checkpoint, weights = builder()
-        self.engine = Engine(checkpoint, EngineConfig.from_dict(engine_config), weights=weights)
-        del weights
+        self.group = None
+        if int(engine_config.get("tensor_parallel_size", 1)) > 1:
+            from .local_group import LocalGroup
+
+            self.group = LocalGroup(checkpoint, engine_config, builder)
+            self.engine = self.group.engine
+        else:
+            config, weights = EngineConfig.from_dict(engine_config), None
+            if builder is not None:
+                checkpoint, weights = builder(config.device)
+            self.engine = Engine(checkpoint, config, weights=weights)
+            del weights
         self.adapters = dict(adapters)  # name -> PEFT directory this replica may load
         # loaded at start (config, manifest): served for the replica's life, never unloaded by Ray's LRU
         self.startup = frozenset(a["name"] for a in self.engine.list_adapters())
@@ -126,6 +136,13 @@ class EngineReplica:
     def list_adapters(self) -> list[dict]:
         """This replica's adapters (Engine.list_adapters)."""
         return self.loop.call(lambda e: e.list_adapters())
+
+    def __del__(self):
+        """Ray Serve's shutdown hook: a group's followers are released and the group ends together."""
+        if getattr(self, "group", None) is not None:
+            self.loop.stop()  # no step is in flight while the group ends
+            self.group.close()
+            self.group = None
 
 
 class _Loaded:

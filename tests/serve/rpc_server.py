@@ -11,6 +11,19 @@ import time
 TOKEN = "test-token-0123456789"
 
 
+def follower_pids() -> set[int]:
+    """Pids of tensor-parallel followers that a group leader started (serve.distributed.local_group)."""
+    pids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"local_group import _follow" in f.read():
+                    pids.add(int(pid))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
 class ServerProcess:
     def __init__(self, checkpoint, home, *overrides: str, launcher: tuple[str, ...] = ()):
         """launcher: arguments of `python -m` that run the module (e.g. torchrun's) in front of vlora.cli."""

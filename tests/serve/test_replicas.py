@@ -15,6 +15,7 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 from adapter_cases import build_adapters  # noqa: E402
+from rpc_server import follower_pids  # noqa: E402
 from serve_cases import case_specs, make_request  # noqa: E402
 
 from serve import Engine, EngineConfig, SamplingParams  # noqa: E402
@@ -145,6 +146,30 @@ def test_adapters_loaded_at_start_outlive_the_multiplexing_limit(cluster):
     finally:
         engine.close()
         serve.delete("startup")
+
+
+def test_a_replica_leads_a_tensor_parallel_group_and_takes_it_down(cluster):
+    from serve.distributed.replicas import ReplicatedEngine, build_deployment
+
+    ckpt, adapters, config, _ = cluster
+    local = Engine(ckpt, EngineConfig(**config, adapters=tuple(f"{n}={p}" for n, p in adapters.items())))
+    requests = _requests(8)
+    want = {o.request_id: o.token_ids for o in local.generate(requests)}
+    before = follower_pids()
+    handle = serve.run(build_deployment(str(ckpt), {**config, "tensor_parallel_size": 2}, adapters, num_replicas=1),
+                       name="grouped", route_prefix=None)
+    engine = ReplicatedEngine(handle)
+    try:
+        assert len(follower_pids() - before) == 1  # the replica started its rank 1
+        got = {rid: o.token_ids for rid, o in _drive(engine, _requests(8)).items()}
+        assert got == want
+    finally:
+        engine.close()
+        serve.delete("grouped")
+    end = time.monotonic() + 60
+    while follower_pids() - before and time.monotonic() < end:
+        time.sleep(0.5)
+    assert not follower_pids() - before, "the replica's follower outlived it"
 
 
 def test_a_killed_replica_loses_no_request(cluster):

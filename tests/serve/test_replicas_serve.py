@@ -1,6 +1,7 @@
 """`vlora serve replicas.count=2` on CPU: a local Ray cluster with two engine replicas behind the
 RPyC front end. Clients list the adapters, get the single engine's tokens for requests of two
-adapters and none, see the server healthy, and are told why adapters cannot be loaded at run time."""
+adapters and none, see the server healthy, and are told why adapters cannot be loaded at run time.
+With engine.tensor_parallel_size=2 too, each replica leads a two-rank group of its own."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 from adapter_cases import build_adapters
-from rpc_server import TOKEN, ServerProcess
+from rpc_server import TOKEN, ServerProcess, follower_pids
 
 from serve import Engine, EngineConfig, Request, SamplingParams
 from serve.rpc import Client, ServerError
@@ -19,7 +20,8 @@ pytest.importorskip("ray.serve")
 NAME = "qwen2_vl_tiny"
 
 
-def test_replicas_behind_vlora_serve(tiny_zoo, vlora_home, tmp_path):
+@pytest.mark.parametrize("tensor_parallel", [1, 2])
+def test_replicas_behind_vlora_serve(tiny_zoo, vlora_home, tmp_path, tensor_parallel):
     adapters = {n: str(p) for n, p in build_adapters(tiny_zoo[NAME], tmp_path, ("qv8", "all16")).items()}
     specs = tuple(f"{n}={p}" for n, p in adapters.items())
     rng = np.random.default_rng(0)
@@ -29,10 +31,12 @@ def test_replicas_behind_vlora_serve(tiny_zoo, vlora_home, tmp_path):
     want = [engine.generate(Request(prompt=p, images=list(imgs), adapter=a,
                                     sampling=SamplingParams(max_tokens=6, ignore_eos=True))).token_ids
             for p, imgs, a in cases]
+    before = follower_pids()
     server = ServerProcess(tiny_zoo[NAME], vlora_home, "replicas.count=2", "replicas.cpus_per_replica=0",
-                           "engine.policy=fcfs", f"adapters.manifest={tmp_path}/no-manifest.json",  # only these two
+                           "engine.policy=fcfs", f"engine.tensor_parallel_size={tensor_parallel}", f"adapters.manifest={tmp_path}/no-manifest.json",  # only these two
                            "adapters.extra=[" + ",".join(f"'{s}'" for s in specs) + "]")
     try:
+        assert len(follower_pids() - before) == 2 * (tensor_parallel - 1)  # each replica's rank 1
         got: dict[int, list[int]] = {}
 
         def ask(i: int) -> None:

@@ -153,6 +153,26 @@ def test_rank_zero_leads_with_the_policy_deciding_once_for_both_ranks(setup, tmp
     assert leader["switches"] > 0 and sum(leader["modes"].values()) > 0
 
 
+def test_a_group_started_from_one_process_answers_like_one_process(setup):
+    import dataclasses
+
+    from serve.distributed.local_group import LocalGroup
+
+    ckpt, adapters = setup
+    torch.set_num_threads(1)
+    want = {o.request_id: o.token_ids for o in Engine(ckpt, _config(adapters, 1)).generate(_requests())}
+    group = LocalGroup(ckpt, dataclasses.asdict(_config(adapters, 2)), threads=1)
+    followers = group.followers
+    try:
+        got = {o.request_id: o.token_ids for o in group.engine.generate(_requests())}
+    finally:
+        group.close()
+    assert got == want
+    assert [p.returncode for p in followers] == [0]  # released, left the group and exited cleanly
+    with pytest.raises(ValueError, match="tensor_parallel_size >= 2"):
+        LocalGroup(ckpt, dataclasses.asdict(_config(adapters, 1)))
+
+
 def test_shapes_that_do_not_split_are_refused():
     from serve.distributed import check_divisible
 

@@ -110,9 +110,8 @@ def run(cfg: DictConfig):
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
     tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1
     replicated = "replicas" in cfg and (int(cfg.replicas.count) > 1 or cfg.replicas.autoscaling is not None)
-    if tensor_parallel and replicated:
-        raise SystemExit("vlora serve: replicas of tensor-parallel groups are not supported here; "
-                         "give engine.tensor_parallel_size or replicas, not both")
+    if replicated:  # with tensor parallel too: each replica leads a group over its GPUs (no torchrun)
+        tensor_parallel = False
     rank = _join_tensor_parallel(cfg) if tensor_parallel else 0
     if replicated:
         from .serve_replicas import start_replicas

@@ -1,7 +1,8 @@
 """`vlora serve` with replicas: a Ray Serve deployment of engine replicas behind the RPyC front end.
 
 Each replica builds the engine of cfg.engine (adapters of the manifest and extras loaded at
-start) on its own GPU; the RPyC server drives them through `ReplicatedEngine`, so clients connect
+start) on its own GPU, or, with engine.tensor_parallel_size=N, leads a group of N ranks on N GPUs
+of its own; the RPyC server drives them through `ReplicatedEngine`, so clients connect
 as to one engine. Ray is imported only here.
 """
 
@@ -30,8 +31,9 @@ def start_replicas(cfg: DictConfig, values: dict, checkpoint: Path):
         values["device"] = "cuda"  # a replica sees the GPU Ray gave it as the first
     autoscaling = OmegaConf.to_container(r.autoscaling, resolve=True) if r.autoscaling is not None else None
     start_serve(address=r.ray_address)
-    actor = {"num_gpus": float(r.gpus_per_replica), "num_cpus": float(r.cpus_per_replica)} if cuda \
-        else {"num_cpus": float(r.cpus_per_replica)}
+    # a replica of a tensor-parallel group holds one GPU per rank
+    gpus = max(float(r.gpus_per_replica), float(values.get("tensor_parallel_size", 1)))
+    actor = {"num_gpus": gpus, "num_cpus": float(r.cpus_per_replica)} if cuda else {"num_cpus": float(r.cpus_per_replica)}
     deployment = build_deployment(str(checkpoint), values, {}, num_replicas=int(r.count),
                                   autoscaling_config=autoscaling, ray_actor_options=actor,
                                   max_ongoing_requests=int(r.capacity or values.get("max_batch_size", 32)),

@@ -35,6 +35,20 @@ def test_graph_decode_matches_eager_decode(tiny_zoo):
         torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=1e-4, rtol=1e-4)
 
 
+def test_released_graphs_leave_an_engine_that_decodes_eagerly(tiny_zoo):
+    """release_graphs (what a tensor-parallel rank does before its group ends) frees every graph;
+    later steps run eagerly with the same tokens."""
+    specs = case_specs("qwen2_vl")
+    engine = Engine(tiny_zoo["qwen2_vl_tiny"], EngineConfig(device="cuda", num_kv_blocks=256, graph_batch_sizes=(1, 2, 4)))
+    before = engine.generate([make_request(s, max_new=8, ignore_eos=True) for s in specs])
+    graph_steps = engine.stats().graph_steps
+    assert graph_steps > 0
+    engine.release_graphs()
+    after = engine.generate([make_request(s, max_new=8, ignore_eos=True) for s in specs])
+    assert engine.stats().graph_steps == graph_steps  # none replayed after the release
+    assert [o.token_ids for o in after] == [o.token_ids for o in before]
+
+
 @pytest.mark.parametrize("name", ["qwen2_vl_tiny", "qwen2_5_vl_tiny", "llava_1_5_tiny"])
 def test_gpu_engine_matches_transformers(name, tiny_zoo):
     from vlora.zoo import load_pretrained

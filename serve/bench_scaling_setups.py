@@ -48,13 +48,13 @@ def sweep(engine, job, setup: str, names: list[str], path: str, meta: dict, done
     if job.warmup_s > 0:  # compiles, graph captures, autotuning, first mode switches: not measured
         warm = generate(dataclasses.replace(base, rate=job.rates[0] * gpus, duration_s=job.warmup_s,
                                             seed=job.seed + 10**6))
-        replay(engine, warm, requests(warm, job.seed + 10**6), job.drain_s)
+        replay(engine, warm, requests(warm, job.seed + 10**6), job.drain_s, job.prepare_threads)
     rows = list(done)
     for k, per_gpu in enumerate(job.rates):
         if k < len(done):
             continue
         trace = generate(dataclasses.replace(base, rate=per_gpu * gpus))
-        m, extra = replay(engine, trace, requests(trace, job.seed + 1 + k), job.drain_s)
+        m, extra = replay(engine, trace, requests(trace, job.seed + 1 + k), job.drain_s, job.prepare_threads)
         met = m["slo_attainment"] * m["completed"] / m["requests"] if m["requests"] and m["completed"] else 0.0
         rows.append({"setup": setup, "gpus": gpus, "rate": per_gpu * gpus, "met_share": met,
                      "meets_target": met >= job.attainment, **m, **extra})

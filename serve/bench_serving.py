@@ -70,6 +70,8 @@ class ServingBenchJob:
     arrival: str = "poisson"
     duration_s: float = 20.0  # arrivals per point
     drain_s: float = 30.0  # after the last arrival, requests still unfinished this long are aborted
+    # threads preprocessing arriving requests off the stepping thread, as the RPC server does (0: on it)
+    prepare_threads: int = 4
     warmup_s: float = 4.0  # an unmeasured replay per policy first (kernel compiles, autotuning, first shapes)
     video_share: float = 0.5
     video_frames: tuple[int, int] = (2, 4)
@@ -249,7 +251,7 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
                                        job.video_frames[1])
         for name, params in policies.items():
             _use_policy(engine, name, params)
-            replay(engine, warm, warm_requests, job.drain_s)
+            replay(engine, warm, warm_requests, job.drain_s, job.prepare_threads)
     for i, (sweep, x, point) in enumerate(todo, 1):
         trace = generate(point)
         write_trace(out / f"trace_{sweep}_{x:g}.jsonl", trace, point)
@@ -259,7 +261,7 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
             key = (point.rate, point.skewness, name)
             if key not in done:
                 _use_policy(engine, name, params)
-                done[key] = replay(engine, trace, requests, job.drain_s)
+                done[key] = replay(engine, trace, requests, job.drain_s, job.prepare_threads)
                 engine.orchestration.apply(Mode.unmerge())
             m, extra = done[key]
             row = {"sweep": sweep, "x": x, "policy": name, "seed": job.seed, "rate": point.rate,

@@ -5,13 +5,17 @@
 of one frame) plus as many words as the rest of the prompt, asking exactly `output_tokens`
 tokens. `replay` submits each request once the wall clock passes its arrival time, steps the
 engine while it has work, and measures each request from its scheduled arrival (so time spent
-waiting for a running step to end counts, as it would for a client).
+waiting for a running step to end counts, as it would for a client). Like the RPC server, it
+preprocesses requests (chat template, images) on threads of their own, off the thread that
+steps the engine, when the engine offers `prepare`.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -39,46 +43,67 @@ def build_requests(trace: Sequence[RequestView], names: Sequence[str], image_siz
     return out
 
 
-def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], drain_s: float) -> tuple[dict, dict]:
+def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], drain_s: float,
+           prepare_threads: int = 4) -> tuple[dict, dict]:
     """Serves the trace in real time. Returns (Metrics.as_row() of the run, extra columns: aborted
     requests, steps per mode kind, replay seconds). Requests unfinished `drain_s` after the last
     arrival are aborted and count as not completed. The engine's prefix and encoder caches are
     emptied first: every policy replays the same images and prompts, and none may find the K/V or
     vision embeddings of the run before it. (Engine replicas behind Ray cannot be reached to empty
-    theirs: replays against them must carry inputs of their own.)"""
+    theirs: replays against them must carry inputs of their own.) prepare_threads: threads that
+    run engine.prepare for arriving requests, as the RPC server's connections do (0: add_request
+    preprocesses on the stepping thread); an engine without `prepare` (replicas, which preprocess
+    on their side) is given the raw requests."""
     if hasattr(engine, "drop_caches"):
         engine.drop_caches()
     before = engine.stats()
     records = {r.request_id: RequestRecord(r.request_id, r.app, r.adapter, r.arrival_ms, r.prompt_tokens,
                                            r.output_tokens, r.slo_ms) for r in trace}
+    prepare = getattr(engine, "prepare", None) if prepare_threads > 0 else None
+    pool = ThreadPoolExecutor(prepare_threads, thread_name_prefix="prepare") if prepare is not None else None
+    preparing: deque = deque()  # (request index, future of its preprocessing), in arrival order
     start = time.perf_counter()
     arrivals = [start + r.arrival_ms / 1e3 for r in trace]
     deadline = (arrivals[-1] if arrivals else start) + drain_s
     open_ids: set[str] = set()
     i, aborted = 0, 0
-    while i < len(trace) or open_ids:
-        now = time.perf_counter()
-        while i < len(trace) and arrivals[i] <= now:
-            open_ids.add(engine.add_request(requests[i]))
-            i += 1
-        if now > deadline:
-            for request_id in sorted(open_ids):
-                aborted += engine.abort(request_id)
-            while engine.has_unfinished():  # hands the abort outputs over
-                engine.step()
-            break
-        if not open_ids:
-            time.sleep(max(0.0, arrivals[i] - time.perf_counter()))
-            continue
-        for o in engine.step():
-            if not o.finished:
+    try:
+        while i < len(trace) or open_ids or preparing:
+            now = time.perf_counter()
+            while i < len(trace) and arrivals[i] <= now:
+                if pool is None:
+                    open_ids.add(engine.add_request(requests[i]))
+                else:
+                    preparing.append((i, pool.submit(prepare, requests[i])))
+                i += 1
+            while preparing and preparing[0][1].done():
+                k, future = preparing.popleft()
+                open_ids.add(engine.add_request(requests[k], future.result()))
+            if now > deadline:
+                aborted += len(preparing)  # never reached the engine: not completed
+                for request_id in sorted(open_ids):
+                    aborted += engine.abort(request_id)
+                while engine.has_unfinished():  # hands the abort outputs over
+                    engine.step()
+                break
+            if not open_ids:
+                if preparing:
+                    time.sleep(0.0005)
+                else:
+                    time.sleep(max(0.0, arrivals[i] - time.perf_counter()))
                 continue
-            open_ids.discard(o.request_id)
-            rec, m = records[o.request_id], o.metrics
-            rec.prompt_tokens, rec.output_tokens = m.num_prompt_tokens, max(1, len(o.token_ids))
-            rec.first_scheduled_ms = (m.first_scheduled_time - start) * 1e3
-            rec.first_token_ms = (m.first_token_time - start) * 1e3
-            rec.finish_ms = (m.finished_time - start) * 1e3
+            for o in engine.step():
+                if not o.finished:
+                    continue
+                open_ids.discard(o.request_id)
+                rec, m = records[o.request_id], o.metrics
+                rec.prompt_tokens, rec.output_tokens = m.num_prompt_tokens, max(1, len(o.token_ids))
+                rec.first_scheduled_ms = (m.first_scheduled_time - start) * 1e3
+                rec.first_token_ms = (m.first_token_time - start) * 1e3
+                rec.finish_ms = (m.finished_time - start) * 1e3
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     replay_s = time.perf_counter() - start
     after = engine.stats()
     steps = {k: (after.steps_by_mode or {}).get(k, 0) - (before.steps_by_mode or {}).get(k, 0)

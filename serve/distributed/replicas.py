@@ -124,7 +124,12 @@ class EngineReplica:
             request.adapter = name
         ticket = Ticket(request.request_id or f"ray-{id(request)}", owner="ray")
         request.request_id = ticket.request_id
-        self.loop.submit(request, ticket)
+        try:  # chat template and images here, off the engine's thread, as the RPC server does
+            prepared = await asyncio.to_thread(self.engine.prepare, request)
+        except (ValueError, TypeError) as e:
+            return {"type": "error", "error": {"type": "rejected", "message": str(e)}, "replica": self.replica,
+                    "counters": {}}
+        self.loop.submit(request, ticket, prepared)
         await asyncio.to_thread(ticket.finished.wait)
         events = ticket.take(0.0)
         final = next(e for e in reversed(events) if e["type"] in ("final", "error"))

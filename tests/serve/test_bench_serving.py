@@ -58,3 +58,47 @@ def test_serving_bench_two_policies(vlora_home, tmp_path):
         [("decode", 4, 4, 2), ("prefill", 2, 32, 1)]
     assert all(m["plain_ms"] > 0 and m["unmerge_ms"] > 0 and m["mixture_ms"] > 0 for m in modes)
     assert (out / "modes.csv").is_file()
+
+
+def test_replay_preprocesses_off_the_stepping_thread(vlora_home):
+    """With prepare threads every request is preprocessed on one of them (as the RPC server does on
+    its connections) and handed to add_request prepared; without, add_request preprocesses on the
+    stepping thread. Both replays complete every request."""
+    import threading
+
+    from vlora.zoo import build_checkpoint
+
+    from serve import Engine, EngineConfig
+    from serve.bench_serving_replay import build_requests, replay
+    from serve.orchestrator import generate
+
+    ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
+    engine = Engine(ckpt, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=128, enable_prefix_cache=False))
+    job = ServingBenchJob(device="cpu", rates=(8.0,), skewness=(1.0,), adapters=1, duration_s=1.0, image_size=56,
+                          video_frames=(1, 2), video_output_tokens=(2, 3), retrieval_output_tokens=(2, 4),
+                          text_tokens=(4, 12))
+    trace = generate(job.workload())
+    where, added = [], {}
+    prepare, add = engine.prepare, engine.add_request
+
+    def traced_prepare(request):
+        where.append(threading.current_thread().name)
+        return prepare(request)
+
+    def traced_add(request, prepared=None):
+        added.setdefault(prepared is None, set()).add(request.request_id)
+        return add(request, prepared)
+
+    engine.prepare, engine.add_request = traced_prepare, traced_add
+    rows = {}
+    for threads in (0, 2):
+        where.clear()
+        requests = build_requests(trace, [], 56, seed=1, text_tokens=8, max_frames=2)
+        for r in requests:
+            r.adapter = None  # the base model
+        row, extra = replay(engine, trace, requests, drain_s=30.0, prepare_threads=threads)
+        assert row["completed"] == len(trace) >= 2 and extra["aborted"] == 0
+        rows[threads] = list(where)
+    assert all(name == threading.current_thread().name for name in rows[0])  # add_request's own prepare
+    assert len(rows[2]) == len(trace) and all(name.startswith("prepare") for name in rows[2])
+    assert added[True] == added[False] == {r.request_id for r in trace}

@@ -17,6 +17,8 @@ step is made on rank 0 and broadcast from inside the step (serve/engine/orchestr
 
 from __future__ import annotations
 
+import sys
+
 MIRRORED = frozenset({"add_request", "abort", "step", "set_mode", "load_adapter", "unload_adapter", "pin_adapter",
                       "load_manifest", "drop_caches"})
 STOP = "__stop__"
@@ -37,12 +39,21 @@ class LeaderEngine:
             return attr
 
         def mirrored(*args, **kwargs):
-            if self.closed:
-                raise RuntimeError(f"{name}: the tensor-parallel group was closed")
-            self.tp.from_leader((name, args, kwargs))
+            self._send(name, args, kwargs)
             return attr(*args, **kwargs)
 
         return mirrored
+
+    def _send(self, name: str, args: tuple, kwargs: dict) -> None:
+        if self.closed:
+            raise RuntimeError(f"{name}: the tensor-parallel group was closed")
+        self.tp.from_leader((name, args, kwargs))
+
+    def add_request(self, request, prepared=None) -> str:
+        """Mirrored with the raw request: each follower preprocesses it itself. The prepared pixels
+        are float32, about eight times the bytes of the uint8 images, to pickle and send per request."""
+        self._send("add_request", (request,), {})
+        return self.engine.add_request(request, prepared)
 
     def generate(self, requests):
         """Engine.generate through the mirrored calls."""
@@ -75,5 +86,10 @@ def follow(engine) -> int:
             return calls
         if name not in MIRRORED:
             raise RuntimeError(f"the leader sent {name!r}, which is not a mirrored engine call")
-        getattr(engine, name)(*args, **kwargs)
+        try:
+            getattr(engine, name)(*args, **kwargs)
+        except (ValueError, TypeError, KeyError) as e:
+            # a bad call (an unknown adapter, a prompt too long) fails the same way on the leader,
+            # which answers its caller; the ranks still hold the same state, so this one goes on
+            print(f"tensor-parallel rank {tp.rank}: {name} refused, as on the leader: {e}", file=sys.stderr, flush=True)
         calls += 1

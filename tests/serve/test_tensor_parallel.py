@@ -74,6 +74,10 @@ def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path:
             result = _run_modes(engine)
         elif rank == 0:
             leader = LeaderEngine(engine)
+            bad = _requests()[0]
+            bad.adapter = "not-served"
+            with pytest.raises(ValueError, match="not-served"):  # refused on both ranks; neither goes down
+                leader.add_request(bad)
             result = {o.request_id: (o.token_ids, torch.stack(o.logits)) for o in leader.generate(_requests())}
             leader.close()
         else:

@@ -27,6 +27,7 @@ of a PEFT checkpoint this rank takes (serve.lora.loader.cut_to_shard); merging a
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -36,24 +37,30 @@ from torch import nn
 from serve.models.layers import Linear
 
 
+CONTROL_TIMEOUT = timedelta(days=365)  # how long a follower may wait for the leader's next call
+
+
 @dataclass(frozen=True)
 class TPGroup:
     rank: int
     world_size: int
     group: object = None  # a torch.distributed process group; None: the default group
-    # pickled control messages (the leader's calls, the policy's decisions) go over a gloo group:
-    # on NCCL each one would be copied to the GPU, broadcast and copied back, stalling the host on
-    # the GPU's queue at every step; None: over `group` (already gloo)
+    # pickled control messages (the leader's calls, the policy's decisions) go over a gloo group of
+    # their own: on NCCL each one would be copied to the GPU, broadcast and copied back, stalling
+    # the host on the GPU's queue at every step; and a follower waits there for as long as the
+    # server is idle, past any collective timeout fit for the model's all-reduces (torch's default,
+    # 30 min, would end an idle group). None: over `group`
     control: object = None
 
     @classmethod
     def current(cls) -> "TPGroup":
-        """The default group's ranks; with NCCL, a gloo group of the same ranks for control messages
+        """The default group's ranks, with a gloo group of the same ranks for control messages
         (collective: every rank calls it, once, in the same order)."""
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("tensor parallel needs torch.distributed initialised first "
                                "(torch.distributed.init_process_group, e.g. through torchrun)")
-        control = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        # a leader that dies closes its connections, so a follower still learns of it at once
+        control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
         return cls(dist.get_rank(), dist.get_world_size(), control=control)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -92,11 +99,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def join_group(device: str, local_rank: int, rank: int | None = None, world_size: int | None = None) -> str:
+def join_group(device: str, local_rank: int, rank: int | None = None, world_size: int | None = None,
+               timeout_s: float | None = None) -> str:
     """Joins the default process group (rank / world_size, or torchrun's environment when None):
     NCCL bound to GPU `local_rank` when device is a CUDA one, gloo otherwise. Returns the rank's
-    device ("cuda:<local_rank>" or device)."""
+    device ("cuda:<local_rank>" or device). timeout_s: of the rendezvous and of each collective
+    of the model (None: torch's default); the leader's control messages have their own."""
     given = {} if rank is None else {"rank": rank, "world_size": world_size}
+    if timeout_s is not None:
+        given["timeout"] = timedelta(seconds=timeout_s)
     if device.startswith("cuda"):
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"  # bound to the rank's GPU: collectives never guess the device

@@ -195,3 +195,29 @@ def test_vision_items_are_shared_out_by_tokens_the_same_on_every_rank():
     assert assign_items([8, 8, 8], 2) == [0, 1, 0]  # ties go to the lowest rank
     owner = assign_items([5, 5], 4)
     assert owner == [0, 1]
+
+
+def _idle_rank(rank: int, port: int, out_path: str) -> None:
+    import time
+
+    from serve.distributed import TPGroup, join_group, leave_group
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    join_group("cpu", rank, rank, 2, timeout_s=2.0)  # the model's collectives give up after 2 s
+    try:
+        tp = TPGroup.current()
+        if rank == 0:
+            time.sleep(4.0)  # an idle server: no call for longer than that timeout
+            got = tp.from_leader("next call")
+        else:
+            got = tp.from_leader()
+        torch.save(got, f"{out_path}.{rank}")
+        leave_group()
+    finally:
+        leave_group(wait=False)
+
+
+def test_a_follower_waits_for_the_next_call_past_the_collective_timeout(tmp_path):
+    out = str(tmp_path / "idle")
+    mp.spawn(_idle_rank, args=(free_port(), out), nprocs=2, join=True)
+    assert torch.load(f"{out}.1") == "next call"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gc
 import json
 import math
 import sys
@@ -111,6 +112,11 @@ def run_scaling_bench(job: ScalingBenchJob) -> tuple[list[dict], dict]:
         meta = dict(setup=setup, gpus=job.setup_gpus(setup), device=gpu, date=time.strftime("%Y-%m-%d"),
                     torch=torch.__version__, job=dataclasses.asdict(job))
         run_setup(setup, job, Path(tempfile.mkdtemp(prefix=f"scaling-{setup}-")), path, meta, done)
+        # the next setup's engines (this process's on GPU 0, or a replica's there) size their K/V
+        # cache from the memory they find free: none of this one's may stay cached
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return report(job, out)
 
 

@@ -128,7 +128,6 @@ class ServingBenchJob:
 def random_weights(job: ServingBenchJob, workdir: Path, device: str | None = None) -> dict:
     """The zoo model's random weights (the same for the same seed), built on `device` (default the
     job's), its config and processor written to workdir."""
-
     hf, _ = build_random_model(job.model, job.seed, job.dtype, device or job.device, workdir)
     weights = dict(hf.state_dict())
     del hf

@@ -31,11 +31,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
 from torch import nn
 
 from serve.models.layers import Linear
-
 
 CONTROL_TIMEOUT = timedelta(days=365)  # how long a follower may wait for the leader's next call
 

@@ -130,7 +130,6 @@ def _tensor_parallel(job, workdir, policy, path, meta, done) -> None:
 
     ckpt, config, names = engine_plan(job, workdir, policy)
     config.tensor_parallel_size = job.gpus
-    torch.set_num_threads(_engine_threads(job))
     group = LocalGroup(str(ckpt), dataclasses.asdict(config), threads=_engine_threads(job),
                        builder=None if job.checkpoint else functools.partial(_rank_weights, job, str(workdir)))
     meta["load_s"] = time.perf_counter() - meta["t0"]

@@ -8,9 +8,9 @@ per tensor-parallel group), and how a benchmark or a script runs a group without
 
 Each follower is a fresh interpreter running `_follow(SPEC, RANK)` (not a fork of the leader,
 which may hold CUDA state, nor a multiprocessing spawn, which re-runs the parent's main module: a
-Ray worker's cannot be). It reads the group's spec from a pickle file, joins the group on GPU RANK of the GPUs
-the leader sees (CUDA_VISIBLE_DEVICES is inherited), builds the same engine and follows until the
-leader closes. A follower whose leader dies exits: its next collective fails on the closed
+Ray worker's cannot be). It reads the group's spec from a pickle file, joins the group on GPU
+RANK of the GPUs the leader sees (CUDA_VISIBLE_DEVICES is inherited), builds the same engine and
+follows until the leader closes. A follower whose leader dies exits: its next collective fails on the closed
 connection.
 """
 
@@ -110,7 +110,8 @@ class LocalGroup:
         self._reap(timeout_s)
 
     def _stop(self, engine) -> None:
-        """A leader that failed to start: its followers may wait forever in a collective."""
+        """A leader that failed to start, or a group that lost a rank: the followers still alive may
+        wait forever in a collective, so they are killed."""
         leave_group(engine, wait=False)
         for p in self.followers:
             p.kill()

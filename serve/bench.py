@@ -54,7 +54,7 @@ class EngineBenchJob:
 def build_random_model(model: str, seed: int, dtype: str, device: str, workdir: Path):
     """The transformers model of zoo spec `model` (random weights, on `device`) and its processor;
     `workdir` becomes a checkpoint dir without weights (config, generation config, processor)."""
-    from vlora.zoo import build_model, build_processor, build_tokenizer_and_ids, get_spec
+    from zoo import build_model, build_processor, build_tokenizer_and_ids, get_spec
 
     spec = get_spec(model)
     tokenizer, ids = build_tokenizer_and_ids(spec)

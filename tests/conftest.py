@@ -40,6 +40,6 @@ def vlora_home(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_zoo(vlora_home):
     """name -> checkpoint directory of every tiny zoo model, built once per test session."""
-    from vlora.zoo import build_checkpoint
+    from zoo import build_checkpoint
 
     return {name: build_checkpoint(name, vlora_home / "zoo" / name) for name in TINY_MODELS}

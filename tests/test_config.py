@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from vlora.config import CONF_DIR, PRIMARY_CONFIGS, compose, to_dataclass
-from vlora.zoo import SPECS
+from zoo import SPECS
 
 
 @pytest.mark.parametrize("name", PRIMARY_CONFIGS)

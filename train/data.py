@@ -3,7 +3,7 @@
 `load_domain(dir)` reads `domain.json` and the `DatasetDict`; `Encoder` turns one row into an
 `Encoded` item (token ids, M-RoPE positions, and the vision tower's output, computed once and
 cached by `<domain>/<id>` because the tower is frozen); `collate` pads a list of them into a
-batch. Clips are read with OpenCV (`vlora.world.read_video`) and fed to Qwen models as video.
+batch. Clips are read with OpenCV (`world.read_video`) and fed to Qwen models as video.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ class Encoder:
         if self.arch == "llava":
             raise ValueError(f"item {row['id']}: LLaVA-1.5 takes no video input; train clip domains "
                              "(media='clip') on a Qwen2-VL or Qwen2.5-VL model")
-        from vlora.world import read_video
+        from world import read_video
 
         frames = read_video(row["video"])  # BGR uint8
         picks = list(row["frames"]) or np.linspace(0, len(frames) - 1, self.frames_default).round().astype(int)

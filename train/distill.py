@@ -6,7 +6,7 @@
                       DistillJob(datasets_dir=".vlora/datasets", world_dir=".vlora/world"))
     dd, meta = load_distilled(".vlora/datasets/count_vehicles")      # DatasetDict + domain.json
 
-Frames come from a world written with `vlora.world.write_world` (PNG images; clips as real .mp4
+Frames come from a world written with `world.write_world` (PNG images; clips as real .mp4
 files that the dataset references by path). Prompts are the question in the chat format of the
 configured model, rendered by its own processor (the zoo builds the checkpoint if missing).
 Resumable at two levels: a finished domain whose fingerprint (spec, teacher weights, model,
@@ -24,7 +24,7 @@ from typing import TextIO
 
 import numpy as np
 
-from vlora.world import WorldIndex, WorldItem, write_world
+from world import WorldIndex, WorldItem, write_world
 
 from .distill_io import (CREATED_BY, DOMAIN_FILE, AnswerCache, dump_answer, evenly_spaced, load_answer,
                          load_distilled, read_domain, save_domain, split_ids, target_fields)
@@ -52,7 +52,7 @@ class PromptRenderer:
     def __init__(self, job: DistillJob):
         from transformers import AutoProcessor
 
-        from vlora.zoo import SPECS, build_checkpoint
+        from zoo import SPECS, build_checkpoint
 
         path = Path(job.model_path) if job.model_path else None
         if path is None or not (path / "config.json").is_file():

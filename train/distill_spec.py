@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlora.world import DIRECTIONS, WorldConfig
+from world import DIRECTIONS, WorldConfig
 
 from .teachers import TARGETS, TeacherError
 

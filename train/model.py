@@ -86,7 +86,7 @@ def target_regex(arch: str, lora: LoraSpec, train_vision_tower: bool) -> str:
 
 def load_base(ref: ModelRef, device: str | torch.device = "cpu"):
     """(model, processor) of the checkpoint, frozen, offline; the arch is checked against `ref`."""
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     model, processor = load_pretrained(ref.path, dtype=ref.dtype, device=str(device))
     arch = arch_of(model)

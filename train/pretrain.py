@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from vlora.world import WorldConfig
+from world import WorldConfig
 
 from .pretrain_data import collate_examples, encode_example, encode_pixels, sample_example
 from .pretrain_losses import RegionProbe, conversation_losses, vision_loss
@@ -104,7 +104,7 @@ def cached_pretrained(base: str | Path, out: str | Path, cfg: PretrainConfig) ->
 
 def pretrain(base: str | Path, out: str | Path, cfg: PretrainConfig, log=None, force: bool = False) -> Path:
     """Full fine-tune of the checkpoint at `base` on the synthetic world; writes checkpoint `out`."""
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     log = log or sys.stderr
     base, out = Path(base), Path(out)
@@ -192,7 +192,7 @@ def _cpu_seconds() -> float:
 
 
 def _save(model, processor, base: Path, out: Path, cfg: PretrainConfig, step: int, losses: list, seconds: float):
-    from vlora.zoo import read_zoo_record
+    from zoo import read_zoo_record
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vlora.world import DIRECTIONS, WorldConfig, caption, qa_pairs, referring_expressions, render_clip, render_image
-from vlora.world.qa import plural
-from vlora.world.scene import VEHICLES
+from world import DIRECTIONS, WorldConfig, caption, qa_pairs, referring_expressions, render_clip, render_image
+from world.qa import plural
+from world.scene import VEHICLES
 
 KINDS = ("caption", "count", "vehicles", "exists", "color", "biggest", "direction", "motion", "where", "find",
          "objects")

@@ -2,7 +2,7 @@
 (and, when asked, the ground-truth boxes), written as a video OpenCV reads back.
 
 The writer opens on the first chunk (its size and the stream's sampled rate) and tries mp4v in
-.mp4, then MJPG in .avi, like `vlora.world.write_video`; `Annotator.path` is the file written.
+.mp4, then MJPG in .avi, like `world.write_video`; `Annotator.path` is the file written.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import cv2
 import numpy as np
 
-from vlora.world.io import CODECS
+from world.io import CODECS
 
 PRED_COLOR = (0, 255, 0)  # BGR
 TRUTH_COLOR = (255, 255, 255)

@@ -108,7 +108,7 @@ def render_chunks(job: StreamsBenchJob) -> list[np.ndarray]:
     `frames_per_chunk` fps (the world's clips back to back), rendered before any timing."""
     import cv2
 
-    from vlora.world import WorldConfig
+    from world import WorldConfig
 
     from .sources import SyntheticCamera
 
@@ -173,7 +173,7 @@ def search(run_point, counts: tuple[int, ...], refine: int) -> list[dict]:
 def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     """Runs the search of every mode and the baseline; writes CSV / JSON / PNG; returns (rows, meta)."""
     from serve.bench import build_random_model
-    from vlora.zoo import get_spec
+    from zoo import get_spec
 
     from .bench_streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
     from .bench_streams_load import run_point

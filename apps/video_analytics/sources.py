@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vlora.world import ClipTruth, WorldConfig, render_clip
+from world import ClipTruth, WorldConfig, render_clip
 
 KINDS = ("auto", "file", "url", "webcam", "synthetic")
 URL_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://")

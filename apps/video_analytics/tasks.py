@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlora.world import DIRECTIONS, ObjectTruth
-from vlora.world.qa import plural
+from world import DIRECTIONS, ObjectTruth
+from world.qa import plural
 
 from .answers import Prediction, from_head, from_text, match_boxes
 from .sources import FrameTruth

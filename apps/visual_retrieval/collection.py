@@ -9,7 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from vlora.world import WorldItem, load_world
+from world import WorldItem, load_world
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from vlora.world import referring_expressions
+from world import referring_expressions
 
 KINDS = ("caption", "ground", "count", "exists", "color", "direction", "qa")
 _RULES = (("caption", r"^(describe|caption)\b|\bcaption\b"),

@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from typing import Any, Sequence
 
-from vlora.world import COLORS, DIRECTIONS
+from world import COLORS, DIRECTIONS
 
 from apps.video_analytics.answers import NUMBER_WORDS, Prediction, from_head, from_text, iou
 

@@ -94,7 +94,7 @@ def test_drop_policies_under_an_overloaded_server(server, tmp_path):
 
 
 def test_block_policy_on_an_offline_file_drops_nothing(server, tmp_path):
-    from vlora.world import WorldConfig, render_clip, write_video
+    from world import WorldConfig, render_clip, write_video
 
     frames, _ = render_clip(WorldConfig(seed=9, **WORLD), 0)
     path = write_video(tmp_path / "clip.mp4", frames, WORLD["fps"])

@@ -15,7 +15,7 @@ from apps_server import MODEL, TOKEN, connector, serving
 from apps.video_analytics import Prediction, parse_boxes, parse_yes_no
 from apps.visual_retrieval import (ImageCollection, Query, RetrievalApp, RetrievalConfig, classify, read_queries,
                                    score, token_f1, vqa_normalise, vqa_score, world_queries, write_queries)
-from vlora.world import WorldConfig, referring_expressions, write_world
+from world import WorldConfig, referring_expressions, write_world
 
 
 @pytest.fixture(scope="module")

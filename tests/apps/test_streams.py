@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from apps.video_analytics import (JsonlSink, Prediction, ServerCaps, StreamManager, StreamMetrics, TaskSpec,
                                   from_text, read_jsonl, resolve_route, stream_from_dict)
 from apps.video_analytics.sources import FrameTruth
-from vlora.world import WorldConfig, render_clip, write_video
+from world import WorldConfig, render_clip, write_video
 
 FAST = {"world": WORLD, "width": 56, "height": 56, "encoding": "raw"}
 TASKS = [{"task": "count"}, {"task": "direction"},

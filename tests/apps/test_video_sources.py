@@ -11,7 +11,7 @@ from apps_server import WORLD, http_server
 
 from apps.video_analytics import (CaptureSource, ChunkConfig, Chunker, Frame, Pacer, SourceError, SyntheticCamera,
                                   open_source, source_kind)
-from vlora.world import WorldConfig, render_clip, write_video
+from world import WorldConfig, render_clip, write_video
 
 
 @pytest.fixture(scope="module")

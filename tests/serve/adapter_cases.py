@@ -46,7 +46,7 @@ def make_adapter(base, out: str | Path, modules: list[str], r: int, alpha: float
     directory, or a transformers model, which is left as it was)."""
     from peft import LoraConfig, get_peft_model
 
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     model = load_pretrained(base)[0] if isinstance(base, (str, Path)) else base
     torch.manual_seed(seed)
@@ -85,7 +85,7 @@ def write_meta(adapter: str | Path, domains: dict[str, str]) -> None:
 
 
 def build_adapters(base: str | Path, root: Path, names=tuple(ADAPTERS)) -> dict[str, Path]:
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     model = load_pretrained(base)[0]
     out = {}
@@ -100,7 +100,7 @@ def peft_model(base: str, adapters: tuple[tuple[str, str], ...]):
     """(PeftModel holding every adapter, processor) over a fresh copy of the base model."""
     from peft import PeftModel
 
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     model, processor = load_pretrained(base)
     (first, path), rest = adapters[0], adapters[1:]

@@ -44,7 +44,7 @@ def make_request(spec: dict, max_new: int = MAX_NEW, **sampling) -> Request:
 
 @functools.lru_cache(maxsize=None)
 def hf_model(path: str):
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     return load_pretrained(path)
 

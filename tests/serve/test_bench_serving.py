@@ -16,7 +16,7 @@ from serve.orchestrator import read_trace
 
 
 def test_serving_bench_two_policies(vlora_home, tmp_path):
-    from vlora.zoo import build_checkpoint
+    from zoo import build_checkpoint
 
     ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
     adapters = build_adapters(ckpt, tmp_path / "adapters", ("qv8", "all16"))
@@ -66,7 +66,7 @@ def test_replay_preprocesses_off_the_stepping_thread(vlora_home):
     stepping thread. Both replays complete every request."""
     import threading
 
-    from vlora.zoo import build_checkpoint
+    from zoo import build_checkpoint
 
     from serve import Engine, EngineConfig
     from serve.bench_serving_replay import build_requests, replay

@@ -51,7 +51,7 @@ def test_released_graphs_leave_an_engine_that_decodes_eagerly(tiny_zoo):
 
 @pytest.mark.parametrize("name", ["qwen2_vl_tiny", "qwen2_5_vl_tiny", "llava_1_5_tiny"])
 def test_gpu_engine_matches_transformers(name, tiny_zoo):
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     hf, processor = load_pretrained(tiny_zoo[name], device="cuda")
     engine = Engine(tiny_zoo[name], EngineConfig(device="cuda", max_tokens_per_step=48))  # cache from the budget

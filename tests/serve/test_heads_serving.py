@@ -23,7 +23,7 @@ DOMAINS = {"colour": ("color", "classify", "attention"), "vehicles": ("count", "
 @pytest.fixture(scope="module")
 def head_adapters(tiny_zoo, tmp_path_factory):
     """Per model: "multi" (four heads under heads/<domain>/ with meta.json) and "single" (one root head)."""
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     out = {}
     for name in ARCHS:

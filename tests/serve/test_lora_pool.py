@@ -25,7 +25,7 @@ SPECS = {"a": (["q_proj", "v_proj"], 8, 16), "b": (ALL, 16, 32), "c": (["o_proj"
 
 @pytest.fixture(scope="module")
 def adapters(tiny_zoo, tmp_path_factory):
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     root = tmp_path_factory.mktemp("pool_adapters")
     model = load_pretrained(tiny_zoo[NAME])[0]
@@ -196,7 +196,7 @@ def _corruptions(adapters, tiny_zoo, root):
     next(t for k, t in tensors.items() if "lora_B" in k)[0, 0] = float("nan")
     save_file(tensors, p / "adapter_model.safetensors")
     bad.append((p, "not finite"))
-    from vlora.zoo import load_pretrained
+    from zoo import load_pretrained
 
     qwen = load_pretrained(tiny_zoo[NAME])[0]
     from peft import LoraConfig, get_peft_model

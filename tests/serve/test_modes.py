@@ -21,7 +21,7 @@ PLAN = [(0, "qv8"), (1, None), (2, "all16"), (1, "mix"), (0, "all16"), (1, "qv8"
 
 @pytest.fixture(scope="module")
 def setup(vlora_home, tmp_path_factory):
-    from vlora.zoo import build_checkpoint
+    from zoo import build_checkpoint
 
     ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
     adapters = build_adapters(ckpt, tmp_path_factory.mktemp("mode_adapters"), ADAPTERS)

@@ -26,7 +26,7 @@ TOKEN = "replica-token-0123456789"
 
 @pytest.fixture(scope="module")
 def cluster(vlora_home, tmp_path_factory):
-    from vlora.zoo import build_checkpoint
+    from zoo import build_checkpoint
 
     from serve.distributed.replicas import ReplicatedEngine, build_deployment, start_serve, stop_serve
 

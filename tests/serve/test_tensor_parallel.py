@@ -106,7 +106,7 @@ def _requests() -> list:
 
 @pytest.fixture(scope="module")
 def setup(vlora_home, tmp_path_factory):
-    from vlora.zoo import build_checkpoint
+    from zoo import build_checkpoint
 
     ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
     return str(ckpt), {k: str(v) for k, v in build_adapters(ckpt, tmp_path_factory.mktemp("tp_adapters"),

@@ -22,7 +22,7 @@ CONTRACT_KEYS = {"name", "task", "labels", "max_count", "max_boxes", "teacher", 
 
 @pytest.fixture(scope="module")
 def zoo_path(vlora_home):
-    from vlora.zoo import build_checkpoint
+    from zoo import build_checkpoint
 
     return build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")  # as the tiny_zoo fixture does
 

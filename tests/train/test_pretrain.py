@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from train import PretrainConfig, cached_pretrained, pretrain
 from train.pretrain_data import DIRECTION_LABELS, dense_targets, encode_example, sample_example
-from vlora.world import WorldConfig, caption
-from vlora.zoo import load_pretrained
+from world import WorldConfig, caption
+from zoo import load_pretrained
 
 WORLD = WorldConfig(seed=42)
 TINY = dict(steps=6, batch_size=2, turns=2, warmup_steps=2, save_every=2, lr=3e-3)
@@ -48,7 +48,7 @@ def test_region_targets_follow_the_truth():
 def test_conversation_answers_are_the_truth_and_only_answers_are_supervised(tiny_zoo):
     _, processor = load_pretrained(tiny_zoo["qwen2_vl_tiny"])
     rng_items = [sample_example(WORLD, i, False, 11, 4, 0) for i in range(6)]
-    from vlora.world import render_image
+    from world import render_image
 
     for i, ex in enumerate(rng_items):
         described = [a for q, a in ex.turns if q == "Describe the image."]

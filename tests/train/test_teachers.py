@@ -15,7 +15,7 @@ from train.teachers import (ClassifierSpec, ColorBlobDetector, LabelsTeacher, Mo
                             SklearnTeacher, TeacherError, TeacherSettings, TorchTeacher, YoloTeacher,
                             YoloWorldSpec, build_teacher, color_histogram, fit_sklearn_teacher, fit_torch_teacher,
                             load_torch_teacher, train_world_yolo, truth_answer)
-from vlora.world import WorldConfig, read_video, render_clip, render_image, write_video
+from world import WorldConfig, read_video, render_clip, render_image, write_video
 
 CLASSES = ("car", "bus", "truck", "person", "bicycle")
 

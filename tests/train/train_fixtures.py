@@ -1,7 +1,7 @@
 """Domain datasets in the distiller's on-disk schema, written straight from the world's ground truth.
 
 The trainer's tests (and its learnability measurements) need real `datasets` directories before a
-distiller exists, so this writes them from `vlora.world` truth: the same columns, features and
+distiller exists, so this writes them from `world` truth: the same columns, features and
 domain.json the distiller promises, with teacher {"kind": "labels"}.
 
     world = write_world(WorldConfig(seed=0), tmp / "world", n_images=32, n_clips=8, progress=False)
@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vlora.world import WorldIndex, WorldItem, qa_pairs
+from world import WorldIndex, WorldItem, qa_pairs
 
 VEHICLES = ("car", "bus", "truck")  # as conf/dataset/count_vehicles.yaml counts them
 COLOR_LABELS = ["red", "green", "blue", "yellow", "white", "black"]
@@ -151,7 +151,7 @@ def write_domain(world: WorldIndex, name: str, out_root: str | Path, model_dir: 
     domain = {"name": out_name or name, "task": task, "labels": labels if task in ("classify", "binary") else None,
               "max_count": max(r["count"] for r in rows) if task == "count" else None,
               "max_boxes": max(len(r["boxes"]) for r in rows) if task == "detect" else None,
-              "teacher": {"kind": "labels", "name": "ground_truth", "detail": "vlora.world exact labels"},
+              "teacher": {"kind": "labels", "name": "ground_truth", "detail": "world exact labels"},
               "model": model_name or Path(model_dir).name, "media": media,
               "sizes": {"train": len(tr), "eval": len(ev)}, "created_by": "tests.train_fixtures", "version": 1}
     (out / "domain.json").write_text(json.dumps(domain, indent=2) + "\n")
@@ -163,7 +163,7 @@ _CACHE: dict = {}
 
 def tiny_world(root: str | Path) -> WorldIndex:
     """A small world (cached per root): 24 images, 16 short clips."""
-    from vlora.world import WorldConfig, write_world
+    from world import WorldConfig, write_world
 
     key = ("world", str(root))
     if key not in _CACHE:

@@ -6,14 +6,14 @@ import time
 import numpy as np
 import pytest
 
-import vlora.world.io as wio
-from vlora.world import (DIRECTIONS, ClipTruth, ImageTruth, QAPair, WorldConfig, caption, draw_truth,
+import world.io as wio
+from world import (DIRECTIONS, ClipTruth, ImageTruth, QAPair, WorldConfig, caption, draw_truth,
                          load_world, qa_pairs, read_video, referring_expressions, render_clip,
                          render_image, truth_from_dict, write_video, write_world)
-from vlora.world.config import IMAGE_KIND, item_rng
-from vlora.world.qa import PLURALS
-from vlora.world.render import render_background
-from vlora.world.scene import sample_scene
+from world.config import IMAGE_KIND, item_rng
+from world.qa import PLURALS
+from world.render import render_background
+from world.scene import sample_scene
 
 CFG = WorldConfig()
 SINGULAR = {v: k for k, v in PLURALS.items()}

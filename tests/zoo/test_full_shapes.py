@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlora.zoo import SPECS, build_model, build_tokenizer_and_ids, get_spec
+from zoo import SPECS, build_model, build_tokenizer_and_ids, get_spec
 
 # Published shapes, written out independently of the zoo's table:
 # (hidden, layers, heads, kv_heads, intermediate, vocab, vision_width, vision_depth, params in billions)

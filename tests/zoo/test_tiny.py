@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vlora.zoo import build_checkpoint, build_tokenizer_and_ids, get_spec, hf_config, load_pretrained
+from zoo import build_checkpoint, build_tokenizer_and_ids, get_spec, hf_config, load_pretrained
 
 TINY = ("qwen2_vl_tiny", "qwen2_5_vl_tiny", "llava_1_5_tiny")
 

@@ -19,7 +19,7 @@ from typing import TextIO
 
 import numpy as np
 
-from vlora.world import WorldConfig, render_image
+from world import WorldConfig, render_image
 
 from .base import Query, TeacherError
 from .classifiers import FEATURES, SklearnTeacher, TorchTeacher, frame_tensor

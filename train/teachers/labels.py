@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 
-from vlora.world import ClipTruth, ObjectTruth
+from world import ClipTruth, ObjectTruth
 
 from .base import TARGETS, Answer, Detection, Query, Sample, Teacher, TeacherError
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import cv2
 import numpy as np
 
-from vlora.world import COLORS, DIRECTIONS
+from world import COLORS, DIRECTIONS
 
 from .base import DETECTOR_TARGETS, Detection, Label, Teacher, TeacherError, check_frame
 
@@ -27,7 +27,7 @@ def _hsv_of(bgr: tuple[int, int, int]) -> tuple[int, int, int]:
 
 
 class ColorBlobDetector(Teacher):
-    """Objects of the named `colors` (keys of vlora.world.COLORS) by colour segmentation."""
+    """Objects of the named `colors` (keys of world.COLORS) by colour segmentation."""
 
     kind = "opencv"
     targets = DETECTOR_TARGETS | {"color"}

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import cv2
 
-from vlora.world import WorldConfig, render_image
+from world import WorldConfig, render_image
 
 from .yolo import ultralytics_offline
 

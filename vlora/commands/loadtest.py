@@ -20,7 +20,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
-from ..world import WorldConfig, render_clip, render_image
+from world import WorldConfig, render_clip, render_image
 
 
 @dataclass

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..zoo import SPECS, build_checkpoint
+from zoo import SPECS, build_checkpoint
 
 
 def checkpoint_path(model_cfg) -> Path:

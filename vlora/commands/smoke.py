@@ -22,8 +22,8 @@ import torch
 from omegaconf import DictConfig
 
 from ..config import to_dataclass
-from ..world import WorldItem, write_world
-from ..zoo import load_pretrained
+from world import WorldItem, write_world
+from zoo import load_pretrained
 from .world import world_job
 from .table import format_table
 from .zoo import ZooJob, build_zoo

@@ -52,7 +52,7 @@ def split_train_node(node: DictConfig) -> tuple[TrainJob, TrainConfig]:
 
 def ensure_zoo_model(cfg: DictConfig) -> Path:
     """model.path, built first when it names a missing zoo model."""
-    from vlora.zoo import SPECS, build_checkpoint
+    from zoo import SPECS, build_checkpoint
 
     path = Path(cfg.model.path)
     if not (path / "config.json").is_file() and cfg.model.name in SPECS:

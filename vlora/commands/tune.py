@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
-from ..zoo import get_spec
+from zoo import get_spec
 
 
 def projection_layouts(model: str) -> list[tuple[int, tuple[int, ...]]]:

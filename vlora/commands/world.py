@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from ..config import to_dataclass
-from ..world import WorldConfig, WorldIndex, write_world
+from world import WorldConfig, WorldIndex, write_world
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ..config import to_dataclass
-from ..zoo import build_checkpoint, get_spec
+from zoo import build_checkpoint, get_spec
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from .driver import LeaderEngine, follow
-from .tensor_parallel import free_port, join_group, leave_group
+from .group import free_port, join_group, leave_group
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .context import StepContext, step_context
+from serve.forward.context import StepContext, step_context
 from .inputs import StepInputs
 from .kv_cache import KVCache
 

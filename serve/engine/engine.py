@@ -32,7 +32,7 @@ import torch
 from serve.lora.manager import AdapterManager
 from serve.lora.pool import PoolConfig
 from serve.models import load_model
-from serve.orchestrator import POLICIES as ORCHESTRATOR_POLICIES
+from serve.orchestrator import POLICIES
 from serve.orchestrator import CostProfile, Mode, ProfileShapes, assumed_profile, build_policy
 
 from .block_manager import BlockManager
@@ -41,7 +41,7 @@ from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .orchestration import Orchestration
 from .request import Request, RequestMetrics, RequestOutput
-from .scheduler import POLICIES, Scheduler, SchedulerConfig
+from .scheduler import ArrivalOrder, Scheduler, SchedulerConfig
 from .sequence import MMSpan, Sequence
 from .stats import EngineStats, collect_stats
 
@@ -87,7 +87,7 @@ class Engine:
         self.checkpoint = Path(checkpoint)
         self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights)
         if config.tensor_parallel_size > 1:  # before adapters wrap the projections and the cache is sized
-            from serve.distributed import TPGroup, shard_model
+            from serve.models.parallel import TPGroup, shard_model
 
             tp = TPGroup.current()
             if tp.world_size != config.tensor_parallel_size:
@@ -101,8 +101,8 @@ class Engine:
                               config.lora_targets, config.lora_backend)
             self.lora = AdapterManager(self.model, pool, self.dtype, self.device)
             self.lora.enable_modes(config.switch_method)  # restack weights before graphs capture them
-        if config.policy not in ORCHESTRATOR_POLICIES:
-            raise ValueError(f"policy {config.policy!r} is not one of {sorted(ORCHESTRATOR_POLICIES)}")
+        if config.policy not in POLICIES:
+            raise ValueError(f"policy {config.policy!r} is not one of {sorted(POLICIES)}")
         self._load_startup_adapters(config)
         self.runner = ModelRunner(self.model, config, self.device, self.dtype, backend, self.lora)
         self.cost_profile: CostProfile | None = None
@@ -114,7 +114,7 @@ class Engine:
                                           config.enable_prefix_cache)
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
                                        self.runner.max_model_len)
-        self.scheduler = Scheduler(sched_config, self.block_manager, POLICIES["fcfs"](), self.lora)
+        self.scheduler = Scheduler(sched_config, self.block_manager, ArrivalOrder(), self.lora)
         self.orchestration = Orchestration(policy, self.scheduler, self.lora, config.max_batch_size,
                                            config.max_tokens_per_step, self._request_info)
         tp = getattr(self.model, "tp", None)

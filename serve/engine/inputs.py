@@ -9,7 +9,7 @@ import torch
 
 from serve.models import VisionLanguageModel
 
-from .context import StepContext
+from serve.forward.context import StepContext
 from .encoder_cache import EncoderCache
 from .sequence import Sequence
 

@@ -16,7 +16,7 @@ import torch
 from serve.models import VisionLanguageModel
 
 from .config import EngineConfig
-from .context import StepContext, step_context
+from serve.forward.context import StepContext, step_context
 from .cuda_graph import DecodeGraphs
 from .encoder_cache import EncoderCache
 from .inputs import StepInputs, attach_vision, build_step_inputs, release_vision

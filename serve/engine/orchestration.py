@@ -64,7 +64,7 @@ class Orchestration:
         self.request_info = request_info or (lambda _rid: (None, None, 1.0))
         self.mode = Mode.unmerge()
         self.stats = ModeStats()
-        self.tp = None  # serve.distributed.TPGroup when this engine is one rank of a tensor-parallel group
+        self.tp = None  # serve.models.parallel.TPGroup when this engine is one rank of a tensor-parallel group
 
     # ---- switching -------------------------------------------------------------------------
     def apply(self, mode: Mode) -> Mode:

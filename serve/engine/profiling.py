@@ -31,7 +31,7 @@ from serve.lora.modes import build_mixture_batch
 from serve.orchestrator import CostProfile, ProfileShapes, StepShape, measure_profile
 from serve.orchestrator.profile import paired_delta_ms, time_call_ms
 
-from .context import StepContext
+from serve.forward.context import StepContext
 from .inputs import StepInputs
 
 # a CPU-sized grid (the tiny zoo); GPUs use ProfileShapes' defaults

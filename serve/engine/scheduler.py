@@ -29,7 +29,8 @@ from .sequence import Sequence, SequenceStatus
 
 
 class SchedulingPolicy:
-    """Priority order of sequences: the first is served first and preempted last."""
+    """Priority order of sequences: the first is served first and preempted last. (The
+    orchestrator's policies, serve.orchestrator, decide modes and admission above this order.)"""
 
     name = "base"
 
@@ -37,14 +38,11 @@ class SchedulingPolicy:
         raise NotImplementedError
 
 
-class FCFSPolicy(SchedulingPolicy):
+class ArrivalOrder(SchedulingPolicy):
     name = "fcfs"
 
     def order(self, seqs: list[Sequence]) -> list[Sequence]:
         return sorted(seqs, key=lambda s: (s.arrival_time, s.seq_id))
-
-
-POLICIES = {"fcfs": FCFSPolicy}
 
 
 class AdapterGate:
@@ -104,7 +102,7 @@ class Scheduler:
                  adapters: AdapterGate | None = None):
         self.config = config
         self.block_manager = block_manager
-        self.policy = policy or FCFSPolicy()
+        self.policy = policy or ArrivalOrder()
         self.adapters = adapters or AdapterGate()
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from serve.engine.context import peek_context
+from serve.forward.context import peek_context
 
 from .pool import AdapterPool
 

@@ -51,7 +51,7 @@ class ProjectionShape:
     in_features: int
     slices: tuple[int, ...]  # output width of each slice
     slice_names: tuple[str, ...]  # the PEFT module name of each slice
-    # tensor parallel (serve.distributed): ("out" | "in", rank, world) = the rank holds its chunk of
+    # tensor parallel (serve.models.parallel): ("out" | "in", rank, world) = the rank holds its chunk of
     # every slice's output columns, or of the input; the adapter's B rows or A columns are cut alike
     shard: tuple[str, int, int] | None = None
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from serve.engine.attention import PagedAttention
+from serve.forward.attention import PagedAttention
 
 from .args import ModelArgs
 from .layers import Embedding, Linear, RMSNorm, silu_and_mul
@@ -37,7 +37,7 @@ class Attention(nn.Module):
                              layer_index=layer_index)
         self.attn = PagedAttention(args.num_heads, args.num_kv_heads, args.head_dim, backend)
         self.fused = backend == "triton"
-        self.reduce_output = None  # tensor parallel: sums the ranks' partial outputs (serve.distributed)
+        self.reduce_output = None  # tensor parallel: sums the ranks' partial outputs (serve.models.parallel)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         a = self.args
@@ -66,7 +66,7 @@ class MLP(nn.Module):
                                    device=device, layer_index=layer_index)
         self.down_proj = Linear(i, (args.hidden_size,), ("down_proj",), dtype=dtype, device=device,
                                 layer_index=layer_index)
-        self.reduce_output = None  # tensor parallel: sums the ranks' partial outputs (serve.distributed)
+        self.reduce_output = None  # tensor parallel: sums the ranks' partial outputs (serve.models.parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.down_proj(silu_and_mul(self.gate_up_proj(x)))  # row-parallel: a partial sum

@@ -6,18 +6,30 @@
 
 `wire` defines what crosses the connection (a JSON spec plus bytes blobs; never references)
 and validates it; `loop` is the engine's thread; `service` the exposed methods; `auth` the
-token handshake; `metrics` the Prometheus text export.
+token handshake; `metrics` the Prometheus text export. The face is lazy: the client side
+(`client`, `auth`, `wire`) imports without torch, so applications load no engine.
 """
 
-from .auth import AuthError, TokenAuthenticator
-from .client import Client, ServerError, Stream
-from .loop import EngineLoop, Ticket
-from .server import PROTOCOL_CONFIG, RpcServer
-from .service import ServerState, VLoRAService
-from .wire import Limits, RequestError, Submission, decode_frame, encode_frame, parse_submission
+from serve.lazy import lazy_face
 
-__all__ = [
-    "RpcServer", "PROTOCOL_CONFIG", "Client", "Stream", "ServerError", "AuthError", "TokenAuthenticator",
-    "EngineLoop", "Ticket", "ServerState", "VLoRAService",
-    "Limits", "RequestError", "Submission", "parse_submission", "decode_frame", "encode_frame",
-]
+_EXPORTS = {
+    "AuthError": ".auth",
+    "TokenAuthenticator": ".auth",
+    "Client": ".client",
+    "ServerError": ".client",
+    "Stream": ".client",
+    "EngineLoop": ".loop",
+    "Ticket": ".loop",
+    "PROTOCOL_CONFIG": ".server",
+    "RpcServer": ".server",
+    "ServerState": ".service",
+    "VLoRAService": ".service",
+    "Limits": ".wire",
+    "RequestError": ".wire",
+    "Submission": ".wire",
+    "decode_frame": ".wire",
+    "encode_frame": ".wire",
+    "parse_submission": ".wire",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from serve.engine.attention import paged_attention_torch, store_kv
-from serve.engine.decode_kernel import paged_decode
-from serve.engine.prefill_kernel import paged_prefill
+from serve.forward.attention import paged_attention_torch, store_kv
+from serve.forward.decode_kernel import paged_decode
+from serve.forward.prefill_kernel import paged_prefill
 
 
 def _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page, dtype=torch.float32, seed=0):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,3 +231,11 @@ def test_a_fuzz_run_of_malformed_calls_leaves_the_server_healthy(server, client)
     health = _quiet(client)
     assert health["healthy"] and health["in_flight"] == 0 and health["blocks_in_use"] == 0
     assert client.submit_image("OK?", [_image(13)], sampling={"max_tokens": 2}).result(30)["finish_reason"] in ("stop", "length")
+
+
+def test_the_rpc_client_imports_without_torch():
+    # applications reach the server only through the client: it must not load the engine
+    code = "import sys, serve.rpc.client; from serve.rpc import Client; print('torch' in sys.modules)"
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.strip() == "False"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serve.engine.block_manager import BlockManager
-from serve.engine.scheduler import FCFSPolicy, Scheduler, SchedulerConfig, SchedulingPolicy
+from serve.engine.scheduler import ArrivalOrder, Scheduler, SchedulerConfig, SchedulingPolicy
 from serve.engine.sequence import Sequence, SequenceStatus
 
 
@@ -139,4 +139,4 @@ def test_the_policy_decides_who_goes_first():
     s.add(_seq("late", 3, t=1))
     batch, _ = _step(s)
     assert [q.request_id for q, _ in batch.entries] == ["late"]
-    assert FCFSPolicy().order([_seq("y", 1, t=2), _seq("x", 1, t=1)])[0].request_id == "x"
+    assert ArrivalOrder().order([_seq("y", 1, t=2), _seq("x", 1, t=1)])[0].request_id == "x"

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from serve_cases import frames, hf_inputs, hf_model, image
 
-from serve.engine.context import StepContext, step_context
+from serve.forward.context import StepContext, step_context
 from serve.models import PROJECTIONS, VisionGrid, load_model, mrope_prompt_positions
 from serve.models.loader import WeightSource
 

@@ -189,7 +189,7 @@ def test_shapes_that_do_not_split_are_refused():
 
 
 def test_vision_items_are_shared_out_by_tokens_the_same_on_every_rank():
-    from serve.distributed.tensor_parallel import assign_items
+    from serve.models.parallel import assign_items
 
     assert assign_items([256, 64, 1024, 64, 256], 2) == [1, 1, 0, 1, 1]  # 1024 alone vs 640
     assert assign_items([8, 8, 8], 2) == [0, 1, 0]  # ties go to the lowest rank

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from serve.models.layers import Linear
+from .layers import Linear
 
 CONTROL_TIMEOUT = timedelta(days=365)  # how long a follower may wait for the leader's next call
 
@@ -86,47 +86,6 @@ class TPGroup:
         t = torch.tensor([value], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
-
-
-def free_port() -> int:
-    """A free loopback TCP port, for the rendezvous of a group started on this host."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def join_group(device: str, local_rank: int, rank: int | None = None, world_size: int | None = None,
-               timeout_s: float | None = None) -> str:
-    """Joins the default process group (rank / world_size, or torchrun's environment when None):
-    NCCL bound to GPU `local_rank` when device is a CUDA one, gloo otherwise. Returns the rank's
-    device ("cuda:<local_rank>" or device). timeout_s: of the rendezvous and of each collective
-    of the model (None: torch's default); the leader's control messages have their own."""
-    given = {} if rank is None else {"rank": rank, "world_size": world_size}
-    if timeout_s is not None:
-        given["timeout"] = timedelta(seconds=timeout_s)
-    if device.startswith("cuda"):
-        torch.cuda.set_device(local_rank)
-        device = f"cuda:{local_rank}"  # bound to the rank's GPU: collectives never guess the device
-        dist.init_process_group("nccl", device_id=torch.device(device), **given)
-    else:
-        dist.init_process_group("gloo", **given)
-    return device
-
-
-def leave_group(engine=None, wait: bool = True) -> None:
-    """Ends this rank's part in the default group: frees `engine`'s decode CUDA graphs (their
-    captured NCCL all-reduces would make destroy_process_group hang), waits for every rank (none
-    loses a peer mid-call: gloo aborts a process whose peer vanished) and destroys the group.
-    `engine`: an Engine or a LeaderEngine, or None when the rank built none; wait=False on a
-    failing rank, whose peers may never reach the barrier. Does nothing once the group is gone."""
-    if engine is not None:
-        engine.release_graphs()
-    if dist.is_initialized():
-        if wait:
-            dist.barrier()
-        dist.destroy_process_group()
 
 
 def check_divisible(args, world_size: int) -> None:

@@ -238,7 +238,7 @@ def test_a_fused_adapter_with_several_heads_answers_each_task_with_its_own_head(
     import torch
 
     from heads import HeadConfig, build_head, save_head
-    from serve.bench_lora_parts import write_peft_adapter
+    from bench.adapter_parts import write_peft_adapter
     from serve.models import read_model_args
 
     args = read_model_args(tiny_zoo[MODEL])[0]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
+from bench.results import write_csv
 
 SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling")
 
@@ -16,9 +16,9 @@ SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scali
 def run(cfg: DictConfig) -> dict:
     import torch
 
-    from kernels.bench import BenchJob, run_kernel_bench
-    from kernels.bench_report import plot, print_summary, summarize, write_summary
-    from kernels.merge_bench import bench_merge
+    from bench.kernels import BenchJob, run_kernel_bench
+    from bench.kernels_report import plot, print_summary, summarize, write_summary
+    from bench.merge import bench_merge
     from kernels.timing import copy_bandwidth_gbs
     from kernels.workload import DTYPES
 
@@ -34,14 +34,14 @@ def run(cfg: DictConfig) -> dict:
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
               if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling")}
     if b.suite == "adapters":
-        from serve.bench_lora import AdapterBenchJob, run_adapter_bench
+        from bench.adapters import AdapterBenchJob, run_adapter_bench
 
         values = OmegaConf.to_container(b.adapters, resolve=True)
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         rows, meta = run_adapter_bench(to_dataclass(AdapterBenchJob, values, out_dir=fields["out_dir"]))
         return {"adapters": rows, "meta": meta}
     if b.suite == "engine":
-        from serve.bench import EngineBenchJob, run_engine_bench
+        from bench.engine import EngineBenchJob, run_engine_bench
 
         engine_fields = OmegaConf.to_container(b.engine, resolve=True)
         engine_fields["batch_sizes"] = tuple(engine_fields["batch_sizes"])
@@ -59,10 +59,7 @@ def run(cfg: DictConfig) -> dict:
             merge_rows += bench_merge(model, rank, dtype, gbs)
             print(f"merge {model} r={rank} done", file=sys.stderr, flush=True)
     if merge_rows:
-        with open(out / "merge.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(merge_rows[0]))
-            writer.writeheader()
-            writer.writerows(merge_rows)
+        write_csv(out / "merge.csv", merge_rows)
     if not rows:
         for r in merge_rows:
             print(r)
@@ -89,11 +86,11 @@ def _replay(b: DictConfig) -> dict:
     """suite=serving: every orchestrator policy on the real engine; suite=scaling: one policy on one
     GPU and on several. Named policies take conf/orchestrator/<name>.yaml."""
     if b.suite == "serving":
-        from serve.bench_serving import ServingBenchJob as Job
-        from serve.bench_serving import run_serving_bench as run_job
+        from bench.serving import ServingBenchJob as Job
+        from bench.serving import run_serving_bench as run_job
     else:
-        from serve.bench_scaling import ScalingBenchJob as Job
-        from serve.bench_scaling import run_scaling_bench as run_job
+        from bench.scaling import ScalingBenchJob as Job
+        from bench.scaling import run_scaling_bench as run_job
     values = OmegaConf.to_container(b[b.suite], resolve=True)
     policies = _policies(values)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
@@ -105,7 +102,7 @@ def _streams(b: DictConfig) -> dict:
     """N synthetic camera streams against the RPyC server; a named policy takes conf/orchestrator/<name>.yaml."""
     import shlex
 
-    from apps.video_analytics.bench_streams import StreamsBenchJob, run_streams_bench
+    from bench.streams import StreamsBenchJob, run_streams_bench
 
     from ..config import CONF_DIR
 

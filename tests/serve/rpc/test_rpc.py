@@ -236,6 +236,6 @@ def test_a_fuzz_run_of_malformed_calls_leaves_the_server_healthy(server, client)
 def test_the_rpc_client_imports_without_torch():
     # applications reach the server only through the client: it must not load the engine
     code = "import sys, serve.rpc.client; from serve.rpc import Client; print('torch' in sys.modules)"
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "False"

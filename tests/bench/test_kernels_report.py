@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.bench_report import summarize
+from bench.kernels_report import summarize
 from kernels.search import SearchJob, search_keys
 
 

@@ -1,6 +1,6 @@
 """Benchmark: merge one adapter into every layer of a 7B model, against a per-layer addmm_ loop.
 
-    python -m kernels.merge_bench [--ranks 16 64] [--csv merge.csv]
+    python -m bench.merge [--ranks 16 64] [--csv merge.csv]
 
 Times go through `kernels.timing.time_op` with use_graph=False: each op runs for milliseconds,
 so host launch gaps (4 launches for the kernel, L x 7 for the loop) hide behind GPU work.
@@ -9,13 +9,13 @@ so host launch gaps (4 launches for the kernel, L x 7 for the loop) hide behind 
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 
 import torch
 
 from kernels.merge import MergeGroup, merge_floor_bytes, merge_groups_
 from kernels.timing import copy_bandwidth_gbs, time_op
+from .results import write_csv
 
 SHAPES = {  # name: (layers, hidden, q width, k/v width, intermediate)
     "llava_7b": (32, 4096, 4096, 4096, 11008),
@@ -106,10 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         print(" ".join(f"{row[k]!s:>12}" for k in keys))
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, rows, keys)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 import time
@@ -22,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-from serve.bench_serving import engine_plan, random_weights, serving_engine
-from serve.bench_serving_replay import build_requests, replay
+from bench.serving import engine_plan, random_weights, serving_engine
+from bench.serving_replay import build_requests, replay
 from serve.orchestrator import generate
+from .results import write_json
 
 SETUPS = ("single", "replicas", "tensor_parallel")
 
@@ -32,7 +32,7 @@ SETUPS = ("single", "replicas", "tensor_parallel")
 def save_rows(path: str | Path, rows: list[dict], meta: dict) -> None:
     """meta["t0"] (perf_counter at the setup's start) becomes wall_s."""
     meta = {k: v for k, v in meta.items() if k != "t0"} | {"wall_s": time.perf_counter() - meta["t0"]}
-    Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")
+    write_json(path, {"meta": meta, "rows": rows})
 
 
 def sweep(engine, job, setup: str, names: list[str], path: str, meta: dict, done: list[dict]) -> list[dict]:

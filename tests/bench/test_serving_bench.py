@@ -11,7 +11,7 @@ import math
 from adapter_cases import build_adapters
 from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread here)
 
-from serve.bench_serving import ServingBenchJob, run_serving_bench
+from bench.serving import ServingBenchJob, run_serving_bench
 from serve.orchestrator import read_trace
 
 
@@ -69,7 +69,7 @@ def test_replay_preprocesses_off_the_stepping_thread(vlora_home):
     from zoo import build_checkpoint
 
     from serve import Engine, EngineConfig
-    from serve.bench_serving_replay import build_requests, replay
+    from bench.serving_replay import build_requests, replay
     from serve.orchestrator import generate
 
     ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")

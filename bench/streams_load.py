@@ -28,7 +28,7 @@ from collections import Counter
 
 import numpy as np
 
-HEAD_TASK = "vehicle"  # the head serve/bench_lora.py's _write_head saves beside each adapter
+HEAD_TASK = "vehicle"  # the head bench.adapters.write_head saves beside each adapter
 TIMING_KEYS = ("frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms")
 
 

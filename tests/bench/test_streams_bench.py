@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from apps.video_analytics.bench_streams import StreamsBenchJob, search
+from bench.streams import StreamsBenchJob, search
 from vlora.commands.bench import run
 from vlora.config import compose
 

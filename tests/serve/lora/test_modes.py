@@ -6,33 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_cases import build_adapters
 from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread here)
+from mode_cases import make_engine, setup  # noqa: F401 (module fixture: checkpoint + adapters)
 from serve_cases import case_specs, make_request
 
 from serve import Engine, EngineConfig
 from serve.orchestrator import Mode
 
 MAX_NEW = 5
-ADAPTERS = ("qv8", "all16", "mix")
 # (spec index, adapter): every adapter twice or once, and the base model
 PLAN = [(0, "qv8"), (1, None), (2, "all16"), (1, "mix"), (0, "all16"), (1, "qv8")]
-
-
-@pytest.fixture(scope="module")
-def setup(vlora_home, tmp_path_factory):
-    from zoo import build_checkpoint
-
-    ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
-    adapters = build_adapters(ckpt, tmp_path_factory.mktemp("mode_adapters"), ADAPTERS)
-    return ckpt, adapters
-
-
-def make_engine(setup, **kw) -> Engine:
-    ckpt, adapters = setup
-    config = EngineConfig(device="cpu", dtype="float32", enable_prefix_cache=False, adapter_slots=4,
-                          max_lora_rank=16, adapters=tuple(f"{n}={p}" for n, p in adapters.items()), **kw)
-    return Engine(ckpt, config)
 
 
 def requests(only: str | None = "") -> list:

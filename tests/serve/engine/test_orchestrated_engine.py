@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread here)
 from serve_cases import case_specs, make_request
-from test_modes import make_engine, setup  # noqa: F401 (module fixture: checkpoint + adapters)
+from mode_cases import make_engine, setup  # noqa: F401 (module fixture: checkpoint + adapters)
 
 from serve import EngineConfig
 

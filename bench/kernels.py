@@ -7,7 +7,6 @@ Writes kernels.csv, summary.json and kernels.png to the output folder and prints
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import math
 import sys
@@ -17,13 +16,14 @@ from pathlib import Path
 
 import torch
 
-from .lora import add_lora, configs_for, default_table, pinned
-from .reference import lora_einsum, lora_gather_bmm, lora_loop
-from .segments import build_segments
-from .table import TilingTable
-from .tiling import TileConfig, heuristic_config, shape_key
-from .timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op
-from .workload import DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
+from kernels.lora import configs_for, default_table, pinned
+from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop
+from kernels.segments import build_segments
+from kernels.table import TilingTable
+from kernels.tiling import TileConfig, heuristic_config, shape_key
+from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op
+from kernels.workload import DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
+from .results import write_csv
 
 BASELINES = {"loop": lora_loop, "gather_bmm": lora_gather_bmm, "einsum": lora_einsum}
 STATIC_CANDIDATES = 12  # per op
@@ -127,10 +127,7 @@ def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
     print(file=sys.stderr)
     out = Path(job.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "kernels.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "kernels.csv", rows)
     meta = dict(device=props.name, date=date, copy_gbs=round(gbs, 1), matmul_tflops=round(tflops, 1),
                 static_shrink=static[0].to_dict(), static_expand=static[1].to_dict(), dtype=job.dtype)
     return rows, meta

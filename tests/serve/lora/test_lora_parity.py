@@ -149,7 +149,7 @@ def test_lora_graph_decode_matches_eager_decode_on_gpu(tiny_zoo, adapter_dirs):
 
 @pytest.mark.gpu
 def test_adapter_bench_smoke_on_gpu(tmp_path):
-    from serve.bench_lora import AdapterBenchJob, run_adapter_bench
+    from bench.adapters import AdapterBenchJob, run_adapter_bench
 
     job = AdapterBenchJob(model="qwen2_vl_tiny", batch_size=4, prompt_tokens=16, image_size=112, output_tokens=4,
                           mixes=("none", "one", "distinct3", "zipf3"), hf_mix="zipf3", swap_repeats=3,

@@ -23,10 +23,8 @@ of a rank-64 q/k/v/o and a rank-64 all-seven adapter, alone and overlapped with 
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import gc
-import json
 import math
 import statistics
 import sys
@@ -37,11 +35,12 @@ from pathlib import Path
 
 import torch
 
-from serve.bench import _floor_ms, _hf_inputs, _prompts, _replay_ms, _run_engine, build_random_model
-from serve.bench_lora_parts import (SHAPES, assign, head_latency_ms, pinned_h2d_gbs, swap_ms, timed,
+from bench.engine import _floor_ms, _hf_inputs, _prompts, _replay_ms, _run_engine, build_random_model
+from bench.adapter_parts import (SHAPES, assign, head_latency_ms, pinned_h2d_gbs, swap_ms, timed,
                                     write_peft_adapter)
 from serve.engine import Engine, EngineConfig
 from serve.models import read_model_args
+from .results import device_label, results_dir, write_csv, write_json
 
 
 @dataclass
@@ -66,7 +65,8 @@ class AdapterBenchJob:
     out_dir: str = "results/engine_adapters"
 
 
-def _write_head(adapter: Path, hidden: int) -> None:
+def write_head(adapter: Path, hidden: int) -> None:
+    """A seeded classify head (the task streams_load.HEAD_TASK names) beside an adapter."""
     from heads import HeadConfig, build_head, save_head
 
     torch.manual_seed(0)
@@ -149,7 +149,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
         raise RuntimeError("the adapter benchmark needs a CUDA device (device=cpu runs a smoke version)")
     from kernels.timing import copy_bandwidth_gbs
 
-    gpu = torch.cuda.get_device_name() if cuda else "cpu"
+    gpu = device_label(job.device)
     gbs = copy_bandwidth_gbs() if cuda else math.nan
     workdir = Path(tempfile.mkdtemp(prefix="adapter-bench-"))
     hf, processor = build_random_model(job.model, job.seed, job.dtype, job.device, workdir)
@@ -164,7 +164,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
         rank, modules = SHAPES[shape]
         dirs = {f"{shape}_{i}": write_peft_adapter(workdir / "adapters" / f"{shape}_{i}", args, rank, modules,
                                                    1000 * s + i, wdtype, job.device) for i in range(count)}
-        _write_head(dirs[f"{shape}_0"], args.hidden_size)
+        write_head(dirs[f"{shape}_0"], args.hidden_size)
         if shape == "r64_all":  # the issue's swap target: rank 64 on q/k/v/o of the 7B shape
             dirs["swap_qkvo"] = write_peft_adapter(workdir / "adapters" / "swap_qkvo", args, 64, SHAPES["r16_qkvo"][1],
                                                    99, wdtype, job.device)
@@ -217,7 +217,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
     meta = dict(gpu=gpu, date=time.strftime("%Y-%m-%d"), copy_gbs=gbs, torch=torch.__version__,
                 transformers=__import__("transformers").__version__, peft=__import__("peft").__version__,
                 triton=__import__("triton").__version__, job=dataclasses.asdict(job), **extra)
-    _write(rows, meta, Path(job.out_dir) / gpu.lower().replace(" ", "_").replace("-", "_"))
+    _write(rows, meta, results_dir(job.out_dir, gpu))
     return rows, meta
 
 
@@ -228,11 +228,8 @@ def _print(row: dict) -> None:
 
 def _write(rows: list[dict], meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "adapters.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "adapters.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    write_csv(out / "adapters.csv", rows)
+    write_json(out / "adapters.json", {"meta": meta, "rows": rows})
     cols = ("shape", "mix", "distinct_adapters", "decode_step_ms", "decode_floor_ms", "step_over_floor",
             "step_over_no_adapter", "decode_tokens_per_s", "e2e_tokens_per_s")
     print(" | ".join(cols))

@@ -26,10 +26,8 @@ of every point under out_dir/<device>/, prints the tables.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import gc
-import json
 import sys
 import tempfile
 import time
@@ -39,12 +37,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from serve.bench import WORDS, build_random_model
-from serve.bench_serving_replay import build_requests, replay
+from bench.engine import WORDS, build_random_model
+from bench.serving_replay import build_requests, replay
 from serve.orchestrator import POLICIES, Mode, WorkloadSpec, build_policy, generate, video_analytics, \
     visual_retrieval, write_trace
 from serve.orchestrator.evaluate import METRIC_COLUMNS, EvalJob, points
 from serve.orchestrator.report import metrics_table, plot, table
+from .results import device_label, results_dir, write_csv, write_json
 
 COLUMNS = ("sweep", "x", "policy", "seed", "rate", "skewness", *METRIC_COLUMNS, "aborted", "steps_unmerge",
            "steps_merge", "steps_mixture", "replay_s")
@@ -146,7 +145,7 @@ def engine_plan(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, di
         random_weights(job, workdir, device="meta")  # config and processor only
     dirs = [d.partition("=")[::2] if "=" in d else (Path(d).name, d) for d in job.adapter_dirs]
     if not dirs:
-        from serve.bench_lora_parts import write_peft_adapter
+        from bench.adapter_parts import write_peft_adapter
         from serve.models import read_model_args
 
         args, dtype = read_model_args(ckpt)[0], getattr(torch, job.dtype) if job.dtype != "auto" else torch.float32
@@ -227,8 +226,8 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
     """Runs every (point, policy); writes CSV / JSON / plots under out_dir/<device>/ and returns (rows, meta)."""
     if job.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("device=cuda asked for but no CUDA device is available; use device=cpu with a tiny model")
-    gpu = torch.cuda.get_device_name() if job.device.startswith("cuda") else "cpu"
-    out = Path(job.out_dir) / gpu.lower().replace(" ", "_").replace("-", "_")
+    gpu = device_label(job.device)
+    out = results_dir(job.out_dir, gpu)
     out.mkdir(parents=True, exist_ok=True)
     policies = job.policy_params()
     first = next(((n, p) for n, p in policies.items() if n != "fcfs"), ("fcfs", {}))
@@ -281,15 +280,9 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
 
 def _write(rows: list[dict], meta: dict, out: Path, profile) -> None:
     if meta["modes"]:
-        with open(out / "modes.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(meta["modes"][0]))
-            writer.writeheader()
-            writer.writerows(meta["modes"])
-    with open(out / "serving.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")
+        write_csv(out / "modes.csv", meta["modes"])
+    write_csv(out / "serving.csv", rows, COLUMNS)
+    write_json(out / "serving.json", {"meta": meta, "rows": rows})
     meta["plots"] = [str(p) for p in plot(rows, profile, out)]
     print(table(rows, profile))
     for sweep, x in dict.fromkeys((r["sweep"], r["x"]) for r in rows):

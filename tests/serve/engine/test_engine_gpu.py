@@ -70,7 +70,7 @@ def test_gpu_engine_matches_transformers(name, tiny_zoo):
 
 
 def test_engine_bench_smoke(tmp_path):
-    from serve.bench import EngineBenchJob, run_engine_bench
+    from bench.engine import EngineBenchJob, run_engine_bench
 
     job = EngineBenchJob(model="qwen2_vl_tiny", batch_sizes=(1, 3), prompt_tokens=16, image_size=112,
                          output_tokens=4, dtype="float32", out_dir=str(tmp_path))

@@ -13,14 +13,12 @@ number of tokens (no early stop). Reported per batch size:
 
     rows, meta = run_engine_bench(EngineBenchJob(model="qwen2_vl_7b", batch_sizes=(1, 8, 32)))
 
-The adapter benchmark (serve/bench_lora.py) reuses these helpers with adapters per request.
+The adapter benchmark (bench/adapters.py) reuses these helpers with adapters per request.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
 import statistics
 import sys
 import tempfile
@@ -32,6 +30,7 @@ import numpy as np
 import torch
 
 from serve.engine import Engine, EngineConfig, Request, SamplingParams
+from .results import device_label, results_dir, write_csv, write_json
 
 WORDS = ("car truck bus bike red blue green white black left right crossing street lane parked moving "
          "near far two three many count color shape where which when camera frame road sign light").split()
@@ -157,7 +156,7 @@ def run_engine_bench(job: EngineBenchJob) -> tuple[list[dict], dict]:
         raise RuntimeError("the engine benchmark needs a CUDA device")
     from kernels.timing import copy_bandwidth_gbs
 
-    gpu = torch.cuda.get_device_name()
+    gpu = device_label("cuda")
     gbs = copy_bandwidth_gbs()
     workdir = Path(tempfile.mkdtemp(prefix="engine-bench-"))
     hf, processor = build_random_model(job.model, job.seed, job.dtype, "cuda", workdir)
@@ -168,7 +167,7 @@ def run_engine_bench(job: EngineBenchJob) -> tuple[list[dict], dict]:
                           max_tokens_per_step=job.max_tokens_per_step, num_kv_blocks=max_batch * per_seq // 16 + 64,
                           graph_batch_sizes=tuple(sorted(set(job.batch_sizes) | {1, 2, 4, 8, 16, 32, 64})),
                           encoder_cache_items=0, enable_prefix_cache=False, seed=job.seed,
-                          adapter_slots=0)  # the base engine: no adapter pool (serve/bench_lora.py has one)
+                          adapter_slots=0)  # the base engine: no adapter pool (bench/adapters.py has one)
     t0 = time.perf_counter()
     engine = Engine(workdir, config, weights=dict(hf.state_dict()))
     load_s = time.perf_counter() - t0
@@ -196,17 +195,14 @@ def run_engine_bench(job: EngineBenchJob) -> tuple[list[dict], dict]:
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 triton=__import__("triton").__version__, job=dataclasses.asdict(job),
                 graph_steps=engine.stats().graph_steps, eager_steps=engine.stats().eager_steps)
-    _write(rows, meta, Path(job.out_dir) / gpu.lower().replace(" ", "_").replace("-", "_"))
+    _write(rows, meta, results_dir(job.out_dir, gpu))
     return rows, meta
 
 
 def _write(rows: list[dict], meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "engine.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "engine.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    write_csv(out / "engine.csv", rows)
+    write_json(out / "engine.json", {"meta": meta, "rows": rows})
     cols = ("batch", "ttft_ms_mean", "decode_step_ms", "decode_floor_ms", "step_over_floor", "decode_wall_ms",
             "decode_tokens_per_s", "e2e_tokens_per_s", "hf_tokens_per_s", "speedup_vs_hf")
     print(" | ".join(cols))

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from serve.bench_scaling import ScalingBenchJob, capacity, run_scaling_bench
+from bench.scaling import ScalingBenchJob, capacity, run_scaling_bench
 
 
 def _row(rate, share, attainment=0.9):

@@ -1,7 +1,7 @@
 """Scaling evaluation: the serving evaluation's workload on one GPU and on N, by replicas and by tensor parallelism.
 
 Each setup serves the same model, adapters and policy and replays, by the wall clock, the
-serving evaluation's generated workloads (serve.bench_serving_replay) at rising request rates:
+serving evaluation's generated workloads (bench.serving_replay) at rising request rates:
 `rates` requests/s per GPU, times the setup's GPUs. A rate meets the latency target when at least
 `attainment` of its requests finish within their application's latency target (aborted requests
 count as missed). A setup's capacity is the highest rate before the first one that misses,
@@ -22,7 +22,6 @@ writes scaling.csv, scaling.json and scaling.png from whatever setups are there.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import gc
 import json
@@ -35,8 +34,9 @@ from pathlib import Path
 
 import torch
 
-from serve.bench_scaling_setups import SETUPS, run_setup
-from serve.bench_serving import ServingBenchJob
+from bench.scaling_setups import SETUPS, run_setup
+from bench.serving import ServingBenchJob
+from .results import device_label, results_dir, write_csv, write_json
 
 COLUMNS = ("setup", "gpus", "rate", "met_share", "meets_target", "slo_attainment", "completed", "requests",
            "aborted", "throughput_rps", "avg_token_latency_ms", "p50_ms", "p95_ms", "p99_ms", "switches",
@@ -100,8 +100,8 @@ def run_scaling_bench(job: ScalingBenchJob) -> tuple[list[dict], dict]:
         have = torch.cuda.device_count()
         if any(job.setup_gpus(s) > have for s in job.setups):
             raise RuntimeError(f"setups {list(job.setups)} need {job.gpus} GPUs; this machine has {have}")
-    gpu = torch.cuda.get_device_name() if job.device.startswith("cuda") else "cpu"
-    out = Path(job.out_dir) / gpu.lower().replace(" ", "_").replace("-", "_")
+    gpu = device_label(job.device)
+    out = results_dir(job.out_dir, gpu)
     out.mkdir(parents=True, exist_ok=True)
     for setup in job.setups:
         path = out / f"scaling_{setup}.json"
@@ -138,12 +138,9 @@ def report(job: ScalingBenchJob, out: Path) -> tuple[list[dict], dict]:
     base = setups.get("single", {}).get("capacity_rps")
     for s in setups.values():
         s["efficiency"] = s["capacity_rps"] / (s["gpus"] * base) if base else math.nan
-    with open(out / "scaling.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "scaling.csv", rows, COLUMNS, drop_extra=True)
     summary = {"attainment": job.attainment, "setups": setups}
-    (out / "scaling.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json(out / "scaling.json", summary)
     _plot(rows, job, out / "scaling.png")
     print(f"{'setup':16s} {'GPUs':>4s} {'rate met':>9s} {'capacity':>9s} {'efficiency':>10s}")
     for name, s in setups.items():

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from .results import device_label, results_dir
 
 MODES = ("head", "generate")
 
@@ -110,7 +111,7 @@ def render_chunks(job: StreamsBenchJob) -> list[np.ndarray]:
 
     from world import WorldConfig
 
-    from .sources import SyntheticCamera
+    from apps.video_analytics.sources import SyntheticCamera
 
     side = max(64, job.image_size)  # the world draws at least 64 x 64
     world = WorldConfig(seed=job.seed, width=side, height=side, fps=job.frames_per_chunk,
@@ -128,8 +129,8 @@ def render_chunks(job: StreamsBenchJob) -> list[np.ndarray]:
 
 def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
     """The engine on the model's weights with `adapters` random adapters (+ heads) loaded at start."""
-    from serve.bench_lora import _write_head
-    from serve.bench_lora_parts import write_peft_adapter
+    from bench.adapters import write_head
+    from bench.adapter_parts import write_peft_adapter
     from serve.engine import Engine, EngineConfig
     from serve.models import read_model_args
 
@@ -138,7 +139,7 @@ def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
     dirs = {f"a{i}": write_peft_adapter(workdir / "adapters" / f"a{i}", args, job.rank, job.targets, 1000 + i,
                                         wdtype, job.device) for i in range(job.adapters)}
     for path in dirs.values():
-        _write_head(path, args.hidden_size)
+        write_head(path, args.hidden_size)
     per_seq = prompt_tokens + job.answer_tokens + 32
     cuda = job.device.startswith("cuda")
     config = EngineConfig(device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
@@ -172,12 +173,12 @@ def search(run_point, counts: tuple[int, ...], refine: int) -> list[dict]:
 
 def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     """Runs the search of every mode and the baseline; writes CSV / JSON / PNG; returns (rows, meta)."""
-    from serve.bench import build_random_model
+    from bench.engine import build_random_model
     from zoo import get_spec
 
-    from .bench_streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
-    from .bench_streams_load import run_point
-    from .bench_streams_report import summarize, write_report
+    from .streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
+    from .streams_load import run_point
+    from .streams_report import summarize, write_report
 
     cuda = job.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -186,7 +187,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     if get_spec(job.model).arch not in ("qwen2_vl", "qwen2_5_vl"):
         raise ValueError(f"model {job.model!r}: the streams evaluation sends video chunks, which only the "
                          "Qwen2-VL / Qwen2.5-VL zoo models take")
-    device_name = torch.cuda.get_device_name(torch.device(job.device)) if cuda else "cpu"
+    device_name = device_label(job.device)
     command = job.command or " ".join([Path(sys.argv[0]).name] + [shlex.quote(a) for a in sys.argv[1:]])
     _log(f"building {job.model} ({job.dtype}) on {job.device} and rendering {job.chunk_pool} chunks")
     workdir = Path(tempfile.mkdtemp(prefix="streams-bench-"))
@@ -216,7 +217,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
                 job=dataclasses.asdict(job))
     del engine
     gc.collect()
-    write_report(rows, meta, Path(job.out_dir) / device_name.lower().replace(" ", "_").replace("-", "_"))
+    write_report(rows, meta, results_dir(job.out_dir, device_name))
     return rows, meta
 
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from serve.bench import WORDS
+from bench.engine import WORDS
 from serve.engine import Request, SamplingParams
 from serve.orchestrator import RequestRecord, RequestView, adapter_names, summarize
 

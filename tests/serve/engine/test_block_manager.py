@@ -21,7 +21,7 @@ def test_the_block_manager_and_scheduler_never_import_torch():
     code = ("import sys\n"
             "import serve.engine.block_manager, serve.engine.scheduler\n"
             "print(sorted(m for m in ('torch', 'numpy', 'triton') if m in sys.modules))")
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"
 

@@ -14,7 +14,7 @@ from orchestrator_cases import linear_profile, req
 from serve.orchestrator import Mode, SimConfig, VLoRAConfig, VLoRAPolicy, WorkloadSpec, assumed_profile, \
     build_policy, generate, simulate, write_trace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_one_request_alone_takes_its_prefill_then_one_step_per_token():

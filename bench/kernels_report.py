@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
+from .results import write_json
 
 TORCH_BASELINES = ("loop", "gather_bmm", "einsum")
 
@@ -93,4 +93,4 @@ def plot(rows: list[dict], path: Path, mix: str = "distinct") -> None:
 
 
 def write_summary(summary: dict, out_dir: Path) -> None:
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out_dir / "summary.json", summary, indent=1)

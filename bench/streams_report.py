@@ -4,10 +4,9 @@ number of streams, one line per mode, with the latency target)."""
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from pathlib import Path
+from .results import write_csv, write_json
 
 ROW_COLUMNS = ("mode", "streams", "offered_per_s", "sent", "done", "unfinished", "errors", "error_kinds", "p50_ms",
                "p95_ms", "p99_ms", "mean_ms", "max_ms", "chunks_per_s", "served_per_s", "pass", "prompt_tokens",
@@ -67,13 +66,10 @@ def _clean(value):
 
 def write_report(rows: list[dict], meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "streams.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(ROW_COLUMNS))
-        writer.writeheader()
-        writer.writerows({k: r.get(k) for k in ROW_COLUMNS} for r in rows)
+    write_csv(out / "streams.csv", ({k: r.get(k) for k in ROW_COLUMNS} for r in rows), ROW_COLUMNS)
     meta["plot"] = str(out / "streams.png")
     plot(rows, meta["job"]["target_ms"], meta["device"], out / "streams.png")
-    (out / "streams.json").write_text(json.dumps(_clean({"meta": meta, "rows": rows}), indent=2) + "\n")
+    write_json(out / "streams.json", _clean({"meta": meta, "rows": rows}))
     print(format_table(rows, TABLE))
     print()
     print(format_table(meta["summary"], SUMMARY_TABLE))

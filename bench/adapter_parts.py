@@ -3,7 +3,6 @@ mixes, the host-to-device swap measurement and head-versus-LM-head latency."""
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adapters.layout import peft_key
+from adapters.peft import write_peft
 from serve.engine import Engine, Request, SamplingParams
 
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -31,26 +32,19 @@ def write_peft_adapter(path: Path, args, rank: int, modules: tuple[str, ...], se
                        device: str) -> Path:
     """A PEFT LoRA directory with random weights (drawn on `device`, fast for 7B shapes), in the key
     layout `save_pretrained` writes for these models; PEFT loads it and so does the server."""
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True, exist_ok=True)
     g = torch.Generator(device=device).manual_seed(seed)
     tensors = {}
     shapes = module_shapes(args)
     for layer in range(args.num_layers):
         for module in modules:
             block, k, n = shapes[module]
-            key = f"base_model.model.model.language_model.layers.{layer}.{block}.{module}"
+            key = peft_key(layer, block, module)
             a = torch.randn(rank, k, generator=g, device=device, dtype=torch.float32) / k ** 0.5
             b = torch.randn(n, rank, generator=g, device=device, dtype=torch.float32) * 0.02
             tensors[key + ".lora_A.weight"] = a.to(dtype).cpu()
             tensors[key + ".lora_B.weight"] = b.to(dtype).cpu()
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0, "bias": "none",
-              "target_modules": rf".*\.language_model\..*\.({'|'.join(modules)})", "task_type": None,
-              "base_model_name_or_path": None, "inference_mode": True}
-    (path / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    return path
+    config = {"r": rank, "lora_alpha": 2 * rank, "target_modules": rf".*\.language_model\..*\.({'|'.join(modules)})"}
+    return write_peft(path, tensors, config)
 
 
 def assign(mix: str, n_requests: int, names: list[str], zipf_alpha: float, seed: int) -> list[str | None]:

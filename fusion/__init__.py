@@ -1,6 +1,6 @@
 """Offline stage: accuracy-aware knowledge fusion, packing knowledge domains into the fewest adapters.
 
-Stdlib only; training is behind the `Trainer` protocol (the real one lives in `train/`). The API:
+Stdlib only (and the adapters package, whose manifest it writes); training is behind the `Trainer` protocol (the real one lives in `train/`). The API:
 
     result = fuse(domains, trainer, order="size_desc", workdir=...)   # greedy with roll-back, resumable
     result.adapters        # [FusedAdapter(index, name, domains, accuracies, requirements, met, state)]
@@ -10,10 +10,12 @@ Stdlib only; training is behind the `Trainer` protocol (the real one lives in `t
     select_adapter(manifest, "plate" or "detect", 0.8)   # cheapest adapter accurate enough, or None
 """
 
+from adapters.manifest import (CREATED_BY, MANIFEST, ManifestError, Selection, read_manifest, select_adapter,
+                               write_manifest)
+
+from .export import export_adapters
 from .greedy import ORDERS, fuse, order_domains
 from .journal import JOURNAL, adapter_name
-from .manifest import (CREATED_BY, MANIFEST, ManifestError, Selection, export_adapters, read_manifest,
-                       select_adapter, write_manifest)
 from .spec import ACTIONS, Domain, FusedAdapter, FusionEvent, FusionResult, Trainer
 
 __all__ = [

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adapters.files import write_json_atomic
+
 from .spec import Domain, FusedAdapter, FusionEvent, Trainer
 
 JOURNAL = "journal.json"
@@ -61,12 +63,6 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
 
 
 class Journal:

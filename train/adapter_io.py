@@ -1,11 +1,6 @@
-"""The adapter directory (DESIGN.md) and the in-memory adapter state it stores.
-
-    adapters/<name>/
-      adapter_config.json, adapter_model.safetensors   what PEFT's save_pretrained writes
-      README.md                                        PEFT's model card (also its own output)
-      heads/<domain>/head.safetensors + head.json      one task head per fused domain (heads.save_head)
-      meta.json                                        base model, LoRA shape, and per domain: task,
-                                                       labels, head path, metric and accuracy reached
+"""Training's adapter state and how it is saved to an adapter directory (the layout is the
+adapters package's: PEFT files, heads/<domain>/, meta.json with the base model, the LoRA shape,
+and per domain: task, labels, head path, metric and accuracy reached).
 
 An `AdapterState` is LoRA weights (CPU tensors, PEFT keys) plus one `HeadState` per domain and
 the domains' records. States are treated as values: training produces a new one.
@@ -13,7 +8,6 @@ the domains' records. States are treated as values: training produces a new one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,12 +15,10 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from heads import HeadConfig, TaskHead, build_head, load_head, save_head
-
-META = "meta.json"
-HEADS_DIR = "heads"
-PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
-META_VERSION = 1
+from adapters.heads import save_heads
+from adapters.layout import HEADS_DIR, PEFT_FILES, PEFT_WEIGHTS
+from adapters.meta import META_VERSION, read_meta, write_meta as write_meta_file
+from heads import HeadConfig, TaskHead, build_head, load_head
 
 
 @dataclass(frozen=True)
@@ -84,8 +76,7 @@ def write_meta(path: Path, state: AdapterState, vlm, name: str, extra: dict | No
                  "target_modules": list(lora.target_modules), "train_vision_tower": vlm.train_vision_tower},
         "created_by": "vlora train", "version": META_VERSION, **(extra or {}),
     }
-    (path / META).write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return write_meta_file(path, meta)
 
 
 def save_adapter(vlm, state: AdapterState, path: str | Path, name: str | None = None,
@@ -96,22 +87,9 @@ def save_adapter(vlm, state: AdapterState, path: str | Path, name: str | None = 
     path.mkdir(parents=True, exist_ok=True)
     vlm.load_lora_state(state.lora)
     vlm.model.save_pretrained(str(path))
-    heads_dir = path / HEADS_DIR
-    if heads_dir.exists():
-        import shutil
-
-        shutil.rmtree(heads_dir)  # heads of an earlier save of another state
-    for domain, head in state.heads.items():
-        save_head(head.build(), heads_dir / domain)
+    save_heads(path, {domain: head.build() for domain, head in state.heads.items()})
     write_meta(path, state, vlm, name or path.name, extra_meta)
     return path
-
-
-def read_meta(path: str | Path) -> dict:
-    file = Path(path) / META
-    if not file.is_file():
-        raise FileNotFoundError(f"{path} is not an adapter directory: no {META} (save_adapter writes it)")
-    return json.loads(file.read_text())
 
 
 def load_adapter(path: str | Path) -> AdapterState:
@@ -121,12 +99,11 @@ def load_adapter(path: str | Path) -> AdapterState:
     missing = [f for f in PEFT_FILES if not (path / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{path}: adapter directory lacks {missing}")
-    lora = load_file(str(path / "adapter_model.safetensors"))
+    lora = load_file(str(path / PEFT_WEIGHTS))
     heads, domains, accs = {}, {}, {}
     for d, rec in meta["domains"].items():
         if rec.get("head"):
-            head = load_head(path / rec["head"])
-            heads[d] = HeadState.of(head)
+            heads[d] = HeadState.of(load_head(path / rec["head"]))
         domains[d] = {k: v for k, v in rec.items() if k not in ("head", "accuracy", "metric", "n_eval")}
         if rec.get("accuracy") is not None:
             accs[d] = {"accuracy": rec["accuracy"], "metric": rec["metric"], "n": rec["n_eval"]}

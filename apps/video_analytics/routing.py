@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from fusion import read_manifest, select_adapter
+from adapters.manifest import read_manifest, select_adapter
 
 HEAD_MODES = ("auto", "never", "always")
 

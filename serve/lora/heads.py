@@ -1,6 +1,6 @@
 """Vision task heads served with their adapter, and how a head request picks one.
 
-On disk (DESIGN.md, train/adapter_io.py): one head per knowledge domain under
+On disk (adapters.heads): one head per knowledge domain under
 `<adapter>/heads/<domain>/head.safetensors + head.json`, or a single `head.safetensors +
 head.json` at the adapter root (named after meta.json's only domain, else "default").
 meta.json's `domains[<domain>]["task"]` says what each domain answers.
@@ -16,42 +16,24 @@ from pathlib import Path
 
 import torch
 
+from adapters.heads import find_heads
+from adapters.peft import fail
 from heads import TaskHead, load_head
-
-from .loader import AdapterLoadError
-
-ROOT_HEAD = "head"
-HEADS_DIR = "heads"
-
-
-def _has_head(directory: Path) -> bool:
-    return (directory / f"{ROOT_HEAD}.json").is_file() or (directory / f"{ROOT_HEAD}.safetensors").is_file()
 
 
 def load_adapter_heads(path: str | Path, meta: dict, hidden_size: int, device: torch.device) -> dict[str, TaskHead]:
     """domain -> head (fp32, eval mode, on `device`) of an adapter directory; {} when it has none."""
     path = Path(path)
-    found: dict[str, Path] = {}
-    domains = meta.get("domains") if isinstance(meta.get("domains"), dict) else {}
-    if _has_head(path):
-        found[next(iter(domains)) if len(domains) == 1 else "default"] = path
-    heads_dir = path / HEADS_DIR
-    if heads_dir.is_dir():
-        for sub in sorted(heads_dir.iterdir()):
-            if sub.is_dir() and _has_head(sub):
-                if sub.name in found:
-                    raise AdapterLoadError(f"adapter directory {str(path)!r}: head {sub.name!r} is stored twice "
-                                           f"(at the root and under {HEADS_DIR}/)")
-                found[sub.name] = sub
+    found = find_heads(path, meta)
     heads = {}
     for domain, directory in found.items():
         try:
             head = load_head(directory, device=device, dtype=torch.float32)
         except (OSError, ValueError) as e:
-            raise AdapterLoadError(f"adapter directory {str(path)!r}: head {domain!r} cannot be loaded: {e}") from e
+            raise fail(path, f"head {domain!r} cannot be loaded: {e}") from e
         if head.config.hidden_size != hidden_size:
-            raise AdapterLoadError(f"adapter directory {str(path)!r}: head {domain!r} reads hidden size "
-                                   f"{head.config.hidden_size} but the served model's is {hidden_size}")
+            raise fail(path, f"head {domain!r} reads hidden size {head.config.hidden_size} but the served "
+                             f"model's is {hidden_size}")
         heads[domain] = head
     return heads
 

@@ -25,7 +25,6 @@ DoRA, LoRA biases, modules_to_save, a shape that does not fit the model) is refu
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -33,14 +32,14 @@ from pathlib import Path
 
 import torch
 
-CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+from adapters.meta import read_meta
+from adapters.layout import PEFT_CONFIG as CONFIG_FILE
+from adapters.layout import PEFT_WEIGHTS as WEIGHTS_FILE
+from adapters.peft import AdapterLoadError, fail, read_config, read_tensors  # noqa: F401 (AdapterLoadError: this module's API)
+
 _KEY = re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?P<block>self_attn|mlp)\.(?P<module>\w+)"
                   r"\.lora_(?P<ab>[AB])\.weight$")
 _VISION_MARKERS = ("visual", "vision", "multi_modal_projector", "merger", "mm_projector")
-
-
-class AdapterLoadError(ValueError):
-    """An adapter directory the server cannot serve; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -123,38 +122,6 @@ class AdapterSpec:
     meta: dict = field(default_factory=dict)  # meta.json when present
 
 
-def _fail(path: Path, message: str) -> AdapterLoadError:
-    return AdapterLoadError(f"adapter directory {str(path)!r}: {message}")
-
-
-def read_config(path: Path) -> dict:
-    file = path / CONFIG_FILE
-    if not path.is_dir():
-        raise _fail(path, "does not exist or is not a directory")
-    if not file.is_file():
-        raise _fail(path, f"no {CONFIG_FILE} (a PEFT LoRA directory holds {CONFIG_FILE} and {WEIGHTS_FILE})")
-    try:
-        config = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _fail(path, f"{CONFIG_FILE} is not valid JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise _fail(path, f"{CONFIG_FILE} must hold a JSON object")
-    if config.get("peft_type", "LORA") != "LORA":
-        raise _fail(path, f"peft_type is {config.get('peft_type')!r}; only LORA adapters are served")
-    unsupported = [(k, config.get(k)) for k in ("use_dora", "lora_bias", "fan_in_fan_out") if config.get(k)]
-    if config.get("bias", "none") != "none":
-        unsupported.append(("bias", config["bias"]))
-    if config.get("modules_to_save"):
-        unsupported.append(("modules_to_save", config["modules_to_save"]))
-    if unsupported:
-        raise _fail(path, f"unsupported LoRA options {dict(unsupported)}; the server applies plain LoRA "
-                          "(use_dora=false, bias='none', no modules_to_save)")
-    for key in ("r", "lora_alpha"):
-        if not isinstance(config.get(key), (int, float)) or config[key] <= 0:
-            raise _fail(path, f"{CONFIG_FILE} needs a positive number {key!r}, got {config.get(key)!r}")
-    return config
-
-
 def _pattern_value(patterns: dict, module_key: str, default):
     """PEFT's `get_pattern_key`: the first pattern matching the end of the module name."""
     for pattern, value in (patterns or {}).items():
@@ -167,22 +134,8 @@ def _scale(config: dict, module_key: str, rank: int, path: Path) -> float:
     r = _pattern_value(config.get("rank_pattern"), module_key, config["r"])
     alpha = _pattern_value(config.get("alpha_pattern"), module_key, config["lora_alpha"])
     if int(r) != rank:
-        raise _fail(path, f"{module_key} has rank {rank} in {WEIGHTS_FILE} but {int(r)} in {CONFIG_FILE}")
+        raise fail(path, f"{module_key} has rank {rank} in {WEIGHTS_FILE} but {int(r)} in {CONFIG_FILE}")
     return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-
-
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    file = path / WEIGHTS_FILE
-    if not file.is_file():
-        hint = " (adapter_model.bin is not read: save with safe_serialization=True)" \
-            if (path / "adapter_model.bin").is_file() else ""
-        raise _fail(path, f"no {WEIGHTS_FILE}{hint}")
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(file))
-    except Exception as e:  # a truncated or garbled file: safetensors raises several types
-        raise _fail(path, f"{WEIGHTS_FILE} cannot be read ({type(e).__name__}: {e})") from e
 
 
 def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, ProjectionShape], max_rank: int,
@@ -194,7 +147,7 @@ def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, Projection
     """
     path = Path(path)
     config = read_config(path)
-    tensors = _read_tensors(path)
+    tensors = read_tensors(path)
     slot_of = {name: (kind, i) for kind, s in shapes.items() for i, name in enumerate(s.slice_names)}
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}  # (layer, module) -> {"A": .., "B": ..}
     keys: dict[tuple[int, str], str] = {}
@@ -208,11 +161,11 @@ def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, Projection
         pairs.setdefault((layer, m["module"]), {})[m["ab"]] = tensor
         keys[(layer, m["module"])] = re.sub(r"^base_model\.model\.", "", key).rsplit(".lora_", 1)[0]
     if unserved:
-        raise _fail(path, f"{len(unserved)} tensor(s) adapt modules the server does not apply LoRA to, e.g. "
+        raise fail(path, f"{len(unserved)} tensor(s) adapt modules the server does not apply LoRA to, e.g. "
                           f"{unserved[:3]}; served: the language model's {sorted(slot_of)} (no vision tower, "
                           "embeddings or LM head)")
     if not pairs:
-        raise _fail(path, f"{WEIGHTS_FILE} holds no LoRA weights")
+        raise fail(path, f"{WEIGHTS_FILE} holds no LoRA weights")
     ranks_host = {kind: torch.zeros(num_layers, len(s.slices), dtype=torch.int32) for kind, s in shapes.items()}
     checked = {}
     for (layer, module), ab in sorted(pairs.items()):
@@ -220,21 +173,21 @@ def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, Projection
         shape = shapes[kind]
         where = keys[(layer, module)]
         if set(ab) != {"A", "B"}:
-            raise _fail(path, f"{where} has lora_{''.join(ab)} but not both lora_A and lora_B")
+            raise fail(path, f"{where} has lora_{''.join(ab)} but not both lora_A and lora_B")
         a, b = ab["A"], ab["B"]
         if layer >= num_layers:
-            raise _fail(path, f"{where}: layer {layer} does not exist (the model has {num_layers} layers)")
+            raise fail(path, f"{where}: layer {layer} does not exist (the model has {num_layers} layers)")
         if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
-            raise _fail(path, f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} are not [r, in], [out, r]")
+            raise fail(path, f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} are not [r, in], [out, r]")
         a, b = cut_to_shard(a, b, shape.shard)
         rank, width = a.shape[0], shape.slices[i]
         if a.shape[1] != shape.in_features or b.shape[0] != width:
-            raise _fail(path, f"{where}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit this model's "
+            raise fail(path, f"{where}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit this model's "
                               f"{module} ([r, {shape.in_features}] / [{width}, r]): an adapter of another base model?")
         if not 0 < rank <= max_rank:
-            raise _fail(path, f"{where}: rank {rank} exceeds the server's max_lora_rank {max_rank}")
+            raise fail(path, f"{where}: rank {rank} exceeds the server's max_lora_rank {max_rank}")
         if not (a.is_floating_point() and torch.isfinite(a).all() and torch.isfinite(b).all()):
-            raise _fail(path, f"{where}: weights are not finite floats (a corrupt file?)")
+            raise fail(path, f"{where}: weights are not finite floats (a corrupt file?)")
         ranks_host[kind][layer, i] = rank
         checked[(layer, module)] = (kind, i, a, b, _scale(config, where, rank, path))
     weights, folded = _pack(checked, ranks_host, shapes, num_layers, dtype)
@@ -243,12 +196,10 @@ def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, Projection
         module_ranks[module] = max(module_ranks.get(module, 0), a.shape[0])
     order = [n for s in shapes.values() for n in s.slice_names]
     targets = tuple(n for n in order if n in module_ranks)
-    meta = {}
-    if (path / "meta.json").is_file():
-        try:
-            meta = json.loads((path / "meta.json").read_text())
-        except ValueError as e:
-            raise _fail(path, f"meta.json is not valid JSON: {e}") from e
+    try:
+        meta = read_meta(path, required=False)
+    except ValueError as e:
+        raise fail(path, str(e)) from e
     spec = AdapterSpec(str(path), max(module_ranks.values()), {n: module_ranks[n] for n in targets}, targets,
                        len({layer for layer, _ in checked}), weights.nbytes,
                        scales_folded=folded, meta=meta)

@@ -188,8 +188,8 @@ class AdapterManager:
         return select_head(name, record.heads, record.spec.meta, task)
 
     def load_manifest(self, path: str | Path, pin: bool = False) -> list[str]:
-        """Loads every adapter of a fusion manifest (fusion.manifest.read_manifest resolves their paths)."""
-        from fusion.manifest import read_manifest
+        """Loads every adapter of a fusion manifest (adapters.manifest.read_manifest resolves their paths)."""
+        from adapters.manifest import read_manifest
 
         manifest = read_manifest(path)
         names = []

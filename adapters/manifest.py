@@ -6,7 +6,8 @@
                          "accuracy": 0.91, "requirement": 0.8, "met": true}, ...},
      "order": ["plate", ...], "created_by": "vlora fusion", ...extra keys}
 
-Adapter paths under the manifest's directory are stored relative to it, so the folder can be
+Written by fusion, read by the server (adapters to load at start) and the applications
+(routing). Adapter paths under the manifest's directory are stored relative to it, so the folder can be
 moved; `read_manifest` returns them resolved. Applications pick an adapter with
 `select_adapter` instead of hard-coding names.
 """
@@ -19,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .journal import write_json_atomic
-from .spec import FusionResult, Trainer
+from .files import write_json_atomic
+from .layout import MANIFEST
 
-MANIFEST = "manifest.json"
 CREATED_BY = "vlora fusion"
 _RESERVED = ("adapters", "tasks", "order", "created_by")
 
@@ -31,9 +31,11 @@ class ManifestError(ValueError):
     """A manifest that is missing, malformed or inconsistent; the message lists every problem."""
 
 
-def write_manifest(result: FusionResult, out_dir: str | os.PathLike,
-                   adapter_paths: dict[int, str] | None = None, extra: dict | None = None) -> Path:
-    """Write out_dir/manifest.json. Paths default to out_dir/<adapter name> (see export_adapters)."""
+def write_manifest(result, out_dir: str | os.PathLike, adapter_paths: dict[int, str] | None = None,
+                   extra: dict | None = None) -> Path:
+    """Write out_dir/manifest.json of a fusion result (fusion.FusionResult: its adapters with their
+    domains, accuracies and requirements, and the domains' order). Paths default to
+    out_dir/<adapter name> (see fusion.export_adapters)."""
     out = Path(out_dir)
     if adapter_paths is not None:
         missing = [a.index for a in result.adapters if a.index not in adapter_paths]
@@ -58,18 +60,6 @@ def write_manifest(result: FusionResult, out_dir: str | os.PathLike,
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / MANIFEST, manifest)
     return out / MANIFEST
-
-
-def export_adapters(result: FusionResult, trainer: Trainer, out_dir: str | os.PathLike,
-                    extra: dict | None = None) -> Path:
-    """Save every fused adapter to out_dir/<name> with the trainer, then write the manifest."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for a in result.adapters:
-        trainer.save(a.state, str(out / a.name))
-        paths[a.index] = str(out / a.name)
-    return write_manifest(result, out, paths, extra)
 
 
 def _relative(path: Path, base: Path) -> str:

@@ -175,11 +175,11 @@ def serving_engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str,
 
 def _use_policy(engine, name: str, params: dict) -> None:
     """Puts policy `name` (fresh state) in charge of the engine, the weights unmerged."""
-    engine.orchestration.apply(Mode.unmerge())
+    engine.planner.apply(Mode.unmerge())
     # the engine runs unmerged LoRA with its one backend (ATMM on GPU): plan with the cost of what runs
     if name != "fcfs" and params.get("lora_op", getattr(POLICIES[name][1](), "lora_op", None)) == "einsum":
         params = {**params, "lora_op": "atmm"}
-    engine.orchestration.policy = None if name == "fcfs" else build_policy(name, engine.cost_profile, params)
+    engine.planner.policy = None if name == "fcfs" else build_policy(name, engine.cost_profile, params)
     engine.config.policy = name
     if engine.lora is not None and engine.lora.merger is not None:  # dLoRA merges layer by layer (addmm)
         default = "one_shot" if engine.device.type == "cuda" else "addmm"
@@ -189,8 +189,8 @@ def _use_policy(engine, name: str, params: dict) -> None:
 def _warm_up(engine, job: ServingBenchJob, names: list[str]) -> None:
     """Compiles kernels and captures graphs outside the timed runs: a few requests, a switch each way."""
     rng = np.random.default_rng(10**6)
-    engine.orchestration.apply(Mode.merge(names[0]))
-    engine.orchestration.apply(Mode.unmerge())
+    engine.planner.apply(Mode.merge(names[0]))
+    engine.planner.apply(Mode.unmerge())
     from serve.engine import Request, SamplingParams
 
     params = SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False)
@@ -202,7 +202,7 @@ def _warm_up(engine, job: ServingBenchJob, names: list[str]) -> None:
 def mode_steps(engine, job: ServingBenchJob) -> list[dict]:
     """Decode and prefill steps timed plain, unmerged and in mixture at each share of other adapters'
     sequences; `saving` is the share of unmerge's extra LoRA time that mixture does not spend."""
-    from serve.engine.profiling import time_mode_steps
+    from serve.engine.step_costs import time_mode_steps
 
     rows = []
     shapes = (("decode", job.mode_decode_seqs, job.mode_decode_seqs), ("prefill", *job.mode_prefill))
@@ -260,7 +260,7 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
             if key not in done:
                 _use_policy(engine, name, params)
                 done[key] = replay(engine, trace, requests, job.drain_s, job.prepare_threads)
-                engine.orchestration.apply(Mode.unmerge())
+                engine.planner.apply(Mode.unmerge())
             m, extra = done[key]
             row = {"sweep": sweep, "x": x, "policy": name, "seed": job.seed, "rate": point.rate,
                    "skewness": point.skewness, **{k: m[k] for k in METRIC_COLUMNS}, **extra}

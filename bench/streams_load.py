@@ -28,6 +28,8 @@ from collections import Counter
 
 import numpy as np
 
+from apps.common.stats import percentile
+
 HEAD_TASK = "vehicle"  # the head bench.adapters.write_head saves beside each adapter
 TIMING_KEYS = ("frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms")
 
@@ -37,10 +39,6 @@ def _stamped(chunk: np.ndarray, serial: int) -> np.ndarray:
     frames = chunk.copy()
     frames[0, 0, :8, 0] = np.frombuffer(int(serial).to_bytes(8, "little"), dtype=np.uint8)
     return frames
-
-
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else math.nan
 
 
 def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters: list[str],
@@ -156,7 +154,7 @@ def _row(job, mode: str, n: int, records: list[dict], errors: Counter, window_st
     # answered chunks (warm-up ones too) over the time from the first send to the last answer, less
     # one (n answers span n - 1 intervals): the rate actually served, which an overloaded point still tells
     span = max((r["done"] for r in finished), default=0.0) - min((r["sent"] for r in records), default=0.0)
-    p50, p95, p99 = (_percentile(latencies, q) for q in (50, 95, 99))
+    p50, p95, p99 = (percentile(latencies, q) for q in (50, 95, 99))
     unfinished = len(measured) - len(done)
     ok = bool(latencies) and p95 <= job.target_ms and unfinished == 0 and not errors
     row = {"mode": mode, "streams": n, "offered_per_s": float(n), "sent": len(measured), "done": len(done),

@@ -10,19 +10,22 @@ Roles: `sources` (files, URLs, webcams, the synthetic camera), `chunker` (sampli
 chunks), `backpressure` (bounded queues, drop policies), `tasks` (prompts, ground truth,
 scoring), `answers` (head output or parsed text -> Prediction), `routing` (manifest -> adapter,
 head, output mode), `stream` / `process` (one stream's threads), `manager` (many streams),
-`metrics`, `annotate`, `sink`. Only `stream`/`process` touch the server, through a client with
+`metrics`, `sink`; `answers`, `routing` and `annotate` are shared with visual retrieval
+(apps/common). Only `stream`/`process` touch the server, through a client with
 `submit_video`; everything else is plain Python and testable alone.
 """
 
-from .annotate import Annotator, draw_banner, draw_boxes
-from .answers import (Prediction, f1, from_head, from_text, iou, match_boxes, parse_boxes, parse_count,
-                      parse_label, parse_yes_no)
+from apps.common.annotate import Annotator, draw_banner, draw_boxes
+from apps.common.answers import (Prediction, f1, from_head, from_text, iou, match_boxes, parse_boxes,
+                                 parse_count, parse_label, parse_yes_no)
+from apps.common.routing import Route, ServerCaps, load_manifest, resolve_route
+from apps.common.stats import percentiles
+
 from .backpressure import POLICIES, BoundedQueue, Closed, QueueStats
 from .chunker import Chunk, ChunkConfig, Chunker
 from .config import ReconnectPolicy, StreamConfig, stream_from_dict
 from .manager import StreamManager
-from .metrics import StreamMetrics, format_line, percentiles
-from .routing import Route, ServerCaps, load_manifest, resolve_route
+from .metrics import StreamMetrics, format_line
 from .sink import JsonlSink, read_jsonl
 from .sources import (CaptureSource, Frame, FrameTruth, Pacer, Source, SourceError, SyntheticCamera, open_source,
                       source_kind)

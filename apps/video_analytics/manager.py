@@ -17,8 +17,9 @@ import threading
 import time
 from typing import Any, Callable
 
+from apps.common.routing import Route, ServerCaps, resolve_route
+
 from .config import StreamConfig
-from .routing import Route, ServerCaps, resolve_route
 from .stream import StreamRunner
 
 

@@ -15,19 +15,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from .answers import f1
+from apps.common.answers import f1
+from apps.common.stats import percentiles
 
 WINDOW = 4096  # latencies kept per series; percentiles describe the latest WINDOW chunks
-
-
-def percentiles(values, qs=(50, 95, 99)) -> dict[str, float | None]:
-    """p50 / p95 / p99 (linear interpolation, numpy's default) and the mean, in the values' unit."""
-    arr = np.asarray(list(values), dtype=float)
-    if arr.size == 0:
-        return {**{f"p{q}": None for q in qs}, "mean": None}
-    return {**{f"p{q}": round(float(np.percentile(arr, q)), 2) for q in qs}, "mean": round(float(arr.mean()), 2)}
 
 
 @dataclass

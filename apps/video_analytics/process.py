@@ -8,7 +8,7 @@ from typing import Any
 
 from serve.rpc import ServerError
 
-from .annotate import Annotator
+from apps.common.annotate import Annotator
 from .chunker import Chunk
 from .tasks import TaskSpec
 

@@ -15,13 +15,14 @@ import threading
 import time
 from typing import Any
 
-from .annotate import Annotator
+from apps.common.annotate import Annotator
+from apps.common.routing import Route
+
 from .backpressure import BoundedQueue, Closed
 from .chunker import Chunk, Chunker
 from .config import StreamConfig
 from .metrics import StreamMetrics
 from .process import run_chunk
-from .routing import Route
 from .sources import Pacer, SourceError, open_source
 from .tasks import TaskSpec
 

@@ -15,7 +15,7 @@ from typing import Any
 from world import DIRECTIONS, ObjectTruth
 from world.qa import plural
 
-from .answers import Prediction, from_head, from_text, match_boxes
+from apps.common.answers import Prediction, from_head, from_text, match_boxes
 from .sources import FrameTruth
 
 VEHICLES = ("car", "bus", "truck")

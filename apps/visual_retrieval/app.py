@@ -18,7 +18,7 @@ from typing import Any, Iterable, TextIO
 
 from serve.rpc import ServerError
 
-from apps.video_analytics.routing import Route, ServerCaps, resolve_route
+from apps.common.routing import Route, ServerCaps, resolve_route
 
 from .draw import draw_result
 from .queries import KINDS, Query
@@ -36,7 +36,7 @@ class RetrievalConfig:
     max_new_tokens: int = 32
     routes: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_ROUTES))
     accuracy_target: float = 0.0  # an adapter must reach it on the routed domain to be used
-    heads: str = "auto"  # auto | never | always (see apps.video_analytics.routing)
+    heads: str = "auto"  # auto | never | always (see apps.common.routing)
     load_adapters: bool = False  # ask the server to load selected adapters it does not serve yet
     concurrency: int = 4  # queries in flight at once in batch mode
     draw: str = "boxes"  # draw results on their images: boxes (queries with boxes) | all | none

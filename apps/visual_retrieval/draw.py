@@ -9,8 +9,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from apps.video_analytics.annotate import PRED_COLOR, TRUTH_COLOR, draw_banner, draw_boxes
-from apps.video_analytics.answers import Prediction
+from apps.common.annotate import PRED_COLOR, TRUTH_COLOR, draw_banner, draw_boxes
+from apps.common.answers import Prediction
 
 
 def draw_result(image: np.ndarray, query, pred: Prediction, out_dir: Path) -> Path:

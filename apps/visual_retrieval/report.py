@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.video_analytics.metrics import percentiles
+from apps.common.stats import percentiles
 
 
 def _mean(values: list[float]) -> float | None:

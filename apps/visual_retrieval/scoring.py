@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from world import COLORS, DIRECTIONS
 
-from apps.video_analytics.answers import NUMBER_WORDS, Prediction, from_head, from_text, iou
+from apps.common.answers import NUMBER_WORDS, Prediction, from_head, from_text, iou
 
 ARTICLES = {"a", "an", "the"}
 # query kind -> Prediction kind and the labels a label answer is drawn from

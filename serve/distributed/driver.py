@@ -7,7 +7,7 @@ changes engine state (requests added or aborted, a step, a mode, adapters) is br
 followers before rank 0 runs it, so all ranks hold the same queues and run the same steps in the
 same order; the collectives inside the model then pair up. Calls that only read (stats,
 has_unfinished, prepare, list_adapters) run on rank 0 alone. The orchestrator's decision of each
-step is made on rank 0 and broadcast from inside the step (serve/engine/orchestration.py).
+step is made on rank 0 and broadcast from inside the step (serve/engine/planner.py).
 
     if rank == 0:
         engine = LeaderEngine(Engine(ckpt, config)); ...; engine.close()

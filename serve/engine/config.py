@@ -3,7 +3,7 @@
 Field names match the `engine:` block of conf/serve.yaml; `EngineConfig.from_dict` ignores keys
 this engine does not use.
 
-Orchestration (serve/engine/orchestration.py): `policy` names a policy of serve.orchestrator's
+Orchestration (serve/engine/planner.py): `policy` names a policy of serve.orchestrator's
 registry. "fcfs" (the default) keeps the plain first-come-first-served scheduler with every
 adapter unmerged, and no orchestrator runs; the others (v_lora, merge_only, unmerge_only, dlora)
 decide the mode and the batch every step, with `policy_params` (the fields of the policy's config

@@ -12,7 +12,7 @@ while serving; `EngineConfig.adapters` / `adapter_manifest` load some at start. 
 its adapter; `output_mode="head"` answers with the adapter's task head after one prefill
 (`RequestOutput.head`, finish_reason "head"), in the same batches as generating requests.
 
-Modes (serve/engine/orchestration.py): with `EngineConfig.policy` other than "fcfs", a
+Modes (serve/engine/planner.py): with `EngineConfig.policy` other than "fcfs", a
 serve.orchestrator policy picks each step's mode (unmerge | merge(a) | mixture(a)) and batch,
 planning with the cost profile of `EngineConfig.profile` (`engine.cost_profile`). With "fcfs",
 `set_mode(Mode.merge("a"))` sets the mode by hand. Switches are counted and timed in `stats()`.
@@ -39,10 +39,10 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
-from .orchestration import Orchestration
+from .planner import StepPlanner
 from .request import Request, RequestMetrics, RequestOutput
 from .scheduler import ArrivalOrder, Scheduler, SchedulerConfig
-from .sequence import MMSpan, Sequence
+from .sequence import MMSpan, RunState, Sequence
 from .stats import EngineStats, collect_stats
 
 
@@ -115,11 +115,11 @@ class Engine:
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
                                        self.runner.max_model_len)
         self.scheduler = Scheduler(sched_config, self.block_manager, ArrivalOrder(), self.lora)
-        self.orchestration = Orchestration(policy, self.scheduler, self.lora, config.max_batch_size,
+        self.planner = StepPlanner(policy, self.scheduler, self.lora, config.max_batch_size,
                                            config.max_tokens_per_step, self._request_info)
         tp = getattr(self.model, "tp", None)
         if tp is not None:  # ranks must take the same decisions at the same steps
-            self.orchestration.tp = tp
+            self.planner.tp = tp
             if self.lora is not None:
                 self.lora.sync_swaps = True
         self.tokenizer = self.processor.tokenizer
@@ -137,7 +137,7 @@ class Engine:
         if config.profile == "assumed":
             return assumed_profile()
         if config.profile == "measure":
-            from .profiling import default_shapes, measure_engine_profile
+            from .step_costs import default_shapes, measure_engine_profile
 
             shapes = ProfileShapes(**config.profile_shapes) if config.profile_shapes else default_shapes(self.device)
             return measure_engine_profile(self.runner, self._adapters(), shapes)
@@ -149,17 +149,17 @@ class Engine:
 
     @property
     def mode(self) -> Mode:
-        return self.orchestration.mode
+        return self.planner.mode
 
     def set_mode(self, mode: Mode) -> None:
         """Switches the weights to `mode` now (between steps; running requests keep their tokens).
         Only without a policy (EngineConfig.policy="fcfs"): a policy sets the mode every step."""
-        if self.orchestration.policy is not None:
+        if self.planner.policy is not None:
             raise ValueError(f"the {self.config.policy!r} policy sets the mode every step; "
                              "set_mode needs EngineConfig.policy='fcfs'")
         if mode.merged_adapter is not None:
             self._adapters().get(mode.merged_adapter)
-        if self.orchestration.apply(mode) != mode:
+        if self.planner.apply(mode) != mode:
             raise ValueError(f"mode {mode} could not be applied: adapter {mode.merged_adapter!r} found no slot")
 
     # ---- adapters ---------------------------------------------------------------------------------
@@ -238,8 +238,8 @@ class Engine:
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         spans = tuple(MMSpan(v.offset, v.offset + v.num_tokens, v.content_hash) for v in prompt.vision)
         seq = Sequence(request_id, list(prompt.token_ids), params.max_tokens, stops, arrival, request.adapter, spans,
-                       data={"sampling": params, "vision": prompt.vision, "prompt_positions": positions,
-                             "mrope_delta": delta, "head": head},
+                       state=RunState(sampling=params, vision=prompt.vision, prompt_positions=positions,
+                                      mrope_delta=delta, head=head),
                        adapter_version=record.version if record is not None else 0, prefill_only=head is not None,
                        reuse_prefix=head is None or head.config.pooling == "last")  # other poolings read every row
         self.runner.prepare_sequence(seq)
@@ -275,7 +275,7 @@ class Engine:
     # ---- one iteration -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
-        orch = self.orchestration
+        orch = self.planner
         batch = self.scheduler.schedule(orch.plan() if orch.policy is not None or orch.mode.kind != "unmerge"
                                         else None)
         if not batch.entries:
@@ -299,7 +299,7 @@ class Engine:
             tracked = self._requests[seq.request_id]
             tracked.metrics.first_token_time = tracked.metrics.first_token_time or now
             if head_done:
-                outputs.append(self._output(tracked, [], finished=True, head=seq.data.pop("head_result")))
+                outputs.append(self._output(tracked, [], finished=True, head=seq.state.head_result))
             else:
                 outputs.append(self._output(tracked, [sampled[seq.seq_id]], finished=seq.is_finished))
             if seq.is_finished:
@@ -314,13 +314,13 @@ class Engine:
     def _output(self, tracked: _Tracked, new_ids: list[int], finished: bool, head=None) -> RequestOutput:
         seq, metrics = tracked.seq, tracked.metrics
         new_text = ""
-        if seq.data["sampling"].detokenize:
+        if seq.state.sampling.detokenize:
             new_text = tracked.detok.add(new_ids) if new_ids else ""
             if finished:
                 new_text += tracked.detok.flush()
         metrics.num_cached_tokens = max(metrics.num_cached_tokens, seq.num_cached_tokens)
         metrics.num_preemptions = seq.num_preemptions
-        logits = seq.data.get("logits") if seq.data["sampling"].keep_logits else None
+        logits = (seq.state.logits or None) if seq.state.sampling.keep_logits else None
         return RequestOutput(seq.request_id, new_ids, new_text, seq.output_token_ids, tracked.detok.text, finished,
                              seq.finish_reason if finished else None, metrics, tracked.request.app, logits, head)
 

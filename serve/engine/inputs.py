@@ -29,11 +29,11 @@ def seq_positions(model: VisionLanguageModel, seq: Sequence, start: int, end: in
     """Positions of tokens [start, end): a list of ints, or three lists for M-RoPE."""
     if not model.mrope:
         return list(range(start, end))
-    delta = seq.data.get("mrope_delta", 0)
+    delta = seq.state.mrope_delta
     if start >= seq.prompt_len:  # generated tokens: plain positions shifted by the prompt's delta
         row = list(range(start + delta, end + delta))
         return [row, row, row]
-    return model.positions(seq.data.get("prompt_positions"), delta, seq.prompt_len, start, end).tolist()
+    return model.positions(seq.state.prompt_positions, delta, seq.prompt_len, start, end).tolist()
 
 
 def build_step_inputs(model: VisionLanguageModel, entries: list[tuple[Sequence, int]], block_size: int,
@@ -86,7 +86,7 @@ def attach_vision(model: VisionLanguageModel, inputs: StepInputs, entries: list[
     row = 0
     for seq, n in entries:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-        for item in seq.data.get("vision", ()):
+        for item in seq.state.vision:
             if item.offset < end and item.offset + item.num_tokens > start:
                 needed.append((seq, item, row, n))
         row += n
@@ -94,7 +94,7 @@ def attach_vision(model: VisionLanguageModel, inputs: StepInputs, entries: list[
         return
     pending: dict[str, object] = {}
     for seq, item, _, _ in needed:
-        held = seq.data.setdefault("embeds", {})
+        held = seq.state.embeds
         if item.content_hash in held or item.content_hash in pending:
             continue
         cached = cache.get(item.content_hash)
@@ -113,7 +113,7 @@ def attach_vision(model: VisionLanguageModel, inputs: StepInputs, entries: list[
         counters["items_encoded"] += len(chunk)
     embeds, mask = [], torch.zeros(inputs.input_ids.shape[0], dtype=torch.bool)
     for seq, item, seq_row, n in needed:
-        held = seq.data["embeds"]
+        held = seq.state.embeds
         if item.content_hash not in held:
             held[item.content_hash] = fresh[item.content_hash]
         start = seq.num_computed_tokens
@@ -128,11 +128,11 @@ def attach_vision(model: VisionLanguageModel, inputs: StepInputs, entries: list[
 def release_vision(entries: list[tuple[Sequence, int]]) -> None:
     """Drops a sequence's embeddings of spans its prefill has passed (the encoder cache may keep them)."""
     for seq, n in entries:
-        held = seq.data.get("embeds")
+        held = seq.state.embeds
         if not held:
             continue
         end = seq.num_computed_tokens + n
-        still_needed = {item.content_hash for item in seq.data.get("vision", ())
+        still_needed = {item.content_hash for item in seq.state.vision
                         if item.offset + item.num_tokens > end}
         for key in [k for k in held if k not in still_needed]:
             del held[key]

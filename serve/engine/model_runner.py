@@ -6,7 +6,7 @@ all layers, from the adapter manager's slots), encodes the images the step needs
 forward (graph replay for decode-only steps on GPU, eager otherwise), computes logits for
 the sequences that reached their last token and samples their next tokens. Head-mode
 sequences collect their prompt's final hidden states over their prefill chunks instead and,
-at their last chunk, get their task head's answer in `seq.data["head_result"]`.
+at their last chunk, get their task head's answer in `seq.state.head_result`.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ class ModelRunner:
 
     def prepare_sequence(self, seq: Sequence) -> None:
         """Per-sequence device state at admission: the sampling generator."""
-        seed = seq.data["sampling"].seed
+        seed = seq.state.sampling.seed
         if seed is not None:
-            seq.data["generator"] = torch.Generator(device=self.device).manual_seed(seed)
+            seq.state.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     @torch.no_grad()
     def run(self, batch: ScheduledBatch) -> dict[int, int]:
@@ -108,11 +108,11 @@ class ModelRunner:
         rows = torch.tensor([inputs.sample_rows[i] for i in keep], device=self.device)
         logits = self.model.compute_logits(hidden[rows]).float()  # [N, V]
         seqs = [inputs.sample_seqs[i] for i in keep]
-        tokens = sample(logits, [s.data["sampling"] for s in seqs], [s.data.get("generator") for s in seqs],
+        tokens = sample(logits, [s.state.sampling for s in seqs], [s.state.generator for s in seqs],
                         self.default_generator).tolist()
         for i, seq in enumerate(seqs):
-            if seq.data["sampling"].keep_logits:
-                seq.data.setdefault("logits", []).append(logits[i].cpu())
+            if seq.state.sampling.keep_logits:
+                seq.state.logits.append(logits[i].cpu())
         return {seq.seq_id: token for seq, token in zip(seqs, tokens)}
 
     def _collect_heads(self, entries: list[tuple[Sequence, int]], hidden: torch.Tensor) -> None:
@@ -121,13 +121,14 @@ class ModelRunner:
         for seq, n in entries:
             if seq.prefill_only:
                 start = seq.num_computed_tokens  # before this step (postprocess advances it)
-                if start == seq.num_cached_tokens or "head_rows" not in seq.data:  # first chunk (again, if preempted)
-                    seq.data["head_rows"] = []
-                seq.data["head_rows"].append(hidden[row:row + n].clone())  # a graph's output buffer is reused
+                if start == seq.num_cached_tokens or seq.state.head_rows is None:  # first chunk (again, if preempted)
+                    seq.state.head_rows = []
+                seq.state.head_rows.append(hidden[row:row + n].clone())  # a graph's output buffer is reused
                 if start + n == seq.num_tokens:
                     from serve.lora.heads import run_head
 
-                    seq.data["head_result"] = run_head(seq.data["head"], torch.cat(seq.data.pop("head_rows")))
+                    rows, seq.state.head_rows = seq.state.head_rows, None
+                    seq.state.head_result = run_head(seq.state.head, torch.cat(rows))
             row += n
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:

@@ -15,7 +15,7 @@ admission, `release` when it finishes, is preempted or aborted), so a slot is ne
 under a running sequence. Head-mode sequences (`prefill_only`) finish with reason "head" once
 their prompt is computed.
 
-The policy says only who comes first. An orchestrator (serve/engine/orchestration.py) may
+The policy says only who comes first. An orchestrator (serve/engine/planner.py) may
 also hand `schedule` a `StepPlan`: running sequences it pauses are left out of the step (they
 keep their blocks), and only the waiting sequences it lists are admitted, in its order.
 """

@@ -32,6 +32,23 @@ class MMSpan:
 _ids = itertools.count()
 
 
+@dataclass
+class RunState:
+    """The engine's and model runner's per-sequence state: set at admission, filled as it runs.
+    Objects of the torch side are typed Any here, so the scheduler's modules stay torch-free."""
+
+    sampling: Any = None  # SamplingParams
+    vision: tuple = ()  # VisionInput of each image / clip, in prompt order
+    prompt_positions: Any = None  # M-RoPE positions of the prompt (None with 1-D RoPE)
+    mrope_delta: int = 0  # M-RoPE: generated token t sits at position t + delta
+    head: Any = None  # the TaskHead of a head-mode request
+    generator: Any = None  # torch.Generator of a request with its own seed
+    embeds: dict = field(default_factory=dict)  # content hash -> vision embeddings its prefill still needs
+    logits: list = field(default_factory=list)  # one row per sampled token when sampling.keep_logits
+    head_rows: list | None = None  # head mode: hidden rows gathered over the prompt's chunks
+    head_result: Any = None  # head mode: the head's answer once the prompt is computed
+
+
 @dataclass(eq=False)
 class Sequence:
     request_id: str
@@ -41,7 +58,7 @@ class Sequence:
     arrival_time: float = 0.0
     adapter: str | None = None  # part of the prefix-cache key (KV depends on the adapter)
     mm_spans: tuple[MMSpan, ...] = ()
-    data: dict[str, Any] = field(default_factory=dict)  # the model runner's per-sequence state
+    state: RunState = field(default_factory=RunState)
     seq_id: int = field(default_factory=lambda: next(_ids))
     prompt_len: int = -1
     num_computed_tokens: int = 0

@@ -61,7 +61,7 @@ def collect_stats(engine) -> EngineStats:
 
 
 def _mode_stats(engine) -> dict:
-    orch = engine.orchestration
+    orch = engine.planner
     m = orch.stats.as_dict()
     return {"policy": engine.config.policy, "mode": m["mode"], "steps_by_mode": m["steps_by_mode"],
             "mode_switches": m["switches"], "switch_ms_total": m["switch_ms_total"],

@@ -19,8 +19,10 @@ import cv2
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import to_dataclass
+from apps.common.stats import percentile
 from world import WorldConfig, render_clip, render_image
+
+from ..config import to_dataclass
 
 
 @dataclass
@@ -53,7 +55,7 @@ def _media(job: LoadJob, n: int = 8):
 
 
 def _percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 2) if values else None
+    return round(percentile(values, q), 2) if values else None
 
 
 def run_load(job: LoadJob, token: str, port: int) -> dict:

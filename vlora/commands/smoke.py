@@ -21,9 +21,10 @@ import cv2
 import torch
 from omegaconf import DictConfig
 
-from ..config import to_dataclass
 from world import WorldItem, write_world
 from zoo import load_pretrained
+
+from ..config import to_dataclass
 from .world import world_job
 from .table import format_table
 from .zoo import ZooJob, build_zoo

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import to_dataclass
 from zoo import get_spec
+
+from ..config import to_dataclass
 
 
 def projection_layouts(model: str) -> list[tuple[int, tuple[int, ...]]]:

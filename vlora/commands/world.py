@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ..config import to_dataclass
 from world import WorldConfig, WorldIndex, write_world
+
+from ..config import to_dataclass
 
 
 @dataclass

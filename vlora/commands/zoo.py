@@ -9,8 +9,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..config import to_dataclass
 from zoo import build_checkpoint, get_spec
+
+from ..config import to_dataclass
 
 
 @dataclass

@@ -113,7 +113,7 @@ def test_switches_mid_generation_keep_tokens(engine, reference):
     assert_same(got, reference)
     after = engine.stats()
     switches = after.mode_switches - before.mode_switches
-    log = list(engine.orchestration.stats.switch_log)[-switches:]
+    log = list(engine.planner.stats.switch_log)[-switches:]
     assert switches == sum(a != b for a, b in zip(held, held[1:])) >= 4 and len(log) == switches
     assert after.switch_ms_total - before.switch_ms_total == pytest.approx(sum(ms for *_, ms in log))
     assert after.switch_ms_last == pytest.approx(log[-1][2])

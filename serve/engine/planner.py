@@ -1,6 +1,6 @@
 """The orchestrator in the engine: each step a policy picks the mode and the batch; switches are applied.
 
-    orch = Orchestration(policy, scheduler, adapters, max_batch_size, max_tokens_per_step, requests)
+    orch = StepPlanner(policy, scheduler, adapters, max_batch_size, max_tokens_per_step, requests)
     plan = orch.plan()                  # StepView -> policy.decide -> switch weights -> StepPlan
     batch = scheduler.schedule(plan)    # pauses and admissions as decided
 
@@ -54,7 +54,7 @@ def request_view(seq: Sequence, app: str | None = None, slo_ms: float | None = N
                        priority, min(seq.num_computed_tokens, seq.prompt_len), seq.num_generated)
 
 
-class Orchestration:
+class StepPlanner:
     def __init__(self, policy: Policy | None, scheduler: Scheduler, adapters, max_batch_size: int,
                  max_tokens_per_step: int, request_info=None):
         """adapters: serve.lora.AdapterManager with modes enabled, or None (base model only: always

@@ -41,8 +41,8 @@ from bench.engine import WORDS, build_random_model
 from bench.serving_replay import build_requests, replay
 from serve.orchestrator import POLICIES, Mode, WorkloadSpec, build_policy, generate, video_analytics, \
     visual_retrieval, write_trace
-from serve.orchestrator.evaluate import METRIC_COLUMNS, EvalJob, points
-from serve.orchestrator.report import metrics_table, plot, table
+from serve.sim.evaluate import METRIC_COLUMNS, EvalJob, points
+from serve.sim.report import metrics_table, plot, table
 from .results import device_label, results_dir, write_csv, write_json
 
 COLUMNS = ("sweep", "x", "policy", "seed", "rate", "skewness", *METRIC_COLUMNS, "aborted", "steps_unmerge",

@@ -16,7 +16,8 @@ class TileConfig:
     block_m: int  # tokens per tile
     block_n: int  # output columns per tile (shrink: rank columns; expand: output features)
     block_k: int  # reduction step (shrink: input features; expand: rank)
-    split_k: int = 1  # shrink only: the reduction split across programs, summed with atomics
+    split_k: int = 1  # shrink only: the reduction split across programs, each writing its own plane of v
+    # that the expand adds up as it reads (no atomics)
     num_warps: int = 4
     num_stages: int = 2
 

@@ -4,11 +4,18 @@
     engine = Engine("path/to/checkpoint", EngineConfig(device="cpu"))
     print(engine.generate(Request(prompt="How many cars?", images=[image])).text)
 
-Floors, each importing only those below it: rpc (service over the engine; its client imports
-without torch) and distributed (what starts and drives engines) -> engine (scheduler, block
-manager, model runner) and orchestrator (policies, torch-free) -> lora (adapter pool, LoRA
-layers) and models (language side, vision towers, tensor-parallel sharding) -> forward (step
-context, paged attention and its kernels) -> kernels/ (ATMM). Names load on first use.
+Floors, each importing only those below it:
+
+    distributed            what starts and drives engines (tensor-parallel groups, Ray replicas)
+    rpc, sim               the service over the engine (its client imports without torch);
+                           the simulator, which drives the engine's own scheduler on a cost profile
+    engine                 scheduler, block manager, step planner, model runner
+    orchestrator, lora,    policies (torch-free); adapter pool and LoRA layers; the language
+    models                 side, vision towers and tensor-parallel sharding
+    forward                step context, paged attention and its kernels
+    kernels/, adapters/    ATMM; the adapter directory contract
+
+Names load on first use (the face is lazy).
 """
 
 from .lazy import lazy_face

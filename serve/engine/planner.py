@@ -56,12 +56,16 @@ def request_view(seq: Sequence, app: str | None = None, slo_ms: float | None = N
 
 class StepPlanner:
     def __init__(self, policy: Policy | None, scheduler: Scheduler, adapters, max_batch_size: int,
-                 max_tokens_per_step: int, request_info=None):
+                 max_tokens_per_step: int, request_info=None, clock=None):
         """adapters: serve.lora.AdapterManager with modes enabled, or None (base model only: always
-        unmerge); request_info(request_id) -> (app, slo_ms, priority) of a request."""
+        unmerge); anything with its `set_merged(name | None)` and `switch_times_ms` does (the
+        simulator's cost-model switcher); request_info(request_id) -> (app, slo_ms, priority) of a
+        request; clock() -> now in ms (time.perf_counter's by default; the simulator's own clock)."""
         self.policy, self.scheduler, self.adapters = policy, scheduler, adapters
         self.max_batch_size, self.max_tokens_per_step = max_batch_size, max_tokens_per_step
         self.request_info = request_info or (lambda _rid: (None, None, 1.0))
+        self.clock = clock or (lambda: time.perf_counter() * 1e3)
+        self._views: dict[int, tuple] = {}  # seq_id -> ((computed, tokens), RequestView) of the last view
         self.mode = Mode.unmerge()
         self.stats = ModeStats()
         self.tp = None  # serve.models.parallel.TPGroup when this engine is one rank of a tensor-parallel group
@@ -91,14 +95,26 @@ class StepPlanner:
 
     # ---- one step --------------------------------------------------------------------------
     def view(self, now_ms: float | None = None) -> StepView:
-        now_ms = time.perf_counter() * 1e3 if now_ms is None else now_ms
+        now_ms = self.clock() if now_ms is None else now_ms
         sched = self.scheduler
+        # a sequence's view changes only as it computes or generates tokens: reuse the last step's
+        # view otherwise (a long waiting queue would be rebuilt every step)
+        last, fresh = self._views, {}
 
         def views(seqs):
-            return tuple(request_view(s, *self.request_info(s.request_id)) for s in seqs)
+            out = []
+            for s in seqs:
+                key = (s.num_computed_tokens, len(s.token_ids))
+                hit = last.get(s.seq_id)
+                view = hit[1] if hit is not None and hit[0] == key else request_view(s, *self.request_info(s.request_id))
+                fresh[s.seq_id] = (key, view)
+                out.append(view)
+            return tuple(out)
 
-        return StepView(now_ms, views(sched.waiting), views(sched.running), self.mode, self.max_batch_size,
+        step = StepView(now_ms, views(sched.waiting), views(sched.running), self.mode, self.max_batch_size,
                         self.max_tokens_per_step)
+        self._views = fresh
+        return step
 
     def _decide(self):
         """The policy's decision; under tensor parallel rank 0 decides (its clock and queue view)

@@ -1,14 +1,15 @@
 """What a scheduling policy sees each iteration and what it answers (no torch here).
 
-Times are milliseconds on one monotonic clock (the engine converts its `time.monotonic()`
-seconds). The engine builds one `StepView` per iteration from its queues, calls
+Times are milliseconds on one monotonic clock (the engine converts its `time.perf_counter()`
+seconds; the simulator, serve.sim, keeps its own). The engine builds one `StepView` per iteration from its queues, calls
 `policy.decide(view)` and then, under the engine's own token budget and memory checks:
 
 1. brings the weights to `decision.mode.merged_adapter` if they hold another adapter (a switch;
    the engine times it and never lets it change the tokens of a running request);
 2. runs every running request except those in `decision.pause`;
-3. admits a prefix of `decision.admit` (in that order; it stops at the first that does not fit,
-   and admits nobody who is not listed).
+3. admits from `decision.admit` in that order, and nobody who is not listed: it stops at the
+   first the batch size, the token budget or the free K/V blocks do not allow, and passes over
+   one whose adapter is still being swapped in (the rest of the list goes on).
 
 Modes and what they can run (the engine computes whatever LoRA work a mode needs):
 

@@ -11,10 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 
 
 def run(cfg: DictConfig) -> dict:
-    from serve.orchestrator import CostProfile, SimConfig, WorkloadSpec, assumed_profile, build_policy, \
-        read_trace, simulate
-    from serve.orchestrator.evaluate import EvalJob, run_sweeps
-    from serve.orchestrator.report import metrics_table, plot, profile_label, table
+    from serve.orchestrator import CostProfile, WorkloadSpec, assumed_profile, build_policy, read_trace
+    from serve.sim import EvalJob, SimConfig, run_sweeps, simulate
+    from serve.sim.report import metrics_table, plot, profile_label, table
 
     s = cfg.simulate
     profile = CostProfile.load(s.profile) if s.profile else assumed_profile()

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from orchestrator_cases import linear_profile, req
 
-from serve.orchestrator import Mode, SimConfig, VLoRAConfig, VLoRAPolicy, WorkloadSpec, assumed_profile, \
-    build_policy, generate, simulate, write_trace
+from serve.orchestrator import Mode, VLoRAConfig, VLoRAPolicy, WorkloadSpec, assumed_profile, build_policy, \
+    generate, write_trace
+from serve.sim import SimConfig, simulate
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -91,7 +92,7 @@ def test_every_policy_serves_every_request_deterministically():
 
 def test_the_orchestrator_imports_no_torch():
     # a fresh interpreter importing it as any caller would: nothing may pull torch in
-    code = ("import sys; import serve.orchestrator as o; o.simulate; "
+    code = ("import sys; import serve.orchestrator, serve.sim as s; s.simulate; "
             "print(sorted(m for m in ('torch', 'triton', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -124,3 +125,16 @@ def test_simulate_command_writes_csv_table_and_plots_and_resumes(tmp_path, capsy
     trace = write_trace(tmp_path / "t.jsonl", generate(WorkloadSpec(rate=3.0, duration_s=5.0, seed=1)))
     got = command.run(_compose(overrides + [f"simulate.trace={trace}", "simulate.policies=[v_lora,dlora]"]))
     assert set(got["results"]) == {"v_lora", "dlora"} and "| dlora |" in (folder / "trace_table.md").read_text()
+
+
+def test_the_simulator_runs_the_engines_scheduler_with_its_memory_limit():
+    # the engine's scheduler and block manager: with few K/V blocks, running requests are preempted
+    # (recompute) and still every request completes, later than with memory to spare
+    profile = assumed_profile()
+    trace = generate(WorkloadSpec(rate=8.0, duration_s=6.0, skewness=0.5, num_adapters=2, base_share=0.2, seed=5))
+    longest = max(-(-(r.prompt_tokens + r.output_tokens) // 16) for r in trace)  # blocks of the longest request
+    roomy = simulate(trace, build_policy("unmerge_only", profile), profile, SimConfig(max_batch_size=8))
+    tight = simulate(trace, build_policy("unmerge_only", profile), profile,
+                     SimConfig(max_batch_size=8, kv_blocks=longest + 2))
+    assert roomy.metrics.completed == tight.metrics.completed == len(trace)
+    assert tight.steps > roomy.steps and tight.metrics.avg_latency_ms > roomy.metrics.avg_latency_ms

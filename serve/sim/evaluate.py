@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .profile import CostProfile
-from .registry import build_policy
+from serve.orchestrator.profile import CostProfile
+from serve.orchestrator.registry import build_policy
+from serve.orchestrator.workload import WorkloadSpec, generate
+
 from .simulate import SimConfig, simulate
-from .workload import WorkloadSpec, generate
 
 SWEEPS = ("rate", "skewness", "adapters")
 METRIC_COLUMNS = ("avg_token_latency_ms", "avg_latency_ms", "p50_ms", "p95_ms", "p99_ms", "throughput_rps",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from serve.orchestrator.profile import CostProfile
+
 from .evaluate import aggregate
-from .profile import CostProfile
 
 XLABELS = {"rate": "request rate (requests/s)", "skewness": "skewness (share of the most requested adapter)",
            "adapters": "number of adapters"}

@@ -1,0 +1,165 @@
+"""A discrete-event simulator: a policy serves a trace on a cost profile instead of a GPU.
+
+It drives the engine's own torch-free parts, so the simulation cannot drift from what the
+engine does: the scheduler (continuous batching, chunked prefill, admission under the batch size
+and token budget, preemption when K/V blocks run out), its block manager, and the step planner
+that asks the policy for a decision every step and applies the mode. What a GPU would do is
+replaced by the profile: a mode switch costs the profile's switch time, a step the profile's
+step time for that batch in that mode, and the clock advances by both. K/V memory is unbounded
+unless `kv_blocks` is given. Useful for tests, for quick CPU what-if studies and for checking
+that no request starves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Trace
+from dataclasses import dataclass, field
+
+from serve.engine.block_manager import BlockManager
+from serve.engine.planner import StepPlanner
+from serve.engine.scheduler import Scheduler, SchedulerConfig
+from serve.engine.sequence import Sequence
+from serve.orchestrator.base import Policy
+from serve.orchestrator.metrics import Metrics, RequestRecord, summarize
+from serve.orchestrator.profile import CostProfile
+from serve.orchestrator.types import Mode, RequestView
+
+
+@dataclass
+class SimConfig:
+    max_batch_size: int = 32
+    max_tokens_per_step: int = 4096
+    chunked_prefill: bool = True
+    initial_mode: Mode = field(default_factory=Mode.unmerge)
+    idle_tick_ms: float = 1.0  # clock advance when the policy runs nothing while requests wait
+    max_sim_ms: float | None = None  # stop here (requests not finished stay unfinished)
+    keep_timeline: bool = False
+    kv_blocks: int | None = None  # K/V cache blocks; None: as many as the batch can ever hold (never short)
+    kv_block_size: int = 16
+
+
+@dataclass
+class SwitchEvent:
+    now_ms: float
+    src: str
+    dst: str
+    ms: float
+
+
+@dataclass
+class StepEvent:
+    start_ms: float
+    mode: str
+    seqs: int
+    tokens: int
+    step_ms: float
+    admitted: int
+    paused: int
+
+
+@dataclass
+class SimResult:
+    records: list[RequestRecord]
+    metrics: Metrics
+    switches: list[SwitchEvent]
+    steps: int
+    mode_ms: dict[str, float]  # time spent stepping in each mode kind
+    policy_stats: dict
+    timeline: list[StepEvent]
+
+
+class _ProfileSwitcher:
+    """The adapter side of the step planner, on the profile: merging costs the profile's switch time."""
+
+    def __init__(self, profile: CostProfile, op: str, merged: str | None):
+        self.profile, self.op, self.merged = profile, op, merged
+        self.switch_times_ms: list[float] = []
+
+    def set_merged(self, name: str | None) -> None:
+        if name != self.merged:
+            self.switch_times_ms.append(self.profile.switch_cost_ms(self.op, self.merged, name))
+            self.merged = name
+
+
+def _sequence(r: RequestView, tokens_at: int) -> Sequence:
+    # distinct token ids per request: the prefix cache is off, but the ids stay meaningless anyway
+    head = r.output_mode == "head"
+    return Sequence(r.request_id, list(range(tokens_at, tokens_at + r.prompt_tokens)), max(1, r.output_tokens),
+                    arrival_time=r.arrival_ms / 1e3, adapter=r.adapter, prefill_only=head, reuse_prefix=False)
+
+
+def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
+             config: SimConfig | None = None) -> SimResult:
+    cfg = config or SimConfig()
+    pending = sorted(trace, key=lambda r: (r.arrival_ms, r.request_id))
+    views = {r.request_id: r for r in pending}
+    if len(views) != len(pending):
+        raise ValueError("trace: request_id values must be unique")
+    records = {r.request_id: RequestRecord(r.request_id, r.app, r.adapter, r.arrival_ms, r.prompt_tokens,
+                                           r.output_tokens, r.slo_ms) for r in pending}
+    longest = max((r.prompt_tokens + r.output_tokens for r in pending), default=1) + 1
+    blocks = cfg.kv_blocks or cfg.max_batch_size * -(-longest // cfg.kv_block_size) + 1
+    scheduler = Scheduler(SchedulerConfig(cfg.max_batch_size, cfg.max_tokens_per_step, cfg.chunked_prefill, longest),
+                          BlockManager(blocks, cfg.kv_block_size, enable_prefix_cache=False))
+    now = pending[0].arrival_ms if pending else 0.0
+    switcher = _ProfileSwitcher(profile, policy.switch_op, cfg.initial_mode.merged_adapter)
+    planner = StepPlanner(policy, scheduler, switcher, cfg.max_batch_size, cfg.max_tokens_per_step,
+                          request_info=lambda rid: (views[rid].app, views[rid].slo_ms, views[rid].priority),
+                          clock=lambda: now)
+    planner.mode = cfg.initial_mode
+    switches, timeline = [], []
+    mode_ms = dict.fromkeys(("unmerge", "merge", "mixture"), 0.0)
+    steps = idle = next_arrival = 0
+    while next_arrival < len(pending) or scheduler.has_unfinished():
+        if cfg.max_sim_ms is not None and now > cfg.max_sim_ms:
+            break
+        while next_arrival < len(pending) and pending[next_arrival].arrival_ms <= now:
+            scheduler.add(_sequence(pending[next_arrival], next_arrival * longest))
+            next_arrival += 1
+        if not scheduler.has_unfinished():
+            now = pending[next_arrival].arrival_ms
+            continue
+        before, logged = planner.mode, planner.stats.switches
+        plan = planner.plan()
+        if planner.stats.switches > logged:
+            ms = planner.stats.switch_ms_last
+            switches.append(SwitchEvent(now, str(before), str(planner.mode), ms))
+            now += ms
+        was_waiting = {id(s) for s in scheduler.waiting}
+        batch = scheduler.schedule(plan)
+        if not batch.entries:
+            idle += 1
+            if idle > 1_000_000:
+                raise RuntimeError(f"policy {policy.name} ran nothing for 10^6 steps with {len(scheduler.waiting)} "
+                                   f"waiting and {len(scheduler.running)} running")
+            tick = now + cfg.idle_tick_ms
+            now = min(pending[next_arrival].arrival_ms, tick) if next_arrival < len(pending) else tick
+            continue
+        idle = 0
+        mode = planner.mode
+        admitted = 0
+        for seq, _ in batch.entries:
+            if id(seq) in was_waiting:
+                admitted += 1
+                if records[seq.request_id].first_scheduled_ms is None:
+                    records[seq.request_id].first_scheduled_ms = now
+        step_ms = profile.batch_ms(mode, [(seq.adapter, n) for seq, n in batch.entries], policy.lora_op)
+        if cfg.keep_timeline:
+            timeline.append(StepEvent(now, str(mode), len(batch), batch.num_tokens, step_ms, admitted,
+                                      len(plan.pause)))
+        now += step_ms
+        mode_ms[mode.kind] += step_ms
+        steps += 1
+        prefilling = {id(seq) for seq, n in batch.entries if seq.num_computed_tokens + n >= seq.prompt_len
+                      and seq.num_computed_tokens < seq.prompt_len}
+        sampled = {seq.seq_id: 0 for seq, n in batch.entries if seq.num_computed_tokens + n >= seq.num_tokens}
+        finished = scheduler.postprocess(batch, sampled)
+        for seq, _ in batch.entries:
+            rec = records[seq.request_id]
+            if id(seq) in prefilling and rec.first_token_ms is None:
+                rec.first_token_ms = now
+        for seq in finished:
+            records[seq.request_id].finish_ms = now
+    ordered = [records[r.request_id] for r in pending]
+    metrics = summarize(ordered, switches=len(switches), switch_ms=sum(s.ms for s in switches))
+    return SimResult(ordered, metrics, switches, steps, mode_ms, policy.stats.as_dict(), timeline)

@@ -25,12 +25,19 @@ def follower_pids() -> set[int]:
 
 
 class ServerProcess:
-    def __init__(self, checkpoint, home, *overrides: str, launcher: tuple[str, ...] = ()):
-        """launcher: arguments of `python -m` that run the module (e.g. torchrun's) in front of vlora.cli."""
+    def __init__(self, checkpoint, home, *overrides: str, launcher: tuple[str, ...] = (), max_open_files: int | None = None):
+        """launcher: arguments of `python -m` that run the module (e.g. torchrun's) in front of vlora.cli;
+        max_open_files: the server process's file-descriptor limit (RLIMIT_NOFILE)."""
         env = {**os.environ, "VLORA_HOME": str(home), "VLORA_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", *launcher, "vlora.cli", "serve", f"model.path={checkpoint}", "rpc.port=0",
                "engine.device=cpu", "+engine.num_kv_blocks=96", f"hydra.run.dir={home}/runs/serve", *overrides]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        def limit():
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     preexec_fn=limit if max_open_files else None)
         self.lines: list[str] = []
         self.port = None
         deadline = time.monotonic() + 120

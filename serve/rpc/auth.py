@@ -2,14 +2,16 @@
 
 The client sends one line `VLORA-AUTH/1 <token>\\n`; the server answers `OK`, `DENIED` or
 `BUSY` (connection limit) and closes on anything but OK. Tokens are compared in constant time.
-A connection that does not finish the handshake within `timeout_s` is dropped, so idle sockets
-cannot hold server threads.
+A connection that does not finish the handshake within `timeout_s` in total is dropped (a deadline
+for the whole line, not per read: a socket trickling a byte a second cannot stay), and the server
+bounds how many handshakes run at once (serve.rpc.server), so idle sockets cannot hold threads.
 """
 
 from __future__ import annotations
 
 import hmac
 import socket
+import time
 
 from rpyc.utils.authenticators import AuthenticationError
 
@@ -21,9 +23,15 @@ class AuthError(ConnectionError):
     """The server refused the connection (wrong token, or too many connections)."""
 
 
-def _read_line(sock: socket.socket) -> bytes:
+def _read_line(sock: socket.socket, deadline: float | None = None) -> bytes:
+    """One line from `sock`; with a deadline (time.monotonic()), the whole line must arrive by then."""
     line = bytearray()
     while len(line) <= MAX_LINE:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("handshake not finished in time")
+            sock.settimeout(left)
         byte = sock.recv(1)  # one byte at a time: nothing after the newline may be consumed here
         if not byte:
             raise ConnectionError("connection closed during the handshake")
@@ -49,9 +57,8 @@ class TokenAuthenticator:
         self.timeout_s = timeout_s
 
     def __call__(self, sock: socket.socket):
-        sock.settimeout(self.timeout_s)
         try:
-            line = _read_line(sock)
+            line = _read_line(sock, time.monotonic() + self.timeout_s)
         except (OSError, ValueError) as e:
             raise AuthenticationError(f"bad handshake: {e}") from None
         if not (line.startswith(MAGIC) and hmac.compare_digest(line[len(MAGIC):], self._token)):

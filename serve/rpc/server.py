@@ -11,8 +11,11 @@ replies. Classic mode (remote `eval`, module access) is never offered.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+import time
 
+from rpyc.utils.authenticators import AuthenticationError
 from rpyc.utils.helpers import classpartial
 from rpyc.utils.server import ThreadedServer
 
@@ -47,15 +50,79 @@ def _quiet_logger() -> logging.Logger:
     return logger
 
 
+ACCEPT_PAUSE_S = 0.05  # after a failed accept (e.g. EMFILE: out of descriptors) before the next one
+
+
+class GuardedServer(ThreadedServer):
+    """RPyC's threaded server, hardened at its two unauthenticated doors.
+
+    - RPyC ends its accept loop on any accept() error other than EINTR/EAGAIN, as if closed: a
+      flood of sockets that exhausts the process's file descriptors would stop the server with
+      exit status 0. Here such errors are logged (at most once a second) and accepting resumes
+      after a short pause; only close() ends the loop.
+    - Each accepted socket gets a thread for its handshake before any token is seen; at most
+      `max_handshakes` run at once, and a socket past that is closed at once, so unauthenticated
+      sockets cannot pile up threads (authenticated ones are bounded by max_connections).
+    """
+
+    def __init__(self, *args, max_handshakes: int = 64, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._token_check, self.authenticator = self.authenticator, self._authenticate
+        self._handshakes = threading.BoundedSemaphore(max_handshakes)
+        self._last_warning = 0.0
+        self.accept_errors = 0
+        self.handshakes_refused = 0
+
+    def _warn(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= 1.0:  # a flood must not flood the log too
+            self._last_warning = now
+            self.logger.warning(message)
+
+    def accept(self):
+        try:
+            super().accept()
+        except EOFError as e:  # RPyC's word for any accept() error; only close() may end the loop
+            if not self.active:
+                raise
+            self.accept_errors += 1
+            cause = e.__context__
+            self._warn(f"accept failed ({type(cause).__name__}: {cause}); pausing {ACCEPT_PAUSE_S * 1e3:.0f} ms")
+            time.sleep(ACCEPT_PAUSE_S)
+
+    def _accept_method(self, sock):
+        if not self._handshakes.acquire(blocking=False):
+            self.handshakes_refused += 1
+            self._warn("too many connections in their handshake; closing new ones until some finish")
+            self.clients.discard(sock)
+            try:
+                sock.close()
+            except OSError:
+                pass
+            return
+        super()._accept_method(sock)
+
+    def _authenticate(self, sock: socket.socket):
+        """The token check on the connection's thread; its handshake slot is freed however it ends."""
+        try:
+            return self._token_check(sock)
+        except (OSError, ValueError) as e:
+            raise AuthenticationError(f"bad handshake: {e}") from None
+        finally:
+            self._handshakes.release()
+
+
 class RpcServer:
     def __init__(self, engine, token: str, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None,
                  max_connections: int = 64, logger: logging.Logger | None = None):
+        limits = limits or Limits()
         self.loop = EngineLoop(engine)
-        self.state = ServerState(self.loop, limits or Limits(), max_connections)
-        self._server = ThreadedServer(classpartial(VLoRAService, self.state), hostname=host, port=port,
-                                      authenticator=TokenAuthenticator(token, self.state.admit),
-                                      protocol_config=dict(PROTOCOL_CONFIG),
-                                      logger=logger or _quiet_logger())
+        self.state = ServerState(self.loop, limits, max_connections)
+        self._server = GuardedServer(classpartial(VLoRAService, self.state), hostname=host, port=port,
+                                     authenticator=TokenAuthenticator(token, self.state.admit,
+                                                                      limits.handshake_timeout_s),
+                                     protocol_config=dict(PROTOCOL_CONFIG), logger=logger or _quiet_logger(),
+                                     max_handshakes=limits.max_handshakes or max_connections)
         self.host, self.port = host, self._server.port
         self._thread: threading.Thread | None = None
 

@@ -47,11 +47,16 @@ class Limits:
     max_prompt_chars: int = 8192
     max_new_tokens: int = 1024
     max_queued_per_connection: int = 256
+    # before the token: the whole handshake line within this many seconds; at most max_handshakes
+    # sockets in their handshake at once (0: as many as max_connections)
+    handshake_timeout_s: float = 5.0
+    max_handshakes: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Limits":
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: int(v) for k, v in d.items() if k in names})
+        fields = cls.__dataclass_fields__
+        return cls(**{k: float(v) if fields[k].type in (float, "float") else int(v)
+                      for k, v in d.items() if k in fields})
 
 
 @dataclass

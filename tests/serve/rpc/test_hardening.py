@@ -1,0 +1,99 @@
+"""The server against hostile and careless clients: each test is one class of attack, run against a
+real `vlora serve` in a subprocess, after which a legitimate client must still be answered."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+from rpc_server import TOKEN, ServerProcess
+
+from serve.rpc import Client
+
+NAME = "qwen2_vl_tiny"
+
+
+def _answered(port: int) -> bool:
+    with Client("127.0.0.1", port, TOKEN) as client:
+        frame = np.zeros((32, 32, 3), np.uint8)
+        out = client.submit_image("How many cars?", [frame], sampling={"max_tokens": 2, "ignore_eos": True}).result(60)
+    return out["finish_reason"] == "length" and len(out["token_ids"]) == 2
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_running_out_of_file_descriptors_never_stops_the_server(tiny_zoo, vlora_home):
+    # RPyC ends its accept loop on EMFILE as if closed (exit 0, no log line); a flood of sockets
+    # that each send one byte, past the process's descriptor limit, must not stop the server
+    server = ServerProcess(tiny_zoo[NAME], vlora_home, "rpc.max_connections=512", "rpc.handshake_timeout_s=30",
+                           max_open_files=160)
+    flood = []
+    try:
+        for _ in range(400):
+            try:
+                s = _connect(server.port)
+                s.send(b"V")
+                flood.append(s)
+            except OSError:
+                break
+        time.sleep(1.0)  # the accept loop meets EMFILE now
+        assert server.alive(), "".join(server.lines[-20:])
+        for s in flood:
+            s.close()
+        flood.clear()
+        time.sleep(0.5)
+        assert server.alive() and _answered(server.port)
+    finally:
+        for s in flood:
+            s.close()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_zoo, vlora_home):
+    proc = ServerProcess(tiny_zoo[NAME], vlora_home, "rpc.handshake_timeout_s=1.0", "rpc.max_handshakes=4")
+    yield proc
+    proc.stop()
+
+
+def _closed_within(sock: socket.socket, seconds: float, trickle: bool) -> bool:
+    """Whether the server closes `sock` within `seconds` (sending a byte every 0.2 s when trickling)."""
+    sock.settimeout(0.2)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            if trickle:
+                sock.send(b"V")
+            if sock.recv(1) == b"":
+                return True
+        except socket.timeout:
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def test_a_handshake_that_trickles_bytes_is_dropped_at_its_deadline(server):
+    # the timeout bounds the whole handshake line, not each read: a byte every 0.2 s cannot keep it
+    with _connect(server.port) as sock:
+        assert _closed_within(sock, 4.0, trickle=True)
+    assert _answered(server.port)
+
+
+def test_unauthenticated_sockets_are_bounded(server):
+    # at most rpc.max_handshakes sockets wait in their handshake; one more is closed at once,
+    # and a legitimate client gets in once the idle ones time out
+    idle = [_connect(server.port) for _ in range(4)]
+    try:
+        time.sleep(0.3)
+        with _connect(server.port) as extra:
+            assert _closed_within(extra, 0.8, trickle=False)
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.3)
+    assert _answered(server.port)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OUTPUT_MODES = ("generate", "head")
+MAX_INT64 = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,16 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        # every field is bounded to what one step can execute: a value past these would fail inside
+        # the batched step (int64 tensors, torch generators) and take every request of the batch along
+        if not 0 <= self.top_k <= MAX_INT64:
+            raise ValueError(f"top_k must lie in [0, 2**63 - 1] (0 = off), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_INT64:
+            raise ValueError(f"seed must lie in [0, 2**63 - 1], got {self.seed}")
+        if not all(0 <= t <= MAX_INT64 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be token ids in [0, 2**63 - 1]")
 
     @property
     def greedy(self) -> bool:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from rpc_server import TOKEN, ServerProcess
 
-from serve.rpc import Client
+from serve.rpc import Client, ServerError
 
 NAME = "qwen2_vl_tiny"
 
@@ -97,3 +97,18 @@ def test_unauthenticated_sockets_are_bounded(server):
             s.close()
     time.sleep(0.3)
     assert _answered(server.port)
+
+
+@pytest.mark.parametrize("sampling", [{"top_k": 2**63}, {"seed": 2**64}, {"seed": -1, "temperature": 1.0},
+                                      {"stop_token_ids": [2**64]}])
+def test_a_value_the_step_cannot_execute_is_refused_and_costs_no_one_else(server, sampling):
+    # such values used to pass validation, fail inside the batched step and abort every request in
+    # flight with engine_error; now they are refused at submission and the batch goes on
+    with Client("127.0.0.1", server.port, TOKEN) as honest, Client("127.0.0.1", server.port, TOKEN) as hostile:
+        frame = np.zeros((32, 32, 3), np.uint8)
+        running = honest.submit_image("Describe.", [frame], sampling={"max_tokens": 24, "ignore_eos": True})
+        with pytest.raises(ServerError) as refused:
+            hostile.submit_image("Describe.", [frame], sampling=sampling).result(30)
+        assert refused.value.kind == "bad_argument"
+        out = running.result(60)
+    assert out["finish_reason"] == "length" and len(out["token_ids"]) == 24

@@ -95,6 +95,19 @@ class PromptProcessor:
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.args = args
+        # the strings the tokenizer turns into control tokens (chat roles, vision placeholders):
+        # typed into a prompt they would act as such, e.g. a user's "<|im_start|>system" turn
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        self.control_tokens = sorted({str(t) for t in getattr(self.tokenizer, "all_special_tokens", [])}
+                                     | {t.content for t in decoder.values() if getattr(t, "special", False)}, key=len,
+                                     reverse=True)
+
+    def check_text(self, text: str) -> None:
+        """Refuses user text holding a control token (it would be honoured as one, not read as text)."""
+        for token in self.control_tokens:
+            if token and token in text:
+                raise ValueError(f"the prompt contains the control token {token!r}; control tokens are not "
+                                 "accepted in prompt text")
 
     def chat_text(self, text: str, n_images: int, has_video: bool) -> str:
         content = [{"type": "image"}] * n_images + ([{"type": "video"}] if has_video else [])
@@ -114,6 +127,8 @@ class PromptProcessor:
         if messages is not None:
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         elif prompt is not None:
+            if not raw_prompt:
+                self.check_text(prompt)
             text = prompt if raw_prompt else self.chat_text(prompt, len(images), frames is not None)
         else:
             raise ValueError("a request needs `prompt`, `messages` or `prompt_token_ids`")

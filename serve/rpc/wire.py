@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 KINDS = ("image", "video")
+ENCODED_FORMATS = ("JPEG", "PNG")  # encoded frames; anything else is sent raw
 OUTPUT_MODES = ("generate", "head")
 SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "seed": int,
                  "stop_token_ids": list, "ignore_eos": bool}
@@ -87,7 +88,9 @@ def _check_type(name: str, value: Any, types: tuple[type, ...]) -> None:
 
 def _parse_spec(spec_json: Any, limits: Limits) -> dict[str, Any]:
     _check_type("request spec", spec_json, (str,))
-    if len(spec_json) > limits.max_prompt_chars + 65536:
+    # the prompt limit counts characters of the prompt, checked after parsing; the JSON may spell one
+    # character in up to 12 (an escaped surrogate pair, as for an emoji), so this bound only stops the absurd
+    if len(spec_json) > 12 * limits.max_prompt_chars + 65536:
         raise RequestError("too_large", f"request spec of {len(spec_json)} characters is too long")
     try:
         spec = json.loads(spec_json)
@@ -147,16 +150,19 @@ def decode_frame(blob: Any, spec: Any, limits: Limits, index: int) -> np.ndarray
         if len(blob) != shape[0] * shape[1] * 3:
             raise RequestError("bad_frame", f"{name}: {len(blob)} bytes do not hold a uint8 array of shape {shape}")
         return np.frombuffer(blob, dtype=np.uint8).reshape(shape).copy()
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
-    try:
-        with Image.open(io.BytesIO(blob)) as img:
+    try:  # JPEG and PNG only: Pillow would otherwise try every format it knows (TIFF, ICO, EPS via Ghostscript)
+        with Image.open(io.BytesIO(blob), formats=ENCODED_FORMATS) as img:
             width, height = img.size  # read from the header: a decompression bomb is refused undecoded
             if width * height > limits.max_frame_pixels:
                 raise RequestError("too_large", f"{name}: {width}x{height} exceeds {limits.max_frame_pixels} pixels")
             rgb = np.asarray(img.convert("RGB"))
     except RequestError:
         raise
+    except UnidentifiedImageError:
+        raise RequestError("bad_frame", f"{name}: not a JPEG or PNG image (the formats accepted encoded; "
+                                        "send other pictures as raw uint8 frames)") from None
     except Exception as e:  # PIL raises many types for corrupt data
         raise RequestError("bad_frame", f"{name}: cannot decode image bytes ({type(e).__name__}: {e})") from None
     return np.ascontiguousarray(rgb)

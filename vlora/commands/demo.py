@@ -101,6 +101,11 @@ def _plot(report: dict, path: Path) -> None:
     lat = ax3.twinx()
     lat.plot(list(xk), [k["p50_ms"] or 0 for k in kinds], "o", color="black", label="p50 ms")
     lat.set_ylabel("p50 latency (ms)", fontsize=7)
+    lat.set_ylim(bottom=0)
+    for ax, values in ((ax2, [r["accuracy"] for r in rows]), (ax3, [k["accuracy"] for k in kinds])):
+        for i, v in enumerate(values):
+            if v is None:  # not measured (see the report's footnotes), not zero
+                ax.text(i, 0.02, "n/a", ha="center", fontsize=7)
     fig.suptitle(f"V-LoRA demo: {report['model']}, {report['engine'].get('adapters', 0)} adapters", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -23,7 +23,8 @@ NOT_MEASURED = {"base_zero_shot": "the base model's zero-shot answers were not m
 
 
 def test_the_offline_report_flags_a_missed_requirement_and_explains_empty_cells(tmp_path):
-    report = {"model": "qwen2_vl_tiny", "domains": _domains(), "adapters": {"one_adapter_per_domain": 2, "one_adapter_for_all": 1, "fused": 2},
+    adapters = {"one_adapter_per_domain": 2, "one_adapter_for_all": 1, "fused": 2}
+    report = {"model": "qwen2_vl_tiny", "domains": _domains(), "adapters": adapters,
               "head_vs_lm_head": None,
               "not_measured": NOT_MEASURED}
     text = (write_report(report, tmp_path) / "report.md").read_text()

@@ -12,8 +12,9 @@ scoring), `answers` (head output or parsed text -> Prediction), `routing` (manif
 head, output mode), `stream` / `process` (one stream's threads), `manager` (many streams),
 `metrics`, `sink`, `shadow` / `shadow_worker` (a small model of the user's answering a share
 of chunks on its own thread, its agreement with the served answers reported per task);
-`answers`, `routing` and `annotate` are shared with visual retrieval (apps/common). Only `stream`/`process` touch the server, through a client with
-`submit_video`; everything else is plain Python and testable alone.
+`answers`, `routing` and `annotate` are shared with visual retrieval (apps/common). Only
+`stream`/`process` touch the server, through a client with `submit_video`; everything else is
+plain Python and testable alone.
 """
 
 from apps.common.annotate import Annotator, draw_banner, draw_boxes

@@ -4,6 +4,8 @@ ground truth (a video file), without ever holding up the stream."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import cv2
@@ -97,3 +99,22 @@ def test_the_share_of_chunks_is_sampled_with_the_seed():
     assert seq == [b.take() for _ in range(400)] and 0.2 < sum(seq) / 400 < 0.4
     other = Sampler(ShadowConfig("x", share=0.3, seed=6), "cam")
     assert [other.take() for _ in range(400)] != seq
+
+
+def test_the_command_gives_shadows_its_teachers_dir_and_teachers_never_pull_the_engine_in():
+    from omegaconf import open_dict
+
+    from vlora.config import compose
+
+    cfg = compose("video_analytics", ["teachers_dir=/tmp/teachers-here"])
+    cfg.streams[0].shadow = {"teacher": "opencv_color", "share": 0.2}
+    with open_dict(cfg):
+        cfg.streams[0].tasks[1].shadow = {"teacher": "opencv_motion", "dir": "/own"}
+    job = video_analytics.job_from_cfg(cfg)
+    config = stream_from_dict(video_analytics._with_teachers_dir(job.streams[0], job.teachers_dir))
+    assert config.shadow == ShadowConfig("opencv_color", share=0.2, dir="/tmp/teachers-here")
+    assert config.tasks[1].shadow.dir == "/own" and config.tasks[0].shadow is None
+    code = ("import sys, apps.video_analytics, train.teachers; "
+            "print(sorted(m for m in sys.modules if m.startswith(('serve.engine', 'serve.models', 'fusion'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -146,12 +146,15 @@ class Selection:
 
 
 def select_adapter(manifest: dict[str, Any], task_type_or_domain: str, accuracy_target: float) -> Selection | None:
-    """The cheapest adapter whose recorded accuracy on the domain reaches `accuracy_target`.
+    """The cheapest adapter whose recorded accuracy on the domain reaches `accuracy_target` and
+    that meets the domain's own requirement.
 
     The key is a domain name, or else a task type (any domain of that type qualifies); cheapest
-    is fewest fused domains, then name, then highest accuracy. Returns None when no adapter is
-    accurate enough, so the caller can fall back (e.g. to the base model and LM head); raises
-    KeyError when the manifest knows neither such a domain nor such a task type.
+    is fewest fused domains, then name, then highest accuracy. An entry whose `met` is false
+    (fusion could not reach the domain's requirement) is never selected, however low the
+    caller's target: the next entry that meets its requirement serves instead. Returns None when
+    no adapter qualifies, so the caller can fall back (e.g. to the base model and LM head);
+    raises KeyError when the manifest knows neither such a domain nor such a task type.
     """
     if not _is_acc(accuracy_target):  # NaN fails the range check too
         raise ValueError(f"select_adapter: accuracy_target must be in [0, 1], got {accuracy_target!r}")
@@ -165,7 +168,7 @@ def select_adapter(manifest: dict[str, Any], task_type_or_domain: str, accuracy_
             raise KeyError(f"select_adapter: {task_type_or_domain!r} is neither a domain ({sorted(tasks)}) "
                            f"nor a task type ({types}) of this manifest")
     fits = [(len(by_name[tasks[d]["adapter"]]["domains"]), tasks[d]["adapter"], -tasks[d]["accuracy"], d)
-            for d in domains if tasks[d]["accuracy"] >= accuracy_target]
+            for d in domains if tasks[d]["accuracy"] >= accuracy_target and tasks[d]["met"] is not False]
     if not fits:
         return None
     _, name, _, d = min(fits)

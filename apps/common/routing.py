@@ -86,8 +86,12 @@ def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | N
         sel = select_adapter(manifest, key, accuracy_target)
     except KeyError:
         return replace(base, reason=f"the manifest knows no domain or task {key!r}: base model")
+    missed = _missed(manifest, key)
     if sel is None:
-        return replace(base, reason=f"no adapter reaches accuracy {accuracy_target} on {key!r}: base model")
+        return replace(base, reason=f"no adapter reaches accuracy {accuracy_target} on {key!r}"
+                                    + (f" and meets its requirement ({missed} skipped)" if missed else "")
+                                    + ": base model")
+    skipped = f"; {missed} skipped" if missed else ""
     picked = replace(base, selected=sel.adapter, expected_accuracy=sel.accuracy)
     if sel.adapter not in caps.adapters:
         if load is None:
@@ -99,4 +103,14 @@ def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | N
     use_head = heads == "always" or (heads == "auto" and bool(sel.head))
     return replace(picked, adapter=sel.adapter, head=sel.head if use_head else None,
                    output_mode="head" if use_head else "generate",
-                   reason=f"manifest: {sel.adapter} ({sel.domain}, accuracy {sel.accuracy})")
+                   reason=f"manifest: {sel.adapter} ({sel.domain}, accuracy {sel.accuracy}){skipped}")
+
+
+def _missed(manifest: dict[str, Any], key: str) -> str:
+    """The manifest entries for `key` that miss their requirement (select_adapter skips them), for
+    the route's reason: "fused_4 on exists_bicycle misses its requirement (0.64 < 0.7)"."""
+    tasks = manifest["tasks"]
+    domains = [key] if key in tasks else [d for d, t in tasks.items() if t["task"] == key]
+    return ", ".join(f"{tasks[d]['adapter']} on {d} misses its requirement "
+                     f"({tasks[d]['accuracy']} < {tasks[d]['requirement']})"
+                     for d in domains if tasks[d]["met"] is False)

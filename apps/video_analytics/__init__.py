@@ -10,9 +10,11 @@ Roles: `sources` (files, URLs, webcams, the synthetic camera), `chunker` (sampli
 chunks), `backpressure` (bounded queues, drop policies), `tasks` (prompts, ground truth,
 scoring), `answers` (head output or parsed text -> Prediction), `routing` (manifest -> adapter,
 head, output mode), `stream` / `process` (one stream's threads), `manager` (many streams),
-`metrics`, `sink`; `answers`, `routing` and `annotate` are shared with visual retrieval
-(apps/common). Only `stream`/`process` touch the server, through a client with
-`submit_video`; everything else is plain Python and testable alone.
+`metrics`, `sink`, `shadow` / `shadow_worker` (a small model of the user's answering a share
+of chunks on its own thread, its agreement with the served answers reported per task);
+`answers`, `routing` and `annotate` are shared with visual retrieval (apps/common). Only
+`stream`/`process` touch the server, through a client with `submit_video`; everything else is
+plain Python and testable alone.
 """
 
 from apps.common.annotate import Annotator, draw_banner, draw_boxes
@@ -26,6 +28,8 @@ from .chunker import Chunk, ChunkConfig, Chunker
 from .config import ReconnectPolicy, StreamConfig, stream_from_dict
 from .manager import StreamManager
 from .metrics import StreamMetrics, format_line
+from .shadow import ShadowConfig, shadow_from_dict
+from .shadow_worker import ShadowWorker
 from .sink import JsonlSink, read_jsonl
 from .sources import (CaptureSource, Frame, FrameTruth, Pacer, Source, SourceError, SyntheticCamera, open_source,
                       source_kind)
@@ -39,5 +43,5 @@ __all__ = [
     "TaskSpec", "TASKS", "task_from_dict", "Route", "ServerCaps", "resolve_route", "load_manifest",
     "Prediction", "from_head", "from_text", "parse_count", "parse_yes_no", "parse_label", "parse_boxes",
     "iou", "match_boxes", "f1", "StreamMetrics", "percentiles", "format_line", "Annotator", "draw_boxes",
-    "draw_banner", "JsonlSink", "read_jsonl",
+    "draw_banner", "JsonlSink", "read_jsonl", "ShadowConfig", "ShadowWorker", "shadow_from_dict",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 
 from .backpressure import POLICIES
 from .chunker import ChunkConfig
+from .shadow import ShadowConfig, shadow_from_dict
 from .sources import KINDS
 from .tasks import TaskSpec, task_from_dict
 
@@ -56,6 +57,7 @@ class StreamConfig:
     encoding: str = "png"  # frames on the wire: png | jpeg | raw
     request_timeout_s: float = 60.0
     app: str = "video_analytics"  # the application tag the server sees
+    shadow: ShadowConfig | None = None  # a small model answering a share of chunks beside the server (shadow.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -70,6 +72,7 @@ class StreamConfig:
         if len(set(labels)) != len(labels):
             raise ValueError(f"stream {self.name}: task names must be unique, got {labels} "
                              "(set `name` to tell them apart)")
+        self.shadow = shadow_from_dict(self.shadow, f"stream {self.name}") or None
         if self.max_chunks is not None and self.max_chunks < 1:
             raise ValueError(f"stream {self.name}: max_chunks must be >= 1 or null, got {self.max_chunks}")
 

@@ -143,6 +143,10 @@ def format_line(snap: dict[str, Any]) -> str:
     """One progress line of a stream's snapshot."""
     lat = snap["latency_ms"]
     accs = " ".join(f"{name}={t['accuracy']:.2f}" for name, t in snap["tasks"].items() if t["accuracy"] is not None)
+    # agreement with the shadow teacher / chunks compared
+    agree = " ".join(f"{name}={'-' if s['agreement'] is None else format(s['agreement'], '.2f')}/{s['compared']}"
+                     for name, s in ((n, t.get("shadow")) for n, t in snap["tasks"].items()) if s is not None)
     return (f"{snap['stream']:<10} {snap['status']:<12} frames {snap['frames_in']:>5}  chunks "
             f"{snap['chunks_processed']}/{snap['chunks_made']}  dropped {snap['chunks_dropped']}  "
-            f"p50 {lat['p50']} ms  p95 {lat['p95']} ms" + (f"  acc {accs}" if accs else ""))
+            f"p50 {lat['p50']} ms  p95 {lat['p95']} ms" + (f"  acc {accs}" if accs else "")
+            + (f"  agree {agree}" if agree else ""))

@@ -89,8 +89,11 @@ def run_chunk(runner, chunk: Chunk) -> None:
     cfg, m = runner.config, runner.metrics
     taken = time.perf_counter()
     width, height = chunk.size
-    results = _collect(runner, chunk, chunk.rgb())
+    frames = chunk.rgb()
+    results = _collect(runner, chunk, frames)
     latencies, lines, boxes, truth_boxes = [], [f"{cfg.name} #{chunk.index}"], [], []
+    shadowed = runner.shadow.sample() if runner.shadow is not None else set()
+    served = []  # (task, served answer) for the shadow teacher
     for spec in cfg.tasks:
         final, arrived, error = results[spec.label]
         route = runner.routes[spec.label]
@@ -115,12 +118,16 @@ def run_chunk(runner, chunk: Chunk) -> None:
         record.update(prediction=pred.to_dict(), truth=truth, score=score, latency_ms=round(latency, 2),
                       server_ms=server_ms, finish_reason=final.get("finish_reason"))
         runner.record(record)
+        if spec.label in shadowed:
+            served.append((spec, pred))
         shown = len(pred.boxes) if spec.task == "detect" else "?" if pred.value() is None else pred.value()
         wanted = len(truth) if spec.task == "detect" and truth is not None else truth
         lines.append(f"{spec.label} {shown}" + ("" if truth is None else f"/{wanted}"))
         if spec.task == "detect":
             boxes += pred.boxes
             truth_boxes += truth or []
+    if served:  # handed over without waiting; the teacher answers on its own thread
+        runner.shadow.offer(chunk.index, frames, served)
     ok = len(latencies) == len(cfg.tasks)
     m.chunk_done(chunk.index, max(latencies) if latencies else 0.0, (taken - chunk.ready) * 1e3, ok)
     if cfg.annotate:

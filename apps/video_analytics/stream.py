@@ -23,6 +23,7 @@ from .chunker import Chunk, Chunker
 from .config import StreamConfig
 from .metrics import StreamMetrics
 from .process import run_chunk
+from .shadow_worker import ShadowWorker, shadow_groups
 from .sources import Pacer, SourceError, open_source
 from .tasks import TaskSpec
 
@@ -40,6 +41,8 @@ class StreamRunner:
                                      {t.label for t in config.tasks if t.task == "detect"})
         self.annotator: Annotator | None = None
         self.sample_rate: float | None = None  # sampled frames per second, once the source is open
+        groups = shadow_groups(config.shadow, config.tasks)
+        self.shadow = ShadowWorker(config.name, groups) if groups else None  # off the latency path
         self._stop = threading.Event()
         self._drain = True
         self._threads = [threading.Thread(target=self._read_loop, name=f"{config.name}-reader", daemon=True),
@@ -47,6 +50,8 @@ class StreamRunner:
 
     # ---- control ---------------------------------------------------------------------------------
     def start(self) -> "StreamRunner":
+        if self.shadow is not None:
+            self.shadow.start()
         for t in self._threads:
             t.start()
         return self
@@ -64,6 +69,8 @@ class StreamRunner:
         deadline = None if timeout is None else time.monotonic() + timeout
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self.shadow is not None and self.done:  # its last comparisons, within the same deadline
+            self.shadow.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self.done
 
     @property
@@ -73,6 +80,11 @@ class StreamRunner:
     def snapshot(self) -> dict[str, Any]:
         snap = self.metrics.snapshot(self.queue.stats.to_dict())
         snap["routes"] = {name: r.to_dict() for name, r in self.routes.items()}
+        if self.shadow is not None:
+            shadow = self.shadow.snapshot()
+            for name, agreement in shadow.pop("tasks").items():
+                snap["tasks"][name]["shadow"] = agreement
+            snap["shadow"] = shadow
         if self.annotator is not None and self.annotator.path is not None:
             snap["annotated"] = str(self.annotator.path)
         return snap
@@ -170,6 +182,8 @@ class StreamRunner:
                     continue
                 self._process(chunk)
         finally:
+            if self.shadow is not None:
+                self.shadow.close(drain=self._drain or not self._stop.is_set())
             if self.annotator is not None:
                 self.annotator.close()
             if self.metrics.status != "failed":

@@ -16,6 +16,7 @@ from world import DIRECTIONS, ObjectTruth
 from world.qa import plural
 
 from apps.common.answers import Prediction, from_head, from_text, match_boxes
+from .shadow import shadow_from_dict
 from .sources import FrameTruth
 
 VEHICLES = ("car", "bus", "truck")
@@ -50,6 +51,7 @@ class TaskSpec:
     box_scale: str = "auto"  # unit of boxes in generated text (answers.SCALES)
     name: str | None = None  # the name in reports; default: the task
     sampling: dict[str, Any] = field(default_factory=dict)  # further sampling fields for the server
+    shadow: Any = None  # this task's own shadow teacher (shadow.ShadowConfig); False: none; None: the stream's
 
     def __post_init__(self) -> None:
         task = ALIASES.get(self.task, self.task)
@@ -63,6 +65,7 @@ class TaskSpec:
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(self.classes))
         object.__setattr__(self, "sampling", dict(self.sampling or {}))
+        object.__setattr__(self, "shadow", shadow_from_dict(self.shadow, f"task {self.label!r}"))
 
     @property
     def kind(self) -> TaskKind:

@@ -29,6 +29,8 @@ REFUSALS = ("rejected", "unsupported", "bad_argument")
 # query kind -> the manifest domain or task type that serves it
 DEFAULT_ROUTES = {"ground": "detect", "count": "count", "exists": "binary", "color": "qa", "direction": "qa",
                   "caption": "qa", "qa": "qa"}
+# kinds answered in text: their domains are lm domains, which carry no task head
+GENERATED = ("caption", "qa")
 
 
 @dataclass
@@ -75,12 +77,25 @@ class RetrievalApp:
                 except Exception:  # a server without list_adapters serves the base model
                     self._caps = ServerCaps()
             load = self.client.load_adapter if self.config.load_adapters else None
-            self.routes[kind] = resolve_route(self.config.routes[kind], self.config.accuracy_target, self.manifest,
-                                              self._caps, self.config.heads, load)
+            key = self.config.routes[kind]
+            heads = "never" if kind in GENERATED or self._is_lm(key) else self.config.heads
+            self.routes[kind] = resolve_route(key, self.config.accuracy_target, self.manifest, self._caps, heads, load)
         return self.routes[kind]
 
-    def _degrade(self, kind: str, error: ServerError) -> bool:
-        route = self.routes[kind].degrade(error.message) if error.kind in REFUSALS else None
+    def _is_lm(self, key: str) -> bool:
+        """Whether `key` (a domain or task type) names an lm domain of the manifest, or the lm type."""
+        tasks = (self.manifest or {}).get("tasks") or {}
+        return (tasks[key].get("task") if key in tasks else key) == "lm"
+
+    def _degrade(self, kind: str, error: ServerError, sent: Route) -> bool:
+        """After a refusal of a request sent on route `sent`: True when there is a route to retry on.
+        Queries in flight together share a route; when another one's refusal has already moved it
+        on, the retry takes the current route, and the refusal of `sent` is not charged to it."""
+        if error.kind not in REFUSALS:
+            return False
+        if self.routes[kind] != sent:
+            return True
+        route = sent.degrade(error.message)
         if route is None:
             return False
         self.routes[kind] = route
@@ -98,7 +113,7 @@ class RetrievalApp:
                                                 encoding=self.config.encoding,
                                                 task=route.head if route.output_mode == "head" else None)
             except ServerError as e:
-                if not self._degrade(query.kind, e):
+                if not self._degrade(query.kind, e, route):
                     raise
 
     def _result(self, query: Query, image, final: dict | None, error: str | None, started: float,
@@ -150,7 +165,7 @@ class RetrievalApp:
                         error = f"no answer within {self.config.request_timeout_s} s"
                     final = stream.final if error is None else None
                 except ServerError as e:
-                    if self._degrade(queries[i].kind, e):  # e.g. a head the server lacks: generate instead
+                    if self._degrade(queries[i].kind, e, route):  # e.g. a head the server lacks: generate instead
                         try:
                             pending[i] = (self._submit(queries[i], image), started, image, self.routes[queries[i].kind])
                             continue

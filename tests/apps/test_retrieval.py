@@ -166,3 +166,23 @@ def test_visual_retrieval_command_runs_world_queries(tiny_zoo, world, tmp_path, 
     out = io.StringIO()
     report = visual_retrieval.run(cfg, stdin=io.StringIO("image_00000.png How many cars are there?\n"), stdout=out)
     assert report["answered"] == 1 and "[count, base model" in out.getvalue()
+
+
+def test_caption_and_qa_queries_go_in_generate_mode(server, world, tmp_path):
+    """Captions and free questions are answered in text (their lm domains carry no head), even when
+    heads are forced for the other kinds; a head refusal of the others degrades their route once,
+    with the reason of the request that was refused, however many were in flight on it."""
+    collection = ImageCollection(world / "images")
+    names = collection.names
+    queries = [Query(names[i % len(names)], "Describe the image.", id=f"c{i}") for i in range(3)]
+    queries += [Query(names[i % len(names)], "Tell me about the scene.", id=f"q{i}") for i in range(2)]
+    queries += [Query(names[i % len(names)], "How many cars are there?", id=f"n{i}") for i in range(4)]
+    with connector(server)() as client:
+        app = RetrievalApp(client, collection, RetrievalConfig(max_new_tokens=4, concurrency=4, heads="always"),
+                           None, tmp_path)
+        rows = app.run(queries)
+    assert all("error" not in r for r in rows), [r.get("error") for r in rows]
+    assert all(r["route"]["output_mode"] == "generate" for r in rows if r["kind"] in ("caption", "qa"))
+    assert "refused" not in app.routes["caption"].reason and "refused" not in app.routes["qa"].reason
+    assert app.routes["count"].output_mode == "generate" and app.mode_switches == 1
+    assert app.routes["count"].reason.startswith("head refused")

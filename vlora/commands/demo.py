@@ -27,7 +27,15 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import compose
-from .table import format_table
+from .offline_report import domain_lines, explained_table
+
+# why a cell of the stream and retrieval tables holds no number
+STREAM_REASONS = {"accuracy": "no ground truth on this source (only the synthetic world carries it)",
+                  "agreement": "no shadow teacher on this stream and task, or it compared no chunk yet",
+                  "compared": "no shadow teacher on this stream and task",
+                  "p50_ms": "no chunk answered", "p95_ms": "no chunk answered", "p99_ms": "no chunk answered"}
+RETRIEVAL_REASONS = {"accuracy": "no query of this kind had a known answer",
+                     "p50_ms": "no query of this kind was answered", "p95_ms": "no query of this kind was answered"}
 
 
 def _stage(name: str, overrides, seed: int, extra: list[str] = ()) -> DictConfig:
@@ -35,7 +43,9 @@ def _stage(name: str, overrides, seed: int, extra: list[str] = ()) -> DictConfig
 
 
 def _stream_rows(va: dict) -> list[dict]:
+    """A row per stream and task; agreement with a shadow teacher (and chunks compared) where any is set."""
     rows = []
+    shadowed = any("shadow" in t for s in va["streams"].values() for t in s["tasks"].values())
     for name, s in va["streams"].items():
         for task, t in s["tasks"].items():
             route = s["routes"][task]
@@ -45,6 +55,9 @@ def _stream_rows(va: dict) -> list[dict]:
                          "chunks": s["chunks_processed"], "dropped": s["chunks_dropped"],
                          "p50_ms": lat["p50"], "p95_ms": lat["p95"], "p99_ms": lat["p99"],
                          "accuracy": None if t["accuracy"] is None else round(t["accuracy"], 3)})
+            if shadowed:
+                rows[-1].update(agreement=(t.get("shadow") or {}).get("agreement"),
+                                compared=(t.get("shadow") or {}).get("compared"))
     return rows
 
 
@@ -63,11 +76,11 @@ def _plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report["streams"]
-    if not rows:
+    rows, kinds = report["streams"], report.get("retrieval") or []
+    if not rows and not kinds:
         return
     labels = [f"{r['stream']}\n{r['task']}" for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(rows)), 3.4))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(max(10, 1.6 * (len(rows) + len(kinds))), 3.4))
     x = range(len(rows))
     ax1.bar([i - 0.2 for i in x], [r["p50_ms"] or 0 for r in rows], 0.4, label="p50")
     ax1.bar([i + 0.2 for i in x], [r["p95_ms"] or 0 for r in rows], 0.4, label="p95")
@@ -78,10 +91,44 @@ def _plot(report: dict, path: Path) -> None:
     ax2.set_xticks(list(x), labels, fontsize=7)
     ax2.set_ylabel("accuracy vs world truth")
     ax2.set_ylim(0, 1)
+    # retrieval: accuracy per query kind (bars) and its p50 latency (on a second axis)
+    xk = range(len(kinds))
+    ax3.bar(list(xk), [k["accuracy"] or 0 for k in kinds], color="tab:green", label="accuracy")
+    ax3.set_xticks(list(xk), [k["kind"] for k in kinds], fontsize=7, rotation=20)
+    ax3.set_ylabel("retrieval accuracy")
+    ax3.set_ylim(0, 1)
+    ax3.set_title("visual retrieval", fontsize=8)
+    lat = ax3.twinx()
+    lat.plot(list(xk), [k["p50_ms"] or 0 for k in kinds], "o", color="black", label="p50 ms")
+    lat.set_ylabel("p50 latency (ms)", fontsize=7)
+    lat.set_ylim(bottom=0)
+    for ax, values in ((ax2, [r["accuracy"] for r in rows]), (ax3, [k["accuracy"] for k in kinds])):
+        for i, v in enumerate(values):
+            if v is None:  # not measured (see the report's footnotes), not zero
+                ax.text(i, 0.02, "n/a", ha="center", fontsize=7)
     fig.suptitle(f"V-LoRA demo: {report['model']}, {report['engine'].get('adapters', 0)} adapters", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def report_lines(report: dict) -> list[str]:
+    """The demo's Markdown report: the fused domains (every missed requirement flagged), the streams
+    and the retrieval kinds, with a footnote for every cell that holds no number."""
+    text = [f"# V-LoRA demo ({report['model']})", ""]
+    if report.get("domains"):
+        text += ["Offline stage (fused adapters per domain):", *domain_lines(report), ""]
+    if report["streams"]:
+        table, notes = explained_table(report["streams"], STREAM_REASONS)
+        text += ["Video analytics:", "```", table, "```", *notes]
+    if report["retrieval"]:
+        table, notes = explained_table(report["retrieval"], RETRIEVAL_REASONS)
+        text += ["", "Visual retrieval:", "```", table, "```", *notes]
+    engine = report["engine"]
+    text += ["", f"Engine: policy {engine['policy']}, {engine['adapters']} adapters, {engine['mode_switches']} mode "
+                 f"switches ({engine['switch_ms_total']} ms), steps by mode {engine['steps_by_mode']}",
+             f"Time: offline stage {report['seconds']['offline']} s, whole run {report['seconds']['total']} s"]
+    return text
 
 
 def run(cfg: DictConfig) -> dict:
@@ -124,19 +171,15 @@ def run(cfg: DictConfig) -> dict:
               "adapter_names": [a["name"] for a in adapters], "steps": stats.num_steps,
               "generated_tokens": stats.generated_tokens}
     report = {"model": Path(model_path).name, "offline": {k: offline_report[k] for k in ("adapters", "timings_s")},
-              "domains": offline_report["domains"], "streams": _stream_rows(results["va"]),
+              "domains": offline_report["domains"], "not_measured": offline_report.get("not_measured") or {},
+              "streams": _stream_rows(results["va"]),
               "retrieval": _retrieval_rows(results.get("vr", {})), "retrieval_overall": results.get("vr", {}).get("overall"),
               "engine": engine, "seconds": {"offline": round(t_offline, 1),
                                             "total": round(time.perf_counter() - began, 1)}}
     out = Path(d.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    text = [f"# V-LoRA demo ({report['model']})", "", "Video analytics:", "```", format_table(report["streams"]), "```"]
-    if report["retrieval"]:
-        text += ["", "Visual retrieval:", "```", format_table(report["retrieval"]), "```"]
-    text += ["", f"Engine: policy {engine['policy']}, {engine['adapters']} adapters, {engine['mode_switches']} mode "
-                 f"switches ({engine['switch_ms_total']} ms), steps by mode {engine['steps_by_mode']}",
-             f"Time: offline stage {report['seconds']['offline']} s, whole run {report['seconds']['total']} s"]
+    text = report_lines(report)
     (out / "report.md").write_text("\n".join(text) + "\n")
     _plot(report, out / "report.png")
     print("\n".join(text))

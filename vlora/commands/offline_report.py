@@ -105,16 +105,63 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     if opts.compare_lm_head and opts.compare_lm_head in {d.name for d in order}:
         comparison = head_vs_lm(trainer, trainer.dataset(opts.compare_lm_head))
     counts = {"one_adapter_per_domain": len(order), "one_adapter_for_all": 1, "fused": len(result.adapters)}
+    not_measured = {
+        "base_zero_shot": None if int(opts.base_eval_limit) > 0 else
+        "the base model's zero-shot answers were not measured (offline.base_eval_limit=0)",
+        "one_adapter_per_domain": None if opts.per_domain else
+        "no adapter per domain was trained for comparison (offline.per_domain=false)",
+        "one_adapter_for_all": None if opts.all_in_one else
+        "no single adapter for all domains was trained for comparison (offline.all_in_one=false)",
+        "teacher_vs_truth": "the domain's dataset records no teacher-vs-truth agreement (its data has no ground truth)"}
     return {"model": fused["model"].name, "domains": rows, "adapters": counts, "head_vs_lm_head": comparison,
-            "train_calls": trainer.train_calls, "manifest": fused["manifest"]}
+            "train_calls": trainer.train_calls, "manifest": fused["manifest"],
+            "not_measured": {k: v for k, v in not_measured.items() if v}}
+
+
+MISSED = "MISSED"  # the marker of a domain whose fused adapter misses its requirement
+
+
+def explained_table(rows: list[dict], reasons: dict[str, str], default: str = "not measured") -> tuple[str, list[str]]:
+    """The table of `rows` with every None cell shown as "-[n]", and the footnotes "[n] column: why"
+    (from `reasons` per column, else `default`)."""
+    notes: dict[str, int] = {}
+    shown = []
+    for r in rows:
+        row = {}
+        for col, value in r.items():
+            if value is None:
+                n = notes.setdefault(col, len(notes) + 1)
+                value = f"-[{n}]"
+            row[col] = value
+        shown.append(row)
+    return format_table(shown), [f"[{n}] {col}: {reasons.get(col, default)}" for col, n in notes.items()]
+
+
+def domain_lines(report: dict) -> list[str]:
+    """The per-domain table, each missed requirement marked in it and said in a line under it, and
+    the footnotes of the cells that were not measured."""
+    rows = report.get("domains") or []
+    if not rows:
+        return []
+    missed = [r for r in rows if r.get("meets_requirement") is False]
+    shown = [{**r, "meets_requirement": MISSED if r.get("meets_requirement") is False else r.get("meets_requirement")}
+             for r in rows]
+    table, notes = explained_table(shown, report.get("not_measured") or {})
+    lines = ["```", table, "```"]
+    for r in missed:
+        lines.append(f"{MISSED}: {r['domain']} fused {r['fused']} < requirement {r['requirement']} "
+                     f"(adapter {r['fused_adapter']}); routing skips that adapter for {r['domain']} and falls back "
+                     "to the next adapter that meets it, else the base model")
+    if not missed:
+        lines.append(f"Every domain meets its requirement ({len(rows)} domains).")
+    return lines + notes
 
 
 def write_report(report: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    table = format_table(report["domains"])
-    lines = [f"# Offline stage report ({report['model']})", "", "```", table, "```", "",
+    lines = [f"# Offline stage report ({report['model']})", "", *domain_lines(report), "",
              "Adapters: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["adapters"].items())]
     if report["head_vs_lm_head"]:
         lines += ["", "Head vs LM head:", "```", format_table([report["head_vs_lm_head"]]), "```"]
@@ -136,10 +183,14 @@ def _plot(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 3.6))
     width = 0.8 / len(cols)
     for k, (key, label) in enumerate(cols):
-        values = [r[key] if r[key] is not None else 0 for r in rows]
-        ax.bar([i + k * width for i in range(len(rows))], values, width, label=label)
+        xs = [i + k * width for i, r in enumerate(rows) if r[key] is not None]  # not measured: no bar
+        ax.bar(xs, [r[key] for r in rows if r[key] is not None], width, label=label)
     ax.scatter([i + 0.4 - width / 2 for i in range(len(rows))], [r["requirement"] for r in rows], marker="_",
                s=400, color="black", label="requirement", zorder=3)
+    missed = [i for i, r in enumerate(rows) if r.get("meets_requirement") is False]
+    if missed:
+        ax.scatter([i + 4 * width for i in missed], [rows[i]["fused"] + 0.04 for i in missed], marker="x",
+                   color="red", s=60, label="fused misses requirement", zorder=4)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], [r["domain"] for r in rows], rotation=20)
     ax.set_ylabel("accuracy (domain metric)")
     ax.set_ylim(0, 1.05)

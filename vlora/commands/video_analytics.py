@@ -33,12 +33,13 @@ class VideoJob:
     sink: str
     report: str
     streams: list
+    teachers_dir: str | None = None  # where shadow teachers are cached, unless a shadow names its own dir
 
 
 def job_from_cfg(cfg: DictConfig) -> VideoJob:
     values = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
               for k in ("manifest", "heads", "load_adapters", "duration_s", "report_every_s", "sink", "report",
-                        "streams")}
+                        "streams", "teachers_dir") if k in cfg}
     return to_dataclass(VideoJob, values, host=cfg.server.host, port=cfg.server.port, token=cfg.server.token)
 
 
@@ -47,7 +48,7 @@ def run_streams(job: VideoJob, port: int, out=None) -> dict[str, Any]:
     from apps.video_analytics import JsonlSink, StreamManager, format_line, load_manifest, stream_from_dict
     from serve.rpc import Client
 
-    streams = [stream_from_dict(s) for s in job.streams]
+    streams = [stream_from_dict(_with_teachers_dir(s, job.teachers_dir)) for s in job.streams]
     manifest = load_manifest(job.manifest)
     if manifest is None:
         print(f"video_analytics: no fusion manifest at {job.manifest}; every task runs on the base model",
@@ -72,19 +73,44 @@ def run_streams(job: VideoJob, port: int, out=None) -> dict[str, Any]:
     return {"duration_s": round(time.monotonic() - began, 3), "sink": job.sink, "streams": snapshots}
 
 
+def _with_teachers_dir(stream: dict[str, Any], directory: str | None) -> dict[str, Any]:
+    """The stream entry with `dir` set on its shadow settings (the stream's and its tasks') that lack one."""
+    def fill(shadow):
+        return {**shadow, "dir": directory} if isinstance(shadow, dict) and not shadow.get("dir") else shadow
+
+    if not directory:
+        return stream
+    out = {**stream, "shadow": fill(stream.get("shadow"))}
+    out["tasks"] = [{**t, "shadow": fill(t["shadow"])} if isinstance(t, dict) and "shadow" in t else t
+                    for t in stream.get("tasks", [])]
+    return out
+
+
 def print_report(report: dict[str, Any]) -> None:
     print(f"{'stream':<10} {'task':<10} {'route':<22} {'chunks':>7} {'dropped':>7} {'p50 ms':>8} {'p95 ms':>8} "
-          f"{'p99 ms':>8} {'accuracy':>8}")
+          f"{'p99 ms':>8} {'accuracy':>8} {'agree':>6} {'n':>4}")
+    teachers = set()
     for name, s in report["streams"].items():
         for task, t in s["tasks"].items():
             route = s["routes"][task]
             where = f"{route['adapter'] or 'base'}/{route['output_mode']}"
             lat = t["latency_ms"]
             acc = "-" if t["accuracy"] is None else f"{t['accuracy']:.3f}"
+            shadow = t.get("shadow") or {}
+            agree = "-" if shadow.get("agreement") is None else f"{shadow['agreement']:.3f}"
+            if shadow:
+                teachers.add(shadow["teacher"])
             print(f"{name:<10} {task:<10} {where:<22} {s['chunks_processed']:>7} {s['chunks_dropped']:>7} "
-                  f"{lat['p50'] or '-':>8} {lat['p95'] or '-':>8} {lat['p99'] or '-':>8} {acc:>8}")
+                  f"{lat['p50'] or '-':>8} {lat['p95'] or '-':>8} {lat['p99'] or '-':>8} {acc:>8} {agree:>6} "
+                  f"{shadow.get('compared', '-'):>4}")
         if s["status"] == "failed" or s["last_error"]:
             print(f"{name:<10} status {s['status']}, reconnects {s['reconnects']}, last error: {s['last_error']}")
+        for task, t in s["tasks"].items():
+            if (t.get("shadow") or {}).get("last_error"):
+                print(f"{name:<10} {task}: shadow teacher {t['shadow']['teacher']}: {t['shadow']['last_error']}")
+    print("accuracy: against ground truth (sources that carry it: synthetic); '-' where the source has none")
+    print("agree: agreement with the shadow teacher " + (", ".join(sorted(teachers)) if teachers else "(none set)")
+          + " over the n chunks it compared (a sampled share; '-' where it compared none)")
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

@@ -32,10 +32,12 @@ class Ticket:
     preprocess_ms: float = 0.0  # chat template + image preprocessing, on the connection's thread
     events: "queue.Queue[dict[str, Any]]" = field(default_factory=queue.Queue)
     finished: threading.Event = field(default_factory=threading.Event)
+    finished_at: float | None = None  # time.monotonic() of the final (or error) event
 
     def put(self, event: dict[str, Any]) -> None:
         event = {"request_id": self.request_id, "tag": self.tag, **event}
         if event["type"] in ("final", "error"):
+            self.finished_at = time.monotonic()
             self.finished.set()
         self.events.put(event)
 

@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,7 @@ class VLoRAService(rpyc.Service):
         self.state = state
         self.conn_id = f"c{next(state.ids)}"
         self._tickets: dict[str, Ticket] = {}
+        self._expired: deque[str] = deque(maxlen=1024)  # results forgotten unpolled, to say so when asked
         self._n = itertools.count()
         self._connected = False
 
@@ -107,7 +108,21 @@ class VLoRAService(rpyc.Service):
             self.state.connections -= 1
 
     # ---- requests ------------------------------------------------------------------------------
+    def _expire(self) -> None:
+        """Forgets finished results nobody polled: past the time limit, then the oldest past the count.
+        A connection that never polls cannot make the server keep its results without bound."""
+        limits = self.state.limits
+        done = sorted((t.finished_at, rid) for rid, t in self._tickets.items() if t.finished_at is not None)
+        keep = limits.max_unpolled_per_connection or limits.max_queued_per_connection
+        cutoff = time.monotonic() - limits.result_ttl_s
+        for i, (at, rid) in enumerate(done):
+            if at < cutoff or i < len(done) - keep:
+                del self._tickets[rid]
+                self._expired.append(rid)
+                self.state.count("results_expired")
+
     def _submit(self, kind: str, spec_json, blobs) -> str:
+        self._expire()
         live = sum(not t.finished.is_set() for t in self._tickets.values())
         if live >= self.state.limits.max_queued_per_connection:
             raise RequestError("too_many_requests", f"{live} requests of this connection are in flight "
@@ -158,8 +173,15 @@ class VLoRAService(rpyc.Service):
             raise RequestError("bad_argument", "request_id must be a string")
         if type(timeout_s) not in (int, float) or not 0 <= timeout_s <= 3600:
             raise RequestError("bad_argument", "timeout_s must be a number of seconds in [0, 3600]")
+        self._expire()
         ticket = self._tickets.get(request_id)
         if ticket is None:
+            if request_id in self._expired:
+                limits = self.state.limits
+                raise RequestError("expired", f"request {request_id!r} finished but was not polled in time: results "
+                                              f"are kept {limits.result_ttl_s:g} s, at most "
+                                              f"{limits.max_unpolled_per_connection or limits.max_queued_per_connection}"
+                                              " per connection")
             raise RequestError("unknown_request", f"no request {request_id!r} on this connection "
                                                   "(finished and collected, or never submitted)")
         events = ticket.take(min(float(timeout_s), MAX_POLL_S))

@@ -52,6 +52,10 @@ class Limits:
     # sockets in their handshake at once (0: as many as max_connections)
     handshake_timeout_s: float = 5.0
     max_handshakes: int = 0
+    # finished results a connection has not polled: kept at most this long, and at most this many
+    # (the oldest go first; 0: as many as max_queued_per_connection)
+    result_ttl_s: float = 600.0
+    max_unpolled_per_connection: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Limits":

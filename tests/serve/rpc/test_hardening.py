@@ -57,7 +57,8 @@ def test_running_out_of_file_descriptors_never_stops_the_server(tiny_zoo, vlora_
 
 @pytest.fixture(scope="module")
 def server(tiny_zoo, vlora_home):
-    proc = ServerProcess(tiny_zoo[NAME], vlora_home, "rpc.handshake_timeout_s=1.0", "rpc.max_handshakes=4")
+    proc = ServerProcess(tiny_zoo[NAME], vlora_home, "rpc.handshake_timeout_s=1.0", "rpc.max_handshakes=4",
+                         "rpc.max_unpolled_per_connection=3", "rpc.result_ttl_s=30")
     yield proc
     proc.stop()
 
@@ -150,3 +151,26 @@ def test_the_prompt_limit_counts_characters_not_their_json_escapes():
     assert parse_submission("image", spec, (), Limits()).prompt == prompt
     with pytest.raises(RequestError, match="exceeds 8192"):
         parse_submission("image", json.dumps({"prompt": prompt + "\U0001F697" * 1193, "frames": []}), (), Limits())
+
+
+def test_results_never_polled_are_bounded_per_connection(server):
+    # a client that submits and never polls cannot make the server keep its results without bound:
+    # past rpc.max_unpolled_per_connection the oldest finished ones are forgotten, and a late poll
+    # for one is told so
+    with Client("127.0.0.1", server.port, TOKEN) as client:
+        frame = np.zeros((32, 32, 3), np.uint8)
+        ids = []
+        for _ in range(6):
+            spec = json.dumps({"prompt": "Describe.", "frames": [{"format": "raw", "shape": [32, 32, 3],
+                                                                  "dtype": "uint8"}],
+                               "sampling": {"max_tokens": 1}})
+            ids.append(client._call("submit_image", spec, (frame.tobytes(),))["request_id"])
+            time.sleep(0.5)  # it finishes, unpolled
+        client._call("health")  # one more call on the connection
+        spec = json.dumps({"prompt": "Describe.", "frames": [], "sampling": {"max_tokens": 1}})
+        ids.append(client._call("submit_image", spec, ())["request_id"])
+        with pytest.raises(ServerError) as late:
+            client._call("poll", ids[0], 1.0)
+        assert late.value.kind == "expired" and "at most 3 per connection" in late.value.message
+        kept = client._call("poll", ids[5], 5.0)["events"]
+        assert kept and kept[-1]["type"] == "final"

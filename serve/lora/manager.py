@@ -149,9 +149,10 @@ class AdapterManager:
     def get(self, name: str) -> AdapterRecord:
         record = self.records.get(name)
         if record is None:
-            loaded = sorted(self.records) or "none"
-            raise ValueError(f"adapter {name!r} is not loaded (loaded: {loaded}); load it with "
-                             "Engine.load_adapter(name, path) or send adapter=None for the base model")
+            # the message names only what was asked for: over the server it reaches one client, and
+            # the other adapters (other tenants') are none of its business (list_adapters shows them)
+            raise ValueError(f"adapter {name!r} is not loaded; load it with Engine.load_adapter(name, path) "
+                             "or send adapter=None for the base model")
         return record
 
     def unload(self, name: str) -> None:

@@ -16,13 +16,14 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import rpyc
 
 from .loop import EngineLoop, Ticket
 from .metrics import prometheus_text
-from .wire import Limits, RequestError, parse_submission
+from .wire import Limits, RequestError, check_adapter_name, parse_submission
 
 log = logging.getLogger("vlora.serve.rpc")
 MAX_POLL_S = 5.0
@@ -204,17 +205,38 @@ class VLoRAService(rpyc.Service):
 
     @_guarded
     def exposed_load_adapter(self, name, path):
-        if type(name) is not str or type(path) is not str:
-            raise RequestError("bad_argument", "load_adapter takes a name and a server-side directory path (strings)")
+        """Loads the adapter directory `path` (relative to the server's adapter root) as `name`."""
+        if type(path) is not str:
+            raise RequestError("bad_argument", "load_adapter takes a name and a directory path under the server's "
+                                               "adapter root (strings)")
+        check_adapter_name(name)
         if not hasattr(self.state.loop.engine, "load_adapter"):
             raise RequestError("unsupported", "this engine serves the base model only; it cannot load adapters")
-        self.state.loop.call(lambda e: e.load_adapter(name, path))
+        directory = self._under_root(path)
+        try:
+            self.state.loop.call(lambda e: e.load_adapter(name, str(directory)))
+        except (OSError, ValueError) as e:  # name what the caller gave, never the server's own paths
+            raise RequestError("rejected", str(e).replace(str(directory), path)) from None
         return _reply(adapter=name)
+
+    def _under_root(self, path: str) -> Path:
+        """The directory `path` names under rpc.adapter_root; a path that would leave the root (.., an
+        absolute path elsewhere, a symbolic link out) is refused the same way whether it exists or not."""
+        root = self.state.limits.adapter_root
+        if not root:
+            raise RequestError("forbidden", "this server loads no adapters at run time; its operator can allow it "
+                                            "from one directory with rpc.adapter_root=<dir>")
+        if "\0" in path or len(path) > 4096:
+            raise RequestError("bad_argument", "the adapter path must be a plain path of at most 4096 characters")
+        base = Path(root).resolve()
+        directory = (base / path).resolve()
+        if directory != base and base not in directory.parents:
+            raise RequestError("forbidden", "the adapter path must lie under the server's adapter root")
+        return directory
 
     @_guarded
     def exposed_unload_adapter(self, name):
-        if type(name) is not str:
-            raise RequestError("bad_argument", "unload_adapter takes an adapter name (string)")
+        check_adapter_name(name)
         if not hasattr(self.state.loop.engine, "unload_adapter"):
             raise RequestError("unsupported", "this engine serves the base model only; it has no adapters to unload")
         self.state.loop.call(lambda e: e.unload_adapter(name))

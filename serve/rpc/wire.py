@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ import numpy as np
 
 KINDS = ("image", "video")
 ENCODED_FORMATS = ("JPEG", "PNG")  # encoded frames; anything else is sent raw
+# adapter names over the wire: no path separators, NUL or control characters, and short
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 OUTPUT_MODES = ("generate", "head")
 SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "seed": int,
                  "stop_token_ids": list, "ignore_eos": bool}
@@ -56,12 +59,14 @@ class Limits:
     # (the oldest go first; 0: as many as max_queued_per_connection)
     result_ttl_s: float = 600.0
     max_unpolled_per_connection: int = 0
+    # run-time adapter loading (load_adapter): only from directories under this root; "" = off
+    adapter_root: str = ""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Limits":
         fields = cls.__dataclass_fields__
-        return cls(**{k: float(v) if fields[k].type in (float, "float") else int(v)
-                      for k, v in d.items() if k in fields})
+        cast = {"float": float, "int": int, "str": lambda v: "" if v is None else str(v)}  # annotations are strings
+        return cls(**{k: cast[fields[k].type](v) for k, v in d.items() if k in fields})
 
 
 @dataclass
@@ -136,6 +141,13 @@ def _sampling(raw: Any, limits: Limits) -> dict[str, Any]:
     return out
 
 
+def check_adapter_name(name: Any) -> str:
+    if type(name) is not str or not ADAPTER_NAME.fullmatch(name):
+        raise RequestError("bad_argument", "an adapter name is 1-128 letters, digits, '.', '_' or '-', starting with "
+                                           "a letter or digit")
+    return name
+
+
 def decode_frame(blob: Any, spec: Any, limits: Limits, index: int) -> np.ndarray:
     """One frame spec + blob -> uint8 [H, W, 3] RGB, with the pixel count checked before decoding."""
     name = f"frame {index}"
@@ -205,6 +217,8 @@ def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits) -> S
     for name, value in (("adapter", adapter), ("task", task), ("app", app), ("tag", tag)):
         if value is not None and (not isinstance(value, str) or len(value) > 256):
             raise RequestError("bad_argument", f"{name} must be a string of at most 256 characters or null")
+    if adapter is not None:
+        check_adapter_name(adapter)
     if mode not in OUTPUT_MODES:
         raise RequestError("bad_argument", f"output_mode must be one of {OUTPUT_MODES}, got {mode!r}")
     slo = spec.get("slo_ms")

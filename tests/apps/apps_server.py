@@ -10,7 +10,7 @@ import threading
 import time
 
 from serve.engine import Engine, EngineConfig
-from serve.rpc import Client, RpcServer
+from serve.rpc import Client, Limits, RpcServer
 
 TOKEN = "apps-test-token-0123456789"
 MODEL = "qwen2_vl_tiny"
@@ -18,9 +18,10 @@ WORLD = {"width": 64, "height": 64, "fps": 10, "clip_frames": 10}
 
 
 @contextlib.contextmanager
-def serving(checkpoint):
+def serving(checkpoint, adapter_root: str = ""):
+    """adapter_root: where clients may load adapters from at run time ("" = nowhere)."""
     engine = Engine(checkpoint, EngineConfig(device="cpu", num_kv_blocks=512))
-    server = RpcServer(engine, TOKEN, "127.0.0.1", 0).start()
+    server = RpcServer(engine, TOKEN, "127.0.0.1", 0, Limits(adapter_root=adapter_root)).start()
     try:
         yield server
     finally:

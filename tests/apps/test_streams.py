@@ -23,8 +23,9 @@ TASKS = [{"task": "count"}, {"task": "direction"},
 
 
 @pytest.fixture(scope="module")
-def server(tiny_zoo):
-    with serving(tiny_zoo[MODEL]) as s:
+def server(tiny_zoo, tmp_path_factory):
+    # adapters the tests write under their tmp paths may be loaded at run time
+    with serving(tiny_zoo[MODEL], adapter_root=str(tmp_path_factory.getbasetemp())) as s:
         yield s
 
 

@@ -56,9 +56,18 @@ def test_running_out_of_file_descriptors_never_stops_the_server(tiny_zoo, vlora_
 
 
 @pytest.fixture(scope="module")
-def server(tiny_zoo, vlora_home):
+def adapter_root(tiny_zoo, tmp_path_factory):
+    from adapter_cases import build_adapters
+
+    root = tmp_path_factory.mktemp("adapter_root")
+    build_adapters(tiny_zoo[NAME], root / "tenant_a", ("qv8",))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tiny_zoo, vlora_home, adapter_root):
     proc = ServerProcess(tiny_zoo[NAME], vlora_home, "rpc.handshake_timeout_s=1.0", "rpc.max_handshakes=4",
-                         "rpc.max_unpolled_per_connection=3", "rpc.result_ttl_s=30")
+                         "rpc.max_unpolled_per_connection=3", "rpc.result_ttl_s=30", f"rpc.adapter_root={adapter_root}")
     yield proc
     proc.stop()
 
@@ -174,3 +183,43 @@ def test_results_never_polled_are_bounded_per_connection(server):
         assert late.value.kind == "expired" and "at most 3 per connection" in late.value.message
         kept = client._call("poll", ids[5], 5.0)["events"]
         assert kept and kept[-1]["type"] == "final"
+
+
+def test_adapters_load_only_from_under_the_adapter_root_and_errors_reveal_nothing(server, adapter_root, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    with Client("127.0.0.1", server.port, TOKEN) as client:
+        client.load_adapter("a1", "tenant_a/qv8")  # relative to the root
+        client.load_adapter("a2", str(adapter_root / "tenant_a" / "qv8"))  # absolute, inside it
+        for path in ("../elsewhere", str(outside), "tenant_a/../../elsewhere", "/etc"):
+            with pytest.raises(ServerError) as refused:
+                client.load_adapter("x", path)
+            # the same answer whether the path exists or not: nothing is learnt about the server's disk
+            assert refused.value.kind == "forbidden" and "under the server's adapter root" in refused.value.message
+        with pytest.raises(ServerError) as missing:
+            client.load_adapter("x", "tenant_a/nope")
+        assert str(adapter_root) not in missing.value.message and "tenant_a/nope" in missing.value.message
+        for name in ("../a", "a/b", "a\x00b", "n" * 100_000, ""):
+            with pytest.raises(ServerError) as bad:
+                client.load_adapter(name, "tenant_a/qv8")
+            assert bad.value.kind == "bad_argument" and len(bad.value.message) < 200
+        # an unknown adapter's error names only what was asked, not the other tenants' adapters
+        with pytest.raises(ServerError) as unknown:
+            client.submit_image("Describe.", [np.zeros((32, 32, 3), np.uint8)], adapter="zz").result(30)
+        assert "zz" in unknown.value.message and "a1" not in unknown.value.message
+        with pytest.raises(ServerError) as gone:
+            client.unload_adapter("zz")
+        assert "a1" not in gone.value.message and "a2" not in gone.value.message
+        client.unload_adapter("a1")
+        client.unload_adapter("a2")
+
+
+def test_without_an_adapter_root_no_adapter_loads_at_run_time(tiny_zoo, adapter_root):
+    from serve.engine import Engine, EngineConfig
+    from serve.rpc import RpcServer
+
+    engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=64))
+    with RpcServer(engine, TOKEN, "127.0.0.1", 0) as rpc, Client("127.0.0.1", rpc.port, TOKEN) as client:
+        with pytest.raises(ServerError) as off:
+            client.load_adapter("a", str(adapter_root / "tenant_a" / "qv8"))
+    assert off.value.kind == "forbidden" and "rpc.adapter_root" in off.value.message

@@ -165,9 +165,12 @@ class Teacher:
             top = largest(dets)  # color / class: an attribute of the largest object
             value = None if top is None else top.cls if t == "class" else top.color
             return Answer(label=value or "none", score=top.score if top is not None else 1.0)
-        lab = self.classify(sample.frame)  # a classifier fitted for exactly this target
+        lab = self.classify(sample.frame)  # a classifier fitted for this target (or any one-label target)
         if t == "count":
             return Answer(count=int(lab.label), score=lab.score)
+        if t == "exists" and lab.label not in ("yes", "no"):
+            truthy = lab.label.strip().lower() in ("true", "1", "y")
+            return Answer(label="yes" if truthy else "no", score=lab.score)
         return Answer(label=lab.label, score=lab.score)
 
     # ------------------------------------------------------------------ helpers

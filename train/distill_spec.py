@@ -114,7 +114,7 @@ class DomainSpec:
             if not self.classes or bad:
                 raise DomainError(f"{where}: classes must be a non-empty list from the world's classes "
                                   f"{list(cfg.classes)}, got {self.classes}")
-        if self.target == "exists" and not self.classes:
+        if self.target == "exists" and not self.classes and self.from_world:
             raise DomainError(f"{where}: target 'exists' needs classes (which objects to ask about)")
         if self.labels is not None:
             self.labels = [str(v) for v in self.labels]

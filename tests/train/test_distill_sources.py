@@ -193,3 +193,20 @@ def test_coco_and_yolo_boxes_are_read_as_truth(tmp_path, zoo_path):
     bad = domain.replace("classes", "x").replace("teacher: labels,", "teacher: labels, classes: [horse],")
     with pytest.raises(DomainError, match=r"classes \['horse'\] are not all in the labelled data's classes"):
         _run(tmp_path, zoo_path, bad.replace("name: pets", "name: horses"), "horses")
+
+
+def test_saved_hugging_face_dataset_is_read_as_truth(tmp_path, zoo_path):
+    from datasets import ClassLabel, Dataset, Features, Image
+
+    from PIL import Image as PILImage
+
+    images = [PILImage.fromarray(np.full((12, 12, 3), 30 * i, np.uint8)) for i in range(4)]
+    feats = Features({"picture": Image(), "kind": ClassLabel(names=["cat", "dog"])})
+    Dataset.from_dict({"picture": images, "kind": [0, 1, 1, 0]}, features=feats).save_to_disk(str(tmp_path / "hf"))
+    domain = (f"{{name: pets, task: classify, target: class, question: 'Cat or dog?', teacher: labels, "
+              f"source: {{kind: hf, path: '{tmp_path / 'hf'}', image_column: picture, label_column: kind}}}}")
+    assert _run(tmp_path, zoo_path, domain, "pets").status == "built"
+    train, evals, meta = _rows(tmp_path / "datasets" / "pets")
+    assert {r["id"]: r["label"] for r in train + evals} == {
+        "image-000000": "cat", "image-000001": "dog", "image-000002": "dog", "image-000003": "cat"}
+    assert meta["labels"] == ["cat", "dog"] and meta["source"]["kind"] == "hf"

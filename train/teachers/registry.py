@@ -152,6 +152,10 @@ def teacher_names() -> list[str]:
 
 def _mapping(spec: Mapping) -> tuple[str, dict, str | None]:
     """(_target_, the other keys, _name_) of a mapping spec, checked."""
+    if type(spec).__name__ == "DictConfig":  # a config node handed in as it is
+        from omegaconf import OmegaConf
+
+        spec = OmegaConf.to_container(spec, resolve=True)
     spec = dict(spec)
     target = spec.pop("_target_", None)
     if target is None:
@@ -177,6 +181,8 @@ def teacher_targets(spec: str | Mapping, settings: TeacherSettings) -> frozenset
         obj = load_object(target)
         if isinstance(obj, type) and issubclass(obj, Teacher):
             return frozenset(obj.targets) or None
+        if not callable(obj):
+            raise TeacherError(f"teacher _target_ {target!r} is a {type(obj).__name__}, not a class or callable")
         if not inspect.isclass(obj) and not _is_bare_function(obj, args) and not args.get("_partial_"):
             return None  # a factory: what it returns decides
         found = protocol_targets(obj)
@@ -202,7 +208,7 @@ def build_teacher(spec: str | Mapping, settings: TeacherSettings, log: TextIO | 
     into `settings.dir` if needed. A plug-in carries its spec for `teacher_fingerprint`."""
     log = log or sys.stderr
     if isinstance(spec, Mapping):
-        return _build_plugin(spec)
+        return _build_plugin(spec, log)
     if not isinstance(spec, str) or not spec:
         raise TeacherError(f"a teacher is a name, '<kind>:<path>' or a mapping with _target_, got {spec!r}")
     kind, _, path = spec.partition(":")
@@ -225,7 +231,7 @@ def build_teacher(spec: str | Mapping, settings: TeacherSettings, log: TextIO | 
     return teacher
 
 
-def _build_plugin(spec: Mapping) -> Teacher:
+def _build_plugin(spec: Mapping, log: TextIO) -> Teacher:
     target, args, name = _mapping(spec)
     obj = load_object(target)
     if _is_bare_function(obj, args):
@@ -245,6 +251,7 @@ def _build_plugin(spec: Mapping) -> Teacher:
         built.name = name
     teacher = wrap_teacher(built, name, f"{target}({', '.join(f'{k}={v!r}' for k, v in sorted(args.items()))})")
     teacher.spec = {"_target_": target, **args}
+    print(f"teacher {teacher.name}: {teacher.detail}", file=log, flush=True)
     return teacher
 
 

@@ -64,11 +64,6 @@ class WorldSource:
             w = it.extra["item"]
             yield Sample(it.id, w.kind, _rgb(w), w.truth, _qa(w))
 
-    def media_fields(self, item: Item) -> dict[str, Any]:
-        if item.media == "clip":
-            return {"image": None, "video": item.video}
-        return item.media_fields()
-
     def record(self) -> dict[str, Any]:
         return {"kind": "world", "dir": str(self.world.root.resolve()), "seed": self.world.config.seed}
 

@@ -260,7 +260,7 @@ class ImageSource:
         for p in ([root] if root.is_file() else sorted(root.rglob("*"))):
             if p.is_file():
                 h.update(f"{p.relative_to(root) if p != root else p.name}:{p.stat().st_size}".encode())
-                if p.suffix.lower() in (".json", ".txt", ".yaml", ".arrow"):
+                if p.suffix.lower() in (".json", ".txt", ".yaml"):  # labels; a saved dataset's state.json
                     h.update(p.read_bytes())
         return h.hexdigest()[:16]
 

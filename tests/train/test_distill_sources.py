@@ -115,6 +115,12 @@ def test_user_teacher_on_a_recording_from_config(tmp_path, zoo_path, recording):
     assert meta["split"]["kind"] == "time" and meta["split"]["eval_from_s"] == 4.0
     assert meta["teacher"]["kind"] == "plugin" and meta["max_count"] == 3 and meta["media"] == "clip"
 
+    from train import LoraSpec, ModelRef, TrainConfig, VisionLM, load_domain, train_adapter
+
+    vlm = VisionLM(ModelRef("qwen2_vl_tiny", str(zoo_path)), LoraSpec(rank=4, alpha=8), device="cpu")
+    trained = train_adapter(vlm, load_domain(tmp_path / "datasets" / "blobs"), TrainConfig(epochs=1))
+    assert trained.steps == 1 and trained.metrics["n"] == 2, "training reads the chunks as video"
+
     assert _run(tmp_path, zoo_path, domain, "blobs").status == "kept", "a second run keeps it"
     changed = domain.replace("threshold: 128", "threshold: 129")
     assert _run(tmp_path, zoo_path, changed, "blobs").status == "built", "the plug-in's arguments count"

@@ -141,13 +141,19 @@ def test_plain_callable_teacher_on_unlabelled_images(tmp_path, zoo_path):
     assert all(r["image"].size == (32, 24) for r in train + evals)
 
 
-@pytest.mark.parametrize("teacher, match", [
-    ("{_target_: test_distill_sources.NoSuchTeacher}", r"has no attribute 'NoSuchTeacher'"),
-    ("{_target_: no_such_package.Teacher}", r"cannot import module 'no_such_package'.*PYTHONPATH"),
-    ("{_target_: test_distill_sources.BrightBlobCounter}", r"cannot answer target 'exists'; it answers \['count'\]"),
+@pytest.mark.parametrize("asked, match", [
+    ("target: exists, teacher: {_target_: test_distill_sources.NoSuchTeacher}", r"has no attribute 'NoSuchTeacher'"),
+    ("target: exists, teacher: {_target_: no_such_package.Teacher}",
+     r"cannot import module 'no_such_package'.*PYTHONPATH"),
+    ("target: exists, teacher: {_target_: test_distill_sources.BrightBlobCounter}",
+     r"cannot answer target 'exists'; it answers \['count'\]"),
+    ("target: count, classes: [person], teacher: {_target_: test_distill_sources.BrightBlobCounter}",
+     r"does not know classes \['person'\]; its classes: \['blob'\]"),
+    ("target: count, teacher: labels", r"teacher 'labels' reads labels, but a 'video' source has none"),
 ])
-def test_bad_plugin_teachers_fail_before_any_work(tmp_path, recording, teacher, match):
-    domain = (f"{{name: bad, task: binary, target: exists, question: 'Any?', teacher: {teacher}, "
+def test_bad_plugin_teachers_fail_before_any_work(tmp_path, recording, asked, match):
+    task = "binary" if "exists" in asked else "count"
+    domain = (f"{{name: bad, task: {task}, {asked}, question: 'Any?', "
               f"source: {{kind: video, path: '{recording}', sample_fps: 2}}}}")
     with pytest.raises(DomainError, match=match):
         _run(tmp_path, tmp_path / "no_model", domain, "bad")

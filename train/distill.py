@@ -89,6 +89,11 @@ def check_pairing(spec: DomainSpec, teacher: Teacher, source=None) -> Query:
         if not spec.source_spec().labelled:
             raise DomainError(f"{where}: teacher {teacher.name!r} reads labels, but a {spec.source['kind']!r} source "
                               f"has none; use a labelled source (image_folder, coco, yolo, hf) or a model as teacher")
+        answers = {"image_folder": ("class", "color", "count", "exists"), "hf": ("class", "color", "count", "exists"),
+                   "coco": ("count", "boxes", "exists", "class"), "yolo": ("count", "boxes", "exists", "class")}
+        kind = spec.source["kind"]
+        if spec.target not in answers[kind]:
+            raise DomainError(f"{where}: {kind} labels answer targets {list(answers[kind])}, not {spec.target!r}")
         known = source.classes
         if spec.classes and known is not None and not set(spec.classes) <= set(known):
             raise DomainError(f"{where}: classes {spec.classes} are not all in the labelled data's classes {list(known)}")
@@ -132,7 +137,8 @@ def _resolved(spec: DomainSpec, teacher: Teacher, source, answers: list[Any]) ->
     the world) from the teacher's or the labelled data's declared labels, or from the answers."""
     labels, max_count, max_boxes = spec.labels, spec.max_count, spec.max_boxes
     if spec.task == "classify" and labels is None:
-        labels = list(teacher.labels or getattr(source, "labels", None) or [])
+        declared = getattr(source, "labels", None) or (getattr(source, "classes", None) if spec.target == "class" else None)
+        labels = list(teacher.labels or declared or [])
         if not labels:
             labels = sorted({a.label for a in answers if a.label and a.label != "none"})
         if len(labels) < 2:

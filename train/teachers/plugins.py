@@ -80,8 +80,8 @@ def _label(value: Any, what: str) -> Label:
         return value
     if isinstance(value, (tuple, list)) and len(value) == 2:
         return Label(str(value[0]), float(value[1]))
-    if isinstance(value, (str, np.str_)):
-        return Label(str(value))
+    if isinstance(value, (str, np.str_, int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return Label(str(value))  # a class index counts as its name
     raise TeacherError(f"{what} must return a label (str) or (label, score), got {value!r}")
 
 

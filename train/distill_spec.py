@@ -1,7 +1,9 @@
 """Knowledge-domain definitions: `DomainSpec` (one conf/dataset/<name>.yaml) and `DistillJob`.
 
-A domain says what is asked (task + target + question), of which frames (media, world seed and
-overrides, size) and who answers (teacher). The target fixes the task:
+A domain says what is asked (task + target + question), of which frames (source: the synthetic
+world by default, with its seed and overrides, or a user's video, images or labelled data; media;
+size) and who answers (teacher: a name, `<kind>:<path>`, or a mapping with `_target_`; see
+train.teachers.registry). The target fixes the task:
 
     target     task       answers                          label set
     count      count      objects of `classes`              -
@@ -11,6 +13,10 @@ overrides, size) and who answers (teacher). The target fixes the task:
     class      classify   class of the largest object       `classes` or the world's classes
     direction  classify   motion of the largest mover       left, right, up, down, stationary (clips)
     qa         lm         the world's question/answer pairs -
+
+For a source other than the world, `classes` are checked against the teacher's (or the labelled
+data's) declared classes instead of the world's, and label sets, max_count and max_boxes left
+unset come from the teacher, the labels or the answers (see train.distill).
 """
 from __future__ import annotations
 
@@ -19,10 +25,11 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from world import DIRECTIONS, WorldConfig
 
+from .distill_sources import SourceError, SourceSpec
 from .teachers import TARGETS, TeacherError
 
 TASKS = ("classify", "count", "detect", "binary", "lm")
@@ -41,23 +48,35 @@ class DomainSpec:
     name: str
     task: str
     target: str
-    teacher: str
+    teacher: str | dict                  # a name, "<kind>:<path>" or {_target_: ..., args}
     question: str | None = None          # the plain-language query; qa takes each pair's own
     classes: list[str] | None = None     # class filter of the target
     labels: list[str] | None = None      # classify: the label set (default: from the target)
-    media: str = "image"
-    size: int = 320                      # world items labelled (images or clips)
+    media: str | None = None             # image | clip; default: clip for a video source, else image
+    size: int | None = None              # items labelled; default: 320 world items, or all of a source
     eval_fraction: float = 0.2
     frames_per_clip: int = 4             # clip frames the model sees, evenly spaced
     max_count: int | None = None         # count: largest count (default: the world's max_objects)
     max_boxes: int | None = None         # detect: most boxes kept (default: the world's max_objects)
     seed: int = 0                        # world seed of the frames
     world: dict = field(default_factory=dict)  # WorldConfig overrides, e.g. {min_objects: 1}
+    source: dict = field(default_factory=dict)  # where frames come from (distill_sources); {} = the world
 
     def __post_init__(self) -> None:
         where = f"domain {self.name!r}"
         if not isinstance(self.name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_]*", self.name):
             raise DomainError(f"domain name must be lower-case letters, digits and _, got {self.name!r}")
+        try:
+            src = SourceSpec.from_dict(self.source, where)
+        except (SourceError, TypeError) as e:
+            raise DomainError(str(e)) from None
+        self.source = {} if src.kind == "world" else src.to_dict()
+        if self.media is None:
+            self.media = src.media
+        if src.kind != "world" and self.media != src.media:
+            raise DomainError(f"{where}: a {src.kind} source gives media {src.media!r}, not {self.media!r}")
+        if self.size is None and src.kind == "world":
+            self.size = 320
         if self.task not in TASKS:
             raise DomainError(f"{where}: task {self.task!r} is not one of {list(TASKS)}")
         if self.target not in TARGETS:
@@ -71,37 +90,50 @@ class DomainSpec:
             raise DomainError(f"{where}: target 'direction' needs media: clip (an image has no motion)")
         if self.target != "qa" and not (isinstance(self.question, str) and self.question.strip()):
             raise DomainError(f"{where}: question is required (the plain-language query), got {self.question!r}")
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 2:
-            raise DomainError(f"{where}: size must be an int >= 2, got {self.size!r}")
+        if self.size is not None and (isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 2):
+            raise DomainError(f"{where}: size must be an int >= 2 (or null: all of a source), got {self.size!r}")
         if not 0.0 < float(self.eval_fraction) < 1.0:
             raise DomainError(f"{where}: eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
         if not isinstance(self.frames_per_clip, int) or self.frames_per_clip < 1:
             raise DomainError(f"{where}: frames_per_clip must be an int >= 1, got {self.frames_per_clip!r}")
-        if not isinstance(self.teacher, str) or not self.teacher:
-            raise DomainError(f"{where}: teacher must name a teacher, got {self.teacher!r}")
+        if isinstance(self.teacher, Mapping):
+            self.teacher = dict(self.teacher)
+            if not isinstance(self.teacher.get("_target_"), str):
+                raise DomainError(f"{where}: a teacher mapping needs _target_ (a dotted path to a class or callable), "
+                                  f"got {self.teacher}")
+        elif not isinstance(self.teacher, str) or not self.teacher:
+            raise DomainError(f"{where}: teacher must name a teacher (a name, '<kind>:<path>' or a mapping with "
+                              f"_target_), got {self.teacher!r}")
         try:
             cfg = self.world_config()
         except (TypeError, ValueError) as e:
             raise DomainError(f"{where}: bad world overrides {self.world}: {e}") from None
         if self.classes is not None:
-            self.classes = list(self.classes)
-            bad = [c for c in self.classes if c not in cfg.classes]
+            self.classes = [str(c) for c in self.classes]
+            bad = [c for c in self.classes if c not in cfg.classes] if self.from_world else []
             if not self.classes or bad:
                 raise DomainError(f"{where}: classes must be a non-empty list from the world's classes "
                                   f"{list(cfg.classes)}, got {self.classes}")
-        if self.target == "exists" and not self.classes:
+        if self.target == "exists" and not self.classes and self.from_world:
             raise DomainError(f"{where}: target 'exists' needs classes (which objects to ask about)")
         if self.labels is not None:
             self.labels = [str(v) for v in self.labels]
         self.labels = self.label_set(cfg)
-        if self.task == "count" and self.max_count is None:
+        if self.task == "count" and self.max_count is None and self.from_world:
             self.max_count = cfg.max_objects
-        if self.task == "detect" and self.max_boxes is None:
+        if self.task == "detect" and self.max_boxes is None and self.from_world:
             self.max_boxes = cfg.max_objects
         for key in ("max_count", "max_boxes"):
             v = getattr(self, key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise DomainError(f"{where}: {key} must be an int >= 1, got {v!r}")
+
+    @property
+    def from_world(self) -> bool:
+        return not self.source
+
+    def source_spec(self) -> SourceSpec:
+        return SourceSpec.from_dict(self.source, f"domain {self.name!r}")
 
     def world_config(self) -> WorldConfig:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(self.world).items()}
@@ -118,13 +150,20 @@ class DomainSpec:
             if self.labels is not None:
                 raise DomainError(f"domain {self.name!r}: labels apply to classify domains only, not {self.task!r}")
             return None
-        labels = self.labels or default[self.target]
+        labels = self.labels or (default[self.target] if self.from_world or self.target == "direction" else None)
+        if labels is None:
+            return None  # a source's domain: from the teacher, the labels or the answers (train.distill)
         if len(set(labels)) != len(labels) or len(labels) < 2:
             raise DomainError(f"domain {self.name!r}: labels must be >= 2 distinct names, got {labels}")
         return labels
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The spec's fields; `source` only when it is not the world (a world domain's dict, and
+        so its fingerprint, is what it was before sources existed)."""
+        d = dataclasses.asdict(self)
+        if self.from_world:
+            d.pop("source")
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DomainSpec":

@@ -5,7 +5,8 @@ into chunks of `chunk_seconds` (default 1 s; at 30 fps that is 30 frames), or of
 sampled frames when that is given. Sampling follows
 the frames' timestamps, not their count, so a 25 fps file and a 30 fps camera sampled at 5 fps
 both give 5 frames per second. A chunk's truth is its middle frame's (the world's clips answer
-counts and boxes for their middle frame too).
+counts and boxes for their middle frame too). The sampling rules (`ChunkConfig`, which frames are
+kept, resizing) live in `world.sampling`, where the distiller takes them from too.
 """
 
 from __future__ import annotations
@@ -15,39 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from world.sampling import ChunkConfig, FrameSampler, resize_frame
+
 from .sources import Frame, FrameTruth
-
-
-@dataclass(frozen=True)
-class ChunkConfig:
-    sample_fps: float | None = None  # frames kept per second of source time; None = all
-    chunk_seconds: float = 1.0
-    chunk_frames: int | None = None  # sampled frames per chunk; overrides chunk_seconds
-    width: int | None = None  # frames are resized to width x height; None keeps the source size
-    height: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.sample_fps is not None and not self.sample_fps > 0:
-            raise ValueError(f"sample_fps must be a positive number of frames per second or null, "
-                             f"got {self.sample_fps!r}")
-        if not self.chunk_seconds > 0:
-            raise ValueError(f"chunk_seconds must be positive, got {self.chunk_seconds!r}")
-        if self.chunk_frames is not None and (isinstance(self.chunk_frames, bool) or
-                                              not isinstance(self.chunk_frames, int) or self.chunk_frames < 1):
-            raise ValueError(f"chunk_frames must be an int >= 1 or null, got {self.chunk_frames!r}")
-        for name in ("width", "height"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 8):
-                raise ValueError(f"{name} must be an int of at least 8 pixels or null, got {v!r}")
-        if (self.width is None) != (self.height is None):
-            raise ValueError(f"give both width and height or neither, got {self.width!r} x {self.height!r}")
-
-    def frames_per_chunk(self, source_fps: float) -> int:
-        if self.chunk_frames is not None:
-            return self.chunk_frames
-        rate = self.sample_fps if self.sample_fps is not None else source_fps
-        rate = min(rate, source_fps)  # sampling cannot add frames
-        return max(1, round(rate * self.chunk_seconds))
 
 
 @dataclass
@@ -80,9 +51,8 @@ class Chunker:
             raise ValueError(f"source_fps must be positive, got {source_fps!r}")
         self.stream, self.config, self.source_fps = stream, config, float(source_fps)
         self.frames_per_chunk = config.frames_per_chunk(source_fps)
-        self.rate = min(config.sample_fps or source_fps, source_fps)  # sampled frames per second
-        self._period = 1.0 / self.rate
-        self._next_t: float | None = None
+        self._sampler = FrameSampler(config, source_fps)
+        self.rate = self._sampler.rate  # sampled frames per second
         self._buf: list[Frame] = []
         self._images: list[np.ndarray] = []
         self.next_index = 0
@@ -91,35 +61,16 @@ class Chunker:
     def reset(self) -> int:
         """Forget the partial chunk (after a reconnect the feed restarts); returns the frames let go."""
         lost = len(self._buf)
-        self._buf, self._images, self._next_t = [], [], None
+        self._buf, self._images = [], []
+        self._sampler.reset()
         return lost
 
-    def _keep(self, frame: Frame) -> bool:
-        # Half a frame of tolerance, so 30 fps sampled at 15 fps keeps exactly every other frame.
-        eps = 0.5 / self.source_fps
-        if self._next_t is None or frame.timestamp + eps >= self._next_t:
-            base = frame.timestamp if self._next_t is None else self._next_t
-            self._next_t = base + self._period
-            if self._next_t + eps <= frame.timestamp:  # a gap in the source: start again from here
-                self._next_t = frame.timestamp + self._period
-            return True
-        return False
-
-    def _resize(self, image: np.ndarray) -> np.ndarray:
-        w, h = self.config.width, self.config.height
-        if w is None or (image.shape[1], image.shape[0]) == (w, h):
-            return image
-        import cv2
-
-        shrink = w * h < image.shape[0] * image.shape[1]
-        return cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
-
     def push(self, frame: Frame) -> Chunk | None:
-        if not self._keep(frame):
+        if not self._sampler.keep(frame.timestamp):
             return None
         self.sampled += 1
         self._buf.append(frame)
-        self._images.append(self._resize(frame.image))
+        self._images.append(resize_frame(frame.image, self.config.width, self.config.height))
         if len(self._buf) < self.frames_per_chunk:
             return None
         return self._emit()

@@ -11,6 +11,12 @@ predictions: `detect(frame) -> [Detection(cls, score, box)]`, `classify(frame) -
     teacher = TorchTeacher(module, preprocess, labels, target="class")          # kind torch
     teacher = LabelsTeacher()                              # the world's ground truth (kind labels)
     teacher = build_teacher("yolo_world", TeacherSettings(dir=".vlora/teachers"))  # built-ins, cached
+    teacher = build_teacher({"_target_": "mypkg.PeopleCounter", "threshold": 0.5}, settings)  # a plug-in
+    teacher = build_teacher("people_counter", settings)   # an entry point of the group vlora.teachers
+
+A user's own class or callable becomes a teacher through the small protocol of `plugins`
+(`count(frame) -> int`, `classify(frame) -> str`, `exists(frame) -> bool`, `detect(frame) ->
+[(cls, score, box)]`, `direction(frames) -> str`, or a plain `f(frame) -> answer`).
 
 Built-in teachers trained on the synthetic world (`train_world_yolo`, `fit_sklearn_teacher`,
 `fit_torch_teacher`) cache their weights and held-out metrics in `<dir>/<name>/teacher.json`.
@@ -20,10 +26,11 @@ from .base import (CLIP_TARGETS, KINDS, TARGETS, Answer, Detection, Label, Query
 from .classifiers import FEATURES, SklearnTeacher, TorchTeacher, color_histogram, frame_tensor
 from .fit import (ClassifierSpec, fit_sklearn_teacher, fit_torch_teacher, load_sklearn_teacher,
                   load_torch_teacher, tiny_cnn)
-from .labels import LabelsTeacher, largest_object, moving_direction, truth_answer
+from .labels import DataObject, DataTruth, LabelsTeacher, largest_object, moving_direction, truth_answer
 from .opencv import ColorBlobDetector, MotionDirection
-from .registry import (BUILTIN, TRAINED, TeacherSettings, build_teacher, teacher_fingerprint, teacher_names,
-                       teacher_targets)
+from .plugins import METHOD_TARGETS, PluginTeacher, load_object, protocol_targets, wrap_teacher
+from .registry import (BUILTIN, BY_PATH, ENTRY_POINTS, REGISTRY, TRAINED, TeacherSettings, build_teacher, register,
+                       teacher_fingerprint, teacher_names, teacher_targets)
 from .yolo import YoloTeacher, ultralytics_offline
 from .yolo_world import YoloWorldSpec, train_world_yolo, write_yolo_dataset
 
@@ -35,7 +42,8 @@ __all__ = [
     "SklearnTeacher", "TorchTeacher", "FEATURES", "color_histogram", "frame_tensor",
     "ClassifierSpec", "fit_sklearn_teacher", "fit_torch_teacher", "load_sklearn_teacher", "load_torch_teacher",
     "tiny_cnn",
-    "LabelsTeacher", "truth_answer", "largest_object", "moving_direction",
+    "LabelsTeacher", "DataTruth", "DataObject", "truth_answer", "largest_object", "moving_direction",
+    "PluginTeacher", "wrap_teacher", "load_object", "protocol_targets", "METHOD_TARGETS",
     "TeacherSettings", "build_teacher", "teacher_fingerprint", "teacher_names", "teacher_targets", "BUILTIN",
-    "TRAINED",
+    "BY_PATH", "REGISTRY", "ENTRY_POINTS", "register", "TRAINED",
 ]

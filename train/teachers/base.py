@@ -14,7 +14,8 @@ with structured predictions. Which questions it can answer is its set of `target
 Detectors implement `detect` and get count / boxes / exists (and class of the largest box) for
 free; classifiers implement `classify` for the one target they were fitted on; motion models
 implement `direction`. `answer(sample, query)` is what the distiller calls; labelled data (kind
-"labels") overrides it to read the truth instead of looking at pixels.
+"labels") overrides it to read the truth instead of looking at pixels. A user's own class or
+callable need not subclass Teacher: `plugins.PluginTeacher` wraps it (kind "plugin").
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-KINDS = ("yolo", "opencv", "sklearn", "torch", "labels")
+KINDS = ("yolo", "opencv", "sklearn", "torch", "labels", "plugin")  # plugin: a user's class (plugins.py)
 TARGETS = ("count", "boxes", "exists", "color", "class", "direction", "qa")
 CLIP_TARGETS = frozenset({"direction"})  # targets that need a whole clip; the rest look at one frame
 DETECTOR_TARGETS = frozenset({"count", "boxes", "exists", "class"})  # what any detector answers
@@ -165,9 +166,12 @@ class Teacher:
             top = largest(dets)  # color / class: an attribute of the largest object
             value = None if top is None else top.cls if t == "class" else top.color
             return Answer(label=value or "none", score=top.score if top is not None else 1.0)
-        lab = self.classify(sample.frame)  # a classifier fitted for exactly this target
+        lab = self.classify(sample.frame)  # a classifier fitted for this target (or any one-label target)
         if t == "count":
             return Answer(count=int(lab.label), score=lab.score)
+        if t == "exists" and lab.label not in ("yes", "no"):
+            truthy = lab.label.strip().lower() in ("true", "1", "y")
+            return Answer(label="yes" if truthy else "no", score=lab.score)
         return Answer(label=lab.label, score=lab.score)
 
     # ------------------------------------------------------------------ helpers

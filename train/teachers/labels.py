@@ -4,14 +4,36 @@
 is defined here once: counts and boxes of the queried classes, the colour / class of the
 largest object (largest box area; for clips, in the middle frame), and the direction of the
 largest object that moves (by its middle-frame box; "stationary" when nothing moves).
+
+Labelled data from elsewhere (an image folder per class, COCO, YOLO, a Hugging Face dataset)
+comes as a `DataTruth`: its objects (class, pixel box) answer count / boxes / exists / class as
+the world's do, and its image-level `label` answers class / color (and count or exists when the
+label is a number or yes/no) for data labelled per image.
 """
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass, field
 
 from world import ClipTruth, ObjectTruth
 
 from .base import TARGETS, Answer, Detection, Query, Sample, Teacher, TeacherError
+
+
+@dataclass(frozen=True)
+class DataObject:
+    """One labelled object of a data source (ObjectTruth's fields that answers read)."""
+    cls: str
+    box: tuple[float, float, float, float]  # pixels, x2/y2 exclusive
+    track_id: int = 0
+    color: str | None = None
+
+
+@dataclass
+class DataTruth:
+    """The labels of one item of a labelled data source."""
+    objects: list[DataObject] = field(default_factory=list)
+    label: str | None = None  # image-level label (a class folder, a label column)
 
 
 def _area(o: ObjectTruth) -> int:
@@ -40,6 +62,13 @@ def moving_direction(truth: ClipTruth, classes=None) -> str:
 def truth_answer(truth, query: Query, qa: list[tuple[str, str]] = (), sample_id: str = "") -> Answer:
     """The exact answer to `query` from a world truth record (ImageTruth or ClipTruth)."""
     t, classes = query.target, query.classes
+    if isinstance(truth, DataTruth) and truth.label is not None:
+        if t in ("class", "color"):
+            return Answer(label=truth.label)
+        if t == "count" and truth.label.isdigit():
+            return Answer(count=int(truth.label))
+        if t == "exists" and truth.label in ("yes", "no"):
+            return Answer(label=truth.label)
     if t == "count":
         return Answer(count=len(_selected(truth, classes)))
     if t == "exists":

@@ -1,4 +1,20 @@
-"""Teachers by name: the built-in defaults (trained and cached on first use) and user models by path.
+"""One registry of teachers: built-ins, user models by path, plug-ins by `_target_` or entry point.
+
+A teacher spec (a domain's `teacher`, or what the video app's shadow teacher names) is one of:
+
+    "<name>"          a registered teacher: a built-in below, or an entry point of the group
+                      `vlora.teachers` (a class, instantiated without arguments, or a callable)
+    "<kind>:<path>"   a model file of one of our kinds (yolo / sklearn / torch)
+    {_target_: mypkg.PeopleCounter, threshold: 0.5, _name_: people}
+                      any class or callable, built by `hydra.utils.instantiate` with the other keys
+                      as arguments (`_partial_: true` binds them to a callable teacher; a function
+                      given without arguments is itself the teacher); `_name_` optionally names
+                      it in the datasets (default: its `name` attribute, else the dotted path).
+                      What it builds is wrapped by `plugins.PluginTeacher` unless it is a Teacher.
+                      Our own classes load user files this way, with the user's preprocessing:
+                      {_target_: train.teachers.SklearnTeacher, path: model.joblib, preprocess: mypkg.features}
+
+Built-ins:
 
     yolo_world        our YOLO trained on the synthetic world (train_world_yolo)      kind yolo
     yolo:<file.pt>    any ultralytics detection checkpoint                           kind yolo
@@ -8,26 +24,29 @@
     sklearn:<dir>     a saved sklearn teacher (model.joblib)                         kind sklearn
     torch_class       tiny CNN: class of the largest object                          kind torch
     torch:<dir>       a saved torch teacher (model.pt)                               kind torch
-    truth             the world's ground truth                                       kind labels
+    truth / labels    ground truth: the world's, or a labelled data source's         kind labels
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 from .base import DETECTOR_TARGETS, Teacher, TeacherError
 from .fit import ClassifierSpec, fit_sklearn_teacher, fit_torch_teacher, load_sklearn_teacher, load_torch_teacher
 from .labels import LabelsTeacher
 from .opencv import ColorBlobDetector, MotionDirection
+from .plugins import load_object, protocol_targets, wrap_teacher
 from .yolo import YoloTeacher
 from .yolo_world import YoloWorldSpec, train_world_yolo
 
-BUILTIN = {"yolo_world": "yolo", "opencv_color": "opencv", "opencv_motion": "opencv",
-           "sklearn_color": "sklearn", "torch_class": "torch", "truth": "labels"}
+ENTRY_POINTS = "vlora.teachers"
+FILE_ARGS = ("path", "weights", "checkpoint", "model_path")  # arguments whose file bytes identify a plug-in
 TRAINED = ("yolo_world", "sklearn_color", "torch_class")  # the ones `vlora teachers` fits and caches
 BY_PATH = {"yolo": "a .pt file", "sklearn": "a directory with model.joblib", "torch": "a directory with model.pt"}
 
@@ -69,60 +88,186 @@ def _spec(cls, values, what: str):
     return cls(**values)
 
 
+@dataclass(frozen=True)
+class Registered:
+    """A teacher known by name: its kind, what it answers (None: known once built) and a builder."""
+    kind: str
+    targets: Callable[["TeacherSettings"], frozenset[str] | None]
+    build: Callable[[str, "TeacherSettings", TextIO], Teacher]
+
+
+REGISTRY: dict[str, Registered] = {}
+
+
+def register(name: str, kind: str, targets: Callable, build: Callable) -> None:
+    if name in REGISTRY:
+        raise TeacherError(f"teacher {name!r} is registered twice")
+    REGISTRY[name] = Registered(kind, targets, build)
+
+
+def _yolo_world(name, settings, log):
+    root = Path(settings.dir)
+    weights = train_world_yolo(settings.yolo_world, root / name, root / "ultralytics", log)
+    return YoloTeacher(weights, name=name, conf=settings.yolo_conf, imgsz=settings.yolo_world.imgsz)
+
+
+register("yolo_world", "yolo", lambda s: DETECTOR_TARGETS, _yolo_world)
+register("opencv_color", "opencv", lambda s: ColorBlobDetector.targets,
+         lambda n, s, log: ColorBlobDetector(name=n, **s.opencv_color))
+register("opencv_motion", "opencv", lambda s: MotionDirection.targets,
+         lambda n, s, log: MotionDirection(name=n, **s.opencv_motion))
+register("sklearn_color", "sklearn", lambda s: frozenset({s.sklearn_color.target}),
+         lambda n, s, log: fit_sklearn_teacher(s.sklearn_color, Path(s.dir) / n, n, log))
+register("torch_class", "torch", lambda s: frozenset({s.torch_class.target}),
+         lambda n, s, log: fit_torch_teacher(s.torch_class, Path(s.dir) / n, n, log))
+register("truth", "labels", lambda s: LabelsTeacher.targets, lambda n, s, log: LabelsTeacher(n))
+register("labels", "labels", lambda s: LabelsTeacher.targets,
+         lambda n, s, log: LabelsTeacher(n, detail="labels of the data source"))
+BUILTIN = {name: r.kind for name, r in REGISTRY.items()}  # name -> kind of the built-in teachers
+
+
+def _entry_point(name: str):
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINTS):
+        if ep.name == name:
+            try:
+                return ep.load()
+            except Exception as e:
+                raise TeacherError(f"teacher {name!r}: entry point {ep.value!r} of group {ENTRY_POINTS!r} fails "
+                                   f"to load ({type(e).__name__}: {e})") from None
+    return None
+
+
+def _entry_point_names() -> list[str]:
+    from importlib.metadata import entry_points
+
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINTS))
+
+
 def teacher_names() -> list[str]:
-    return list(BUILTIN) + [f"{k}:<{v}>" for k, v in BY_PATH.items()]
+    return (list(REGISTRY) + _entry_point_names() + [f"{k}:<{v}>" for k, v in BY_PATH.items()]
+            + ["{_target_: dotted.path, ...}"])
 
 
-def teacher_targets(name: str, settings: TeacherSettings) -> frozenset[str] | None:
-    """What teacher `name` answers, known without building it (None for a teacher by path, whose
-    file decides); raises TeacherError for an unknown name."""
-    kind, _, path = name.partition(":")
+def _mapping(spec: Mapping) -> tuple[str, dict, str | None]:
+    """(_target_, the other keys, _name_) of a mapping spec, checked."""
+    if type(spec).__name__ == "DictConfig":  # a config node handed in as it is
+        from omegaconf import OmegaConf
+
+        spec = OmegaConf.to_container(spec, resolve=True)
+    spec = dict(spec)
+    target = spec.pop("_target_", None)
+    if target is None:
+        raise TeacherError(f"a teacher mapping needs _target_ (a dotted path to a class or callable), "
+                           f"got keys {sorted(spec)}")
+    name = spec.pop("_name_", None)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TeacherError(f"teacher _name_ must be a non-empty string, got {name!r}")
+    return target, spec, name
+
+
+def _is_bare_function(obj, args: dict) -> bool:
+    """A function given without arguments is the teacher itself, not a factory to call."""
+    return not inspect.isclass(obj) and callable(obj) and not {k for k in args if k != "_partial_"}
+
+
+def teacher_targets(spec: str | Mapping, settings: TeacherSettings) -> frozenset[str] | None:
+    """What teacher `spec` answers, known without building it (None when only the built teacher
+    can tell: a model by path, a factory); raises TeacherError for an unknown name or a `_target_`
+    that cannot be imported or has none of the teacher methods."""
+    if isinstance(spec, Mapping):
+        target, args, _ = _mapping(spec)
+        obj = load_object(target)
+        if isinstance(obj, type) and issubclass(obj, Teacher):
+            return frozenset(obj.targets) or None
+        if not callable(obj):
+            raise TeacherError(f"teacher _target_ {target!r} is a {type(obj).__name__}, not a class or callable")
+        if not inspect.isclass(obj) and not _is_bare_function(obj, args) and not args.get("_partial_"):
+            return None  # a factory: what it returns decides
+        found = protocol_targets(obj)
+        if not found:
+            raise TeacherError(f"teacher _target_ {target!r}: {getattr(obj, '__name__', obj)!r} has none of the "
+                               f"teacher methods (detect, count, classify, exists, direction) and is not callable")
+        return found
+    if not isinstance(spec, str) or not spec:
+        raise TeacherError(f"a teacher is a name, '<kind>:<path>' or a mapping with _target_, got {spec!r}")
+    kind, _, path = spec.partition(":")
     if path and kind in BY_PATH:
         return DETECTOR_TARGETS if kind == "yolo" else None
-    static = {"yolo_world": DETECTOR_TARGETS, "opencv_color": ColorBlobDetector.targets,
-              "opencv_motion": MotionDirection.targets, "truth": LabelsTeacher.targets,
-              "sklearn_color": frozenset({settings.sklearn_color.target}),
-              "torch_class": frozenset({settings.torch_class.target})}
-    if name not in static:
-        raise TeacherError(f"unknown teacher {name!r}; valid teachers: {teacher_names()}")
-    return static[name]
+    if spec in REGISTRY:
+        return REGISTRY[spec].targets(settings)
+    obj = None if path else _entry_point(spec)
+    if obj is None:
+        raise TeacherError(f"unknown teacher {spec!r}; valid teachers: {teacher_names()}")
+    return protocol_targets(obj) or None
 
 
-def build_teacher(name: str, settings: TeacherSettings, log: TextIO | None = None) -> Teacher:
-    """The teacher called `name`, training or fitting a built-in one into `settings.dir` if needed."""
-    root, log = Path(settings.dir), log or sys.stderr
-    kind, _, path = name.partition(":")
+def build_teacher(spec: str | Mapping, settings: TeacherSettings, log: TextIO | None = None) -> Teacher:
+    """The teacher `spec` names (see the module docstring), training or fitting a built-in one
+    into `settings.dir` if needed. A plug-in carries its spec for `teacher_fingerprint`."""
+    log = log or sys.stderr
+    if isinstance(spec, Mapping):
+        return _build_plugin(spec, log)
+    if not isinstance(spec, str) or not spec:
+        raise TeacherError(f"a teacher is a name, '<kind>:<path>' or a mapping with _target_, got {spec!r}")
+    kind, _, path = spec.partition(":")
     if path:
         if kind not in BY_PATH:
-            raise TeacherError(f"unknown teacher {name!r}: a teacher by path is one of {list(BY_PATH)} "
+            raise TeacherError(f"unknown teacher {spec!r}: a teacher by path is one of {list(BY_PATH)} "
                                f"followed by ':' and {', '.join(BY_PATH.values())}")
         if kind == "yolo":
-            return YoloTeacher(path, name=name, conf=settings.yolo_conf, config_dir=root / "ultralytics")
+            return YoloTeacher(path, name=spec, conf=settings.yolo_conf,
+                               config_dir=Path(settings.dir) / "ultralytics")
         loader = load_sklearn_teacher if kind == "sklearn" else load_torch_teacher
-        return loader(path, name=name)
-    if name == "yolo_world":
-        weights = train_world_yolo(settings.yolo_world, root / name, root / "ultralytics", log)
-        return YoloTeacher(weights, name=name, conf=settings.yolo_conf, imgsz=settings.yolo_world.imgsz)
-    if name == "sklearn_color":
-        return fit_sklearn_teacher(settings.sklearn_color, root / name, name, log)
-    if name == "torch_class":
-        return fit_torch_teacher(settings.torch_class, root / name, name, log)
-    if name == "opencv_color":
-        return ColorBlobDetector(name=name, **settings.opencv_color)
-    if name == "opencv_motion":
-        return MotionDirection(name=name, **settings.opencv_motion)
-    if name == "truth":
-        return LabelsTeacher(name)
-    raise TeacherError(f"unknown teacher {name!r}; valid teachers: {teacher_names()}")
+        return loader(path, name=spec)
+    if spec in REGISTRY:
+        return REGISTRY[spec].build(spec, settings, log)
+    obj = _entry_point(spec)
+    if obj is None:
+        raise TeacherError(f"unknown teacher {spec!r}; valid teachers: {teacher_names()}")
+    teacher = wrap_teacher(obj() if inspect.isclass(obj) else obj, spec, f"entry point {spec!r} of {ENTRY_POINTS}")
+    teacher.spec = {"entry_point": spec, "object": f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"}
+    return teacher
+
+
+def _build_plugin(spec: Mapping, log: TextIO) -> Teacher:
+    target, args, name = _mapping(spec)
+    obj = load_object(target)
+    if _is_bare_function(obj, args):
+        built = obj
+    else:
+        from hydra.utils import instantiate
+
+        try:
+            built = instantiate({"_target_": target, **args}, _convert_="all")
+        except Exception as e:
+            cause = e.__cause__ or e
+            raise TeacherError(f"teacher _target_ {target!r} with arguments {sorted(args)} failed: "
+                               f"{type(cause).__name__}: {cause}") from None
+    own = getattr(built, "name", None)
+    name = name or (own if isinstance(own, str) and own and not isinstance(built, Teacher) else None) or target
+    if isinstance(built, Teacher) and spec.get("_name_"):
+        built.name = name
+    teacher = wrap_teacher(built, name, f"{target}({', '.join(f'{k}={v!r}' for k, v in sorted(args.items()))})")
+    teacher.spec = {"_target_": target, **args}
+    print(f"teacher {teacher.name}: {teacher.detail}", file=log, flush=True)
+    return teacher
 
 
 def teacher_fingerprint(teacher: Teacher) -> str:
-    """Identifies what a teacher would answer: its description plus the bytes of its weights."""
+    """Identifies what a teacher would answer: its description, the spec it was built from (a
+    plug-in's class path and arguments), and the bytes of its weights and of any file its spec
+    names (`path`, `weights`, ...; every file of a directory)."""
     h = hashlib.sha256(repr(sorted(teacher.describe().items())).encode())
-    for attr in ("weights",):
-        path = getattr(teacher, attr, None)
-        if path is not None and Path(path).is_file():
-            h.update(Path(path).read_bytes())
+    spec = getattr(teacher, "spec", None)
+    if spec is not None:
+        h.update(json.dumps(spec, sort_keys=True, default=str).encode())
+    files = [getattr(teacher, "weights", None)] + [spec.get(k) for k in FILE_ARGS if isinstance(spec, dict)]
+    for path in files:
+        if isinstance(path, (str, Path)) and Path(path).exists():
+            for f in ([Path(path)] if Path(path).is_file() else sorted(p for p in Path(path).rglob("*") if p.is_file())):
+                h.update(f.read_bytes())
     for attr in ("estimator", "module"):
         obj = getattr(teacher, attr, None)
         if obj is not None:

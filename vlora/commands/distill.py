@@ -1,8 +1,13 @@
 """`vlora distill`: distil the default knowledge domains (or `distill.only=[...]`) into datasets.
 
-Each domain (conf/dataset/<name>.yaml) names its teacher; missing teachers are trained first
-(as `vlora teachers` would). Outputs ${paths.datasets}/<domain>/ (DatasetDict + domain.json) and
-the world frames / clips under ${paths.world}/distill-*. Finished domains are kept on a re-run.
+Each domain (conf/dataset/<name>.yaml, or one added from the command line or a user's config
+dir: `+distill.domains.people={...}`) names its teacher (a built-in, `<kind>:<path>`, an entry
+point, or `{_target_: mypkg.Class, ...}`) and its source (the synthetic world by default, or a
+video, images or labelled data; conf/dataset/user_video.yaml shows every field); missing
+built-in teachers are trained first (as `vlora teachers` would). Outputs
+${paths.datasets}/<domain>/ (DatasetDict + domain.json), world frames / clips under
+${paths.world}/distill-* and a recording's chunks under ${paths.world}/video-*. Finished domains
+are kept on a re-run.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ def run(cfg: DictConfig) -> dict[str, DistillResult]:
                      model=cfg.model.name, model_path=cfg.model.path, zoo_seed=cfg.seed,
                      overwrite=bool(cfg.distill.overwrite))
     results = distill(specs, teacher_settings(cfg), job, sys.stderr)
-    rows = [{"domain": r.name, "task": s.task, "teacher": s.teacher, "train": r.sizes["train"],
+    rows = [{"domain": r.name, "task": s.task,
+             "teacher": s.teacher if isinstance(s.teacher, str) else s.teacher.get("_name_", s.teacher["_target_"]),
+             "source": s.source.get("kind", "world"), "train": r.sizes["train"],
              "eval": r.sizes["eval"],
              "teacher_vs_truth": f"{r.agreement['value']:.3f} ({r.agreement['metric']})" if r.agreement else "-",
              "status": r.status, "seconds": round(r.seconds, 1)} for s, r in zip(specs, results.values())]

@@ -33,12 +33,15 @@ class Ticket:
     events: "queue.Queue[dict[str, Any]]" = field(default_factory=queue.Queue)
     finished: threading.Event = field(default_factory=threading.Event)
     finished_at: float | None = None  # time.monotonic() of the final (or error) event
+    on_finish: Any = None  # called once the request is over (gives its frames' memory budget back)
 
     def put(self, event: dict[str, Any]) -> None:
         event = {"request_id": self.request_id, "tag": self.tag, **event}
         if event["type"] in ("final", "error"):
             self.finished_at = time.monotonic()
             self.finished.set()
+            if self.on_finish is not None:
+                self.on_finish()
         self.events.put(event)
 
     def take(self, timeout: float) -> list[dict[str, Any]]:

@@ -14,7 +14,10 @@ import logging
 import socket
 import threading
 import time
+import zlib
 
+from rpyc.core.channel import Channel
+from rpyc.core.stream import SocketStream
 from rpyc.utils.authenticators import AuthenticationError
 from rpyc.utils.helpers import classpartial
 from rpyc.utils.server import ThreadedServer
@@ -51,6 +54,38 @@ def _quiet_logger() -> logging.Logger:
 
 
 ACCEPT_PAUSE_S = 0.05  # after a failed accept (e.g. EMFILE: out of descriptors) before the next one
+MESSAGE_SLACK = 1 << 20  # beyond the frames' bytes: the JSON spec and RPyC's own framing
+
+
+class BoundedChannel(Channel):
+    """RPyC's channel with the size limit applied as a message arrives, not after: the header's
+    length is checked before the body is read, and a compressed body is inflated only up to the
+    limit (RPyC inflates whatever comes: 2 MB of zeros on the wire became a 512 MB frame before
+    any check). A message over the limit ends the connection; the server goes on."""
+
+    __slots__ = ["max_bytes", "on_refused"]
+
+    def __init__(self, stream, max_bytes: int, on_refused=None):
+        super().__init__(stream)
+        self.max_bytes, self.on_refused = max_bytes, on_refused
+
+    def _refuse(self, why: str):
+        if self.on_refused is not None:
+            self.on_refused(why)
+        return EOFError(why)  # RPyC's serve loop ends the connection on it, quietly
+
+    def recv(self):
+        header = self.stream.read(self.FRAME_HEADER.size)
+        length, compressed = self.FRAME_HEADER.unpack(header)
+        if length > self.max_bytes:
+            raise self._refuse(f"a message of {length} bytes exceeds the limit of {self.max_bytes}")
+        data = self.stream.read(length + len(self.FLUSHER))[:-len(self.FLUSHER)]
+        if compressed:
+            inflate = zlib.decompressobj()
+            data = inflate.decompress(data, self.max_bytes)
+            if inflate.unconsumed_tail:
+                raise self._refuse(f"a compressed message inflates past the limit of {self.max_bytes} bytes")
+        return data
 
 
 class GuardedServer(ThreadedServer):
@@ -65,8 +100,9 @@ class GuardedServer(ThreadedServer):
       sockets cannot pile up threads (authenticated ones are bounded by max_connections).
     """
 
-    def __init__(self, *args, max_handshakes: int = 64, **kwargs):
+    def __init__(self, *args, max_handshakes: int = 64, max_message_bytes: int = 64 << 20, **kwargs):
         super().__init__(*args, **kwargs)
+        self.max_message_bytes = max_message_bytes
         self._token_check, self.authenticator = self.authenticator, self._authenticate
         self._handshakes = threading.BoundedSemaphore(max_handshakes)
         self._last_warning = 0.0
@@ -102,6 +138,15 @@ class GuardedServer(ThreadedServer):
             return
         super()._accept_method(sock)
 
+    def _serve_client(self, sock, credentials):
+        # RPyC's own, with the bounded channel
+        config = dict(self.protocol_config, credentials=credentials,
+                      endpoints=(sock.getsockname(), sock.getpeername()), logger=self.logger)
+        channel = BoundedChannel(SocketStream(sock), self.max_message_bytes,
+                                 lambda why: self._warn(f"connection closed: {why}"))
+        conn = self.service._connect(channel, config)
+        self._handle_connection(conn)
+
     def _authenticate(self, sock: socket.socket):
         """The token check on the connection's thread; its handshake slot is freed however it ends."""
         try:
@@ -122,7 +167,8 @@ class RpcServer:
                                      authenticator=TokenAuthenticator(token, self.state.admit,
                                                                       limits.handshake_timeout_s),
                                      protocol_config=dict(PROTOCOL_CONFIG), logger=logger or _quiet_logger(),
-                                     max_handshakes=limits.max_handshakes or max_connections)
+                                     max_handshakes=limits.max_handshakes or max_connections,
+                                     max_message_bytes=limits.max_message_bytes + MESSAGE_SLACK)
         self.host, self.port = host, self._server.port
         self._thread: threading.Thread | None = None
 

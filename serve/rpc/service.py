@@ -42,9 +42,30 @@ class ServerState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     ids: Any = field(default_factory=itertools.count)
 
+    pixels_in_flight: int = 0  # decoded frame pixels of the requests the server holds, all connections
+
     def admit(self) -> bool:
         with self.lock:
             return self.connections < self.max_connections
+
+    def reserve_pixels(self, pixels: int):
+        """Takes `pixels` from the server-wide budget of decoded frames; returns the release (idempotent).
+        Over the budget the request is refused as busy (retryable), never queued in memory."""
+        with self.lock:
+            if self.pixels_in_flight and self.pixels_in_flight + pixels > self.limits.max_pixels_in_flight:
+                self.counters["errors_busy_pixels"] += 1
+                raise RequestError("busy", f"the server holds {self.pixels_in_flight} decoded pixels of requests in "
+                                           "flight, its limit; retry shortly")
+            self.pixels_in_flight += pixels
+        released = []
+
+        def release() -> None:
+            with self.lock:
+                if not released:
+                    released.append(True)
+                    self.pixels_in_flight -= pixels
+
+        return release
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
@@ -129,7 +150,14 @@ class VLoRAService(rpyc.Service):
             raise RequestError("too_many_requests", f"{live} requests of this connection are in flight "
                                                     f"(limit {self.state.limits.max_queued_per_connection})")
         start = time.perf_counter()
-        sub = parse_submission(kind, spec_json, blobs, self.state.limits)
+        sub = parse_submission(kind, spec_json, blobs, self.state.limits, self.state.reserve_pixels)
+        try:
+            return self._admit(kind, sub, start)
+        except BaseException:
+            sub.release()
+            raise
+
+    def _admit(self, kind: str, sub, start: float) -> str:
         from serve.engine import Request, SamplingParams
 
         try:
@@ -151,7 +179,8 @@ class VLoRAService(rpyc.Service):
             except (ValueError, TypeError) as e:
                 raise RequestError("rejected", str(e)) from None
         ticket = Ticket(request_id, self.conn_id, sub.tag, submitted=start,
-                        frame_decode_ms=(decoded - start) * 1e3, preprocess_ms=(time.perf_counter() - decoded) * 1e3)
+                        frame_decode_ms=(decoded - start) * 1e3, preprocess_ms=(time.perf_counter() - decoded) * 1e3,
+                        on_finish=sub.release)
         self._tickets[request_id] = ticket
         self.state.loop.submit(request, ticket, prepared)
         self.state.count(f"requests_{kind}")

@@ -17,7 +17,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -46,6 +46,10 @@ class RequestError(ValueError):
 class Limits:
     max_message_bytes: int = 64 << 20  # all blobs of one request together
     max_frame_pixels: int = 3840 * 2160
+    # decoded pixels of one request (30 frames of 1080p fit), and of every request the server holds
+    # at once, over all connections: a few MB of PNG must not become gigabytes of frames
+    max_request_pixels: int = 1 << 26
+    max_pixels_in_flight: int = 1 << 28
     max_images: int = 8
     max_frames: int = 64  # frames of one video chunk (1 s at 30 fps is 30)
     max_prompt_chars: int = 8192
@@ -83,6 +87,7 @@ class Submission:
     app: str | None
     slo_ms: float | None
     tag: str | None  # the client's own label, echoed back in every event
+    release: Callable[[], None] = lambda: None  # gives the decoded pixels back to the server's budget
 
 
 def _is_plain(value: Any) -> bool:
@@ -148,8 +153,9 @@ def check_adapter_name(name: Any) -> str:
     return name
 
 
-def decode_frame(blob: Any, spec: Any, limits: Limits, index: int) -> np.ndarray:
-    """One frame spec + blob -> uint8 [H, W, 3] RGB, with the pixel count checked before decoding."""
+def open_frame(blob: Any, spec: Any, limits: Limits, index: int) -> tuple[tuple[int, int], Callable[[], np.ndarray]]:
+    """One frame spec + blob -> ((H, W), read from the spec or the image header, and a function that
+    decodes it to uint8 [H, W, 3] RGB): sizes are known, and checked, before any pixel is decoded."""
     name = f"frame {index}"
     _check_type(f"{name} data", blob, (bytes,))
     if not isinstance(spec, dict) or spec.get("format") not in ("encoded", "raw"):
@@ -165,27 +171,41 @@ def decode_frame(blob: Any, spec: Any, limits: Limits, index: int) -> np.ndarray
             raise RequestError("too_large", f"{name}: {shape[0]}x{shape[1]} exceeds {limits.max_frame_pixels} pixels")
         if len(blob) != shape[0] * shape[1] * 3:
             raise RequestError("bad_frame", f"{name}: {len(blob)} bytes do not hold a uint8 array of shape {shape}")
-        return np.frombuffer(blob, dtype=np.uint8).reshape(shape).copy()
+        return (shape[0], shape[1]), lambda: np.frombuffer(blob, dtype=np.uint8).reshape(shape).copy()
     from PIL import Image, UnidentifiedImageError
 
     try:  # JPEG and PNG only: Pillow would otherwise try every format it knows (TIFF, ICO, EPS via Ghostscript)
         with Image.open(io.BytesIO(blob), formats=ENCODED_FORMATS) as img:
             width, height = img.size  # read from the header: a decompression bomb is refused undecoded
-            if width * height > limits.max_frame_pixels:
-                raise RequestError("too_large", f"{name}: {width}x{height} exceeds {limits.max_frame_pixels} pixels")
-            rgb = np.asarray(img.convert("RGB"))
-    except RequestError:
-        raise
     except UnidentifiedImageError:
         raise RequestError("bad_frame", f"{name}: not a JPEG or PNG image (the formats accepted encoded; "
                                         "send other pictures as raw uint8 frames)") from None
     except Exception as e:  # PIL raises many types for corrupt data
-        raise RequestError("bad_frame", f"{name}: cannot decode image bytes ({type(e).__name__}: {e})") from None
-    return np.ascontiguousarray(rgb)
+        raise RequestError("bad_frame", f"{name}: cannot read the image header ({type(e).__name__}: {e})") from None
+    if width * height > limits.max_frame_pixels:
+        raise RequestError("too_large", f"{name}: {width}x{height} exceeds {limits.max_frame_pixels} pixels")
+
+    def decode() -> np.ndarray:
+        try:
+            with Image.open(io.BytesIO(blob), formats=ENCODED_FORMATS) as img:
+                img.load()  # a truncated file fails here rather than yielding a half-grey frame
+                return np.ascontiguousarray(np.asarray(img.convert("RGB")))
+        except Exception as e:  # PIL raises many types for corrupt data
+            raise RequestError("bad_frame", f"{name}: cannot decode image bytes ({type(e).__name__}: {e})") from None
+
+    return (height, width), decode
 
 
-def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits) -> Submission:
-    """Validate a request from the wire. Raises RequestError naming the first bad input."""
+def decode_frame(blob: Any, spec: Any, limits: Limits, index: int) -> np.ndarray:
+    """One frame spec + blob -> uint8 [H, W, 3] RGB, with the pixel count checked before decoding."""
+    return open_frame(blob, spec, limits, index)[1]()
+
+
+def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits, reserve=None) -> Submission:
+    """Validate a request from the wire. Raises RequestError naming the first bad input.
+    reserve(pixels) -> release: called once the decoded size is known and before decoding, to take
+    that many pixels from the server's budget (it raises RequestError when the budget is spent);
+    the returned release is the Submission's, called here if decoding fails."""
     if kind not in KINDS:
         raise RequestError("bad_argument", f"kind must be one of {KINDS}, got {kind!r}")
     spec = _parse_spec(spec_json, limits)
@@ -209,9 +229,6 @@ def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits) -> S
     total = sum(len(b) for b in blobs if type(b) is bytes)
     if total > limits.max_message_bytes:
         raise RequestError("too_large", f"{total} bytes of frames exceed {limits.max_message_bytes}")
-    frames = [decode_frame(b, s, limits, i) for i, (b, s) in enumerate(zip(blobs, specs))]
-    if kind == "video" and len({f.shape for f in frames}) > 1:
-        raise RequestError("bad_frame", f"the frames of a video chunk must share one shape, got {sorted({f.shape for f in frames})}")
     adapter, mode, app, tag = spec.get("adapter"), spec.get("output_mode", "generate"), spec.get("app"), spec.get("tag")
     task = spec.get("task")
     for name, value in (("adapter", adapter), ("task", task), ("app", app), ("tag", tag)):
@@ -224,8 +241,24 @@ def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits) -> S
     slo = spec.get("slo_ms")
     if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < 1e9):
         raise RequestError("bad_argument", f"slo_ms must be a positive number of milliseconds, got {slo!r}")
-    return Submission(kind, prompt, frames, adapter, task, mode, _sampling(spec.get("sampling"), limits), app,
-                      None if slo is None else float(slo), tag)
+    sampling = _sampling(spec.get("sampling"), limits)
+    # every check that needs no pixels is done: read the frames' sizes, then decode within the budget
+    opened = [open_frame(b, s, limits, i) for i, (b, s) in enumerate(zip(blobs, specs))]
+    if kind == "video" and len({size for size, _ in opened}) > 1:
+        raise RequestError("bad_frame", "the frames of a video chunk must share one shape, got "
+                                        f"{sorted({(h, w, 3) for (h, w), _ in opened})}")
+    pixels = sum(h * w for (h, w), _ in opened)
+    if pixels > limits.max_request_pixels:
+        raise RequestError("too_large", f"the {len(opened)} frames hold {pixels} pixels decoded, over the request "
+                                        f"limit of {limits.max_request_pixels}")
+    release = reserve(pixels) if reserve is not None else (lambda: None)
+    try:
+        frames = [decode() for _, decode in opened]
+    except BaseException:
+        release()
+        raise
+    return Submission(kind, prompt, frames, adapter, task, mode, sampling, app, None if slo is None else float(slo),
+                      tag, release)
 
 
 def encode_frame(frame: np.ndarray, encoding: str = "png", quality: int = 90) -> tuple[dict[str, Any], bytes]:

@@ -67,7 +67,8 @@ def adapter_root(tiny_zoo, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_zoo, vlora_home, adapter_root):
     proc = ServerProcess(tiny_zoo[NAME], vlora_home, "rpc.handshake_timeout_s=1.0", "rpc.max_handshakes=4",
-                         "rpc.max_unpolled_per_connection=3", "rpc.result_ttl_s=30", f"rpc.adapter_root={adapter_root}")
+                         "rpc.max_unpolled_per_connection=3", "rpc.result_ttl_s=30", f"rpc.adapter_root={adapter_root}",
+                         "rpc.max_message_bytes=8000000", "rpc.max_pixels_in_flight=200000")
     yield proc
     proc.stop()
 
@@ -223,3 +224,48 @@ def test_without_an_adapter_root_no_adapter_loads_at_run_time(tiny_zoo, adapter_
         with pytest.raises(ServerError) as off:
             client.load_adapter("a", str(adapter_root / "tenant_a" / "qv8"))
     assert off.value.kind == "forbidden" and "rpc.adapter_root" in off.value.message
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_compressed_message_is_not_inflated_past_the_limit(server):
+    # 256 MB of zeros crosses the wire as ~0.3 MB (RPyC compresses); the server used to inflate it
+    # whole before any size check. Now the connection ends at the limit and the server's peak memory
+    # does not move
+    before = _peak_rss_mb(server.proc.pid)
+    bomb = bytes(256 << 20)
+    spec = json.dumps({"prompt": "Describe.", "frames": [{"format": "raw", "shape": [8192, 10922, 3],
+                                                          "dtype": "uint8"}]})
+    with Client("127.0.0.1", server.port, TOKEN, reconnect=False) as client:
+        with pytest.raises((EOFError, ConnectionError, OSError, ServerError)):
+            client._call("submit_image", spec, (bomb,))
+    del bomb
+    assert _peak_rss_mb(server.proc.pid) - before < 64
+    assert server.alive() and _answered(server.port)
+
+
+def test_decoded_pixels_are_bounded_per_request_and_across_connections(server):
+    import cv2
+
+    # a few kB of PNG would decode to gigabytes: 16 frames of 4K are refused from their headers
+    ok, png = cv2.imencode(".png", np.zeros((2160, 3840, 3), np.uint8))
+    with Client("127.0.0.1", server.port, TOKEN) as client:
+        spec = json.dumps({"prompt": "Describe.", "frames": [{"format": "encoded"}] * 16})
+        with pytest.raises(ServerError, match="pixels decoded, over the request limit") as big:
+            client._call("submit_video", spec, (png.tobytes(),) * 16)
+        assert big.value.kind == "too_large"
+    # the server-wide budget (200,000 pixels here): a second large request waits its turn as 'busy'
+    frame = np.zeros((400, 400, 3), np.uint8)
+    with Client("127.0.0.1", server.port, TOKEN) as a, Client("127.0.0.1", server.port, TOKEN) as b:
+        first = a.submit_image("Describe.", [frame], sampling={"max_tokens": 32, "ignore_eos": True},
+                               encoding="raw")
+        with pytest.raises(ServerError) as busy:
+            b.submit_image("Describe.", [frame], sampling={"max_tokens": 1}, encoding="raw").result(30)
+        assert busy.value.kind == "busy"
+        assert first.result(60)["finish_reason"] == "length"
+        assert b.submit_image("Describe.", [frame], sampling={"max_tokens": 1}, encoding="raw").result(60)

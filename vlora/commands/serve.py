@@ -30,6 +30,7 @@ behind this RPyC front end, requests routed by adapter:
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -51,9 +52,9 @@ def fail(message: str):
     raise SystemExit(f"vlora serve: {message}")
 
 
-def check_config(cfg: DictConfig, token, own_server: bool = False) -> None:
-    """Every value a user can get wrong, checked before anything is built (policy, token, port,
-    device, dtype, sizes, model.path)."""
+def check_config(cfg: DictConfig, token, listens: bool = True) -> None:
+    """Every value a user can get wrong, checked before anything is built (policy, token, device,
+    dtype, sizes, model.path, and rpc.port when this process listens on it)."""
     from serve.orchestrator import POLICIES
 
     from ..config import CONF_DIR
@@ -79,7 +80,7 @@ def check_config(cfg: DictConfig, token, own_server: bool = False) -> None:
     path = cfg.model.get("path")
     if path is not None and not Path(path).expanduser().exists() and cfg.model.name not in SPECS:
         fail(f"model.path {path} does not exist (and model.name={cfg.model.name!r} is no zoo model to build there)")
-    if not own_server:
+    if listens:
         check_port(str(cfg.rpc.host), int(cfg.rpc.port))
 
 
@@ -221,7 +222,7 @@ def start_server(cfg: DictConfig, token: str, connections: int = 0, sources=None
     server); sources: the adapters to serve (default cfg.adapters.manifest). Checked first."""
     from serve.rpc import Limits, RpcServer
 
-    check_config(cfg, token, own_server=True)
+    check_config(cfg, token, listens=False)  # it listens on a free port
     plan = plan_serve(cfg, sources)
     limits = Limits.from_dict(OmegaConf.to_container(cfg.rpc, resolve=True))
     return RpcServer(build_engine(cfg, plan), token, "127.0.0.1", 0, limits,
@@ -231,8 +232,6 @@ def start_server(cfg: DictConfig, token: str, connections: int = 0, sources=None
 def _join_tensor_parallel(cfg: DictConfig) -> int:
     """Joins the torchrun group of engine.tensor_parallel_size ranks; returns this rank. Each rank
     takes GPU LOCAL_RANK (gloo on CPU)."""
-    import os
-
     import torch
     import torch.distributed as dist
 
@@ -251,7 +250,7 @@ def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
     rpc = cfg.rpc
-    check_config(cfg, rpc.token)
+    check_config(cfg, rpc.token, listens=int(os.environ.get("RANK", 0)) == 0)  # tensor parallel: rank 0 serves
     plan = plan_serve(cfg)
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
     tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1

@@ -30,6 +30,7 @@ behind this RPyC front end, requests routed by adapter:
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -41,6 +42,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from adapters import AdapterSet, ManifestError, base_identity, describe, read_sources, same_base
+from adapters.peft import read_config
 from zoo import SPECS, build_checkpoint
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -97,7 +99,8 @@ def check_port(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as e:
-            fail(busy_port(port) if e.errno == 98 else f"cannot listen on {host}:{port} ({e.strerror}); check rpc.host")
+            fail(busy_port(port) if e.errno == errno.EADDRINUSE
+                 else f"cannot listen on {host}:{port} ({e.strerror}); check rpc.host")
 
 
 def busy_port(port: int) -> str:
@@ -124,6 +127,8 @@ def plan_serve(cfg: DictConfig, sources=None) -> ServePlan:
         sources = OmegaConf.to_container(sources, resolve=True)
     try:
         found = read_sources(sources, [str(x) for x in cfg.adapters.get("extra") or ()])
+        for e in found.entries:  # a missing directory or an option the server cannot apply, before the build
+            read_config(Path(e.path))
     except (ManifestError, ValueError) as e:
         fail(str(e))
     recorded = [e for e in found.entries if e.base]
@@ -139,15 +144,18 @@ def plan_serve(cfg: DictConfig, sources=None) -> ServePlan:
                  f"{describe(other.base)}; serve them apart, or pass model.path=<checkpoint> with "
                  "adapters.allow_base_mismatch=true")
         checkpoint, name, how = Path(first.base["path"]), first.base.get("name"), "recorded by the adapters"
-        if not checkpoint.exists() and checkpoint.name not in SPECS:
-            fail(f"the adapters were trained on {describe(first.base)}, which is not here; pass "
-                 "model.path=<a copy of that checkpoint>")
+        if not checkpoint.exists():
+            if checkpoint.name not in SPECS:
+                fail(f"the adapters were trained on {describe(first.base)}, which is not here; pass "
+                     "model.path=<a copy of that checkpoint>")
+            checkpoint = Path(cfg.paths.zoo) / checkpoint.name  # a zoo model: built here, fingerprint checked
     else:
         checkpoint, name = zoo, cfg.model.name
         how = "zoo model, as the adapters record no base" if found.entries else "zoo model, no adapters"
     base = base_identity(checkpoint, name or checkpoint.name)
     plan = ServePlan(checkpoint, base["name"], how, found, [])
-    _check_bases(cfg, plan, base)  # by path while a zoo model is not built yet, then by fingerprint
+    if checkpoint.exists() or how == "model.path":  # by path while a zoo model is not built yet
+        _check_bases(cfg, plan, base)
     return plan
 
 
@@ -279,7 +287,8 @@ def run(cfg: DictConfig):
     try:
         server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
     except OSError as e:  # taken since check_port
-        fail(busy_port(int(rpc.port)) if e.errno == 98 else f"cannot listen on {rpc.host}:{rpc.port} ({e})")
+        fail(busy_port(int(rpc.port)) if e.errno == errno.EADDRINUSE
+             else f"cannot listen on {rpc.host}:{rpc.port} ({e})")
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     try:
         server.serve_forever(ready=lambda: print(f"vlora serve: listening on {server.host}:{server.port}", flush=True))

@@ -8,7 +8,9 @@
 token (or was aborted, or got its head answer); the RPC server and the tests use only this class.
 
 Adapters (serve/lora): `load_adapter(name, path)` / `unload_adapter(name)` / `list_adapters()`
-while serving; `EngineConfig.adapters` / `adapter_manifest` load some at start. A request names
+while serving; `EngineConfig.adapters` / `adapter_manifest` load some at start. An adapter whose
+meta.json records another base model than this checkpoint (adapters.base: by weights fingerprint)
+is refused unless loaded with allow_base_mismatch=True. A request names
 its adapter; `output_mode="head"` answers with the adapter's task head after one prefill
 (`RequestOutput.head`, finish_reason "head"), in the same batches as generating requests.
 

@@ -13,7 +13,7 @@ from base_cases import fusion_run, other_base, train_adapter
 from omegaconf import OmegaConf
 
 from adapters import fingerprint
-from vlora.commands import serve, video_analytics
+from vlora.commands import serve, video_analytics, visual_retrieval
 from vlora.commands.fusion import FusionJob
 from vlora.config import compose, to_dataclass
 
@@ -65,6 +65,21 @@ def test_manifests_and_train_adapter_directories_are_served_together(runs, capsy
     mixed = compose("serve", SMALL + [f"adapters.manifest=[{runs['fused_b']},{runs['plates_a']}]"])
     with pytest.raises(SystemExit, match="record different base models"):
         serve.plan_serve(mixed)
+
+
+def test_an_app_routes_to_a_train_adapter_directory_served_by_its_own_server(runs, tmp_path, capsys):
+    import io
+
+    from world import WorldConfig, write_world
+
+    write_world(WorldConfig(seed=2, width=96, height=96, min_objects=2), tmp_path / "world", 1, 0, progress=False)
+    counter = train_adapter(runs["a"], tmp_path / "counter", {"count_vehicles": ("count", 0.6)}, seed=8)
+    cfg = compose("visual_retrieval", SMALL + [f"manifest={counter}", f"collection={tmp_path}/world/images",
+                                               "queries=null", "max_new_tokens=4", f"out_dir={tmp_path}/out"])
+    out = io.StringIO()
+    report = visual_retrieval.run(cfg, stdin=io.StringIO("image_00000.png How many cars are there?\n"), stdout=out)
+    assert report["answered"] == 1 and "[count, counter" in out.getvalue()
+    assert f"base {NAME} ({runs['a'].resolve()}" in capsys.readouterr().err  # the base counter records
 
 
 @pytest.fixture

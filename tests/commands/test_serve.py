@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from adapter_cases import make_adapter
 from base_cases import fusion_run, other_base, train_adapter
 from omegaconf import OmegaConf
 
@@ -59,9 +60,11 @@ def test_another_model_path_is_refused_naming_both_bases_unless_forced(runs, cap
 
 def test_manifests_and_train_adapter_directories_are_served_together(runs, capsys):
     again = fusion_run(runs["root"] / "roads", {0: (runs["truck_b"], {"exists_truck": 0.7})}, runs["b"])
+    elsewhere = make_adapter(runs["b"], runs["root"] / "peft_only", ["q_proj"], 4, 8, seed=2)  # no meta.json
     sources = f"adapters.manifest=[{runs['fused_b']},{again.parent},{runs['truck_b']}]"
-    engine = serve.build_engine(compose("serve", SMALL + [sources]))
-    assert _names(engine) == ["cams_0", "roads_0", "truck"]
+    engine = serve.build_engine(compose("serve", SMALL + [sources, f"adapters.extra=[{elsewhere}]"]))
+    assert _names(engine) == ["cams_0", "roads_0", "truck", "peft_only"]
+    assert f"adapter peft_only ({elsewhere}) has no meta.json: its base model is unknown" in capsys.readouterr().err
     mixed = compose("serve", SMALL + [f"adapters.manifest=[{runs['fused_b']},{runs['plates_a']}]"])
     with pytest.raises(SystemExit, match="record different base models"):
         serve.plan_serve(mixed)

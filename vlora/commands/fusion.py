@@ -70,8 +70,6 @@ def domains_of(job: FusionJob, trainer) -> list:
 
     out = []
     for name, requirement in job.selected().items():
-        if requirement is None:
-            raise ValueError(f"fusion.only: domain {name!r} needs a requirement (fusion.only={{{name}: 0.5}})")
         data = trainer.dataset(name)
         out.append(Domain(name, data.info.task, float(requirement), data.size("train")))
     return out
@@ -93,6 +91,13 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     work = out / "work"
     if not job.resume and work.exists():
         shutil.rmtree(work)
+    try:  # before the model is built
+        missing = [d for d, r in job.selected().items() if r is None]
+    except ValueError as e:
+        raise SystemExit(f"vlora fusion: {e}") from None
+    if missing:
+        raise SystemExit(f"vlora fusion: fusion.only names {missing} without a requirement and fusion.domains has "
+                         f"none for them; give one: fusion.only={{{missing[0]}: 0.5}}")
     start = time.perf_counter()
     trainer, ref = build_trainer(cfg, job.datasets_dir, log=log or sys.stderr)
     domains = domains_of(job, trainer)
@@ -100,7 +105,8 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
         result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)
     except ValueError as e:
         if "journal" in str(e):  # the domains or their requirements changed since the interrupted run
-            raise SystemExit(f"vlora fusion: {e}\nrun with fusion.resume=false to start over") from None
+            raise SystemExit(f"vlora fusion: {e}\nrun with fusion.resume=false to start over, or with "
+                             f"fusion.out_dir=<another folder> to keep {out} as it is") from None
         raise
     base = base_identity(ref.path, ref.name, arch=trainer.vlm.arch)  # the server loads this base for them
     manifest_path = export_adapters(result, trainer, out, run=job.name,

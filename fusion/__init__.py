@@ -5,7 +5,7 @@ Stdlib only (and the adapters package, whose manifest it writes); training is be
     result = fuse(domains, trainer, order="size_desc", workdir=...)   # greedy with roll-back, resumable
     result.adapters        # [FusedAdapter(index, name, domains, accuracies, requirements, met, state)]
     result.events          # [FusionEvent(step, domain, adapter, action, accuracies, violations)]
-    export_adapters(result, trainer, out_dir)   # trainer.save each adapter + manifest.json
+    export_adapters(result, trainer, out_dir)   # trainer.save each adapter as <run>_<index> + manifest.json
     write_manifest(result, out_dir, adapter_paths) / read_manifest(path)
     select_adapter(manifest, "plate" or "detect", 0.8)   # cheapest adapter accurate enough, or None
 """

@@ -27,6 +27,8 @@ VERSION = 1
 
 
 def adapter_name(index: int) -> str:
+    """The name of an adapter inside a run (journal, events); export_adapters names the saved
+    ones after the run (<run>_<index>), so two runs' manifests can be served together."""
     return f"fused_{index}"
 
 

@@ -1,6 +1,7 @@
 """Training's adapter state and how it is saved to an adapter directory (the layout is the
-adapters package's: PEFT files, heads/<domain>/, meta.json with the base model, the LoRA shape,
-and per domain: task, labels, head path, metric and accuracy reached).
+adapters package's: PEFT files, heads/<domain>/, meta.json with the base model (name, path and
+weights fingerprint, adapters.base), the LoRA shape, and per domain: task, labels, head path,
+metric and accuracy reached).
 
 An `AdapterState` is LoRA weights (CPU tensors, PEFT keys) plus one `HeadState` per domain and
 the domains' records. States are treated as values: training produces a new one.
@@ -15,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
+from adapters.base import base_identity
 from adapters.heads import save_heads
 from adapters.layout import HEADS_DIR, PEFT_FILES, PEFT_WEIGHTS
 from adapters.meta import META_VERSION, read_meta, write_meta as write_meta_file
@@ -71,7 +73,8 @@ def write_meta(path: Path, state: AdapterState, vlm, name: str, extra: dict | No
         "tasks": sorted({rec["task"] for rec in state.domains.values()}),
         "domains": domains,
         "order": state.order,
-        "base_model": {"name": vlm.ref.name, "path": str(vlm.ref.path), "arch": vlm.arch},
+        # the base's identity with its weights fingerprint: the server checks it (adapters.base)
+        "base_model": base_identity(vlm.ref.path, vlm.ref.name, arch=vlm.arch),
         "lora": {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
                  "target_modules": list(lora.target_modules), "train_vision_tower": vlm.train_vision_tower},
         "created_by": "vlora train", "version": META_VERSION, **(extra or {}),

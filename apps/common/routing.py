@@ -14,10 +14,10 @@ is counted as a mode switch in the stream's metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable
 
-from adapters.manifest import read_manifest, select_adapter
+from adapters.manifest import select_adapter
+from adapters.sources import read_sources
 
 HEAD_MODES = ("auto", "never", "always")
 
@@ -61,14 +61,11 @@ class Route:
                 "selected": self.selected, "expected_accuracy": self.expected_accuracy, "reason": self.reason}
 
 
-def load_manifest(path: str | None) -> dict[str, Any] | None:
-    """The manifest at `path`, or None when no path is given or nothing is there yet."""
-    if not path:
-        return None
-    p = Path(path)
-    if not (p / "manifest.json" if p.is_dir() else p).exists():
-        return None
-    return read_manifest(p)
+def load_manifest(path) -> dict[str, Any] | None:
+    """One routing view of `path`: a fusion manifest (file or folder), a single adapter directory
+    (`vlora train`'s: its meta.json's domains become a one-adapter manifest) or a list of these
+    (adapters.read_sources; clashing adapter names are refused). None when nothing is there yet."""
+    return read_sources(path).manifest
 
 
 def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | None, caps: ServerCaps,

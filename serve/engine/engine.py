@@ -8,7 +8,9 @@
 token (or was aborted, or got its head answer); the RPC server and the tests use only this class.
 
 Adapters (serve/lora): `load_adapter(name, path)` / `unload_adapter(name)` / `list_adapters()`
-while serving; `EngineConfig.adapters` / `adapter_manifest` load some at start. A request names
+while serving; `EngineConfig.adapters` / `adapter_manifest` load some at start. An adapter whose
+meta.json records another base model than this checkpoint (adapters.base: by weights fingerprint)
+is refused unless loaded with allow_base_mismatch=True. A request names
 its adapter; `output_mode="head"` answers with the adapter's task head after one prefill
 (`RequestOutput.head`, finish_reason "head"), in the same batches as generating requests.
 
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from adapters.base import base_identity
 from serve.lora.manager import AdapterManager
 from serve.lora.pool import PoolConfig
 from serve.models import load_model
@@ -99,7 +102,8 @@ class Engine:
         if config.adapter_slots > 0:
             pool = PoolConfig(config.adapter_slots, config.host_adapter_cache, config.max_lora_rank,
                               config.lora_targets, config.lora_backend)
-            self.lora = AdapterManager(self.model, pool, self.dtype, self.device)
+            # adapters recording another base model are refused (adapters.base)
+            self.lora = AdapterManager(self.model, pool, self.dtype, self.device, base_identity(self.checkpoint))
             self.lora.enable_modes(config.switch_method)  # restack weights before graphs capture them
         if config.policy not in POLICIES:
             raise ValueError(f"policy {config.policy!r} is not one of {sorted(POLICIES)}")
@@ -179,14 +183,16 @@ class Engine:
         for name in config.pinned_adapters:
             self.pin_adapter(name)
 
-    def load_adapter(self, name: str, path: str | Path, pin: bool = False) -> dict:
+    def load_adapter(self, name: str, path: str | Path, pin: bool = False, allow_base_mismatch: bool = False) -> dict:
         """Reads and checks a PEFT directory (and its heads) and registers it; serving goes on.
-        A bad directory raises AdapterLoadError (a ValueError) and changes nothing."""
-        return self._adapters().load(name, path, pin)
+        A bad directory, or one whose meta.json records another base model (unless
+        allow_base_mismatch), raises AdapterLoadError (a ValueError) and changes nothing."""
+        return self._adapters().load(name, path, pin, allow_base_mismatch)
 
-    def load_manifest(self, path: str | Path, pin: bool = False) -> list[str]:
-        """Loads the adapters of a fusion manifest (file or folder); returns their names."""
-        return self._adapters().load_manifest(path, pin)
+    def load_manifest(self, path, pin: bool = False, allow_base_mismatch: bool = False) -> list[str]:
+        """Loads the adapters of a fusion manifest (file or folder), an adapter directory or a list
+        of these; returns their names."""
+        return self._adapters().load_manifest(path, pin, allow_base_mismatch)
 
     def unload_adapter(self, name: str, abort: bool = False) -> None:
         """Forgets an adapter. With requests in flight on it this refuses, unless abort=True aborts them."""

@@ -7,7 +7,8 @@
     batch = manager.step_batch([(adapter, n_tokens), ...])   # the step's LoraBatch (or None)
 
 Loading reads and checks everything (weights, heads, meta) before registering anything, so a
-bad directory leaves the served set as it was. Registered adapters keep their weights in the
+bad directory leaves the served set as it was. An adapter whose meta.json records a base model
+other than the engine's (`base`, adapters.base) is refused unless allow_base_mismatch=True. Registered adapters keep their weights in the
 host cache (re-read from disk if evicted from it); `ready` puts an adapter into a free slot, or
 the least recently used slot that no running sequence holds and no pin protects. On a GPU the
 copy runs on a side stream (ordered after the work already queued) and `ready` turns true once
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from adapters.base import BaseMismatch, check_base, recorded_base
 
 from .heads import head_tasks, load_adapter_heads, select_head
 from .layers import wrap_projections
@@ -63,8 +66,10 @@ class AdapterRecord:
 
 
 class AdapterManager:
-    def __init__(self, model, config: PoolConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, model, config: PoolConfig, dtype: torch.dtype, device: torch.device,
+                 base: dict | None = None):
         self.config, self.dtype, self.device = config, dtype, device
+        self.base = base  # the engine's base identity (adapters.base); None: adapters are not checked
         lm = model.language_model
         self.hidden_size = model.args.hidden_size
         self.num_layers, shapes = model_shapes(lm)
@@ -129,7 +134,7 @@ class AdapterManager:
         self.counters["host_reads"] += 1
         return weights, spec
 
-    def load(self, name: str, path: str | Path, pin: bool = False) -> dict:
+    def load(self, name: str, path: str | Path, pin: bool = False, allow_base_mismatch: bool = False) -> dict:
         if not isinstance(name, str) or not name or name == "__base__":
             raise ValueError(f"adapter name {name!r}: give a non-empty string other than '__base__'")
         if name in self.records:
@@ -138,6 +143,11 @@ class AdapterManager:
         if pin:
             self._check_pinnable(name)
         weights, spec = self._read(path)
+        if not allow_base_mismatch:
+            try:
+                check_base(recorded_base(spec.meta), self.base, f"adapter {name!r} ({path})")
+            except BaseMismatch as e:
+                raise AdapterLoadError(str(e)) from None
         heads = load_adapter_heads(path, spec.meta, self.hidden_size, self.device)
         record = AdapterRecord(name, spec, heads, next(self._versions))
         self.records[name] = record  # everything checked: nothing above changed any state
@@ -188,16 +198,19 @@ class AdapterManager:
         record = self.get(name)
         return select_head(name, record.heads, record.spec.meta, task)
 
-    def load_manifest(self, path: str | Path, pin: bool = False) -> list[str]:
-        """Loads every adapter of a fusion manifest (adapters.manifest.read_manifest resolves their paths)."""
-        from adapters.manifest import read_manifest
+    def load_manifest(self, path, pin: bool = False, allow_base_mismatch: bool = False) -> list[str]:
+        """Loads every adapter of a fusion manifest, an adapter directory or a list of these
+        (adapters.read_sources resolves their paths and refuses clashing names)."""
+        from adapters.sources import kind_of, read_sources
 
-        manifest = read_manifest(path)
+        for source in [path] if isinstance(path, (str, Path)) else path:
+            if kind_of(source) is None:
+                raise AdapterLoadError(f"no fusion manifest or adapter directory at {source}")
         names = []
-        for entry in manifest["adapters"]:
-            if entry["name"] not in self.records:
-                self.load(entry["name"], entry["path"], pin=pin)
-            names.append(entry["name"])
+        for entry in read_sources(path).entries:
+            if entry.name not in self.records:
+                self.load(entry.name, entry.path, pin=pin, allow_base_mismatch=allow_base_mismatch)
+            names.append(entry.name)
         return names
 
     # ---- slots (the scheduler's AdapterGate) ---------------------------------------------------

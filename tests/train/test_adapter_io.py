@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from train_fixtures import tiny_domain
 
+from adapters.base import fingerprint
 from fusion import Domain, export_adapters, fuse, read_manifest
 from train import (AdapterState, HeadState, LoraSpec, LoraTrainer, ModelRef, TrainConfig, VisionLM, collate,
                    load_adapter, load_domain, read_meta, save_adapter, train_adapter)
@@ -63,7 +65,9 @@ def test_adapter_directory_layout_meta_and_head_round_trip(trained, tmp_path):
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8
     meta = read_meta(path)
     assert meta["tasks"] == ["count"] and meta["order"] == [data.name]
-    assert meta["base_model"] == {"name": "qwen2_vl_tiny", "path": vlm.ref.path, "arch": "qwen2_vl"}
+    assert meta["base_model"] == {"name": "qwen2_vl_tiny", "path": str(Path(vlm.ref.path).resolve()), "arch": "qwen2_vl",
+                                  "fingerprint": fingerprint(vlm.ref.path)}  # the server checks it
+    assert meta["base_model"]["fingerprint"].startswith("sha256:")
     assert meta["lora"]["rank"] == 4 and meta["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
     dom = meta["domains"][data.name]
     assert dom["head"] == f"heads/{data.name}" and dom["accuracy"] == state.accuracies[data.name]["accuracy"]

@@ -4,6 +4,13 @@ every domain's accuracy requirement (greedy, with roll-back), then export the ad
 
     vlora fusion                                        # the default domains and requirements
     vlora fusion fusion.domains.count_vehicles=0.9 "fusion.only=[count_vehicles,color_main]"
+    vlora fusion "fusion.only={direction: 0.6}" fusion.out_dir=.vlora/adapters/direction   # a new domain alone
+
+`fusion.only` picks domains by name from fusion.domains, or, as a mapping name -> requirement,
+names the domains and their requirements itself, new ones included (so adding a domain is one
+override: `fusion.domains` is a struct node that only `+fusion.domains.X=...` could extend).
+Adapters are named `<fusion.name>_<i>` (default: the out_dir's folder name), so the manifests of
+different runs can be served together.
 
 Resumable: each step is journaled under ${fusion.out_dir}/work, so a rerun continues where an
 interrupted one stopped and a finished one returns at once.
@@ -27,12 +34,23 @@ from .train import model_ref, split_train_node
 @dataclass
 class FusionJob:
     domains: dict
-    only: list | None = None  # fuse just these domains (Hydra merges dict overrides, so pick by name)
+    only: list | dict | None = None  # fuse just these domains: names of `domains`, or name -> requirement
     order: str = "size_desc"
     seed: int = 0
     datasets_dir: str = ".vlora/datasets"
     out_dir: str = ".vlora/adapters/fused"
     resume: bool = True
+    name: str | None = None  # adapter names are <name>_<index>; None: out_dir's folder name
+
+    def selected(self) -> dict:
+        """domain -> requirement of the domains to fuse, in the order given."""
+        if isinstance(self.only, dict):
+            return {d: r if r is not None else self.domains.get(d) for d, r in self.only.items()}
+        unknown = sorted(set(self.only or ()) - set(self.domains))
+        if unknown:
+            raise ValueError(f"fusion.only names {unknown}, which are not in fusion.domains {sorted(self.domains)}; "
+                             "give new domains with their requirement: fusion.only={name: requirement}")
+        return {d: r for d, r in self.domains.items() if self.only is None or d in self.only}
 
 
 def build_trainer(cfg: DictConfig, datasets_dir: str, log=None):
@@ -50,13 +68,8 @@ def build_trainer(cfg: DictConfig, datasets_dir: str, log=None):
 def domains_of(job: FusionJob, trainer) -> list:
     from fusion import Domain
 
-    unknown = sorted(set(job.only or ()) - set(job.domains))
-    if unknown:
-        raise ValueError(f"fusion.only names {unknown}, which are not in fusion.domains {sorted(job.domains)}")
     out = []
-    for name, requirement in job.domains.items():
-        if job.only is not None and name not in job.only:
-            continue
+    for name, requirement in job.selected().items():
         data = trainer.dataset(name)
         out.append(Domain(name, data.info.task, float(requirement), data.size("train")))
     return out
@@ -70,6 +83,7 @@ def print_event(event) -> None:
 
 
 def run_fusion(cfg: DictConfig, log=None) -> dict:
+    from adapters.base import base_identity
     from fusion import export_adapters, fuse, read_manifest
 
     job = to_dataclass(FusionJob, OmegaConf.to_container(cfg.fusion, resolve=True))
@@ -77,6 +91,13 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     work = out / "work"
     if not job.resume and work.exists():
         shutil.rmtree(work)
+    try:  # before the model is built
+        missing = [d for d, r in job.selected().items() if r is None]
+    except ValueError as e:
+        raise SystemExit(f"vlora fusion: {e}") from None
+    if missing:
+        raise SystemExit(f"vlora fusion: fusion.only names {missing} without a requirement and fusion.domains has "
+                         f"none for them; give one: fusion.only={{{missing[0]}: 0.5}}")
     start = time.perf_counter()
     trainer, ref = build_trainer(cfg, job.datasets_dir, log=log or sys.stderr)
     domains = domains_of(job, trainer)
@@ -84,12 +105,16 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
         result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)
     except ValueError as e:
         if "journal" in str(e):  # the domains or their requirements changed since the interrupted run
-            raise SystemExit(f"vlora fusion: {e}\nrun with fusion.resume=false to start over") from None
+            raise SystemExit(f"vlora fusion: {e}\nrun with fusion.resume=false to start over, or with "
+                             f"fusion.out_dir=<another folder> to keep {out} as it is") from None
         raise
-    manifest_path = export_adapters(result, trainer, out, extra={"model": ref.name, "model_path": str(ref.path)})
+    base = base_identity(ref.path, ref.name, arch=trainer.vlm.arch)  # the server loads this base for them
+    manifest_path = export_adapters(result, trainer, out, run=job.name,
+                                    extra={"model": ref.name, "model_path": str(ref.path), "base": base})
     manifest = read_manifest(manifest_path)
+    names = {e["index"]: e["name"] for e in manifest["adapters"]}
     seconds = time.perf_counter() - start
-    rows = [{"adapter": a.name, "domains": " + ".join(a.domains),
+    rows = [{"adapter": names[a.index], "domains": " + ".join(a.domains),
              "accuracies": ", ".join(f"{d} {a.accuracies[d]:.2f} (>= {a.requirements[d]:.2f})" for d in a.domains),
              "met": a.met} for a in result.adapters]
     print(f"\n{len(domains)} domains -> {len(result.adapters)} adapters, {trainer.train_calls} training runs, "

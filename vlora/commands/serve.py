@@ -1,7 +1,16 @@
 """`vlora serve`: the engine on one checkpoint behind the RPyC service (conf/serve.yaml).
 
-    VLORA_TOKEN=... vlora serve                          # tiny zoo model, 127.0.0.1:18861
+    VLORA_TOKEN=... vlora serve                          # the adapters' base (else the tiny zoo model), 127.0.0.1:18861
     VLORA_TOKEN=... vlora serve model.path=/ckpt rpc.host=0.0.0.0 rpc.port=9000
+    VLORA_TOKEN=... vlora serve "adapters.manifest=[.vlora/adapters/fused,.vlora/adapters/color_main]"
+
+Adapters (adapters.manifest): a fusion manifest (file or folder), a `vlora train` adapter
+directory, or a list of these (adapters.read_sources). The base model travels with them: with
+model.path unset (null) the server loads the base their meta.json / manifest records (name, path,
+weights fingerprint), else the zoo model ${paths.zoo}/${model.name}; a model.path whose
+fingerprint differs from the adapters' base is refused with both named, unless
+adapters.allow_base_mismatch=true. Every value is checked before the model is built: a user
+error ends with one line and exit status 1.
 
 The server prints `vlora serve: listening on HOST:PORT` once it accepts connections (with
 rpc.port=0 the system picks the port) and stops on SIGINT / SIGTERM.
@@ -21,72 +30,216 @@ behind this RPyC front end, requests routed by adapter:
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 import signal
+import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from adapters import AdapterSet, ManifestError, base_identity, describe, read_sources, same_base
+from adapters.peft import read_config
 from zoo import SPECS, build_checkpoint
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
-def checkpoint_path(model_cfg) -> Path:
-    """The model's checkpoint directory; a zoo model that is not built yet is built first."""
-    path = Path(model_cfg.path)
+
+def fail(message: str):
+    """A user error: one line, exit status 1, no traceback."""
+    raise SystemExit(f"vlora serve: {message}")
+
+
+def check_config(cfg: DictConfig, token, listens: bool = True) -> None:
+    """Every value a user can get wrong, checked before anything is built (policy, token, device,
+    dtype, sizes, model.path, and rpc.port when this process listens on it)."""
+    from serve.orchestrator import POLICIES
+
+    from ..config import CONF_DIR
+
+    policy = cfg.engine.get("policy", "fcfs")
+    groups = sorted(p.stem for p in (Path(CONF_DIR) / "orchestrator").glob("*.yaml"))
+    if isinstance(policy, str) and (policy not in POLICIES or (policy != "fcfs" and policy not in groups)):
+        fail(f"engine.policy={policy!r} is not a policy; choose one of {sorted(set(groups) | {'fcfs'})}")
+    if not token:
+        fail("no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters")
+    if not isinstance(token, str) or len(token) < 8:
+        fail(f"the token is {len(str(token))} characters; the server needs a secret of 8+ characters "
+             "(VLORA_TOKEN or rpc.token=...)")
+    device = str(cfg.engine.get("device", "auto"))
+    if not _DEVICE.match(device):
+        fail(f"engine.device={device!r}: use auto, cpu, cuda or cuda:<index>")
+    if str(cfg.model.dtype) not in DTYPES:
+        fail(f"model.dtype={cfg.model.dtype!r}: use one of {list(DTYPES)}")
+    for key in ("tensor_parallel_size", "max_batch_size", "max_tokens_per_step", "kv_block_size"):
+        value = cfg.engine.get(key, 1)
+        if not isinstance(value, int) or value < 1:
+            fail(f"engine.{key}={value!r}: must be an integer >= 1")
+    path = cfg.model.get("path")
+    if path is not None and not Path(path).expanduser().exists() and cfg.model.name not in SPECS:
+        fail(f"model.path {path} does not exist (and model.name={cfg.model.name!r} is no zoo model to build there)")
+    if listens:
+        check_port(str(cfg.rpc.host), int(cfg.rpc.port))
+
+
+def check_port(host: str, port: int) -> None:
+    """Binds host:port and lets go, so a busy port is answered before the model is built."""
+    if port == 0:
+        return
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as e:
+        fail(f"rpc.host={host!r} cannot be resolved ({e.strerror})")
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            fail(busy_port(port) if e.errno == errno.EADDRINUSE
+                 else f"cannot listen on {host}:{port} ({e.strerror}); check rpc.host")
+
+
+def busy_port(port: int) -> str:
+    return f"port {port} is in use; pass rpc.port=<free port> (or 0 for any free one)"
+
+
+@dataclass
+class ServePlan:
+    """What `vlora serve` will load, decided before anything is built."""
+
+    checkpoint: Path
+    name: str
+    how: str  # why this base: "model.path", "recorded by the adapters", "zoo model ..."
+    adapters: AdapterSet
+    mismatched: list  # adapters whose recorded base differs (loaded only with allow_base_mismatch)
+
+
+def plan_serve(cfg: DictConfig, sources=None) -> ServePlan:
+    """The base and the adapters of cfg (sources: cfg.adapters.manifest unless given). A base
+    recorded by the adapters is loaded unless model.path is given; a mismatch is refused unless
+    adapters.allow_base_mismatch=true."""
+    sources = cfg.adapters.manifest if sources is None else sources
+    if OmegaConf.is_config(sources):
+        sources = OmegaConf.to_container(sources, resolve=True)
+    try:
+        found = read_sources(sources, [str(x) for x in cfg.adapters.get("extra") or ()])
+        for e in found.entries:  # a missing directory or an option the server cannot apply, before the build
+            read_config(Path(e.path))
+    except (ManifestError, ValueError) as e:
+        fail(str(e))
+    recorded = [e for e in found.entries if e.base]
+    zoo = Path(cfg.paths.zoo) / cfg.model.name
+    if cfg.model.get("path") is not None:
+        checkpoint, how = Path(cfg.model.path).expanduser(), "model.path"
+        name = cfg.model.name if checkpoint.resolve() == zoo.resolve() else checkpoint.resolve().name
+    elif recorded:
+        first = recorded[0]
+        other = next((e for e in recorded if same_base(e.base, first.base) is False), None)
+        if other is not None:
+            fail(f"the adapters record different base models: {first.name} {describe(first.base)} and {other.name} "
+                 f"{describe(other.base)}; serve them apart, or pass model.path=<checkpoint> with "
+                 "adapters.allow_base_mismatch=true")
+        checkpoint, name, how = Path(first.base["path"]), first.base.get("name"), "recorded by the adapters"
+        if not checkpoint.exists():
+            if checkpoint.name not in SPECS:
+                fail(f"the adapters were trained on {describe(first.base)}, which is not here; pass "
+                     "model.path=<a copy of that checkpoint>")
+            checkpoint = Path(cfg.paths.zoo) / checkpoint.name  # a zoo model: built here, fingerprint checked
+    else:
+        checkpoint, name = zoo, cfg.model.name
+        how = "zoo model, as the adapters record no base" if found.entries else "zoo model, no adapters"
+    base = base_identity(checkpoint, name or checkpoint.name)
+    plan = ServePlan(checkpoint, base["name"], how, found, [])
+    if checkpoint.exists() or how == "model.path":  # by path while a zoo model is not built yet
+        _check_bases(cfg, plan, base)
+    return plan
+
+
+def _check_bases(cfg: DictConfig, plan: ServePlan, base: dict) -> None:
+    plan.mismatched = [e for e in plan.adapters.entries if same_base(e.base, base) is False]
+    if plan.mismatched and not cfg.adapters.get("allow_base_mismatch", False):
+        e = plan.mismatched[0]
+        more = f" (and {len(plan.mismatched) - 1} more)" if len(plan.mismatched) > 1 else ""
+        fail(f"adapter {e.name!r}{more} was trained on base model {describe(e.base)}, but the server would load "
+             f"{describe(base)} ({plan.how}); leave model.path unset to load the adapters' base, pass "
+             "model.path=<their base>, or adapters.allow_base_mismatch=true to load them anyway")
+
+
+def checkpoint_of(cfg: DictConfig, plan: ServePlan) -> tuple[Path, dict]:
+    """The plan's checkpoint (a zoo model that is not built yet is built first) and its identity."""
+    path = plan.checkpoint
     if not path.exists():
-        if model_cfg.name not in SPECS:
-            raise SystemExit(f"vlora serve: model.path {path} does not exist")
-        print(f"vlora serve: building zoo model {model_cfg.name} into {path}", file=sys.stderr, flush=True)
-        build_checkpoint(model_cfg.name, path)
-    return path
+        zoo_name = path.name if path.name in SPECS and plan.how != "model.path" else cfg.model.name
+        print(f"vlora serve: building zoo model {zoo_name} into {path}", file=sys.stderr, flush=True)
+        build_checkpoint(zoo_name, path)
+    base = base_identity(path, plan.name)
+    _check_bases(cfg, plan, base)
+    return path, base
 
 
-def engine_values(cfg: DictConfig) -> dict:
-    """EngineConfig fields of cfg.engine: the policy's settings, the adapters of cfg.adapters (a
-    fusion manifest, when it exists, and any extra PEFT directories) to load at start."""
+def engine_values(cfg: DictConfig, plan: ServePlan, at_start: bool = True) -> dict:
+    """EngineConfig fields of cfg.engine: the policy's settings (conf/orchestrator/<name>.yaml) and,
+    when at_start, the plan's adapters to load at start."""
     values = {**OmegaConf.to_container(cfg.engine, resolve=True), "dtype": cfg.model.dtype}
     policy = values.get("policy")
-    if isinstance(policy, str) and policy != "fcfs":  # the policy's settings from conf/orchestrator/<name>.yaml
+    if isinstance(policy, str) and policy != "fcfs":
         from ..config import CONF_DIR
 
-        group = Path(CONF_DIR) / "orchestrator" / f"{policy}.yaml"
-        if not group.is_file():
-            raise SystemExit(f"engine.policy={policy!r}: no {group}; policies: "
-                             f"{sorted(p.stem for p in group.parent.glob('*.yaml'))}")
-        values["policy"] = OmegaConf.to_container(OmegaConf.load(group), resolve=True)
-    manifest = Path(cfg.adapters.manifest)
-    if manifest.exists():
-        values["adapter_manifest"] = str(manifest)
-    if cfg.adapters.extra:
-        values["adapters"] = tuple(cfg.adapters.extra)
+        values["policy"] = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "orchestrator" / f"{policy}.yaml"),
+                                                  resolve=True)
+    if at_start and plan.adapters.entries:
+        values["adapters"] = tuple(f"{e.name}={e.path}" for e in plan.adapters.entries)
     return values
 
 
-def build_engine(cfg: DictConfig):
-    """The engine of cfg.model / cfg.engine with cfg.adapters loaded at start."""
+def _log_start(plan: ServePlan, base: dict, names: list[str], log) -> None:
+    print(f"vlora serve: base {describe(base)} ({plan.how}); {len(names)} adapter(s)"
+          f"{': ' + ', '.join(names) if names else ''}", file=log, flush=True)
+    for source in plan.adapters.missing:
+        print(f"vlora serve: no adapters at {source} (nothing written there yet)", file=log, flush=True)
+    for e in plan.adapters.entries:
+        if not e.has_meta:
+            print(f"vlora serve: adapter {e.name} ({e.path}) has no meta.json: its base model is unknown and "
+                  "not checked", file=log, flush=True)
+    for e in plan.mismatched:
+        print(f"vlora serve: adapters.allow_base_mismatch=true: adapter {e.name} was trained on {describe(e.base)}, "
+              "loaded anyway", file=log, flush=True)
+
+
+def build_engine(cfg: DictConfig, plan: ServePlan | None = None):
+    """The engine of the plan's base (plan_serve(cfg) unless given) with its adapters loaded."""
     from serve.engine import Engine, EngineConfig
 
-    engine = Engine(checkpoint_path(cfg.model), EngineConfig.from_dict(engine_values(cfg)))
-    names = [a["name"] for a in engine.list_adapters()]
-    print(f"vlora serve: {cfg.model.name} with {len(names)} adapter(s){': ' + ', '.join(names) if names else ''}",
-          file=sys.stderr, flush=True)
+    plan = plan or plan_serve(cfg)
+    checkpoint, base = checkpoint_of(cfg, plan)
+    late = bool(plan.mismatched)  # loaded after the build, past the engine's own base check
+    engine = Engine(checkpoint, EngineConfig.from_dict(engine_values(cfg, plan, at_start=not late)))
+    if late:
+        for e in plan.adapters.entries:
+            engine.load_adapter(e.name, e.path, allow_base_mismatch=True)
+    _log_start(plan, base, [a["name"] for a in engine.list_adapters()], sys.stderr)
     return engine
 
 
-def start_server(cfg: DictConfig, token: str, connections: int = 0):
-    """An in-process RPyC server over build_engine(cfg) on a free loopback port (applications' own server)."""
+def start_server(cfg: DictConfig, token: str, connections: int = 0, sources=None):
+    """An in-process RPyC server over build_engine(cfg) on a free loopback port (applications' own
+    server); sources: the adapters to serve (default cfg.adapters.manifest). Checked first."""
     from serve.rpc import Limits, RpcServer
 
+    check_config(cfg, token, listens=False)  # it listens on a free port
+    plan = plan_serve(cfg, sources)
     limits = Limits.from_dict(OmegaConf.to_container(cfg.rpc, resolve=True))
-    return RpcServer(build_engine(cfg), token, "127.0.0.1", 0, limits,
+    return RpcServer(build_engine(cfg, plan), token, "127.0.0.1", 0, limits,
                      max(connections, int(cfg.rpc.max_connections))).start()
 
 
 def _join_tensor_parallel(cfg: DictConfig) -> int:
     """Joins the torchrun group of engine.tensor_parallel_size ranks; returns this rank. Each rank
     takes GPU LOCAL_RANK (gloo on CPU)."""
-    import os
-
     import torch
     import torch.distributed as dist
 
@@ -105,8 +258,8 @@ def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
     rpc = cfg.rpc
-    if not rpc.token:
-        raise SystemExit("vlora serve: no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters")
+    check_config(cfg, rpc.token, listens=int(os.environ.get("RANK", 0)) == 0)  # tensor parallel: rank 0 serves
+    plan = plan_serve(cfg)
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
     tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1
     replicated = "replicas" in cfg and (int(cfg.replicas.count) > 1 or cfg.replicas.autoscaling is not None)
@@ -116,9 +269,13 @@ def run(cfg: DictConfig):
     if replicated:
         from .serve_replicas import start_replicas
 
-        engine = start_replicas(cfg, engine_values(cfg), checkpoint_path(cfg.model))
+        if plan.mismatched:
+            fail("adapters.allow_base_mismatch=true is not available with replicas; serve with replicas.count=1")
+        checkpoint, base = checkpoint_of(cfg, plan)
+        _log_start(plan, base, [e.name for e in plan.adapters.entries], sys.stderr)
+        engine = start_replicas(cfg, engine_values(cfg, plan), checkpoint)
     else:
-        engine = build_engine(cfg)
+        engine = build_engine(cfg, plan)
     if tensor_parallel:
         from serve.distributed import LeaderEngine, follow, leave_group
 
@@ -127,7 +284,11 @@ def run(cfg: DictConfig):
             leave_group(engine)
             return
         engine = LeaderEngine(engine)
-    server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
+    try:
+        server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
+    except OSError as e:  # taken since check_port
+        fail(busy_port(int(rpc.port)) if e.errno == errno.EADDRINUSE
+             else f"cannot listen on {rpc.host}:{rpc.port} ({e})")
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     try:
         server.serve_forever(ready=lambda: print(f"vlora serve: listening on {server.host}:{server.port}", flush=True))

@@ -40,7 +40,7 @@ def start_replicas(cfg: DictConfig, values: dict, checkpoint: Path):
                                   max_adapters_per_replica=int(r.max_adapters))
     handle = serve.run(deployment, name="vlora", route_prefix=None)
     count = f"{r.count}" if autoscaling is None else f"{autoscaling.get('min_replicas', 1)}-{autoscaling.get('max_replicas')}"
-    print(f"vlora serve: {count} replica(s) of {cfg.model.name} on Ray Serve", file=sys.stderr, flush=True)
+    print(f"vlora serve: {count} replica(s) of {Path(checkpoint).name} on Ray Serve", file=sys.stderr, flush=True)
     return ReplicatedEngine(handle)
 
 

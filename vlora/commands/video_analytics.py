@@ -25,7 +25,7 @@ class VideoJob:
     host: str
     port: int | None
     token: str | None
-    manifest: str | None
+    manifest: str | list | None  # fusion manifest(s) and/or adapter directories (adapters.read_sources)
     heads: str
     load_adapters: bool
     duration_s: float | None
@@ -116,10 +116,16 @@ def print_report(report: dict[str, Any]) -> None:
 def run(cfg: DictConfig) -> dict[str, Any]:
     job = job_from_cfg(cfg)
     server, port = None, job.port
+    from apps.video_analytics import stream_from_dict
+
+    try:  # streams are checked before an own server is built
+        [stream_from_dict(s) for s in job.streams]
+    except (ValueError, TypeError, KeyError) as e:
+        raise SystemExit(f"video_analytics: streams: {e}") from None
     if port is None:
         if not job.token:
             raise SystemExit("video_analytics: an own server needs a token; set VLORA_TOKEN or rpc.token")
-        server = start_server(cfg, job.token, len(job.streams) + 4)
+        server = start_server(cfg, job.token, len(job.streams) + 4, sources=job.manifest)  # serves what routing reads
         port = server.port
     elif not job.token:
         raise SystemExit("video_analytics: set VLORA_TOKEN (or server.token) to the server's token")

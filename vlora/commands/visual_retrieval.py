@@ -26,7 +26,7 @@ class RetrievalJob:
     host: str
     port: int | None
     token: str | None
-    manifest: str | None
+    manifest: str | list | None  # fusion manifest(s) and/or adapter directories (adapters.read_sources)
     collection: str
     queries: str | None
     queries_per_image: int
@@ -100,8 +100,14 @@ def run(cfg: DictConfig, stdin=None, stdout=None) -> dict[str, Any]:
     server, port = None, job.port
     if not job.token:
         raise SystemExit("visual_retrieval: set VLORA_TOKEN (or rpc.token / server.token)")
+    if not Path(job.collection).is_dir():  # checked before an own server is built
+        raise SystemExit(f"visual_retrieval: no image collection at {job.collection} "
+                         "(`vlora world` writes the default one)")
+    if job.queries not in (None, "world") and not Path(job.queries).is_file():
+        raise SystemExit(f"visual_retrieval: no query file at {job.queries} (queries=world makes queries from a "
+                         "world's truth; queries=null reads them from stdin)")
     if port is None:
-        server = start_server(cfg, job.token, 4)
+        server = start_server(cfg, job.token, 4, sources=job.manifest)  # serves what routing reads
         port = server.port
     try:
         report = run_queries(job, port, stdin, stdout)

@@ -44,7 +44,7 @@ from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .planner import StepPlanner
 from .request import Request, RequestMetrics, RequestOutput
-from .scheduler import ArrivalOrder, Scheduler, SchedulerConfig
+from .scheduler import FairShare, Scheduler, SchedulerConfig
 from .sequence import MMSpan, RunState, Sequence
 from .stats import EngineStats, collect_stats
 
@@ -118,7 +118,7 @@ class Engine:
                                           config.enable_prefix_cache)
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
                                        self.runner.max_model_len)
-        self.scheduler = Scheduler(sched_config, self.block_manager, ArrivalOrder(), self.lora)
+        self.scheduler = Scheduler(sched_config, self.block_manager, FairShare(), self.lora)
         self.planner = StepPlanner(policy, self.scheduler, self.lora, config.max_batch_size,
                                            config.max_tokens_per_step, self._request_info)
         tp = getattr(self.model, "tp", None)
@@ -247,6 +247,7 @@ class Engine:
                        state=RunState(sampling=params, vision=prompt.vision, prompt_positions=positions,
                                       mrope_delta=delta, head=head),
                        adapter_version=record.version if record is not None else 0, prefill_only=head is not None,
+                       owner=request.owner,
                        reuse_prefix=head is None or head.config.pooling == "last")  # other poolings read every row
         self.runner.prepare_sequence(seq)
         self.scheduler.add(seq)
@@ -274,6 +275,10 @@ class Engine:
         """Frees the decode CUDA graphs; later decode steps run eagerly. A tensor-parallel rank
         calls it (through serve.distributed.leave_group) before its process group is destroyed."""
         self.runner.release_graphs()
+
+    def num_waiting(self) -> int:
+        """Requests admitted but not yet scheduled (the RPC loop admits more only while this is short)."""
+        return len(self.scheduler.waiting)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from serve.orchestrator import Mode, Policy, RequestView, StepView
 
-from .scheduler import Scheduler, StepPlan
+from .scheduler import Scheduler, StepPlan, fair_interleave
 from .sequence import Sequence
 
 
@@ -140,4 +140,15 @@ class StepPlanner:
             listed = set(decision.admit)
             rest = [s.request_id for s in sched.policy.order(sched.waiting) if s.request_id not in listed]
             return StepPlan(frozenset(), tuple(decision.admit) + tuple(rest))
-        return StepPlan(frozenset(decision.pause), tuple(decision.admit))
+        # the policy's order, with owners (clients) taking turns: one client's backlog cannot starve
+        # another. An owner with nothing running gets its first request in even past the policy's
+        # free slots (the scheduler preempts the busiest owner's latest for it), if the mode runs it.
+        owners = {s.request_id: s.owner for s in sched.waiting}
+        holding = {s.owner for s in sched.running}
+        newcomers, seen = [], set()
+        for s in sched.policy.order(sched.waiting) if holding else ():  # an empty batch: the policy's own choice
+            if s.owner not in holding and s.owner not in seen and applied.can_run(s.adapter):
+                seen.add(s.owner)
+                newcomers.append(s.request_id)
+        admit = newcomers + [r for r in fair_interleave(list(decision.admit), owners.get) if r not in set(newcomers)]
+        return StepPlan(frozenset(decision.pause), tuple(admit))

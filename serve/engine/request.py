@@ -60,6 +60,9 @@ class Request:
     app: str | None = None  # application tag
     slo_ms: float | None = None  # latency objective of the application
     request_id: str | None = None
+    # who submitted it (the RPC server puts the connection here): waiting requests of different
+    # owners take turns, so one owner's backlog cannot starve another's request
+    owner: str | None = None
     raw_prompt: bool = False
     prompt_token_ids: list[int] | None = None
 

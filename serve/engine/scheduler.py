@@ -22,6 +22,7 @@ keep their blocks), and only the waiting sequences it lists are admitted, in its
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
@@ -43,6 +44,37 @@ class ArrivalOrder(SchedulingPolicy):
 
     def order(self, seqs: list[Sequence]) -> list[Sequence]:
         return sorted(seqs, key=lambda s: (s.arrival_time, s.seq_id))
+
+
+class FairShare(SchedulingPolicy):
+    """Owners take turns: each owner's sequences keep their arrival order, and the k-th of every
+    owner comes before the (k+1)-th of any (ties by arrival). One client's backlog of hundreds
+    therefore waits behind another client's single request instead of ahead of it; with one owner
+    (or none set) this is arrival order."""
+
+    name = "fair"
+
+    def order(self, seqs: list[Sequence]) -> list[Sequence]:
+        turn: dict[str | None, int] = {}
+        keyed = []
+        for seq in sorted(seqs, key=lambda s: (s.arrival_time, s.seq_id)):
+            k = turn.get(seq.owner, 0)
+            turn[seq.owner] = k + 1
+            keyed.append((k, seq.arrival_time, seq.seq_id, seq))
+        return [item[-1] for item in sorted(keyed, key=lambda item: item[:3])]
+
+
+def fair_interleave(request_ids: list[str], owner_of) -> list[str]:
+    """`request_ids` (an order decided elsewhere, e.g. by an orchestrator policy) with owners
+    taking turns: each owner's ids keep their relative order."""
+    turn: dict = {}
+    keyed = []
+    for i, rid in enumerate(request_ids):
+        owner = owner_of(rid)
+        k = turn.get(owner, 0)
+        turn[owner] = k + 1
+        keyed.append((k, i, rid))
+    return [rid for _, _, rid in sorted(keyed)]
 
 
 class AdapterGate:
@@ -155,10 +187,35 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.append(seq)
 
+    def _make_room(self, plan: StepPlan) -> list[Sequence]:
+        """Fair share of a full batch: a waiting sequence whose owner has nothing running gets a
+        slot, by preempting (recompute) the latest sequence of the owner holding the most slots.
+        Work-conserving: with room in the batch, or one owner, nothing is preempted."""
+        if len(self.running) < self.config.max_batch_size:
+            return []
+        holding = Counter(s.owner for s in self.running)
+        allowed = None if plan.admit is None else set(plan.admit)
+        newcomers = []
+        for seq in self.waiting:
+            if seq.owner not in holding and seq.owner not in newcomers and (allowed is None or seq.request_id in allowed):
+                newcomers.append(seq.owner)
+        victims = []
+        for _ in newcomers:
+            owner, held = holding.most_common(1)[0]
+            if held <= 1:
+                break
+            victim = [s for s in self.policy.order(self.running) if s.owner == owner][-1]
+            self.running.remove(victim)
+            self._preempt(victim)
+            holding[owner] -= 1
+            victims.append(victim)
+        return victims
+
     def schedule(self, plan: StepPlan | None = None) -> ScheduledBatch:
         cfg, bm = self.config, self.block_manager
         plan = plan or StepPlan()
         batch = ScheduledBatch()
+        fair_victims = self._make_room(plan)
         budget = cfg.max_tokens_per_step
         running = self.policy.order(self.running)
         i = 0
@@ -181,12 +238,16 @@ class Scheduler:
                 i += 1
         self.running = running
         if batch.preempted:  # memory is short: admit no one this step
+            batch.preempted += fair_victims
             return batch
+        batch.preempted += fair_victims
         if plan.admit is None:
             candidates = self.policy.order(self.waiting)
         else:
             by_id = {seq.request_id: seq for seq in self.waiting}
             candidates = [by_id[r] for r in plan.admit if r in by_id]
+        if fair_victims:  # the slots they freed are the newcomers': they wait at least this step
+            candidates = [seq for seq in candidates if seq not in fair_victims]
         for seq in candidates:
             if budget <= 0 or len(self.running) >= cfg.max_batch_size:
                 break

@@ -72,6 +72,7 @@ class Sequence:
     adapter_version: int = 0  # with the name: a reloaded adapter never shares blocks with its old self
     prefill_only: bool = False  # head mode: finishes (reason "head") once its prompt is computed
     reuse_prefix: bool = True  # may take cached blocks (off when every prompt row's hidden state is needed)
+    owner: str | None = None  # who submitted it: the scheduler's fair order lets owners take turns
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:

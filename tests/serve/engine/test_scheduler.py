@@ -140,3 +140,39 @@ def test_the_policy_decides_who_goes_first():
     batch, _ = _step(s)
     assert [q.request_id for q, _ in batch.entries] == ["late"]
     assert ArrivalOrder().order([_seq("y", 1, t=2), _seq("x", 1, t=1)])[0].request_id == "x"
+
+
+def _owned(name, owner, t, n_prompt=4, max_tokens=4):
+    seq = _seq(name, n_prompt, max_tokens=max_tokens, t=t)
+    seq.owner = owner
+    return seq
+
+
+def test_owners_take_turns_in_the_fair_order():
+    from serve.engine.scheduler import FairShare
+
+    seqs = [_owned(f"a{i}", "a", t=i) for i in range(4)] + [_owned("b0", "b", t=10), _owned("c0", "c", t=11)]
+    order = [s.request_id for s in FairShare().order(seqs)]
+    assert order == ["a0", "b0", "c0", "a1", "a2", "a3"]
+    single = [_owned(f"x{i}", None, t=5 - i) for i in range(3)]
+    assert [s.request_id for s in FairShare().order(single)] == ["x2", "x1", "x0"]  # one owner: arrival order
+
+
+def test_a_full_batch_makes_room_for_an_owner_with_nothing_running():
+    from serve.engine.scheduler import FairShare
+
+    s = Scheduler(SchedulerConfig(max_batch_size=2, max_model_len=256), BlockManager(64, 4), FairShare())
+    for i in range(3):
+        s.add(_owned(f"a{i}", "a", t=i, max_tokens=50))
+    _step(s)
+    assert {q.request_id for q in s.running} == {"a0", "a1"}
+    s.add(_owned("b0", "b", t=10))
+    batch, _ = _step(s)
+    # a1 (a's latest running) is preempted for b0, which runs this step; a1 does not take its slot back
+    assert [q.request_id for q in batch.preempted] == ["a1"] and {q.request_id for q in s.running} == {"a0", "b0"}
+    s2 = Scheduler(SchedulerConfig(max_batch_size=2, max_model_len=256), BlockManager(64, 4), FairShare())
+    for i in range(3):
+        s2.add(_owned(f"a{i}", "a", t=i, max_tokens=50))
+    _step(s2)
+    batch, _ = _step(s2)  # one owner: work-conserving, nobody is preempted
+    assert batch.preempted == [] and {q.request_id for q in s2.running} == {"a0", "a1"}

@@ -68,7 +68,7 @@ def adapter_root(tiny_zoo, tmp_path_factory):
 def server(tiny_zoo, vlora_home, adapter_root):
     proc = ServerProcess(tiny_zoo[NAME], vlora_home, "rpc.handshake_timeout_s=1.0", "rpc.max_handshakes=4",
                          "rpc.max_unpolled_per_connection=3", "rpc.result_ttl_s=30", f"rpc.adapter_root={adapter_root}",
-                         "rpc.max_message_bytes=8000000", "rpc.max_pixels_in_flight=200000")
+                         "rpc.max_message_bytes=8000000", "rpc.max_pixels_in_flight=200000", "engine.max_batch_size=4")
     yield proc
     proc.stop()
 
@@ -269,3 +269,23 @@ def test_decoded_pixels_are_bounded_per_request_and_across_connections(server):
         assert busy.value.kind == "busy"
         assert first.result(60)["finish_reason"] == "length"
         assert b.submit_image("Describe.", [frame], sampling={"max_tokens": 1}, encoding="raw").result(60)
+
+
+def test_a_flooding_client_does_not_starve_another(server):
+    # one connection queues 32 requests, then another sends one: owners take turns (and a full batch
+    # makes room for an owner with nothing running), so the second request finishes after a few of
+    # the flood's, not after all of them (it used to wait for the whole backlog, first come first served)
+    params = {"max_tokens": 32, "ignore_eos": True}
+    frame = np.zeros((32, 32, 3), np.uint8)
+    with Client("127.0.0.1", server.port, TOKEN) as flood, Client("127.0.0.1", server.port, TOKEN) as other:
+        backlog = [flood.submit_image(f"Describe {i}.", [frame], sampling=params, encoding="raw") for i in range(32)]
+        assert other.submit_image("Describe.", [frame], sampling=params, encoding="raw").result(120)
+        done = sum(_finished(flood, s.request_id) for s in backlog)
+        assert done <= 12, f"{done} of the flood's 32 requests finished before the other client's one"
+
+
+def _finished(client: Client, request_id: str) -> bool:
+    try:
+        return any(e["type"] == "final" for e in client._call("poll", request_id, 0.0)["events"])
+    except ServerError as e:  # finished, and forgotten unpolled (this server keeps 3)
+        return e.kind == "expired"

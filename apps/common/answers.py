@@ -11,6 +11,8 @@ Qwen2-VL's native grounding form, "<|object_ref_start|>the red car<|object_ref_e
 <|box_start|>(x1,y1),(x2,y2)<|box_end|>" (or the bare "(x1,y1),(x2,y2)" left when special tokens
 are skipped in decoding), is read as well: on a 0-1000 grid of the frame (Qwen2-VL), or, given
 `native_size`, as absolute pixels of an input of that (width, height) (Qwen2.5-VL's resized input).
+Given `native_size`, Qwen2.5-VL's JSON form `{"bbox_2d": [x1, y1, x2, y2], "label": ...}` is read in
+those pixels too.
 
 Box matching (`match_boxes`) is greedy by IoU, each box used once, a pair counting at IoU >= 0.5,
 like `heads.metrics.detection_counts`; written here in plain Python so a client needs no torch.
@@ -30,6 +32,7 @@ _NUM = r"(-?\d+(?:\.\d+)?)"
 _BOX = re.compile(r"[\(\[]\s*" + r"\s*,\s*".join([_NUM] * 4) + r"\s*[\)\]]")
 _POINT = r"\(\s*" + _NUM + r"\s*,\s*" + _NUM + r"\s*\)"
 _NATIVE_BOX = re.compile(r"(?:<\|box_start\|>\s*)?" + _POINT + r"\s*,\s*" + _POINT + r"(?:\s*<\|box_end\|>)?")
+_BBOX_2D = re.compile(r"[\"']bbox_2d[\"']\s*:\s*$")  # just before a box: Qwen2.5-VL's JSON form
 NATIVE_GRID = 1000.0  # Qwen2-VL's box coordinates: [0, 1000) of the image's width and height
 _INT = re.compile(r"(?<![\w.])(\d+)(?!\w|\.\d)")  # whole numbers, not parts of "0.25" or "x2"
 _WORD = re.compile(r"[a-z]+")
@@ -113,8 +116,10 @@ def parse_boxes(text: str, width: int, height: int, scale: str = "auto",
     on the 0-1000 grid, or in pixels of `native_size` (width, height) when it is given."""
     if scale not in SCALES:
         raise ValueError(f"box scale must be one of {SCALES}, got {scale!r}")
-    found = [(m.start(), [float(v) for v in m.groups()]) for m in _BOX.finditer(text)]
-    native = [(m.start(), [float(v) for v in m.groups()]) for m in _NATIVE_BOX.finditer(text)]
+    found, native = [], [(m.start(), [float(v) for v in m.groups()]) for m in _NATIVE_BOX.finditer(text)]
+    for m in _BOX.finditer(text):
+        json_box = native_size is not None and _BBOX_2D.search(text, max(0, m.start() - 16), m.start())
+        (native if json_box else found).append((m.start(), [float(v) for v in m.groups()]))
     if found and scale == "auto":
         top = max(max(v) for _, v in found)
         scale = "unit" if top <= 1.0 else "percent" if top <= 100 else "pixel"

@@ -5,8 +5,9 @@ mapped back to the photo's own pixels for scoring and drawing.
 
 Grounding conventions (`GROUNDINGS`), how a model's native `<|box_start|>(x1,y1),(x2,y2)<|box_end|>`
 boxes are read: Qwen2-VL writes them on a 0-1000 grid of the image; Qwen2.5-VL writes absolute
-pixels of its resized input (`qwen_resized_size`, the processor's smart_resize with the released
-checkpoints' min / max pixels).
+pixels of its resized input, in the native form and in its JSON `"bbox_2d"` answers
+(`qwen_resized_size`, the processor's smart_resize with the released checkpoints' min / max pixels:
+a server whose processor is configured otherwise resizes differently, and its boxes shift).
 """
 
 from __future__ import annotations

@@ -120,6 +120,10 @@ def test_qwen2_vl_native_boxes_parse_to_pixels():
     assert resized == (644, 476)
     assert parse_boxes("<|box_start|>(161,119),(322,238)<|box_end|>", 640, 480, native_size=resized) == \
         [pytest.approx((160.0, 120.0, 320.0, 240.0))]
+    # and its JSON form, in the same pixels; without an input size it is read as before
+    json_answer = '[{"bbox_2d": [161, 119, 322, 238], "label": "car"}]'
+    assert parse_boxes(json_answer, 640, 480, native_size=resized) == [pytest.approx((160.0, 120.0, 320.0, 240.0))]
+    assert parse_boxes(json_answer, 640, 480) == [(161.0, 119.0, 322.0, 238.0)]
     # the formats read before: a 4-tuple in percent, unit or pixels, alongside a native box in text order
     assert parse_boxes("car (10, 10, 30, 30) then <|box_start|>(500,500),(1000,1000)<|box_end|>", 100, 100) == \
         [(10.0, 10.0, 30.0, 30.0), (50.0, 50.0, 100.0, 100.0)]

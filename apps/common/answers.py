@@ -7,6 +7,13 @@ Boxes in text are "(x1, y1, x2, y2)" (square brackets also do). Their unit is `s
 "auto": unit when every value is <= 1, percent when every value is <= 100, else pixel.
 Head boxes are always unit boxes. Predictions carry boxes in pixels of the frame sent.
 
+Qwen2-VL's native grounding form, "<|object_ref_start|>the red car<|object_ref_end|>
+<|box_start|>(x1,y1),(x2,y2)<|box_end|>" (or the bare "(x1,y1),(x2,y2)" left when special tokens
+are skipped in decoding), is read as well: on a 0-1000 grid of the frame (Qwen2-VL), or, given
+`native_size`, as absolute pixels of an input of that (width, height) (Qwen2.5-VL's resized input).
+Given `native_size`, Qwen2.5-VL's JSON form `{"bbox_2d": [x1, y1, x2, y2], "label": ...}` is read in
+those pixels too.
+
 Box matching (`match_boxes`) is greedy by IoU, each box used once, a pair counting at IoU >= 0.5,
 like `heads.metrics.detection_counts`; written here in plain Python so a client needs no torch.
 """
@@ -23,6 +30,10 @@ NUMBER_WORDS = {w: i for i, w in enumerate(
 SCALES = ("auto", "unit", "percent", "pixel")
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _BOX = re.compile(r"[\(\[]\s*" + r"\s*,\s*".join([_NUM] * 4) + r"\s*[\)\]]")
+_POINT = r"\(\s*" + _NUM + r"\s*,\s*" + _NUM + r"\s*\)"
+_NATIVE_BOX = re.compile(r"(?:<\|box_start\|>\s*)?" + _POINT + r"\s*,\s*" + _POINT + r"(?:\s*<\|box_end\|>)?")
+_BBOX_2D = re.compile(r"[\"']bbox_2d[\"']\s*:\s*$")  # just before a box: Qwen2.5-VL's JSON form
+NATIVE_GRID = 1000.0  # Qwen2-VL's box coordinates: [0, 1000) of the image's width and height
 _INT = re.compile(r"(?<![\w.])(\d+)(?!\w|\.\d)")  # whole numbers, not parts of "0.25" or "x2"
 _WORD = re.compile(r"[a-z]+")
 
@@ -98,17 +109,26 @@ def _to_pixels(values: list[float], scale: str, width: int, height: int) -> Box:
     return (x1, y1, x2, y2)
 
 
-def parse_boxes(text: str, width: int, height: int, scale: str = "auto") -> list[Box]:
-    """Every "(x1, y1, x2, y2)" in the text, as pixel boxes of a width x height frame."""
+def parse_boxes(text: str, width: int, height: int, scale: str = "auto",
+                native_size: tuple[int, int] | None = None) -> list[Box]:
+    """Every "(x1, y1, x2, y2)" and native "(x1,y1),(x2,y2)" box in the text, in the order written,
+    as pixel boxes of a width x height frame. `scale` is the unit of the first form; native boxes are
+    on the 0-1000 grid, or in pixels of `native_size` (width, height) when it is given."""
     if scale not in SCALES:
         raise ValueError(f"box scale must be one of {SCALES}, got {scale!r}")
-    found = [[float(v) for v in m.groups()] for m in _BOX.finditer(text)]
-    if not found:
-        return []
-    if scale == "auto":
-        top = max(max(v) for v in found)
+    found, native = [], [(m.start(), [float(v) for v in m.groups()]) for m in _NATIVE_BOX.finditer(text)]
+    for m in _BOX.finditer(text):
+        json_box = native_size is not None and _BBOX_2D.search(text, max(0, m.start() - 16), m.start())
+        (native if json_box else found).append((m.start(), [float(v) for v in m.groups()]))
+    if found and scale == "auto":
+        top = max(max(v) for _, v in found)
         scale = "unit" if top <= 1.0 else "percent" if top <= 100 else "pixel"
-    return [_to_pixels(v, scale, width, height) for v in found]
+    boxes = [(at, _to_pixels(v, scale, width, height)) for at, v in found]
+    nw, nh = native_size or (NATIVE_GRID, NATIVE_GRID)
+    for at, v in native:
+        v = [v[0] / nw, v[1] / nh, v[2] / nw, v[3] / nh]
+        boxes.append((at, _to_pixels(v, "unit", width, height)))
+    return [b for _, b in sorted(boxes, key=lambda item: item[0])]
 
 
 def from_head(kind: str, head: dict[str, Any], width: int, height: int) -> Prediction:
@@ -126,14 +146,14 @@ def from_head(kind: str, head: dict[str, Any], width: int, height: int) -> Predi
 
 
 def from_text(kind: str, text: str, width: int, height: int, labels: Sequence[str] = (),
-              box_scale: str = "auto") -> Prediction:
-    """Generated text parsed as an answer of `kind`."""
+              box_scale: str = "auto", native_size: tuple[int, int] | None = None) -> Prediction:
+    """Generated text parsed as an answer of `kind` (`native_size`: see parse_boxes)."""
     pred = Prediction(kind, text=text, source="text")
     if kind == "count":
         pred.count = parse_count(text)
         pred.parsed = pred.count is not None
     elif kind == "detect":
-        pred.boxes = parse_boxes(text, width, height, box_scale)
+        pred.boxes = parse_boxes(text, width, height, box_scale, native_size)
         # "none" / "no cars" is a real answer: nothing found
         pred.parsed = bool(pred.boxes) or parse_count(text) == 0
     elif kind == "label":

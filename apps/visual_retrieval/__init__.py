@@ -7,20 +7,24 @@ answers are known) or interactively.
     report = app.run_batch(read_queries("queries.jsonl"))   # out/results.jsonl, out/drawn/*.png
     app.interactive(sys.stdin, sys.stdout)
 
-Roles: `collection` (images, world truth), `queries` (kinds, the query file, queries from
-truth), `scoring` (exact / VQA / IoU / caption F1), `app` (routing, submission, results),
-`draw`, `report`. Answer parsing and routing are shared with apps.video_analytics.
+Roles: `collection` (images, world truth, truncated or corrupt files refused), `queries` (kinds,
+the query file, its malformed lines skipped, queries from truth), `fit` (photos downscaled to the
+server's pixel limit, boxes mapped back, native box conventions), `scoring` (exact / VQA / IoU /
+caption F1), `app` (routing, submission, results), `draw`, `report`. Answer parsing and routing
+are shared with apps.video_analytics.
 """
 
 from .app import DEFAULT_ROUTES, RetrievalApp, RetrievalConfig
-from .collection import ImageCollection
+from .collection import BadImage, ImageCollection
+from .fit import GROUNDINGS, fit_image, map_boxes, qwen_resized_size
 from .draw import draw_result
 from .queries import KINDS, Query, classify, read_queries, world_queries, write_queries
 from .report import summarise
 from .scoring import exact_match, normalise, predict, score, short_answer, token_f1, vqa_normalise, vqa_score
 
 __all__ = [
-    "RetrievalApp", "RetrievalConfig", "DEFAULT_ROUTES", "ImageCollection", "Query", "KINDS", "classify",
+    "RetrievalApp", "RetrievalConfig", "DEFAULT_ROUTES", "ImageCollection", "BadImage", "GROUNDINGS", "fit_image",
+    "map_boxes", "qwen_resized_size", "Query", "KINDS", "classify",
     "read_queries", "write_queries", "world_queries", "summarise", "draw_result", "predict", "score",
     "short_answer", "exact_match", "vqa_score", "vqa_normalise", "normalise", "token_f1",
 ]

@@ -20,7 +20,9 @@ from serve.rpc import ServerError
 
 from apps.common.routing import Route, ServerCaps, resolve_route
 
+from .collection import BadImage
 from .draw import draw_result
+from .fit import GROUNDINGS, fit_image, map_boxes, native_box_size
 from .queries import KINDS, Query
 from .report import summarise
 from .scoring import predict, score
@@ -43,6 +45,8 @@ class RetrievalConfig:
     concurrency: int = 4  # queries in flight at once in batch mode
     draw: str = "boxes"  # draw results on their images: boxes (queries with boxes) | all | none
     box_scale: str = "auto"
+    max_frame_pixels: int = 3840 * 2160  # the server's rpc.max_frame_pixels: larger photos are downscaled to it
+    grounding: str = "qwen2_vl"  # how native <|box_start|> boxes are read: qwen2_vl (0-1000) | qwen2_5_vl
     encoding: str = "png"
     request_timeout_s: float = 60.0
     app: str = "visual_retrieval"
@@ -54,6 +58,10 @@ class RetrievalConfig:
         self.routes = {**DEFAULT_ROUTES, **self.routes}
         if self.draw not in ("boxes", "all", "none"):
             raise ValueError(f"draw must be boxes, all or none, got {self.draw!r}")
+        if self.grounding not in GROUNDINGS:
+            raise ValueError(f"grounding must be one of {GROUNDINGS}, got {self.grounding!r}")
+        if self.max_frame_pixels < 1:
+            raise ValueError(f"max_frame_pixels must be >= 1, got {self.max_frame_pixels}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
 
@@ -103,6 +111,7 @@ class RetrievalApp:
         return True
 
     def _submit(self, query: Query, image) -> Any:
+        """Send `image` (BGR, already within max_frame_pixels) with the query's question."""
         while True:
             route = self.route(query.kind)
             try:
@@ -116,17 +125,31 @@ class RetrievalApp:
                 if not self._degrade(query.kind, e, route):
                     raise
 
-    def _result(self, query: Query, image, final: dict | None, error: str | None, started: float,
+    def prediction(self, query: Query, final: dict[str, Any], photo_size: tuple[int, int],
+                   sent_size: tuple[int, int]) -> Any:
+        """The server's final event for `query` as a Prediction whose boxes are pixels of the photo
+        (width, height): parsed in the frame sent (sent_size), native boxes by config.grounding."""
+        pred = predict(query.kind, final, *sent_size, self.config.box_scale,
+                       native_box_size(self.config.grounding, *sent_size))
+        pred.boxes = map_boxes(pred.boxes, sent_size, photo_size)
+        return pred
+
+    def _result(self, query: Query, image, sent, final: dict | None, error: str | None, started: float,
                 route: Route) -> dict[str, Any]:
+        """`image`: the photo; `sent`: the frame sent (the photo, or it downscaled). Boxes are
+        parsed in the frame sent and mapped back to the photo's pixels."""
         h, w = image.shape[:2]
+        sh, sw = sent.shape[:2]
         out: dict[str, Any] = {"id": query.id, "image": query.image, "question": query.question, "kind": query.kind,
                                "route": {"adapter": route.adapter, "output_mode": route.output_mode},
                                "answers": query.answers, "box": query.box,
                                "latency_ms": round((time.perf_counter() - started) * 1e3, 2)}
+        if (sw, sh) != (w, h):
+            out["sent_size"] = [sw, sh]
         if final is None:
             out["error"] = error
             return out
-        pred = predict(query.kind, final, w, h, self.config.box_scale)
+        pred = self.prediction(query, final, (w, h), (sw, sh))
         out.update(text=final.get("text", ""), prediction=pred.to_dict(), scores=score(query, pred),
                    server_ms=(final.get("timing") or {}).get("total_ms"))
         draw = self.config.draw == "all" or (self.config.draw == "boxes" and (pred.boxes or query.box is not None))
@@ -141,20 +164,23 @@ class RetrievalApp:
         """Answer queries, `concurrency` at a time; results in the order of the queries."""
         queries = list(queries)
         results: list[dict[str, Any] | None] = [None] * len(queries)
-        pending: dict[int, tuple[Any, float, Any, Route]] = {}
+        pending: dict[int, tuple[Any, float, Any, Any, Route]] = {}
         nxt = 0
         while nxt < len(queries) or pending:
             while nxt < len(queries) and len(pending) < self.config.concurrency:
                 q, started = queries[nxt], time.perf_counter()
                 try:
                     image = self.collection.load(q.image)
-                    stream = self._submit(q, image)
-                    pending[nxt] = (stream, started, image, self.routes[q.kind])
+                    sent = fit_image(image, self.config.max_frame_pixels)
+                    stream = self._submit(q, sent)
+                    pending[nxt] = (stream, started, image, sent, self.routes[q.kind])
                 except (KeyError, IOError, ServerError) as e:
                     results[nxt] = {"id": q.id, "image": q.image, "question": q.question, "kind": q.kind,
                                     "error": e.args[0] if isinstance(e, KeyError) else str(e)}
+                    if isinstance(e, (KeyError, BadImage)):  # the query's own input is at fault; nothing was sent
+                        results[nxt]["input_error"] = True
                 nxt += 1
-            for i, (stream, started, image, route) in list(pending.items()):
+            for i, (stream, started, image, sent, route) in list(pending.items()):
                 final, error = None, None
                 try:
                     stream.poll(0.02 if len(pending) > 1 else 0.25)
@@ -167,23 +193,29 @@ class RetrievalApp:
                 except ServerError as e:
                     if self._degrade(queries[i].kind, e, route):  # e.g. a head the server lacks: generate instead
                         try:
-                            pending[i] = (self._submit(queries[i], image), started, image, self.routes[queries[i].kind])
+                            pending[i] = (self._submit(queries[i], sent), started, image, sent,
+                                          self.routes[queries[i].kind])
                             continue
                         except ServerError as again:
                             e = again
                     error = str(e)
                 del pending[i]
-                results[i] = self._result(queries[i], image, final, error, started, route)
+                results[i] = self._result(queries[i], image, sent, final, error, started, route)
         return results
 
-    def run_batch(self, queries: list[Query], results_path: str | Path | None = None) -> dict[str, Any]:
-        """Answer every query, write one JSON line per result, return the report (report.summarise)."""
+    def run_batch(self, queries: list[Query], results_path: str | Path | None = None,
+                  skipped: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Answer every query, write one JSON line per result, return the report (report.summarise).
+        `skipped`: the query file's lines left out ({"line", "error"}, from read_queries), written
+        to the results after the answers and listed in the report."""
         results = self.run(queries)
+        skipped = list(skipped or [])
         path = Path(results_path) if results_path else (self.out_dir / "results.jsonl" if self.out_dir else None)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
-        report = summarise(results)
+            rows = results + [{"skipped_line": s["line"], "error": s["error"]} for s in skipped]
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        report = summarise(results, skipped)
         report.update(routes={k: r.to_dict() for k, r in self.routes.items()}, mode_switches=self.mode_switches,
                       results=None if path is None else str(path))
         return report

@@ -3,15 +3,21 @@ with ground truth when the directory is (part of) a synthetic world written by `
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from world import WorldItem, load_world
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+
+
+class BadImage(IOError):
+    """An image file of the collection that cannot be read whole: an input error, never sent."""
 
 
 class ImageCollection:
@@ -45,10 +51,19 @@ class ImageCollection:
         return self.root / name
 
     def load(self, name: str) -> np.ndarray:
-        """The image as BGR uint8 [H, W, 3]."""
-        image = cv2.imread(str(self.path(name)), cv2.IMREAD_COLOR)
+        """The image as BGR uint8 [H, W, 3]. A truncated or corrupt file raises BadImage: OpenCV
+        decodes what it can of a truncated JPEG and fills the rest grey, so the whole file is first
+        decoded by PIL, which refuses one that ends early or does not decode."""
+        path = self.path(name)
+        data = path.read_bytes()
+        try:
+            with Image.open(io.BytesIO(data)) as probe:
+                probe.load()
+        except Exception as e:  # PIL raises OSError, SyntaxError, ValueError... for a bad file
+            raise BadImage(f"image {name!r} is truncated or corrupt ({type(e).__name__}: {e})") from None
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         if image is None:
-            raise IOError(f"OpenCV cannot read image {self.path(name)}")
+            raise BadImage(f"image {name!r}: OpenCV cannot decode {path}")
         return image
 
     def truth(self, name: str) -> WorldItem | None:

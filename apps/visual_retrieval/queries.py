@@ -82,14 +82,25 @@ class Query:
                    str(d.get("id", line if line is not None else "")))
 
 
-def read_queries(path: str | os.PathLike) -> list[Query]:
+def read_queries(path: str | os.PathLike, skipped: list[dict[str, Any]] | None = None) -> list[Query]:
+    """The queries of a JSON-lines file. A malformed line (not JSON, a missing or unknown key, a bad
+    kind or box) raises ValueError, unless `skipped` is a list: then the line is left out and
+    {"line": n, "error": why} appended to it, so one bad line does not cost the whole batch."""
     out = []
     for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
+        if not line.strip():
+            continue
+        try:
             try:
-                out.append(Query.from_dict(json.loads(line), i))
+                d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path} line {i} is not valid JSON: {e}") from None
+            out.append(Query.from_dict(d, i))
+        except (ValueError, TypeError) as e:
+            if skipped is None:
+                raise
+            why = str(e)
+            skipped.append({"line": i, "error": why if f"line {i}" in why else f"line {i}: {why}"})
     return out
 
 

@@ -67,12 +67,14 @@ def token_f1(text: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def predict(kind: str, final: dict[str, Any], width: int, height: int, box_scale: str = "auto") -> Prediction:
-    """The server's final event as the Prediction a query of `kind` expects."""
+def predict(kind: str, final: dict[str, Any], width: int, height: int, box_scale: str = "auto",
+            native_size: tuple[int, int] | None = None) -> Prediction:
+    """The server's final event as the Prediction a query of `kind` expects, boxes in pixels of the
+    width x height frame sent (`native_size`: see apps.common.answers.parse_boxes)."""
     answer_kind, labels = ANSWER_KINDS[kind]
     if final.get("head") is not None:
         return from_head(answer_kind, final["head"], width, height)
-    return from_text(answer_kind, final.get("text", ""), width, height, labels, box_scale)
+    return from_text(answer_kind, final.get("text", ""), width, height, labels, box_scale, native_size)
 
 
 def short_answer(pred: Prediction) -> str | None:

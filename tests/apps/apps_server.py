@@ -18,10 +18,11 @@ WORLD = {"width": 64, "height": 64, "fps": 10, "clip_frames": 10}
 
 
 @contextlib.contextmanager
-def serving(checkpoint, adapter_root: str = ""):
-    """adapter_root: where clients may load adapters from at run time ("" = nowhere)."""
+def serving(checkpoint, adapter_root: str = "", **limits):
+    """adapter_root: where clients may load adapters from at run time ("" = nowhere); limits: other
+    fields of serve.rpc.Limits (max_frame_pixels, ...)."""
     engine = Engine(checkpoint, EngineConfig(device="cpu", num_kv_blocks=512))
-    server = RpcServer(engine, TOKEN, "127.0.0.1", 0, Limits(adapter_root=adapter_root)).start()
+    server = RpcServer(engine, TOKEN, "127.0.0.1", 0, Limits(adapter_root=adapter_root, **limits)).start()
     try:
         yield server
     finally:

@@ -39,12 +39,23 @@ class RetrievalJob:
     out_dir: str
     seed: int = 0
     routes: dict = field(default_factory=dict)
+    max_frame_pixels: int = 3840 * 2160
+    grounding: str = "qwen2_vl"
+
+
+def grounding_of(value: str, arch: str | None) -> str:
+    """`grounding: auto` follows the configured model's arch: Qwen2.5-VL writes native boxes in
+    pixels of its resized input, every other model is read on Qwen2-VL's 0-1000 grid."""
+    if value != "auto":
+        return value
+    return "qwen2_5_vl" if arch == "qwen2_5_vl" else "qwen2_vl"
 
 
 def job_from_cfg(cfg: DictConfig) -> RetrievalJob:
     keys = ("manifest", "collection", "queries", "queries_per_image", "max_new_tokens", "accuracy_target", "heads",
-            "load_adapters", "concurrency", "draw", "out_dir", "seed", "routes")
+            "load_adapters", "concurrency", "draw", "out_dir", "seed", "routes", "max_frame_pixels")
     values = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in keys}
+    values["grounding"] = grounding_of(cfg.grounding, cfg.model.get("arch"))
     return to_dataclass(RetrievalJob, values, host=cfg.server.host, port=cfg.server.port, token=cfg.server.token)
 
 
@@ -61,13 +72,14 @@ def run_queries(job: RetrievalJob, port: int, stdin=None, stdout=None) -> dict[s
     manifest = load_manifest(job.manifest)
     config = RetrievalConfig(max_new_tokens=job.max_new_tokens, routes=job.routes, accuracy_target=job.accuracy_target,
                              heads=job.heads, load_adapters=job.load_adapters, concurrency=job.concurrency,
-                             draw=job.draw)
+                             draw=job.draw, max_frame_pixels=job.max_frame_pixels, grounding=job.grounding)
     out = Path(job.out_dir)
     with Client(job.host, port, job.token) as client:
         app = RetrievalApp(client, collection, config, manifest, out)
         if job.queries is None:
             answered = app.interactive(stdin or sys.stdin, stdout or sys.stdout)
             return {"mode": "interactive", "answered": answered}
+        skipped: list[dict[str, Any]] = []  # a query file's malformed lines: left out and reported
         if job.queries == "world":
             if not collection.has_truth:
                 raise SystemExit(f"visual_retrieval: queries=world needs a world's images; {job.collection} has no "
@@ -75,9 +87,11 @@ def run_queries(job: RetrievalJob, port: int, stdin=None, stdout=None) -> dict[s
             queries = world_queries(collection, job.queries_per_image, job.seed)
             write_queries(queries, out / "queries.jsonl")
         else:
-            queries = read_queries(job.queries)
+            queries = read_queries(job.queries, skipped)
+            for s in skipped:
+                print(f"visual_retrieval: skipped {job.queries} {s['error']}", file=sys.stderr, flush=True)
         print(f"visual_retrieval: {len(queries)} queries over {len(collection)} images", file=sys.stderr, flush=True)
-        report = app.run_batch(queries, out / "results.jsonl")
+        report = app.run_batch(queries, out / "results.jsonl", skipped)
     report.update(mode="batch", manifest=job.manifest if manifest is not None else None)
     return report
 
@@ -93,6 +107,11 @@ def print_report(report: dict[str, Any]) -> None:
         lat = s["latency_ms"]
         print(f"{kind:<10} {where:<22} {s['queries']:>7} {s['errors']:>6} {acc:>8} {lat['p50'] or '-':>8} "
               f"{lat['p95'] or '-':>8} {lat['p99'] or '-':>8}")
+    overall = report["overall"]
+    if overall.get("input_errors"):
+        print(f"{overall['input_errors']} input error(s): images missing, truncated or corrupt (not sent)")
+    for s in report.get("skipped", []):
+        print(f"skipped query line {s['line']}: {s['error']}")
 
 
 def run(cfg: DictConfig, stdin=None, stdout=None) -> dict[str, Any]:

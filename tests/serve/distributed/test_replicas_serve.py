@@ -34,7 +34,8 @@ def test_replicas_behind_vlora_serve(tiny_zoo, vlora_home, tmp_path, tensor_para
     before = follower_pids()
     server = ServerProcess(tiny_zoo[NAME], vlora_home, "replicas.count=2", "replicas.cpus_per_replica=0",
                            "engine.policy=fcfs", f"engine.tensor_parallel_size={tensor_parallel}", f"adapters.manifest={tmp_path}/no-manifest.json",  # only these two
-                           "adapters.extra=[" + ",".join(f"'{s}'" for s in specs) + "]")
+                           "adapters.extra=[" + ",".join(f"'{s}'" for s in specs) + "]",
+                           f"rpc.adapter_root={tmp_path}")  # run-time loads allowed from there
     try:
         assert len(follower_pids() - before) == 2 * (tensor_parallel - 1)  # each replica's rank 1
         got: dict[int, list[int]] = {}

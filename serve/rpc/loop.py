@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .logs import clip
+
 log = logging.getLogger("vlora.serve.rpc")
 
 
@@ -67,6 +69,7 @@ class EngineLoop:
         self.idle_wait_s = idle_wait_s
         self._commands: "queue.Queue[tuple]" = queue.Queue()
         self._tickets: dict[str, Ticket] = {}  # engine thread only
+        self._requests: dict[str, Any] = {}  # the Request of each ticket (engine thread only)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counters: Counter[str] = Counter()  # read by other threads; ints, updated atomically enough
@@ -141,9 +144,11 @@ class EngineLoop:
                 ticket.put({"type": "error", "error": {"type": "rejected", "message": str(e)}})
                 return
             self._tickets[ticket.request_id] = ticket
+            self._requests[ticket.request_id] = request  # to start it over if a step fails (see _isolate)
             self.counters["admitted"] += 1
         elif kind == "abort":
             ticket = self._tickets.pop(command[1], None)
+            self._requests.pop(command[1], None)
             if ticket is not None:
                 with self.lock:
                     self.engine.abort(command[1])
@@ -163,9 +168,13 @@ class EngineLoop:
             with self.lock:
                 outputs = self.engine.step()
         except Exception as e:
-            log.exception("engine step failed; aborting the requests in flight")
+            log.exception("engine step failed; finding the request it cannot run")
             self.counters["step_errors"] += 1
-            self._fail_all(f"the engine failed while running this request ({type(e).__name__}: {e})")
+            try:
+                self._isolate()
+            except Exception:  # the engine cannot even run requests alone: everyone is told
+                log.exception("isolating the failed request failed")
+                self._fail_all(f"the engine failed while running this request ({type(e).__name__}: {e})")
             return
         for out in outputs:
             ticket = self._tickets.get(out.request_id)
@@ -173,6 +182,7 @@ class EngineLoop:
                 continue
             if out.finished:
                 del self._tickets[out.request_id]
+                self._requests.pop(out.request_id, None)
                 self.counters["finished"] += 1
                 ticket.put(self._final(ticket, out))
             elif out.new_token_ids:
@@ -196,8 +206,55 @@ class EngineLoop:
             event["new_text"] = out.new_text
         return event
 
+    def _isolate(self) -> None:
+        """A failed step is attributed to the request(s) that cause it, not to the whole batch: every
+        request in flight is taken out and run alone for one step; one whose step fails again is
+        answered with the error, the others start over (their clients get a "restart" event, then
+        the request's tokens from the beginning)."""
+        remaining, self._tickets = self._tickets, {}
+        requests, self._requests = self._requests, {}
+        try:
+            with self.lock:
+                for rid in remaining:
+                    self.engine.abort(rid)
+                self.engine.step()  # the aborts' outputs: nobody is waiting for them
+            for rid in list(remaining):
+                request = requests[rid]
+                try:
+                    with self.lock:
+                        self.engine.add_request(request)
+                        self.engine.step()  # its own first step, alone
+                    failure = None
+                except Exception as e:
+                    failure = f"{type(e).__name__}: {e}"
+                with self.lock:
+                    self.engine.abort(rid)
+                    self.engine.step()
+                ticket = remaining.pop(rid)
+                if failure is not None:
+                    self.counters["step_errors_attributed"] += 1
+                    ticket.put({"type": "error", "error": {"type": "engine_error", "message":
+                                f"the engine cannot run this request ({clip(failure)})"}})
+                else:
+                    ticket.put({"type": "restart"})
+                    self._add_again(request, ticket)
+        except Exception:  # the engine fails even alone: the ones not tried yet go back for _fail_all
+            self._tickets.update(remaining)
+            raise
+
+    def _add_again(self, request, ticket: Ticket) -> None:
+        try:
+            with self.lock:
+                self.engine.add_request(request)
+        except Exception as e:
+            ticket.put({"type": "error", "error": {"type": "rejected", "message": clip(str(e))}})
+            return
+        self._tickets[ticket.request_id] = ticket
+        self._requests[ticket.request_id] = request
+
     def _fail_all(self, message: str) -> None:
         tickets, self._tickets = self._tickets, {}
+        self._requests.clear()
         for request_id, ticket in tickets.items():
             try:
                 with self.lock:

@@ -23,6 +23,7 @@ from rpyc.utils.helpers import classpartial
 from rpyc.utils.server import ThreadedServer
 
 from .auth import TokenAuthenticator
+from .logs import bound, clip
 from .loop import EngineLoop
 from .service import ServerState, VLoRAService
 from .wire import Limits
@@ -51,6 +52,10 @@ def _quiet_logger() -> logging.Logger:
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.WARNING)
     return logger
+
+
+def _bounded_logs(server_logger: logging.Logger) -> None:
+    bound(logging.getLogger("vlora.serve.rpc"), server_logger)
 
 
 ACCEPT_PAUSE_S = 0.05  # after a failed accept (e.g. EMFILE: out of descriptors) before the next one
@@ -144,8 +149,11 @@ class GuardedServer(ThreadedServer):
                       endpoints=(sock.getsockname(), sock.getpeername()), logger=self.logger)
         channel = BoundedChannel(SocketStream(sock), self.max_message_bytes,
                                  lambda why: self._warn(f"connection closed: {why}"))
-        conn = self.service._connect(channel, config)
-        self._handle_connection(conn)
+        try:
+            conn = self.service._connect(channel, config)
+            self._handle_connection(conn)
+        except Exception as e:  # a client's malformed protocol: one clipped line, no traceback per message
+            self._warn(f"connection ended: {clip(f'{type(e).__name__}: {e}')}")
 
     def _authenticate(self, sock: socket.socket):
         """The token check on the connection's thread; its handshake slot is freed however it ends."""
@@ -169,6 +177,7 @@ class RpcServer:
                                      protocol_config=dict(PROTOCOL_CONFIG), logger=logger or _quiet_logger(),
                                      max_handshakes=limits.max_handshakes or max_connections,
                                      max_message_bytes=limits.max_message_bytes + MESSAGE_SLACK)
+        _bounded_logs(self._server.logger)
         self.host, self.port = host, self._server.port
         self._thread: threading.Thread | None = None
 

@@ -289,3 +289,79 @@ def _finished(client: Client, request_id: str) -> bool:
         return any(e["type"] == "final" for e in client._call("poll", request_id, 0.0)["events"])
     except ServerError as e:  # finished, and forgotten unpolled (this server keeps 3)
         return e.kind == "expired"
+
+
+def test_a_step_failure_is_charged_to_the_request_that_causes_it(tiny_zoo, monkeypatch):
+    # a fault no validation can foresee, injected into the sampler for one request (temperature
+    # 0.123): it used to abort every request in flight with engine_error; now the loop runs each
+    # alone, answers only that one with the error and starts the others over
+    import serve.engine.model_runner as runner
+    from serve.engine import Engine, EngineConfig
+    from serve.rpc import RpcServer
+
+    real = runner.sample
+
+    def faulty(logits, params, *args, **kwargs):
+        if any(p.temperature == 0.123 for p in params):
+            raise RuntimeError("injected fault")
+        return real(logits, params, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "sample", faulty)
+    engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=64))
+    frame = np.zeros((32, 32, 3), np.uint8)
+    with RpcServer(engine, TOKEN, "127.0.0.1", 0) as rpc, Client("127.0.0.1", rpc.port, TOKEN) as a, \
+            Client("127.0.0.1", rpc.port, TOKEN) as b:
+        honest = [a.submit_image(f"Describe {i}.", [frame], sampling={"max_tokens": 12, "ignore_eos": True})
+                  for i in range(3)]
+        with pytest.raises(ServerError, match="cannot run this request") as failed:
+            b.submit_image("Describe.", [frame], sampling={"temperature": 0.123, "seed": 1}).result(60)
+        assert failed.value.kind == "engine_error"
+        for s in honest:
+            out = s.result(60)
+            assert out["finish_reason"] == "length" and len(out["token_ids"]) == 12
+        assert rpc.loop.counters["step_errors_attributed"] == 1
+
+
+def test_replies_and_the_log_stay_clean_of_client_input_and_internals(server):
+    import rpyc
+    from rpyc.core.stream import SocketStream
+
+    from serve.rpc import PROTOCOL_CONFIG
+    from serve.rpc.auth import client_handshake
+
+    touched = []
+
+    class Nosy:  # a client object: the server must never call back into it
+        def __repr__(self):
+            touched.append("repr")
+            return "nosy"
+
+        def __eq__(self, other):
+            touched.append("eq")
+            return False
+
+        __hash__ = object.__hash__
+
+    before = len(server.lines)
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    client_handshake(sock, TOKEN)
+    conn = rpyc.connect_stream(SocketStream(sock), config=dict(PROTOCOL_CONFIG))
+    try:
+        replies = [json.loads(conn.root.poll(Nosy())), json.loads(conn.root.metrics(Nosy())),
+                   json.loads(conn.root.poll("x" * 100_000, 1, 2, 3)), json.loads(conn.root.abort(("a",) * 10))]
+    finally:
+        conn.close()
+    assert touched == []
+    for reply in replies:
+        assert not reply["ok"] and reply["error"]["type"] in ("bad_argument", "unknown_request")
+        assert len(reply["error"]["message"]) < 300 and "0x" not in reply["error"]["message"]
+        assert "wrapper" not in reply["error"]["message"] and "xxxxxxxxxx" not in reply["error"]["message"]
+    # malformed protocol after a good handshake: no traceback per message, no client string whole
+    for _ in range(20):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        client_handshake(s, TOKEN)
+        s.sendall(b"\x00\x00\x10\x00\x00" + b"y" * 5000)
+        s.close()
+    time.sleep(1.0)
+    log = "".join(server.lines[before:])
+    assert "Traceback" not in log and "y" * 600 not in log and len(log) < 20_000

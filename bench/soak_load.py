@@ -77,8 +77,8 @@ def _flood(port: int, token: str, depth: int, max_tokens: int, stop: threading.E
             for s in list(pending):
                 try:
                     s.poll(0.0)
-                except ServerError:
-                    stats["errors"] += 1
+                except ServerError as e:  # expired: finished past rpc.max_unpolled_per_connection before its poll
+                    stats[f"error_{e.kind}"] += 1
                     pending.remove(s)
                     continue
                 if s.final is not None:

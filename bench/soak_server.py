@@ -17,6 +17,14 @@ import numpy as np
 from apps.common.stats import percentile
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the soak's process dies, even killed (Linux prctl)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class ServerUnderTest:
     def __init__(self, checkpoint: str, home: Path, token: str, device: str, overrides: list[str],
                  threads: int, start_timeout_s: float = 180.0):
@@ -28,7 +36,7 @@ class ServerUnderTest:
                "rpc.port=0", f"engine.device={device}", f"hydra.run.dir={home}/runs/serve", *overrides]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         self.port = self._wait_listening(start_timeout_s)
 
     def _wait_listening(self, timeout_s: float) -> int:

@@ -307,10 +307,11 @@ class VLoRAService(rpyc.Service):
         stats = self.state.loop.call(lambda e: e.stats())
         with self.state.lock:
             server = dict(self.state.counters, connections=self.state.connections)
+            pixels_in_flight = self.state.pixels_in_flight  # a gauge: JSON only (the Prometheus text counts)
         server.update({f"engine_{k}": v for k, v in self.state.loop.counters.items()})
         if fmt == "prometheus":
             return _reply(text=prometheus_text(stats, server))
         if fmt != "json":
             raise RequestError("bad_argument", f"fmt must be 'json' or 'prometheus', got {fmt!r}")
         engine = {k: v for k, v in vars(stats).items() if k != "step_times_ms"}
-        return _reply(engine=engine, server=server)
+        return _reply(engine=engine, server=server, pixels_in_flight=pixels_in_flight)

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import to_dataclass
 from bench.results import write_csv
 
-SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling")
+SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -29,10 +29,12 @@ def run(cfg: DictConfig) -> dict:
         return _replay(b)
     if b.suite == "streams":  # before the CUDA check too: device=cpu with a tiny zoo model runs anywhere
         return _streams(b)
+    if b.suite == "soak":  # a CPU server by default
+        return _soak(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
-              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling")}
+              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak")}
     if b.suite == "adapters":
         from bench.adapters import AdapterBenchJob, run_adapter_bench
 
@@ -118,3 +120,25 @@ def _streams(b: DictConfig) -> dict:
     command = " ".join(["vlora bench" if prog == "vlora-bench" else prog, *map(shlex.quote, sys.argv[1:])])
     rows, meta = run_streams_bench(to_dataclass(StreamsBenchJob, values, out_dir=b.out_dir, command=command))
     return {"streams": rows, "meta": meta}
+
+
+def _command() -> str:
+    import shlex
+
+    prog = Path(sys.argv[0]).name  # vlora.cli hands Hydra sys.argv = ["vlora-bench", overrides...]
+    return " ".join(["vlora bench" if prog == "vlora-bench" else prog, *map(shlex.quote, sys.argv[1:])])
+
+
+def _soak(b: DictConfig) -> dict:
+    """Every attack class against a real `vlora serve`, then the leak checks; preset=quick takes
+    bench.soak.quick's values over the defaults (a few seconds per phase)."""
+    from bench.soak import SoakJob, run_soak
+
+    values = OmegaConf.to_container(b.soak, resolve=True)
+    preset, quick = values.pop("preset"), values.pop("quick")
+    if preset not in ("full", "quick"):
+        raise SystemExit(f"bench.soak.preset={preset!r} is not one of ('full', 'quick')")
+    if preset == "quick":
+        values.update(quick)
+    checks, report = run_soak(to_dataclass(SoakJob, values, out_dir=b.out_dir, command=_command()))
+    return {"soak": checks, "report": report}

@@ -1,0 +1,238 @@
+"""The soak (`vlora bench bench.suite=soak`): every attack class against a real `vlora serve`, then
+checks that nothing leaked.
+
+It starts its own server on loopback (the tiny zoo model built into a temporary VLORA_HOME unless a
+checkpoint is given, a handful of KV blocks so that a leak shows) and measures a baseline: the
+server's resident memory, a legitimate client's latency over `baseline_requests` requests, and the
+engine's counters through health() and metrics(). Then the phases, each bounded by its time and
+its count: handshake sockets, malformed and hostile requests, results never polled, disconnects
+mid-request, a flood from one client while another measures its latency (the fairness ratio),
+and the earlier fuzz. After `settle_s` it checks: the server alive, a legitimate client answered
+within 2x its baseline p95, KV blocks, requests in flight, decoded pixels and adapter slots back to
+the baseline, resident memory within `rss_tolerance` of it, no handler crashed (internal errors),
+the log under `log_max_bytes`. Each check is a row of soak.csv with its value and bound.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.results import results_dir, write_csv, write_json
+from bench.soak_attacks import fuzz_phase, handshake_phase, malformed_phase
+from bench.soak_load import disconnect_phase, flood_phase, unpolled_phase
+from bench.soak_server import ServerUnderTest, latency_summary, legit_latencies, snapshot
+
+
+@dataclass
+class SoakJob:
+    out_dir: str
+    checkpoint: str | None = None  # an HF directory; null: the tiny zoo model `model`, built in a temporary home
+    model: str = "qwen2_vl_tiny"
+    device: str = "cpu"
+    server_threads: int = 1  # the server's OpenMP threads
+    num_kv_blocks: int = 48
+    max_batch_size: int = 8
+    handshake_timeout_s: float = 2.0
+    max_handshakes: int = 16
+    max_unpolled_per_connection: int = 8
+    result_ttl_s: float = 30.0
+    max_message_bytes: int = 4 << 20
+    probe_tokens: int = 2  # a legitimate request: one 32x32 image, this many tokens out
+    baseline_requests: int = 50
+    final_requests: int = 50
+    handshake_s: float = 20.0
+    handshake_sockets: int = 600
+    malformed_s: float = 20.0
+    malformed_count: int = 3000
+    bomb_mb: int = 64  # all-zero raw frame bytes of the compressed bomb
+    unpolled_s: float = 15.0
+    unpolled_count: int = 2000
+    unpolled_tokens: int = 4
+    disconnect_s: float = 15.0
+    disconnect_count: int = 1000
+    disconnect_tokens: int = 16
+    flood_s: float = 30.0
+    flood_depth: int = 64
+    flood_tokens: int = 16
+    flood_probes: int = 40
+    fairness_max_ratio: float = 2.0
+    fuzz_s: float = 20.0
+    fuzz_bytes_count: int = 5000
+    fuzz_calls_count: int = 100000
+    settle_s: float = 3.0
+    settle_max_s: float = 30.0  # waits up to this for requests in flight to drain before checking
+    rss_tolerance: float = 0.10
+    latency_max_ratio: float = 2.0
+    log_max_bytes: int = 1 << 20
+    seed: int = 0
+    command: str = ""
+
+
+PHASES = ("handshake", "malformed", "unpolled", "disconnect", "flood", "fuzz")
+
+
+def _phase(name: str, job: SoakJob, port: int, token: str, unloaded_p95_ms: float) -> dict:
+    if name == "handshake":
+        return handshake_phase(port, job.handshake_s, job.handshake_sockets, job.handshake_timeout_s)
+    if name == "malformed":
+        return malformed_phase(port, token, job.malformed_s, job.malformed_count, job.max_message_bytes, job.bomb_mb)
+    if name == "unpolled":
+        return unpolled_phase(port, token, job.unpolled_s, job.unpolled_count, job.unpolled_tokens)
+    if name == "disconnect":
+        return disconnect_phase(port, token, job.disconnect_s, job.disconnect_count, job.disconnect_tokens)
+    if name == "flood":
+        return flood_phase(port, token, job.flood_s, job.flood_depth, job.flood_tokens, job.flood_probes,
+                           job.probe_tokens, unloaded_p95_ms, job.fairness_max_ratio)
+    return fuzz_phase(port, token, job.fuzz_s, job.fuzz_bytes_count, job.fuzz_calls_count, job.seed)
+
+
+def _settle(server: ServerUnderTest, token: str, job: SoakJob) -> dict:
+    time.sleep(job.settle_s)
+    end = time.monotonic() + job.settle_max_s
+    while True:
+        snap = snapshot(server.port, token)
+        if (snap["in_flight"] == 0 and snap["connections"] == 0) or time.monotonic() > end:
+            return snap
+        time.sleep(0.5)
+
+
+def _check(name: str, value, bound: str, passed: bool, unit: str = "") -> dict:
+    return {"check": name, "value": value, "bound": bound, "unit": unit, "pass": bool(passed)}
+
+
+def _checks(job: SoakJob, server: ServerUnderTest, base: dict, after: dict | None, final: dict | None,
+            rss_after: float | None, phases: dict) -> list[dict]:
+    alive = server.alive()
+    rows = [_check("server_alive", alive, "running", alive)]
+    if final is None:
+        rows.append(_check("legit_answered", False, "answered", False))
+    else:
+        limit = job.latency_max_ratio * base["latency"]["p95_ms"]
+        rows.append(_check("legit_answered", True, "answered", True))
+        rows.append(_check("legit_p95_after", final["p95_ms"], f"<= {limit:.1f} ({job.latency_max_ratio:g}x baseline p95)",
+                           final["p95_ms"] <= limit, "ms"))
+    if after is not None:
+        b = base["counters"]
+        rows += [_check("kv_blocks_free", after["blocks_free"], f"== {b['blocks_free']} (baseline)",
+                        after["blocks_free"] == b["blocks_free"], "blocks"),
+                 _check("requests_in_flight", after["in_flight"], "== 0", after["in_flight"] == 0),
+                 _check("requests_waiting_running", after["waiting"] + after["running"], "== 0",
+                        after["waiting"] + after["running"] == 0),
+                 _check("pixels_in_flight", after["pixels_in_flight"], "== 0", after["pixels_in_flight"] in (0, None)),
+                 _check("adapter_slots", f"{after['adapters_loaded']}/{after['adapters_resident']}",
+                        f"== {b['adapters_loaded']}/{b['adapters_resident']} (loaded/resident)",
+                        (after["adapters_loaded"], after["adapters_resident"])
+                        == (b["adapters_loaded"], b["adapters_resident"])),
+                 _check("connections_left", after["connections"], "== 0", after["connections"] == 0)]
+        internal = after["server_counters"].get("errors_internal", 0) - b["server_counters"].get("errors_internal", 0)
+        rows.append(_check("internal_errors", internal, "== 0", internal == 0))
+    if rss_after is not None:
+        growth = rss_after / base["rss_mb"] - 1
+        rows.append(_check("rss_growth", round(100 * growth, 1), f"<= {100 * job.rss_tolerance:g} "
+                           f"(baseline {base['rss_mb']:.0f} MB, after {rss_after:.0f} MB)",
+                           growth <= job.rss_tolerance, "%"))
+    log_bytes, log_lines = server.log_size()
+    rows.append(_check("log_size", log_bytes, f"< {job.log_max_bytes} ({log_lines} lines)",
+                       log_bytes < job.log_max_bytes, "bytes"))
+    for name, phase in phases.items():
+        if name == "flood":
+            rows.append(_check("fairness_p95_ratio", phase.get("ratio"), f"<= {job.fairness_max_ratio:g}",
+                               phase["ok"], "x"))
+        else:
+            rows.append(_check(f"phase_{name}", phase.get("error") or _faults(phase),
+                               "clean (no internal error, unanswered call, lingering socket)", phase["ok"]))
+    return rows
+
+
+def _faults(phase: dict) -> str:
+    """What went wrong in a phase, e.g. "internal=50", or "clean"."""
+    outcomes = phase.get("outcomes", {})
+    kinds = ("internal", "no_answer", "connection_failed") + (("accepted",) if "by_case" in phase else ())
+    faults = {k: outcomes[k] for k in kinds if outcomes.get(k)}  # a hostile case accepted is a fault too
+    if phase.get("lingering"):
+        faults["lingering"] = phase["lingering"]
+    return " ".join(f"{k}={v}" for k, v in faults.items()) or "clean"
+
+
+def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
+    """Runs the soak; returns (check rows, the full report) and writes soak.json and soak.csv."""
+    home = Path(tempfile.mkdtemp(prefix="vlora-soak-"))
+    token = secrets.token_hex(16)
+    (home / "adapter_root").mkdir()
+    checkpoint = job.checkpoint
+    if checkpoint is None:
+        from zoo import build_checkpoint
+
+        checkpoint = str(build_checkpoint(job.model, home / "zoo" / job.model))
+    overrides = [f"+engine.num_kv_blocks={job.num_kv_blocks}", f"engine.max_batch_size={job.max_batch_size}",
+                 f"rpc.handshake_timeout_s={job.handshake_timeout_s}", f"rpc.max_handshakes={job.max_handshakes}",
+                 f"rpc.max_unpolled_per_connection={job.max_unpolled_per_connection}",
+                 f"rpc.result_ttl_s={job.result_ttl_s}", f"rpc.max_message_bytes={job.max_message_bytes}",
+                 f"rpc.adapter_root={home / 'adapter_root'}"]
+    started = time.time()
+    server = ServerUnderTest(checkpoint, home, token, job.device, overrides, job.server_threads)
+    base, phases, after, final, rss_after = {}, {}, None, None, None
+    try:
+        legit_latencies(server.port, token, 3, job.probe_tokens)  # warm-up, not measured
+        base["latency"] = latency_summary(legit_latencies(server.port, token, job.baseline_requests, job.probe_tokens))
+        base["counters"] = snapshot(server.port, token)
+        base["rss_mb"] = round(server.rss_mb(), 1)
+        print(f"soak: baseline p50 {base['latency']['p50_ms']:.0f} ms, p95 {base['latency']['p95_ms']:.0f} ms, "
+              f"RSS {base['rss_mb']:.0f} MB", file=sys.stderr, flush=True)
+        for name in PHASES:
+            t0 = time.monotonic()
+            try:
+                phases[name] = _phase(name, job, server.port, token, base["latency"]["p95_ms"])
+            except Exception as e:  # the phase's own failure (e.g. the server gone): recorded, the run goes on
+                phases[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
+            phases[name]["seconds"] = round(time.monotonic() - t0, 1)
+            phases[name]["server_alive"] = server.alive()
+            print(f"soak: {name} done in {phases[name]['seconds']} s, ok={phases[name]['ok']}", file=sys.stderr,
+                  flush=True)
+            if not server.alive():
+                break
+        if server.alive():
+            after = _settle(server, token, job)
+            final = latency_summary(legit_latencies(server.port, token, job.final_requests, job.probe_tokens))
+            rss_after = round(server.rss_mb(), 1)
+    except Exception as e:
+        base.setdefault("error", f"{type(e).__name__}: {e}"[:300])
+    finally:
+        checks = _checks(job, server, base, after, final, rss_after, phases) if "latency" in base else \
+            [_check("baseline", base.get("error"), "measured", False)]
+        log_tail = server.log_tail()
+        server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    report = {"meta": {**asdict(job), "checkpoint": job.checkpoint or f"zoo:{job.model}",
+                       "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+                       "seconds": round(time.time() - started, 1)},
+              "baseline": base, "phases": phases, "after": {"counters": after, "latency": final, "rss_mb": rss_after},
+              "checks": checks, "passed": all(c["pass"] for c in checks),
+              "missed": [c["check"] for c in checks if not c["pass"]], "log_tail": log_tail}
+    out = results_dir(job.out_dir, "cpu" if job.device == "cpu" else _device_name(job.device))
+    write_json(out / "soak.json", report)
+    write_csv(out / "soak.csv", checks, columns=("check", "value", "bound", "unit", "pass"))
+    print_table(report)
+    return checks, report
+
+
+def _device_name(device: str) -> str:
+    from bench.results import device_label
+
+    return device_label(device)
+
+
+def print_table(report: dict) -> None:
+    print(f"\nsoak: {report['meta']['seconds']} s; phases:")
+    for name, p in report["phases"].items():
+        print(f"  {name:<11} {p.get('seconds', 0):>6} s  {p.get('actions', 0):>6} actions  ok={p['ok']}")
+    print(f"\n{'check':<26} {'value':>14}  {'bound':<60} pass")
+    for c in report["checks"]:
+        print(f"{c['check']:<26} {str(c['value']) + c['unit']:>14}  {c['bound']:<60} {'yes' if c['pass'] else 'NO'}")
+    print(f"\nsoak: {'all checks passed' if report['passed'] else 'missed: ' + ', '.join(report['missed'])}")

@@ -292,7 +292,10 @@ class VLoRAService(rpyc.Service):
         check_adapter_name(name)
         if not hasattr(self.state.loop.engine, "unload_adapter"):
             raise RequestError("unsupported", "this engine serves the base model only; it has no adapters to unload")
-        self.state.loop.call(lambda e: e.unload_adapter(name))
+        try:
+            self.state.loop.call(lambda e: e.unload_adapter(name))
+        except ValueError as e:  # not loaded, or in use: the caller's mistake, not the server's
+            raise RequestError("rejected", str(e)) from None
         return _reply(adapter=name)
 
     @_guarded

@@ -9,9 +9,7 @@ thread; a client's own requests are aborted when it disconnects.
 
 from __future__ import annotations
 
-import inspect
 import itertools
-import json
 import logging
 import threading
 import time
@@ -22,8 +20,8 @@ from typing import Any
 
 import rpyc
 
-from .logs import clip
 from .loop import EngineLoop, Ticket
+from .replies import guarded, reply
 from .metrics import prometheus_text
 from .wire import Limits, RequestError, check_adapter_name, parse_submission
 
@@ -72,58 +70,6 @@ class ServerState:
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
             self.counters[key] += n
-
-
-def _reply(**fields) -> str:
-    return json.dumps({"ok": True, **fields})
-
-
-def _error(kind: str, message: str) -> str:
-    return json.dumps({"ok": False, "error": {"type": kind, "message": message}})
-
-
-def _plain(value, depth: int = 0) -> bool:
-    """A value the server may touch: bytes, str, numbers, None, or tuples of them. Anything else
-    arrives as a reference to the client's object, and reading it (repr, ==, len) would run the
-    client's code: such arguments are refused by their type alone."""
-    if type(value) in (str, bytes, int, float, bool, type(None)):
-        return True
-    return type(value) is tuple and depth < 2 and all(_plain(v, depth + 1) for v in value)
-
-
-def _signature(method) -> str:
-    params = list(inspect.signature(method).parameters.values())[1:]  # without self
-    return f"{method.__name__[len('exposed_'):]}({', '.join(p.name for p in params)})"
-
-
-def _guarded(method):
-    """Turn any failure into an error reply for this client alone. Replies name the method and what
-    was wrong, never the server's internals (reprs, exception text) or the client's arguments."""
-
-    def wrapper(self, *args, **kwargs):
-        if kwargs or not all(_plain(a) for a in args):
-            self.state.count("errors_bad_argument")
-            return _error("bad_argument", f"{_signature(method)} takes plain values (str, bytes, numbers, tuples) "
-                                          "by position; references to client objects are refused")
-        try:
-            return method(self, *args)
-        except RequestError as e:
-            self.state.count(f"errors_{e.kind}")
-            return _error(e.kind, str(e))
-        except TypeError:  # wrong number of arguments and the like
-            self.state.count("errors_bad_argument")
-            return _error("bad_argument", f"wrong arguments; the call is {_signature(method)}")
-        except Exception as e:
-            incident = f"{self.conn_id}-{next(self.state.ids)}"
-            log.error("internal error %s in %s: %s", incident, method.__name__, clip(f"{type(e).__name__}: {e}"),
-                      exc_info=True)
-            self.state.count("errors_internal")
-            return _error("internal", f"the server failed on this call (incident {incident}, in its log)")
-
-    wrapper.__name__ = method.__name__
-    wrapper.__doc__ = method.__doc__
-    wrapper.__wrapped__ = method
-    return wrapper
 
 
 class VLoRAService(rpyc.Service):
@@ -208,19 +154,19 @@ class VLoRAService(rpyc.Service):
         self._tickets[request_id] = ticket
         self.state.loop.submit(request, ticket, prepared)
         self.state.count(f"requests_{kind}")
-        return _reply(request_id=request_id)
+        return reply(request_id=request_id)
 
-    @_guarded
+    @guarded
     def exposed_submit_image(self, spec_json, blobs):
         """One or more images and a prompt. spec_json: see serve.rpc.wire; blobs: tuple of bytes."""
         return self._submit("image", spec_json, blobs)
 
-    @_guarded
+    @guarded
     def exposed_submit_video(self, spec_json, blobs):
         """A video chunk (frames of e.g. 1 s at 30 fps) and a prompt."""
         return self._submit("video", spec_json, blobs)
 
-    @_guarded
+    @guarded
     def exposed_poll(self, request_id, timeout_s=1.0):
         """The request's events since the last poll, waiting up to timeout_s for the first one."""
         if type(request_id) is not str:
@@ -241,22 +187,22 @@ class VLoRAService(rpyc.Service):
         events = ticket.take(min(float(timeout_s), MAX_POLL_S))
         if any(e["type"] in ("final", "error") for e in events):
             del self._tickets[request_id]
-        return _reply(events=events)
+        return reply(events=events)
 
-    @_guarded
+    @guarded
     def exposed_abort(self, request_id):
         if type(request_id) is not str or request_id not in self._tickets:
             raise RequestError("unknown_request", f"no request {request_id!r} in flight on this connection")
         self.state.loop.abort(request_id)
-        return _reply(request_id=request_id)
+        return reply(request_id=request_id)
 
     # ---- adapters, health, metrics -------------------------------------------------------------
-    @_guarded
+    @guarded
     def exposed_list_adapters(self):
         adapters = self.state.loop.call(lambda e: e.list_adapters() if hasattr(e, "list_adapters") else [])
-        return _reply(adapters=adapters)
+        return reply(adapters=adapters)
 
-    @_guarded
+    @guarded
     def exposed_load_adapter(self, name, path):
         """Loads the adapter directory `path` (relative to the server's adapter root) as `name`."""
         if type(path) is not str:
@@ -270,7 +216,7 @@ class VLoRAService(rpyc.Service):
             self.state.loop.call(lambda e: e.load_adapter(name, str(directory)))
         except (OSError, ValueError) as e:  # name what the caller gave, never the server's own paths
             raise RequestError("rejected", str(e).replace(str(directory), path)) from None
-        return _reply(adapter=name)
+        return reply(adapter=name)
 
     def _under_root(self, path: str) -> Path:
         """The directory `path` names under rpc.adapter_root; a path that would leave the root (.., an
@@ -287,7 +233,7 @@ class VLoRAService(rpyc.Service):
             raise RequestError("forbidden", "the adapter path must lie under the server's adapter root")
         return directory
 
-    @_guarded
+    @guarded
     def exposed_unload_adapter(self, name):
         check_adapter_name(name)
         if not hasattr(self.state.loop.engine, "unload_adapter"):
@@ -296,16 +242,16 @@ class VLoRAService(rpyc.Service):
             self.state.loop.call(lambda e: e.unload_adapter(name))
         except ValueError as e:  # not loaded, or in use: the caller's mistake, not the server's
             raise RequestError("rejected", str(e)) from None
-        return _reply(adapter=name)
+        return reply(adapter=name)
 
-    @_guarded
+    @guarded
     def exposed_health(self):
         stats = self.state.loop.call(lambda e: e.stats())
-        return _reply(healthy=self.state.loop.alive, uptime_s=round(time.time() - self.state.started, 3),
+        return reply(healthy=self.state.loop.alive, uptime_s=round(time.time() - self.state.started, 3),
                       connections=self.state.connections, in_flight=stats.in_flight,
                       blocks_in_use=stats.blocks_in_use, waiting=stats.waiting, running=stats.running)
 
-    @_guarded
+    @guarded
     def exposed_metrics(self, fmt="json"):
         stats = self.state.loop.call(lambda e: e.stats())
         with self.state.lock:
@@ -313,8 +259,8 @@ class VLoRAService(rpyc.Service):
             pixels_in_flight = self.state.pixels_in_flight  # a gauge: JSON only (the Prometheus text counts)
         server.update({f"engine_{k}": v for k, v in self.state.loop.counters.items()})
         if fmt == "prometheus":
-            return _reply(text=prometheus_text(stats, server))
+            return reply(text=prometheus_text(stats, server))
         if fmt != "json":
             raise RequestError("bad_argument", f"fmt must be 'json' or 'prometheus', got {fmt!r}")
         engine = {k: v for k, v in vars(stats).items() if k != "step_times_ms"}
-        return _reply(engine=engine, server=server, pixels_in_flight=pixels_in_flight)
+        return reply(engine=engine, server=server, pixels_in_flight=pixels_in_flight)

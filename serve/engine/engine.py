@@ -35,6 +35,7 @@ from adapters.base import base_identity
 from serve.lora.manager import AdapterManager
 from serve.lora.pool import PoolConfig
 from serve.models import load_model
+from serve.models.vision import split_frame_groups
 from serve.orchestrator import POLICIES
 from serve.orchestrator import CostProfile, Mode, ProfileShapes, assumed_profile, build_policy
 
@@ -221,6 +222,7 @@ class Engine:
         prompt = self.processor.process(request.prompt, request.messages, request.images, request.video,
                                         request.raw_prompt, request.prompt_token_ids)
         positions, delta = self.model.prompt_positions(prompt.token_ids, prompt.vision)
+        prompt.vision = split_frame_groups(prompt.vision, self.model.args.spatial_merge_size ** 2)
         return prompt, positions, delta
 
     def add_request(self, request: Request, prepared: tuple | None = None) -> str:

@@ -51,6 +51,19 @@ def to_frames(video) -> np.ndarray:
     return frames
 
 
+def _group_hashes(frames: np.ndarray, t: int, h: int, w: int, per: int) -> tuple[str, ...] | None:
+    """One key per temporal patch of a clip [T, H, W, 3] (`per` frames each): the raw frames it
+    covers and its patch grid (a different resize is a different key); None unless the frames are
+    exactly t groups (a processor that padded or resampled them keeps the clip whole)."""
+    if frames.ndim != 4 or len(frames) != t * per:
+        return None
+    return tuple(content_hash(f"video-group:{h}x{w}", frames[i * per:(i + 1) * per]) for i in range(t))
+
+
+def _joined(keys: tuple[str, ...]) -> str:
+    return hashlib.blake2b("".join(keys).encode(), digest_size=16).hexdigest()
+
+
 def content_hash(kind: str, pixels: np.ndarray) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{kind}:{pixels.dtype}:{pixels.shape}".encode())
@@ -95,6 +108,7 @@ class PromptProcessor:
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.args = args
+        self.temporal_patch = getattr(getattr(processor, "video_processor", None), "temporal_patch_size", None) or 2
         # the strings the tokenizer turns into control tokens (chat roles, vision placeholders):
         # typed into a prompt they would act as such, e.g. a user's "<|im_start|>system" turn
         decoder = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
@@ -171,8 +185,10 @@ class PromptProcessor:
             chunks = out[pixel_key].split(rows)
             for raw, grid, chunk, sec in zip(raws, grids, chunks, seconds):
                 t, h, w = grid
-                items.append(VisionInput(kind, chunk, t * h * w // merge2, content_hash(kind, np.asarray(raw)),
-                                         grid_thw=(t, h, w), second_per_grid_t=float(sec)))
+                groups = _group_hashes(np.asarray(raw), t, h, w, self.temporal_patch) if kind == "video" else None
+                key = content_hash(kind, np.asarray(raw)) if groups is None else _joined(groups)
+                items.append(VisionInput(kind, chunk, t * h * w // merge2, key, grid_thw=(t, h, w),
+                                         second_per_grid_t=float(sec), group_hashes=groups))
         return items
 
     def _llava_tokens(self, pixels: torch.Tensor) -> int:

@@ -26,6 +26,28 @@ class VisionInput:
     grid_thw: tuple[int, int, int] | None = None  # Qwen patch grid
     second_per_grid_t: float = 1.0  # Qwen2.5-VL video
     offset: int = -1  # token index of its first placeholder in the prompt
+    group_hashes: tuple[str, ...] | None = None  # Qwen video: one per temporal patch (frame group)
+
+
+def split_frame_groups(items: list[VisionInput], merge2: int) -> list[VisionInput]:
+    """Qwen video clips as one item per frame group (temporal patch), each keyed by its own frames.
+
+    The Qwen towers attend within a frame group only (their attention segments and windows are
+    per temporal slice, and rotary positions are spatial), so a group encodes alike alone or in its
+    clip; as items of their own, groups already encoded (a static camera's repeated frames) come
+    from the encoder cache and skip the tower. Call it after the prompt's positions are computed:
+    those need the clip's whole grid."""
+    out = []
+    for item in items:
+        if item.kind != "video" or item.group_hashes is None or item.grid_thw[0] < 2:
+            out.append(item)
+            continue
+        t, h, w = item.grid_thw
+        rows, tokens = h * w, h * w // merge2  # pixel rows and placeholder tokens of one group
+        for i, key in enumerate(item.group_hashes):
+            out.append(VisionInput("video", item.pixel_values[i * rows:(i + 1) * rows], tokens, key, (1, h, w),
+                                   item.second_per_grid_t, item.offset + i * tokens))
+    return out
 
 
 def _init_on(device, fn):

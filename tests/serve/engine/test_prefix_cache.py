@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from serve_cases import image, make_request
+from serve_cases import frames, image, make_request
 
 from serve import Engine, EngineConfig
 
@@ -90,3 +91,20 @@ def test_drop_caches_makes_a_repeat_compute_everything_again(tiny_zoo):
     assert engine.runner.counters["encoder_calls"] == calls + 1
     _same(again, first)
     assert engine.stats().blocks_in_use == 0
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl_tiny", "qwen2_5_vl_tiny"])
+def test_repeated_frame_groups_of_video_skip_the_tower(name, tiny_zoo):
+    # a static camera: the next chunk repeats two of the last chunk's frame groups (temporal
+    # patches of 2 frames); only the new group goes through the vision tower, with the outputs of an
+    # engine without the encoder cache (the parity tests check those against transformers, which
+    # encodes each clip whole)
+    a, b, c, d = (frames(s, n=2) for s in (11, 12, 13, 14))
+    first, second = np.concatenate([a, b, c]), np.concatenate([b, c, d])
+    cached = _engine(tiny_zoo[name], enable_prefix_cache=False)
+    uncached = _engine(tiny_zoo[name], enable_prefix_cache=False, encoder_cache_items=0)
+    for clip in (first, second):
+        spec = dict(prompt="Which way?", video=clip)
+        _same(cached.generate(make_request(spec)), uncached.generate(make_request(spec)))
+    assert cached.stats().items_encoded == 4 and cached.stats().encoder_cache_hits == 2
+    assert uncached.stats().items_encoded == 6

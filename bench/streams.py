@@ -67,6 +67,9 @@ class StreamsBenchJob:
     # RPyC zlib-compresses every message over 3 kB: ~60 ms of CPU per 3.6 MB chunk) or png
     encoding: str = "jpeg"
     chunk_pool: int = 32  # distinct rendered chunks; every send is made unique (see bench_streams_load)
+    # static cameras: each pooled chunk is one still frame repeated (the unique stamp still changes
+    # its first frame), so its later frame groups repeat and the encoder cache can skip them
+    static_camera: bool = False
     max_batch_size: int = 64
     max_tokens_per_step: int = 8192
     warmup_point_s: float = 3.0  # an unmeasured point per mode first (kernel compiles, graph shapes)
@@ -120,7 +123,10 @@ def render_chunks(job: StreamsBenchJob) -> list[np.ndarray]:
     camera.open()
     chunks = []
     for _ in range(job.chunk_pool):
-        frames = [camera.read().image for _ in range(job.frames_per_chunk)]
+        if job.static_camera:
+            frames = [camera.read().image] * job.frames_per_chunk
+        else:
+            frames = [camera.read().image for _ in range(job.frames_per_chunk)]
         if side != job.image_size:
             frames = [cv2.resize(f, (job.image_size, job.image_size), interpolation=cv2.INTER_AREA) for f in frames]
         chunks.append(np.ascontiguousarray(np.stack(frames)[..., ::-1]))  # BGR -> RGB

@@ -36,6 +36,18 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
+def _reap(live: list, closed) -> list:
+    """`live` (kind, socket, opened) without the sockets the server has closed, counted by kind."""
+    still = []
+    for kind, sock, at in live:
+        if _closed(sock):
+            closed[kind] += 1
+            sock.close()
+        else:
+            still.append((kind, sock, at))
+    return still
+
+
 def handshake_phase(port: int, seconds: float, max_sockets: int, handshake_timeout_s: float) -> dict:
     """Sockets in three kinds, in turn: one byte then silence, a byte a second (trickling), idle. The
     server must close each within its handshake deadline; one still open past it is `lingering`."""
@@ -65,26 +77,12 @@ def handshake_phase(port: int, seconds: float, max_sockets: int, handshake_timeo
                             sock.send(b"V")
                         except OSError:
                             pass
-            still = []
-            for kind, sock, at in live:
-                if _closed(sock):
-                    closed[kind] += 1
-                    sock.close()
-                else:
-                    still.append((kind, sock, at))
-            live = still
+            live = _reap(live, closed)
             time.sleep(0.02)
         # every socket left must be dropped by its deadline (plus a second of slack)
         wait_until = max((at for _, _, at in live), default=0.0) + handshake_timeout_s + 1.0
         while live and time.monotonic() < wait_until:
-            still = []
-            for kind, sock, at in live:
-                if _closed(sock):
-                    closed[kind] += 1
-                    sock.close()
-                else:
-                    still.append((kind, sock, at))
-            live = still
+            live = _reap(live, closed)
             time.sleep(0.1)
         lingering = len(live)
     finally:

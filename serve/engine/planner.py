@@ -146,9 +146,12 @@ class StepPlanner:
         owners = {s.request_id: s.owner for s in sched.waiting}
         holding = {s.owner for s in sched.running}
         newcomers, seen = [], set()
-        for s in sched.policy.order(sched.waiting) if holding else ():  # an empty batch: the policy's own choice
+        # (an empty batch is left to the policy; with no owner outside the batch nothing is sorted)
+        outside = bool(holding) and any(o not in holding for o in owners.values())
+        for s in sched.policy.order(sched.waiting) if outside else ():
             if s.owner not in holding and s.owner not in seen and applied.can_run(s.adapter):
                 seen.add(s.owner)
                 newcomers.append(s.request_id)
-        admit = newcomers + [r for r in fair_interleave(list(decision.admit), owners.get) if r not in set(newcomers)]
+        first = set(newcomers)
+        admit = newcomers + [r for r in fair_interleave(list(decision.admit), owners.get) if r not in first]
         return StepPlan(frozenset(decision.pause), tuple(admit))

@@ -29,7 +29,12 @@ class EngineConfig:
     chunked_prefill: bool = True
     enable_prefix_cache: bool = True
     encoder_cache_items: int = 64  # vision-encoder outputs kept by image hash (0 = off)
-    max_vision_batch: int = 16  # images / clips per vision-tower call
+    max_vision_batch: int = 64  # images / clips / frame groups per vision-tower call (one packed pass each)
+    # Qwen pixel preprocessing: "host" (the processor, on the request's thread), "device" (frames stay
+    # uint8 / JPEG until the tower's device resizes, normalises and patchifies them in one batch),
+    # "auto" (device on a GPU, host on the CPU)
+    pixels: str = "auto"
+    vision_attention: str = "auto"  # vision towers' segment attention: auto | varlen | batched
     max_model_len: int | None = None  # default: the model's limit, capped by the cache size
     cuda_graphs: bool = True  # decode steps replay graphs captured per batch-size bucket (GPU)
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -55,6 +60,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.max_batch_size < 1 or self.max_tokens_per_step < 1:
             raise ValueError("kv_block_size, max_batch_size and max_tokens_per_step must be >= 1")
+        if self.pixels not in ("auto", "host", "device"):
+            raise ValueError(f"pixels {self.pixels!r} is not one of auto, host, device")
+        if self.vision_attention not in ("auto", "varlen", "batched"):
+            raise ValueError(f"vision_attention {self.vision_attention!r} is not one of auto, varlen, batched")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend {self.attention_backend!r} is not one of auto, torch, triton")
         self.graph_batch_sizes = tuple(sorted(set(int(b) for b in self.graph_batch_sizes)))

@@ -89,7 +89,11 @@ class Engine:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
         self.checkpoint = Path(checkpoint)
-        self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights)
+        pixels = config.pixels if config.pixels != "auto" else ("device" if self.device.type == "cuda" else "host")
+        self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights, pixels)
+        tower = getattr(self.model.vision, "visual", None)
+        if hasattr(tower, "attention"):
+            tower.attention = config.vision_attention
         if config.tensor_parallel_size > 1:  # before adapters wrap the projections and the cache is sized
             from serve.models.parallel import TPGroup, shard_model
 

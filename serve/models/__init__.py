@@ -39,11 +39,12 @@ def resolve_dtype(name: str, args: ModelArgs) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str = "auto", device="cpu", attention_backend: str = "torch",
-               weights: Mapping[str, torch.Tensor] | None = None):
+               weights: Mapping[str, torch.Tensor] | None = None, pixels: str = "host"):
     """(VisionLanguageModel, PromptProcessor) of a Hugging Face checkpoint directory.
 
     weights: tensors to load instead of the directory's safetensors (e.g. the state dict of a
     transformers model built in memory); the directory then needs only config and processor files.
+    pixels: where Qwen pixel rows are prepared, "host" or "device" (see PromptProcessor).
     """
     from transformers import AutoProcessor
 
@@ -55,7 +56,7 @@ def load_model(path: str | Path, dtype: str = "auto", device="cpu", attention_ba
     with torch.no_grad():
         model.load(source)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    return model.eval(), PromptProcessor(processor, args)
+    return model.eval(), PromptProcessor(processor, args, pixels)
 
 
 __all__ = [

@@ -104,7 +104,12 @@ def _place(token_ids: list[int], token_id: int, items: list[VisionInput], kind: 
 class PromptProcessor:
     """Wraps the checkpoint's processor; `process` is called once per request."""
 
-    def __init__(self, processor, args: ModelArgs):
+    def __init__(self, processor, args: ModelArgs, pixels: str = "host"):
+        """pixels: "host" (the processor prepares pixel rows here) or "device" (Qwen: frames stay raw
+        until the tower's device prepares them, see `deferred.py`; a processor whose output the
+        device path does not reproduce keeps the host path, with a warning)."""
+        if pixels not in ("host", "device"):
+            raise ValueError(f"pixels must be 'host' or 'device', got {pixels!r}")
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.args = args
@@ -115,6 +120,11 @@ class PromptProcessor:
         self.control_tokens = sorted({str(t) for t in getattr(self.tokenizer, "all_special_tokens", [])}
                                      | {t.content for t in decoder.values() if getattr(t, "special", False)}, key=len,
                                      reverse=True)
+        self.pixel_spec = None
+        if pixels == "device" and args.is_qwen:
+            from .deferred_prompt import device_pixel_spec
+
+            self.pixel_spec = device_pixel_spec(self)
 
     def check_text(self, text: str) -> None:
         """Refuses user text holding a control token (it would be honoured as one, not read as text)."""
@@ -130,6 +140,11 @@ class PromptProcessor:
 
     def process(self, prompt: str | None = None, messages: list | None = None, images=(), video=None,
                 raw_prompt: bool = False, prompt_token_ids: list[int] | None = None) -> ProcessedPrompt:
+        if self.pixel_spec is not None and (images or video is not None) and prompt_token_ids is None:
+            from .deferred_prompt import process_deferred
+
+            return process_deferred(self, self._text(prompt, messages, raw_prompt, len(images or ()),
+                                                     video is not None), images or (), video, raw_prompt)
         images = [to_rgb_image(im) for im in (images or ())]
         frames = to_frames(video) if video is not None else None
         if frames is not None and not self.args.is_qwen:
@@ -138,14 +153,7 @@ class PromptProcessor:
             if images or frames is not None:
                 raise ValueError("prompt_token_ids carry no images: pass `prompt` or `messages` with images")
             return ProcessedPrompt([int(t) for t in prompt_token_ids])
-        if messages is not None:
-            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        elif prompt is not None:
-            if not raw_prompt:
-                self.check_text(prompt)
-            text = prompt if raw_prompt else self.chat_text(prompt, len(images), frames is not None)
-        else:
-            raise ValueError("a request needs `prompt`, `messages` or `prompt_token_ids`")
+        text = self._text(prompt, messages, raw_prompt, len(images), frames is not None)
         kwargs = {"text": [text], "return_tensors": "pt"}
         if images:
             kwargs["images"] = images
@@ -164,6 +172,16 @@ class PromptProcessor:
         vision.sort(key=lambda v: v.offset)
         return ProcessedPrompt(token_ids, vision)
 
+    def _text(self, prompt, messages, raw_prompt: bool, n_images: int, has_video: bool) -> str:
+        if messages is not None:
+            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if prompt is None:
+            raise ValueError("a request needs `prompt`, `messages` or `prompt_token_ids`")
+        if raw_prompt:
+            return prompt
+        self.check_text(prompt)
+        return self.chat_text(prompt, n_images, has_video)
+
     def _vision_inputs(self, out, images, frames) -> list[VisionInput]:
         items = []
         if not self.args.is_qwen:
@@ -179,7 +197,7 @@ class PromptProcessor:
             if not raws:
                 continue
             grids = out[grid_key].tolist()
-            seconds = out.get("second_per_grid_ts")
+            seconds = out.get("second_per_grid_ts") if kind == "video" else None  # images have no time step
             seconds = seconds.tolist() if isinstance(seconds, torch.Tensor) else (seconds or [1.0] * len(grids))
             rows = torch.tensor(grids).prod(-1).tolist()
             chunks = out[pixel_key].split(rows)

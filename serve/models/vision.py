@@ -1,4 +1,7 @@
-"""Vision encoders: the transformers modules of each architecture with the checkpoint's weights.
+"""Vision encoders: each architecture's tower with the checkpoint's weights.
+
+Qwen2-VL / Qwen2.5-VL run our own tower (`qwen_vision.py`: one packed pass, one attention launch
+per layer); LLaVA-1.5 runs the transformers CLIP tower (fixed-size images batch as they are).
 
 An encoder takes the vision inputs of a whole step (any number of images and video clips of
 any requests) and runs them through the tower in one batched call, returning one embedding
@@ -12,7 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .deferred import Deferred, materialize
 from .loader import WeightSource, load_submodule
+from .qwen_vision import QwenVisionTower
 
 
 @dataclass
@@ -20,13 +25,14 @@ class VisionInput:
     """One image or video clip of a prompt, preprocessed, and where its placeholders sit."""
 
     kind: str  # "image" | "video"
-    pixel_values: torch.Tensor  # Qwen: [patches, C * T * P * P]; LLaVA: [1, 3, S, S]
+    pixel_values: torch.Tensor | None  # Qwen: [patches, C * T * P * P]; LLaVA: [1, 3, S, S]; None: deferred
     num_tokens: int  # placeholder tokens (= rows of its embedding)
     content_hash: str  # of the raw pixels: the key of the encoder cache and of prefix sharing
     grid_thw: tuple[int, int, int] | None = None  # Qwen patch grid
     second_per_grid_t: float = 1.0  # Qwen2.5-VL video
     offset: int = -1  # token index of its first placeholder in the prompt
     group_hashes: tuple[str, ...] | None = None  # Qwen video: one per temporal patch (frame group)
+    deferred: Deferred | None = None  # Qwen: raw frames, made pixel rows on the tower's device at encode time
 
 
 def split_frame_groups(items: list[VisionInput], merge2: int) -> list[VisionInput]:
@@ -44,9 +50,12 @@ def split_frame_groups(items: list[VisionInput], merge2: int) -> list[VisionInpu
             continue
         t, h, w = item.grid_thw
         rows, tokens = h * w, h * w // merge2  # pixel rows and placeholder tokens of one group
+        per = item.deferred.spec.temporal if item.deferred is not None else None
         for i, key in enumerate(item.group_hashes):
-            out.append(VisionInput("video", item.pixel_values[i * rows:(i + 1) * rows], tokens, key, (1, h, w),
-                                   item.second_per_grid_t, item.offset + i * tokens))
+            pixels = None if per else item.pixel_values[i * rows:(i + 1) * rows]
+            deferred = item.deferred.slice(i * per, (i + 1) * per) if per else None
+            out.append(VisionInput("video", pixels, tokens, key, (1, h, w), item.second_per_grid_t,
+                                   item.offset + i * tokens, deferred=deferred))
     return out
 
 
@@ -60,13 +69,7 @@ class QwenVisionEncoder(nn.Module):
 
     def __init__(self, hf_config, arch: str, dtype: torch.dtype, device):
         super().__init__()
-        if arch == "qwen2_vl":
-            from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as cls
-        else:
-            from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
-                Qwen2_5_VisionTransformerPretrainedModel as cls,
-            )
-        self.visual = _init_on(device, lambda: cls._from_config(hf_config.vision_config, dtype=dtype)).eval()
+        self.visual = _init_on(device, lambda: QwenVisionTower(hf_config.vision_config, arch)).to(dtype).eval()
         self.merge = hf_config.vision_config.spatial_merge_size
 
     def load(self, source: WeightSource) -> None:
@@ -75,11 +78,12 @@ class QwenVisionEncoder(nn.Module):
     @torch.no_grad()
     def forward(self, items: list[VisionInput]) -> list[torch.Tensor]:
         device, dtype = self.visual.patch_embed.proj.weight.device, self.visual.patch_embed.proj.weight.dtype
-        pixels = torch.cat([it.pixel_values for it in items]).to(device, dtype)
-        grid = torch.tensor([it.grid_thw for it in items], dtype=torch.long, device=device)
-        out = self.visual(pixels, grid_thw=grid)
-        embeds = getattr(out, "pooler_output", out)  # transformers 5 returns an output object
-        return list(embeds.split([it.num_tokens for it in items]))
+        layout = self.visual.layout([it.grid_thw for it in items])
+        late = [it for it in items if it.pixel_values is None]
+        made = iter(materialize([it.deferred for it in late], device, dtype) if late else [])
+        pixels = torch.cat([next(made) if it.pixel_values is None else it.pixel_values.to(device, dtype, non_blocking=True)
+                            for it in items])
+        return list(self.visual(pixels, layout).split([it.num_tokens for it in items]))
 
 
 class LlavaVisionEncoder(nn.Module):

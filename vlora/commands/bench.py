@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import to_dataclass
 from bench.results import write_csv
 
-SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak")
+SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -31,10 +31,12 @@ def run(cfg: DictConfig) -> dict:
         return _streams(b)
     if b.suite == "soak":  # a CPU server by default
         return _soak(b)
+    if b.suite == "vision":  # device=cpu with a tiny zoo model runs anywhere
+        return _vision(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
-              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak")}
+              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision")}
     if b.suite == "adapters":
         from bench.adapters import AdapterBenchJob, run_adapter_bench
 
@@ -120,6 +122,16 @@ def _streams(b: DictConfig) -> dict:
     command = " ".join(["vlora bench" if prog == "vlora-bench" else prog, *map(shlex.quote, sys.argv[1:])])
     rows, meta = run_streams_bench(to_dataclass(StreamsBenchJob, values, out_dir=b.out_dir, command=command))
     return {"streams": rows, "meta": meta}
+
+
+def _vision(b: DictConfig) -> dict:
+    """The Qwen vision path per camera chunk: towers, prompt CPU, device pixels (bench/vision.py)."""
+    from bench.vision import VisionBenchJob, run_vision_bench
+
+    values = {k: tuple(v) if isinstance(v, list) else v
+              for k, v in OmegaConf.to_container(b.vision, resolve=True).items()}
+    rows, meta = run_vision_bench(to_dataclass(VisionBenchJob, values, out_dir=b.out_dir, command=_command()))
+    return {"vision": rows, "meta": meta}
 
 
 def _command() -> str:

@@ -1,0 +1,101 @@
+"""GPU: our Qwen towers at full shape in bf16 against transformers, with no host syncs; device pixels
+and nvJPEG against the CPU path. Random weights of the zoo's full-size specs (no download)."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+# a 448^2 camera chunk of 6 frames (3 frame groups), a 333 x 500 photo's grid, an odd small clip
+GRIDS = [(1, 32, 32)] * 3 + [(1, 24, 36), (3, 4, 6)]
+
+
+def _towers(name):
+    from zoo.build import build_tokenizer_and_ids
+    from zoo.configs import hf_config
+    from zoo.specs import get_spec
+
+    from serve.models.qwen_vision import QwenVisionTower
+
+    spec = get_spec(name)
+    vc = hf_config(spec, build_tokenizer_and_ids(spec)[1]).vision_config
+    vc._attn_implementation = "sdpa"
+    if spec.arch == "qwen2_vl":
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as Ref
+    else:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Ref
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        reference = Ref._from_config(vc, dtype=torch.float32).eval()
+        ours = QwenVisionTower(vc, spec.arch).eval()
+    ours.load_state_dict(reference.state_dict())
+    return reference, ours
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl_7b", "qwen2_5_vl_7b"])
+def test_full_shape_bf16_tower_is_as_close_as_transformers_own_bf16(name):
+    reference, ours = _towers(name)
+    width = reference.patch_embed.proj.weight[0].numel()
+    pixels = torch.randn(sum(t * h * w for t, h, w in GRIDS), width, device="cuda")
+    grid = torch.tensor(GRIDS, device="cuda")
+    with torch.no_grad():
+        truth = reference(pixels, grid_thw=grid)
+        truth = getattr(truth, "pooler_output", truth).float()
+        reference.to(torch.bfloat16)
+        ref_bf16 = reference(pixels.bfloat16(), grid_thw=grid)
+        ref_err = float((getattr(ref_bf16, "pooler_output", ref_bf16).float() - truth).norm() / truth.norm())
+        ours.to(torch.bfloat16)
+        for mode in ("batched", "varlen"):
+            ours.attention = mode
+            got = ours(pixels.bfloat16(), ours.layout(GRIDS)).float()
+            err = float((got - truth).norm() / truth.norm())
+            print(f"{name} {mode}: ours bf16 {err:.2e}, transformers bf16 {ref_err:.2e}")
+            assert err <= 1.5 * ref_err + 1e-3, (mode, err, ref_err)
+
+
+def test_tower_step_has_no_host_sync():
+    _, ours = _towers("qwen2_5_vl_7b")  # windows of mixed lengths: the gather path too
+    ours.to(torch.bfloat16)
+    width = ours.patch_embed.proj.weight[0].numel()
+    pixels = torch.randn(sum(t * h * w for t, h, w in GRIDS), width, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ours(pixels, ours.layout(GRIDS))  # warm-up (allocator, kernels)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for mode in ("batched", "varlen"):
+                ours.attention = mode
+                ours(pixels, ours.layout(GRIDS))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def test_device_pixels_and_nvjpeg_against_the_cpu_path():
+    from serve.models.deferred import Deferred, materialize
+    from serve.models.pixels import QwenPixelSpec
+
+    spec = QwenPixelSpec(14, 2, 2, (3136, 1003520), (3136, 1003520), (0.48145466, 0.4578275, 0.40821073),
+                         (0.26862954, 0.26130258, 0.27577711))
+    level = 1 / (255 * min(spec.std))  # one uint8 level in normalised units
+    rng = np.random.default_rng(0)
+    same = rng.integers(0, 256, (6, 448, 448, 3), dtype=np.uint8)
+    odd = cv2.resize(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8), (500, 333))[None].repeat(5, 0)
+    for frames in (same, odd):
+        d = Deferred(frames, frames.shape[1:3], spec.video_size(*frames.shape[:3]), spec)
+        cpu, gpu = materialize([d], "cpu", torch.float32)[0], materialize([d], "cuda", torch.float32)[0].cpu()
+        diff = (cpu - gpu).abs()
+        print(f"pixels {frames.shape}: max {diff.max() / level:.2f} levels, mean {diff.mean() / level:.4f}")
+        if frames is same:
+            assert float(diff.max()) < 1e-5  # no resize: exact
+        else:
+            assert float(diff.mean()) < 0.5 * level
+    jpegs = [cv2.imencode(".jpg", f[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes() for f in odd[:2]]
+    d = Deferred(jpegs, (333, 500), spec.video_size(2, 333, 500), spec)
+    cpu, gpu = materialize([d], "cpu", torch.float32)[0], materialize([d], "cuda", torch.float32)[0].cpu()
+    diff = (cpu - gpu).abs()
+    print(f"jpeg: max {diff.max() / level:.2f} levels, mean {diff.mean() / level:.4f}")
+    assert float(diff.mean()) < 1.0 * level

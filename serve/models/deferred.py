@@ -65,12 +65,12 @@ def _decode_cpu(frames: list[bytes]) -> np.ndarray:
 def _decode(frames: list[bytes], device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         try:
-            from torchvision.io import decode_jpeg
+            from torchvision.io import ImageReadMode, decode_jpeg
         except ImportError:
             decode_jpeg = None
         if decode_jpeg is not None:
             data = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in frames]
-            return torch.stack(decode_jpeg(data, device=device)).permute(0, 2, 3, 1)  # [T, H, W, 3]
+            return torch.stack(decode_jpeg(data, mode=ImageReadMode.RGB, device=device)).permute(0, 2, 3, 1)
     return torch.from_numpy(_decode_cpu(frames)).to(device, non_blocking=True)
 
 

@@ -120,7 +120,10 @@ class VLoRAService(rpyc.Service):
             raise RequestError("too_many_requests", f"{live} requests of this connection are in flight "
                                                     f"(limit {self.state.limits.max_queued_per_connection})")
         start = time.perf_counter()
-        sub = parse_submission(kind, spec_json, blobs, self.state.limits, self.state.reserve_pixels)
+        # an engine that prepares pixels on its device takes video frames still JPEG-encoded (nvJPEG there)
+        processor = getattr(self.state.loop.engine, "processor", None)
+        keep_jpeg = getattr(processor, "pixel_spec", None) is not None
+        sub = parse_submission(kind, spec_json, blobs, self.state.limits, self.state.reserve_pixels, keep_jpeg)
         try:
             return self._admit(kind, sub, start)
         except BaseException:

@@ -153,9 +153,12 @@ def check_adapter_name(name: Any) -> str:
     return name
 
 
-def open_frame(blob: Any, spec: Any, limits: Limits, index: int) -> tuple[tuple[int, int], Callable[[], np.ndarray]]:
+def open_frame(blob: Any, spec: Any, limits: Limits, index: int,
+               keep_jpeg: bool = False) -> tuple[tuple[int, int], Callable[[], np.ndarray | bytes]]:
     """One frame spec + blob -> ((H, W), read from the spec or the image header, and a function that
-    decodes it to uint8 [H, W, 3] RGB): sizes are known, and checked, before any pixel is decoded."""
+    decodes it to uint8 [H, W, 3] RGB): sizes are known, and checked, before any pixel is decoded.
+    keep_jpeg: a JPEG frame stays encoded (the engine decodes it on its device); its bytes must
+    end with the end-of-image marker, so a truncated file is refused here."""
     name = f"frame {index}"
     _check_type(f"{name} data", blob, (bytes,))
     if not isinstance(spec, dict) or spec.get("format") not in ("encoded", "raw"):
@@ -177,6 +180,7 @@ def open_frame(blob: Any, spec: Any, limits: Limits, index: int) -> tuple[tuple[
     try:  # JPEG and PNG only: Pillow would otherwise try every format it knows (TIFF, ICO, EPS via Ghostscript)
         with Image.open(io.BytesIO(blob), formats=ENCODED_FORMATS) as img:
             width, height = img.size  # read from the header: a decompression bomb is refused undecoded
+            fmt, mode = img.format, img.mode
     except UnidentifiedImageError:
         raise RequestError("bad_frame", f"{name}: not a JPEG or PNG image (the formats accepted encoded; "
                                         "send other pictures as raw uint8 frames)") from None
@@ -184,6 +188,10 @@ def open_frame(blob: Any, spec: Any, limits: Limits, index: int) -> tuple[tuple[
         raise RequestError("bad_frame", f"{name}: cannot read the image header ({type(e).__name__}: {e})") from None
     if width * height > limits.max_frame_pixels:
         raise RequestError("too_large", f"{name}: {width}x{height} exceeds {limits.max_frame_pixels} pixels")
+    if keep_jpeg and fmt == "JPEG" and mode in ("RGB", "L"):
+        if not blob.rstrip(b"\x00").endswith(b"\xff\xd9"):
+            raise RequestError("bad_frame", f"{name}: the JPEG data is truncated (no end-of-image marker)")
+        return (height, width), lambda: blob
 
     def decode() -> np.ndarray:
         try:
@@ -201,7 +209,8 @@ def decode_frame(blob: Any, spec: Any, limits: Limits, index: int) -> np.ndarray
     return open_frame(blob, spec, limits, index)[1]()
 
 
-def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits, reserve=None) -> Submission:
+def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits, reserve=None,
+                     keep_jpeg: bool = False) -> Submission:
     """Validate a request from the wire. Raises RequestError naming the first bad input.
     reserve(pixels) -> release: called once the decoded size is known and before decoding, to take
     that many pixels from the server's budget (it raises RequestError when the budget is spent);
@@ -243,7 +252,7 @@ def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits, rese
         raise RequestError("bad_argument", f"slo_ms must be a positive number of milliseconds, got {slo!r}")
     sampling = _sampling(spec.get("sampling"), limits)
     # every check that needs no pixels is done: read the frames' sizes, then decode within the budget
-    opened = [open_frame(b, s, limits, i) for i, (b, s) in enumerate(zip(blobs, specs))]
+    opened = [open_frame(b, s, limits, i, keep_jpeg and kind == "video") for i, (b, s) in enumerate(zip(blobs, specs))]
     if kind == "video" and len({size for size, _ in opened}) > 1:
         raise RequestError("bad_frame", "the frames of a video chunk must share one shape, got "
                                         f"{sorted({(h, w, 3) for (h, w), _ in opened})}")

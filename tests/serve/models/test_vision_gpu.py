@@ -93,9 +93,13 @@ def test_device_pixels_and_nvjpeg_against_the_cpu_path():
             assert float(diff.max()) < 1e-5  # no resize: exact
         else:
             assert float(diff.mean()) < 0.5 * level
-    jpegs = [cv2.imencode(".jpg", f[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes() for f in odd[:2]]
+    # nvJPEG and libjpeg upsample chroma differently: each is held to its error against the frames
+    # the JPEGs were made from, not to the other decoder
+    source = odd[:2]
+    truth = materialize([Deferred(source, (333, 500), spec.video_size(2, 333, 500), spec)], "cpu", torch.float32)[0]
+    jpegs = [cv2.imencode(".jpg", f[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes() for f in source]
     d = Deferred(jpegs, (333, 500), spec.video_size(2, 333, 500), spec)
-    cpu, gpu = materialize([d], "cpu", torch.float32)[0], materialize([d], "cuda", torch.float32)[0].cpu()
-    diff = (cpu - gpu).abs()
-    print(f"jpeg: max {diff.max() / level:.2f} levels, mean {diff.mean() / level:.4f}")
-    assert float(diff.mean()) < 1.0 * level
+    errors = {where: float((materialize([d], where, torch.float32)[0].cpu() - truth).abs().mean()) / level
+              for where in ("cpu", "cuda")}
+    print(f"jpeg decode mean error against the source frames (levels): {errors}")
+    assert errors["cuda"] <= 1.5 * errors["cpu"] + 0.5

@@ -171,13 +171,15 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
             row["pixels_ms_per_chunk"] = _time_gpu(
                 lambda: materialize([g.deferred for g in items], device, dtype), job.repeats) / n
             row["transformers_ms_per_chunk"] = _time_gpu(lambda: reference(pixels, grid_thw=grid_t), job.repeats) / n
-            for mode in ("batched", "varlen"):
-                ours.attention = mode
-                try:
-                    ms = _time_gpu(lambda: ours(pixels, ours.layout(grids)), job.repeats) / n
-                except ValueError:  # no varlen kernel in this torch
-                    ms = float("nan")
-                row[f"ours_{mode}_ms_per_chunk"] = ms
+            for fused in (False, True):  # eager elementwise kernels, then compiled ones (GPU)
+                QwenVisionTower.fused = fused
+                for mode in ("batched", "varlen"):
+                    ours.attention = mode
+                    try:
+                        ms = _time_gpu(lambda: ours(pixels, ours.layout(grids)), job.repeats) / n
+                    except ValueError:  # no varlen kernel in this torch
+                        ms = float("nan")
+                    row[f"ours_{mode}{'_fused' if fused else ''}_ms_per_chunk"] = ms
             ours.attention = "auto"
             row["ours_syncs_per_step"] = _syncs(lambda: ours(pixels, ours.layout(grids)))
             got = ours(pixels, ours.layout(grids)).float()
@@ -188,7 +190,8 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
         row["ours_tflops"] = flops / n / (best * 1e-3) / 1e12
         rows.append(row)
         print(f"[vision] {n} chunks: transformers {row['transformers_ms_per_chunk']:.2f} ms/chunk, ours "
-              f"{row['ours_batched_ms_per_chunk']:.2f} (batched) / {row['ours_varlen_ms_per_chunk']:.2f} (varlen), "
+              f"{row['ours_batched_ms_per_chunk']:.2f} (batched) / {row['ours_varlen_ms_per_chunk']:.2f} (varlen) / "
+              f"{row['ours_batched_fused_ms_per_chunk']:.2f} (batched, fused), "
               f"{row['ours_tflops']:.0f} TFLOP/s, pixels {row['pixels_ms_per_chunk']:.2f} ms/chunk, "
               f"syncs {row['ours_syncs_per_step']}", flush=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

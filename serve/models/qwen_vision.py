@@ -21,14 +21,44 @@ from ..forward.segments import segment_attention
 from .qwen_layout import QwenLayout, qwen_layout
 
 
+def _quick_gelu(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
 def _act(name: str):
     if name == "quick_gelu":
-        return lambda x: x * torch.sigmoid(1.702 * x)
+        return _quick_gelu
     if name == "silu":
         return F.silu
     if name in ("gelu", "gelu_pytorch_tanh"):
         return lambda x: F.gelu(x, approximate="tanh" if name.endswith("tanh") else "none")
     raise ValueError(f"vision tower activation {name!r} is not supported")
+
+
+def _rotary_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """q and k of qkv [rows, 3, heads, dim] rotated in fp32 as the reference does -> [rows, 2, heads, dim]."""
+    qk = qkv[:, :2].float()
+    half = qk.shape[-1] // 2
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    return (qk * cos + rotated * sin).to(qkv.dtype)
+
+
+def _silu_mul(gate, up):
+    return F.silu(gate) * up
+
+
+# On a GPU the elementwise chains (rotary in fp32, activations) run as one generated kernel each
+# instead of five to eight eager ones; `QwenVisionTower.fused = False` keeps them eager.
+_COMPILED: dict = {}
+
+
+def _fused(fn, *args):
+    if not (QwenVisionTower.fused and args[0].is_cuda):
+        return fn(*args)
+    compiled = _COMPILED.get(fn)
+    if compiled is None:
+        compiled = _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return compiled(*args)
 
 
 class _RMSNorm(nn.Module):
@@ -55,11 +85,7 @@ class _Attention(nn.Module):
     def forward(self, x, cos, sin, segments, mode):
         n = x.shape[0]
         qkv = self.qkv(x).view(n, 3, self.heads, -1)
-        # rotary in fp32 as the reference does, q and k in one pass
-        qk = qkv[:, :2].float()
-        half = qk.shape[-1] // 2
-        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-        qk = (qk * cos + rotated * sin).to(x.dtype)
+        qk = _fused(_rotary_qk, qkv, cos, sin)
         out = segment_attention(qk[:, 0], qk[:, 1], qkv[:, 2], segments, mode)
         return self.proj(out.reshape(n, -1))
 
@@ -70,7 +96,8 @@ class _MLP(nn.Module):  # Qwen2-VL
         self.fc1, self.fc2, self.act = nn.Linear(dim, hidden), nn.Linear(hidden, dim), _act(act)
 
     def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
+        h = self.fc1(x)
+        return self.fc2(_fused(self.act, h) if self.act is _quick_gelu else self.act(h))
 
 
 class _GatedMLP(nn.Module):  # Qwen2.5-VL
@@ -80,7 +107,8 @@ class _GatedMLP(nn.Module):  # Qwen2.5-VL
         self.down_proj, self.act = nn.Linear(hidden, dim), _act(act)
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(_fused(_silu_mul, self.gate_proj(x), self.up_proj(x)) if self.act is F.silu
+                              else self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class _Block(nn.Module):
@@ -118,6 +146,8 @@ class _Merger(nn.Module):
 
 class QwenVisionTower(nn.Module):
     """Built from the checkpoint's `vision_config`; `arch` is "qwen2_vl" or "qwen2_5_vl"."""
+
+    fused = True  # compiled elementwise kernels on a GPU (class-wide: one compiled kernel per function)
 
     def __init__(self, vc, arch: str):
         super().__init__()

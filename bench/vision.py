@@ -172,7 +172,7 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
                 lambda: materialize([g.deferred for g in items], device, dtype), job.repeats) / n
             row["transformers_ms_per_chunk"] = _time_gpu(lambda: reference(pixels, grid_thw=grid_t), job.repeats) / n
             for fused in (False, True):  # eager elementwise kernels, then compiled ones (GPU)
-                QwenVisionTower.fused = fused
+                ours.compiled = fused
                 for mode in ("batched", "varlen"):
                     ours.attention = mode
                     try:

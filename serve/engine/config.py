@@ -35,6 +35,7 @@ class EngineConfig:
     # "auto" (device on a GPU, host on the CPU)
     pixels: str = "auto"
     vision_attention: str = "auto"  # vision towers' segment attention: auto | varlen | batched
+    vision_compile: bool = False  # GPU: the tower's elementwise chains compiled (faster; the first steps compile)
     max_model_len: int | None = None  # default: the model's limit, capped by the cache size
     cuda_graphs: bool = True  # decode steps replay graphs captured per batch-size bucket (GPU)
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)

@@ -93,7 +93,7 @@ class Engine:
         self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights, pixels)
         tower = getattr(self.model.vision, "visual", None)
         if hasattr(tower, "attention"):
-            tower.attention = config.vision_attention
+            tower.attention, tower.compiled = config.vision_attention, config.vision_compile
         if config.tensor_parallel_size > 1:  # before adapters wrap the projections and the cache is sized
             from serve.models.parallel import TPGroup, shard_model
 

@@ -47,18 +47,18 @@ def _silu_mul(gate, up):
     return F.silu(gate) * up
 
 
-# On a GPU the elementwise chains (rotary in fp32, activations) run as one generated kernel each
-# instead of five to eight eager ones; `QwenVisionTower.fused = False` keeps them eager.
+# With `QwenVisionTower.compiled` on a GPU, the elementwise chains (rotary in fp32, activations) run
+# as one generated kernel each instead of five to eight eager ones (torch.compile, dynamic shapes).
 _COMPILED: dict = {}
 
 
-def _fused(fn, *args):
-    if not (QwenVisionTower.fused and args[0].is_cuda):
+def _fused(on: bool, fn, *args):
+    if not (on and args[0].is_cuda):
         return fn(*args)
-    compiled = _COMPILED.get(fn)
-    if compiled is None:
-        compiled = _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return compiled(*args)
+    kernel = _COMPILED.get(fn)
+    if kernel is None:
+        kernel = _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return kernel(*args)
 
 
 class _RMSNorm(nn.Module):
@@ -82,10 +82,10 @@ class _Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x, cos, sin, segments, mode):
+    def forward(self, x, cos, sin, segments, mode, compiled=False):
         n = x.shape[0]
         qkv = self.qkv(x).view(n, 3, self.heads, -1)
-        qk = _fused(_rotary_qk, qkv, cos, sin)
+        qk = _fused(compiled, _rotary_qk, qkv, cos, sin)
         out = segment_attention(qk[:, 0], qk[:, 1], qkv[:, 2], segments, mode)
         return self.proj(out.reshape(n, -1))
 
@@ -95,9 +95,9 @@ class _MLP(nn.Module):  # Qwen2-VL
         super().__init__()
         self.fc1, self.fc2, self.act = nn.Linear(dim, hidden), nn.Linear(hidden, dim), _act(act)
 
-    def forward(self, x):
+    def forward(self, x, compiled=False):
         h = self.fc1(x)
-        return self.fc2(_fused(self.act, h) if self.act is _quick_gelu else self.act(h))
+        return self.fc2(_fused(compiled, self.act, h) if self.act is _quick_gelu else self.act(h))
 
 
 class _GatedMLP(nn.Module):  # Qwen2.5-VL
@@ -106,8 +106,8 @@ class _GatedMLP(nn.Module):  # Qwen2.5-VL
         self.gate_proj, self.up_proj = nn.Linear(dim, hidden), nn.Linear(dim, hidden)
         self.down_proj, self.act = nn.Linear(hidden, dim), _act(act)
 
-    def forward(self, x):
-        return self.down_proj(_fused(_silu_mul, self.gate_proj(x), self.up_proj(x)) if self.act is F.silu
+    def forward(self, x, compiled=False):
+        return self.down_proj(_fused(compiled, _silu_mul, self.gate_proj(x), self.up_proj(x)) if self.act is F.silu
                               else self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -118,9 +118,9 @@ class _Block(nn.Module):
         self.attn = _Attention(dim, heads)
         self.mlp = (_GatedMLP if gated else _MLP)(dim, hidden, act)
 
-    def forward(self, x, cos, sin, segments, mode):
-        x = x + self.attn(self.norm1(x), cos, sin, segments, mode)
-        return x + self.mlp(self.norm2(x))
+    def forward(self, x, cos, sin, segments, mode, compiled=False):
+        x = x + self.attn(self.norm1(x), cos, sin, segments, mode, compiled)
+        return x + self.mlp(self.norm2(x), compiled)
 
 
 class _PatchEmbed(nn.Module):
@@ -147,8 +147,6 @@ class _Merger(nn.Module):
 class QwenVisionTower(nn.Module):
     """Built from the checkpoint's `vision_config`; `arch` is "qwen2_vl" or "qwen2_5_vl"."""
 
-    fused = True  # compiled elementwise kernels on a GPU (class-wide: one compiled kernel per function)
-
     def __init__(self, vc, arch: str):
         super().__init__()
         gated = arch == "qwen2_5_vl"
@@ -167,6 +165,9 @@ class QwenVisionTower(nn.Module):
         # a plain attribute, not a buffer: it must stay fp32 when the tower is cast to bf16
         self.inv_freq = 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float) / quarter)
         self.attention = "auto"  # segment attention mode (serve.forward.segments.MODES)
+        # compiled elementwise kernels on a GPU: a faster tower once compiled, but the first steps
+        # of each new shape pay the compile (seconds), so serving turns it on explicitly
+        self.compiled = False
 
     def layout(self, grids: list[tuple[int, int, int]]) -> QwenLayout:
         return qwen_layout(grids, self.merge, self.patch_embed.proj.weight.device, self.window)
@@ -188,6 +189,6 @@ class QwenVisionTower(nn.Module):
         cos, sin = self.rotary(layout.positions)
         for i, block in enumerate(self.blocks):
             windowed = layout.windows is not None and i not in self.full_layers
-            x = block(x, cos, sin, layout.windows if windowed else layout.frames, self.attention)
+            x = block(x, cos, sin, layout.windows if windowed else layout.frames, self.attention, self.compiled)
         out = self.merger(x)
         return out if layout.restore is None else out.index_select(0, layout.restore)

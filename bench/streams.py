@@ -72,6 +72,7 @@ class StreamsBenchJob:
     static_camera: bool = False
     max_batch_size: int = 64
     max_tokens_per_step: int = 8192
+    max_prefill_with_decode: int | None = None  # EngineConfig's: prompt tokens per step while anyone decodes
     warmup_point_s: float = 3.0  # an unmeasured point per mode first (kernel compiles, graph shapes)
     hf_baseline: bool = True
     hf_batch: int = 8
@@ -150,6 +151,7 @@ def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
     cuda = job.device.startswith("cuda")
     config = EngineConfig(device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
                           max_tokens_per_step=job.max_tokens_per_step, seed=job.seed,
+                          max_prefill_with_decode=job.max_prefill_with_decode,
                           num_kv_blocks=2 * job.max_batch_size * per_seq // 16 + 64 if cuda else None,
                           graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, job.max_batch_size})),
                           adapter_slots=job.adapters, host_adapter_cache=job.adapters + 4, max_lora_rank=job.rank,

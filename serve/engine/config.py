@@ -27,6 +27,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # fixed cache size; default on CPU: 512 blocks, on GPU: from the budget
     attention_backend: str = "auto"  # "auto" (triton on GPU, torch on CPU), "torch", "triton"
     chunked_prefill: bool = True
+    # prompt tokens per step while some request is decoding (None: all of max_tokens_per_step): caps
+    # how long each generated token waits behind other requests' prefill (video chunks: ~800 each)
+    max_prefill_with_decode: int | None = None
     enable_prefix_cache: bool = True
     encoder_cache_items: int = 64  # vision-encoder outputs kept by image hash (0 = off)
     max_vision_batch: int = 64  # images / clips / frame groups per vision-tower call (one packed pass each)
@@ -35,7 +38,7 @@ class EngineConfig:
     # "auto" (device on a GPU, host on the CPU)
     pixels: str = "auto"
     vision_attention: str = "auto"  # vision towers' segment attention: auto | varlen | batched
-    vision_compile: bool = False  # GPU: the tower's elementwise chains compiled (faster; the first steps compile)
+    vision_compile: bool = True  # GPU: the tower's elementwise chains compiled, at start (off: eager)
     max_model_len: int | None = None  # default: the model's limit, capped by the cache size
     cuda_graphs: bool = True  # decode steps replay graphs captured per batch-size bucket (GPU)
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)

@@ -23,6 +23,7 @@ planning with the cost profile of `EngineConfig.profile` (`engine.cost_profile`)
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -48,6 +49,8 @@ from .request import Request, RequestMetrics, RequestOutput
 from .scheduler import FairShare, Scheduler, SchedulerConfig
 from .sequence import MMSpan, RunState, Sequence
 from .stats import EngineStats, collect_stats
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -94,6 +97,9 @@ class Engine:
         tower = getattr(self.model.vision, "visual", None)
         if hasattr(tower, "attention"):
             tower.attention, tower.compiled = config.vision_attention, config.vision_compile
+            seconds = tower.warm_up()
+            if seconds:
+                log.info("vision tower kernels compiled in %.1f s", seconds)
         if config.tensor_parallel_size > 1:  # before adapters wrap the projections and the cache is sized
             from serve.models.parallel import TPGroup, shard_model
 
@@ -122,7 +128,7 @@ class Engine:
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.kv_block_size,
                                           config.enable_prefix_cache)
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
-                                       self.runner.max_model_len)
+                                       self.runner.max_model_len, config.max_prefill_with_decode)
         self.scheduler = Scheduler(sched_config, self.block_manager, FairShare(), self.lora)
         self.planner = StepPlanner(policy, self.scheduler, self.lora, config.max_batch_size,
                                            config.max_tokens_per_step, self._request_info)

@@ -98,10 +98,15 @@ class SchedulerConfig:
     max_tokens_per_step: int = 4096  # token budget of one step (prefill chunks + decode tokens)
     chunked_prefill: bool = True  # split prompts over steps; off: a prompt runs whole or waits
     max_model_len: int = 4096  # prompt + generated tokens of one sequence
+    # prompt tokens a step may carry while some sequence is decoding (None: the whole budget): each
+    # decode token waits for its step, so a step full of prefill makes every generated token slow
+    max_prefill_with_decode: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_tokens_per_step < 1:
             raise ValueError("max_batch_size and max_tokens_per_step must be >= 1")
+        if self.max_prefill_with_decode is not None and self.max_prefill_with_decode < 1:
+            raise ValueError("max_prefill_with_decode must be >= 1 (or None)")
 
 
 @dataclass(frozen=True)
@@ -218,11 +223,16 @@ class Scheduler:
         fair_victims = self._make_room(plan)
         budget = cfg.max_tokens_per_step
         running = self.policy.order(self.running)
+        # prompt tokens allowed in this step: capped while anyone decodes (a decode step stays short)
+        decoding = cfg.max_prefill_with_decode is not None and cfg.chunked_prefill and any(
+            seq.num_computed_tokens >= seq.prompt_len and seq.request_id not in plan.pause for seq in running)
+        prefill = cfg.max_prefill_with_decode if decoding else budget
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            n = min(seq.num_remaining, budget)
-            if seq.request_id in plan.pause or (not cfg.chunked_prefill and n < seq.num_remaining):
+            prompt_chunk = seq.num_computed_tokens < seq.prompt_len
+            n = min(seq.num_remaining, budget, prefill if prompt_chunk else budget)
+            if n <= 0 or seq.request_id in plan.pause or (not cfg.chunked_prefill and n < seq.num_remaining):
                 i += 1
                 continue
             while not bm.can_append(seq, n):
@@ -235,6 +245,7 @@ class Scheduler:
                 bm.append(seq, n)
                 batch.entries.append((seq, n))
                 budget -= n
+                prefill -= n if prompt_chunk else 0
                 i += 1
         self.running = running
         if batch.preempted:  # memory is short: admit no one this step
@@ -249,10 +260,10 @@ class Scheduler:
         if fair_victims:  # the slots they freed are the newcomers': they wait at least this step
             candidates = [seq for seq in candidates if seq not in fair_victims]
         for seq in candidates:
-            if budget <= 0 or len(self.running) >= cfg.max_batch_size:
+            if min(budget, prefill) <= 0 or len(self.running) >= cfg.max_batch_size:
                 break
             cached = bm.num_cached_tokens(seq)
-            n = min(seq.num_tokens - cached, budget)
+            n = min(seq.num_tokens - cached, budget, prefill)
             if not cfg.chunked_prefill and n < seq.num_tokens - cached:
                 break
             if not bm.can_allocate(seq, cached + n):
@@ -267,6 +278,7 @@ class Scheduler:
             self.running.append(seq)
             batch.entries.append((seq, n))
             budget -= n
+            prefill -= n
         return batch
 
     def postprocess(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:

@@ -165,9 +165,27 @@ class QwenVisionTower(nn.Module):
         # a plain attribute, not a buffer: it must stay fp32 when the tower is cast to bf16
         self.inv_freq = 1.0 / theta ** (torch.arange(0, quarter, 2, dtype=torch.float) / quarter)
         self.attention = "auto"  # segment attention mode (serve.forward.segments.MODES)
-        # compiled elementwise kernels on a GPU: a faster tower once compiled, but the first steps
-        # of each new shape pay the compile (seconds), so serving turns it on explicitly
+        # compiled elementwise kernels on a GPU (the engine turns them on and calls `warm_up` at start,
+        # so no step pays the compile)
         self.compiled = False
+
+    @torch.no_grad()
+    def warm_up(self) -> float:
+        """Compiles the elementwise kernels now (when `compiled` on a GPU), on two packed sizes so the
+        row count is traced as dynamic: serving's first steps then pay no compile. Returns seconds."""
+        import time
+
+        weight = self.patch_embed.proj.weight
+        if not (self.compiled and weight.is_cuda):
+            return 0.0
+        start = time.perf_counter()
+        side = 4 * self.merge * (self.window or 1)
+        for count in (2, 3):
+            grids = [(1, side, side)] * count
+            self(torch.zeros(count * side * side, weight[0].numel(), device=weight.device, dtype=weight.dtype),
+                 self.layout(grids))
+        torch.cuda.synchronize(weight.device)
+        return time.perf_counter() - start
 
     def layout(self, grids: list[tuple[int, int, int]]) -> QwenLayout:
         return qwen_layout(grids, self.merge, self.patch_embed.proj.weight.device, self.window)

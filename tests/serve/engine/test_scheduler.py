@@ -46,6 +46,21 @@ def test_budget_chunks_prompts_and_new_requests_join_a_running_batch():
     assert batch.decode_only
 
 
+def test_prompt_tokens_are_capped_while_someone_decodes():
+    s = _sched(max_tokens_per_step=16, max_prefill_with_decode=5)
+    a, b = _seq("a", 10, t=0), _seq("b", 10, t=1)
+    s.add(a)
+    s.add(b)
+    batch, _ = _step(s)  # nobody decodes yet: the whole budget
+    assert [(q.request_id, n) for q, n in batch.entries] == [("a", 10), ("b", 6)]
+    c = _seq("c", 12, t=2)
+    s.add(c)
+    batch, _ = _step(s)  # a decodes: b's rest and c's first chunk share 5 prompt tokens
+    assert [(q.request_id, n) for q, n in batch.entries] == [("a", 1), ("b", 4), ("c", 1)]
+    with pytest.raises(ValueError, match="max_prefill_with_decode"):
+        SchedulerConfig(max_prefill_with_decode=0)
+
+
 def test_max_batch_size_limits_running_sequences():
     s = _sched(max_batch_size=2)
     seqs = [_seq(f"r{i}", 3, t=i) for i in range(4)]

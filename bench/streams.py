@@ -73,6 +73,8 @@ class StreamsBenchJob:
     max_batch_size: int = 64
     max_tokens_per_step: int = 8192
     max_prefill_with_decode: int | None = None  # EngineConfig's: prompt tokens per step while anyone decodes
+    engine_only: bool = True  # also the workload on the engine in process (bench/streams_engine.py)
+    engine_only_rates: tuple[float, ...] = (20.0, 30.0, 40.0)  # paced in-process arrivals, chunks/s
     warmup_point_s: float = 3.0  # an unmeasured point per mode first (kernel compiles, graph shapes)
     hf_baseline: bool = True
     hf_batch: int = 8
@@ -213,6 +215,12 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
         if job.warmup_point_s > 0:
             run_point(engine, job, mode, min(job.stream_counts), chunks, names, seconds=job.warmup_point_s)
         rows += search(lambda n: run_point(engine, job, mode, n, chunks, names), job.stream_counts, job.refine)
+    in_process = None
+    if job.engine_only:
+        from .streams_engine import engine_only, format_engine_only
+
+        in_process = engine_only(engine, job, chunks, names, job.engine_only_rates, job.seconds)
+        _log(format_engine_only(in_process))
     hf_result = None
     if job.hf_baseline:
         _log(f"transformers generate, {job.hf_batch} chunks per batch, {job.hf_batches} batches")
@@ -220,7 +228,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
         _log(f"transformers: {hf_result['chunks_per_s']:.2f} chunks/s")
     summary = summarize(rows, job, flops, tflops, hf_result)
     meta = dict(device=device_name, date=time.strftime("%Y-%m-%d"), command=command, engine_load_s=load_s,
-                matmul_tflops=tflops, flops=flops, hf=hf_result, summary=summary, adapters=names,
+                matmul_tflops=tflops, flops=flops, hf=hf_result, summary=summary, adapters=names, engine_only=in_process,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 job=dataclasses.asdict(job))
     del engine

@@ -41,7 +41,8 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
                             "bench.streams.target_ms=5000",  # a busy CI machine must still run every count
                             "bench.streams.drain_s=20", "bench.streams.chunk_pool=4", "bench.streams.adapters=2",
                             "bench.streams.max_batch_size=8", "bench.streams.max_tokens_per_step=1024",
-                            "bench.streams.hf_batch=2", "bench.streams.hf_batches=2", f"bench.out_dir={tmp_path}"])
+                            "bench.streams.hf_batch=2", "bench.streams.hf_batches=2", "bench.streams.engine_only_rates=[2.0]",
+                            f"bench.out_dir={tmp_path}"])
     result = run(cfg)
     rows, meta = result["streams"], result["meta"]
 
@@ -61,6 +62,10 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
         assert s["max_streams"] == counts[-1] and 0 < s["matmul_fraction"] < 1
         assert s["compute_floor_chunks_per_s"] > 0 and s["vs_hf"] > 0
     assert meta["device"] == "cpu" and meta["date"] and meta["command"]
+    in_process = meta["engine_only"]  # the same chunks on the engine without RPC
+    assert in_process["full_batch"]["chunks"] == 8 and in_process["full_batch"]["chunks_per_s"] > 0
+    (paced,) = in_process["paced"]
+    assert paced["sent"] == 2 * seconds and paced["served_per_s"] > 0 and 0 < paced["p50_ms"] <= paced["p95_ms"]
 
     out = tmp_path / "cpu"
     with open(out / "streams.csv", newline="") as f:

@@ -1,0 +1,159 @@
+"""The streams workload on the engine in process (no RPC): where a served chunk's time goes.
+
+- full batch: `job.max_batch_size` chunks submitted at once and stepped until all are answered:
+  chunks/s, steps, the share of the wall the GPU is busy, the vision tower's and the rest's GPU ms
+  per chunk (profiler), host syncs per step (torch's sync debug mode);
+- paced: chunks arriving at `rates` per second for `seconds` (prepared on the stepping thread, as
+  an upper bound of the loop's own cost): served chunks/s, p50/p95 latency, mean step ms and the
+  largest number of sequences a step carried, to see whether throughput holds past capacity.
+Head mode (one forward pass per chunk), JPEG frames as the server receives them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+
+import torch
+
+from apps.common.stats import percentile
+
+from .streams_load import HEAD_TASK, _stamped
+
+
+def _requests(job, chunks, names, count: int, start: int):
+    import cv2
+
+    from serve import Request, SamplingParams
+
+    out = []
+    for i in range(count):
+        frames = _stamped(chunks[(start + i) % len(chunks)], start + i + 1)
+        jpegs = [cv2.imencode(".jpg", f[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes() for f in frames]
+        out.append(Request(prompt=job.prompt, video=jpegs, adapter=names[i % len(names)], task=HEAD_TASK,
+                           output_mode="head", sampling=SamplingParams(max_tokens=1)))
+    return out
+
+
+def _drain(engine) -> int:
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    return steps
+
+
+def _device_ms(events, name: str | None) -> float:
+    def total(e, self_only):
+        key = "self_device_time_total" if self_only else "device_time_total"
+        return getattr(e, key, None) or getattr(e, key.replace("device", "cuda"), 0.0)
+
+    if name is None:
+        return sum(total(e, True) for e in events) / 1e3
+    return sum(total(e, False) for e in events if e.key == name) / 1e3
+
+
+def full_batch(engine, job, chunks, names) -> dict:
+    n = job.max_batch_size
+    engine.drop_caches()
+    for request in _requests(job, chunks, names, n, 10_000):  # warm-up of the same shapes
+        engine.add_request(request)
+    _drain(engine)
+    requests = _requests(job, chunks, names, n, 20_000)
+    prepared = [engine.prepare(r) for r in requests]
+    vision = engine.model.vision
+    forward = vision.forward
+
+    def annotated(items):
+        with torch.profiler.record_function("vlora::vision"):
+            return forward(items)
+
+    cuda = engine.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    vision.forward = annotated
+    try:
+        if cuda:
+            torch.cuda.synchronize()
+        with torch.profiler.profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for request, prep in zip(requests, prepared):
+                engine.add_request(request, prep)
+            steps = _drain(engine)
+            if cuda:
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+    finally:
+        vision.forward = forward
+    if not cuda:  # no device timeline to split
+        return {"chunks": n, "wall_s": wall, "chunks_per_s": n / wall, "steps": steps}
+    events = prof.key_averages()
+    busy, vision_ms = _device_ms(events, None), _device_ms(events, "vlora::vision")
+    # host syncs per step, counted on a second batch
+    for request in _requests(job, chunks, names, n, 30_000):
+        engine.add_request(request)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            sync_steps = _drain(engine)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    return {"chunks": n, "wall_s": wall, "chunks_per_s": n / wall, "steps": steps,
+            "gpu_busy_share": busy / (wall * 1e3), "gpu_ms_per_chunk": busy / n,
+            "vision_gpu_ms_per_chunk": vision_ms / n, "rest_gpu_ms_per_chunk": (busy - vision_ms) / n,
+            "host_syncs_per_step": syncs / max(1, sync_steps)}
+
+
+def paced(engine, job, chunks, names, rate: float, seconds: float) -> dict:
+    engine.drop_caches()
+    count = int(rate * seconds)
+    requests = _requests(job, chunks, names, count, 40_000 + int(rate) * 1000)
+    arrivals = [i / rate for i in range(count)]
+    sent, latencies, step_ms, widest = {}, [], [], 0
+    t0, i = time.perf_counter(), 0
+    while i < count or engine.has_unfinished():
+        now = time.perf_counter() - t0
+        while i < count and arrivals[i] <= now:
+            rid = engine.add_request(requests[i])
+            sent[rid] = t0 + arrivals[i]
+            i += 1
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, min(arrivals[i] - now, 0.01)) if i < count else 0)
+            continue
+        start = time.perf_counter()
+        outputs = engine.step()
+        step_ms.append((time.perf_counter() - start) * 1e3)
+        widest = max(widest, len(engine.scheduler.running))
+        for out in outputs:
+            if out.finished and out.request_id in sent:
+                latencies.append((time.perf_counter() - sent.pop(out.request_id)) * 1e3)
+    wall = time.perf_counter() - t0
+    return {"rate": rate, "sent": count, "served_per_s": len(latencies) / wall, "p50_ms": percentile(latencies, 50),
+            "p95_ms": percentile(latencies, 95), "mean_step_ms": statistics.fmean(step_ms) if step_ms else 0.0,
+            "steps": len(step_ms), "most_running": widest}
+
+
+def engine_only(engine, job, chunks, names, rates=(20.0, 30.0, 40.0), seconds: float = 6.0) -> dict:
+    out = {"full_batch": full_batch(engine, job, chunks, names)}
+    out["paced"] = [paced(engine, job, chunks, names, r, seconds) for r in rates]
+    return out
+
+
+def format_engine_only(result: dict) -> str:
+    fb = result["full_batch"]
+    if "gpu_busy_share" not in fb:
+        lines = [f"engine in process, {fb['chunks']} chunks at once: {fb['chunks_per_s']:.1f} chunks/s"]
+    else:
+        lines = [f"engine in process, {fb['chunks']} chunks at once: {fb['chunks_per_s']:.1f} chunks/s in "
+                 f"{fb['steps']} steps; GPU busy {fb['gpu_busy_share']:.0%}; GPU ms per chunk "
+                 f"{fb['gpu_ms_per_chunk']:.1f} (vision {fb['vision_gpu_ms_per_chunk']:.1f}, rest "
+                 f"{fb['rest_gpu_ms_per_chunk']:.1f}); host syncs per step {fb['host_syncs_per_step']:.1f}"]
+    for p in result["paced"]:
+        lines.append(f"  paced {p['rate']:.0f}/s: served {p['served_per_s']:.1f}/s, p50 {p['p50_ms']:.0f} ms, "
+                     f"p95 {p['p95_ms']:.0f} ms, {p['steps']} steps of {p['mean_step_ms']:.1f} ms, "
+                     f"at most {p['most_running']} running")
+    return "\n".join(lines)
+
+

@@ -1,6 +1,7 @@
 """One point of the streams evaluation: N camera streams against a fresh RPyC server on loopback.
 
-Each stream is a thread with its own connection. Stream i sends chunk k at `t0 + i / N + k`
+The cameras run in a process of their own (spawned per point), each stream a thread with its own
+connection. Stream i sends chunk k at `t0 + i / N + k`
 seconds (one chunk per second, streams staggered over the first second) whether or not its
 earlier chunks are answered, as a camera would, and polls its pending chunks in between. A
 chunk's latency is measured on the stream's thread from just before `submit_video` to the poll
@@ -43,17 +44,58 @@ def _stamped(chunk: np.ndarray, serial: int) -> np.ndarray:
 
 def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters: list[str],
               seconds: float | None = None) -> dict:
-    """Runs n streams; returns the point's row. `seconds` given: an unmeasured warm-up of that length."""
-    from serve.rpc import Client, Limits, RpcServer, ServerError
+    """Runs n streams; returns the point's row. `seconds` given: an unmeasured warm-up of that length.
+
+    The cameras (client threads) run in a process of their own, as real cameras would: in the
+    server's process their encoding and polling would take the server's interpreter lock, and past
+    capacity (more chunks pending, more polls) starve the engine loop itself."""
+    import dataclasses
+    import multiprocessing
+    import queue
+    from types import SimpleNamespace
+
+    from serve.rpc import Limits, RpcServer
 
     warm_up = seconds is not None
     first = 0 if warm_up else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
     measured = math.ceil(seconds if warm_up else job.seconds)
-    sends = first + measured
-    sampling = {"max_tokens": job.answer_tokens, "ignore_eos": True}
     token = secrets.token_hex(16)
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8).start()
-    clients = [Client("127.0.0.1", server.port, token, encoding=job.encoding) for _ in range(n)]
+    _log(f"{'warm-up ' if warm_up else ''}mode={mode} streams={n}: {first + measured} chunks each")
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
+    cameras = ctx.Process(target=_cameras, args=(plain, mode, n, server.port, token, chunks, adapters, first,
+                                                 first + measured, results), name="cameras", daemon=True)
+    cameras.start()
+    deadline = time.monotonic() + first + measured + job.drain_s + 120
+    try:
+        while True:
+            try:
+                records, errors, t0 = results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not cameras.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"the camera process ended without results (exit code {cameras.exitcode})")
+    finally:
+        cameras.join(timeout=30)
+        if cameras.is_alive():
+            cameras.kill()
+    _settle(server)
+    server.close()
+    row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
+    _log(("warm-up " if warm_up else "") + " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
+    return row
+
+
+def _cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np.ndarray], adapters: list[str],
+             first: int, sends: int, results) -> None:
+    """The camera process: n client threads, one connection each; puts (records, errors, t0)."""
+    from serve.rpc import Client, ServerError
+
+    sampling = {"max_tokens": job.answer_tokens, "ignore_eos": True}
+    clients = [Client("127.0.0.1", port, token, encoding=job.encoding) for _ in range(n)]
     records: list[dict] = []
     errors: Counter[str] = Counter()
     lock = threading.Lock()
@@ -122,19 +164,13 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
                     pending.remove((s, kk, sent))
 
     threads = [threading.Thread(target=stream, args=(i,), name=f"stream-{i}", daemon=True) for i in range(n)]
-    _log(f"{'warm-up ' if warm_up else ''}mode={mode} streams={n}: {sends} chunks each")
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    _settle(server)
     for c in clients:
         c.close()
-    server.close()
-    row = _row(job, mode, n, records, errors, t0 + first, measured)
-    _log(("warm-up " if warm_up else "") + " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
-    return row
+    results.put((records, dict(errors), t0))
 
 
 def _settle(server, timeout_s: float = 60.0) -> None:

@@ -1,8 +1,9 @@
 """The streams workload on the engine in process (no RPC): where a served chunk's time goes.
 
 - full batch: `job.max_batch_size` chunks submitted at once and stepped until all are answered:
-  chunks/s, steps, the share of the wall the GPU is busy, the vision tower's and the rest's GPU ms
-  per chunk (profiler), host syncs per step (torch's sync debug mode);
+  chunks/s, steps, the share of the wall the GPU runs kernels or copies (profiler), the GPU span of
+  the vision calls (CUDA events) and the rest per chunk, host syncs per step and where they come
+  from (torch's sync debug mode);
 - paced: chunks arriving at `rates` per second for `seconds` (prepared on the stepping thread, as
   an upper bound of the loop's own cost): served chunks/s, p50/p95 latency, mean step ms and the
   largest number of sequences a step carried, to see whether throughput holds past capacity.
@@ -44,14 +45,38 @@ def _drain(engine) -> int:
     return steps
 
 
-def _device_ms(events, name: str | None) -> float:
-    def total(e, self_only):
-        key = "self_device_time_total" if self_only else "device_time_total"
-        return getattr(e, key, None) or getattr(e, key.replace("device", "cuda"), 0.0)
+def _kernel_ms(prof) -> float:
+    """GPU kernel and copy time of a profile (its own annotations, which span time, left out)."""
+    from torch.autograd import DeviceType
 
-    if name is None:
-        return sum(total(e, True) for e in events) / 1e3
-    return sum(total(e, False) for e in events if e.key == name) / 1e3
+    return sum(e.time_range.elapsed_us() for e in prof.events()
+               if e.device_type == DeviceType.CUDA and not e.name.startswith("vlora::")) / 1e3
+
+
+def _sync_sources(fn) -> tuple[int, dict[str, int]]:
+    """Host syncs while fn runs (torch's sync debug mode), and where in our code they come from."""
+    import traceback
+
+    sources: dict[str, int] = {}
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        ours = [f for f in traceback.extract_stack()[:-1] if "/serve/" in f.filename or "/bench/" in f.filename]
+        where = f"{ours[-1].filename.rsplit('/', 2)[-1]}:{ours[-1].lineno} {ours[-1].name}" if ours else "?"
+        sources[where] = sources.get(where, 0) + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = shown
+    return sum(sources.values()), dict(sorted(sources.items(), key=lambda kv: -kv[1])[:8])
 
 
 def full_batch(engine, job, chunks, names) -> dict:
@@ -65,11 +90,20 @@ def full_batch(engine, job, chunks, names) -> dict:
     vision = engine.model.vision
     forward = vision.forward
 
-    def annotated(items):
-        with torch.profiler.record_function("vlora::vision"):
-            return forward(items)
-
+    spans: list[tuple] = []  # CUDA events around each vision call: the GPU time from its first to last kernel
     cuda = engine.device.type == "cuda"
+
+    def annotated(items):
+        if not cuda:
+            return forward(items)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with torch.profiler.record_function("vlora::vision"):
+            out = forward(items)
+        end.record()
+        spans.append((start, end))
+        return out
+
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     vision.forward = annotated
     try:
@@ -87,23 +121,17 @@ def full_batch(engine, job, chunks, names) -> dict:
         vision.forward = forward
     if not cuda:  # no device timeline to split
         return {"chunks": n, "wall_s": wall, "chunks_per_s": n / wall, "steps": steps}
-    events = prof.key_averages()
-    busy, vision_ms = _device_ms(events, None), _device_ms(events, "vlora::vision")
-    # host syncs per step, counted on a second batch
+    busy = _kernel_ms(prof)
+    vision_ms = sum(a.elapsed_time(b) for a, b in spans)
+    # host syncs per step, counted on a second batch (no profiler)
     for request in _requests(job, chunks, names, n, 30_000):
         engine.add_request(request)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            sync_steps = _drain(engine)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    counted: list[int] = []
+    syncs, sources = _sync_sources(lambda: counted.append(_drain(engine)))
     return {"chunks": n, "wall_s": wall, "chunks_per_s": n / wall, "steps": steps,
             "gpu_busy_share": busy / (wall * 1e3), "gpu_ms_per_chunk": busy / n,
-            "vision_gpu_ms_per_chunk": vision_ms / n, "rest_gpu_ms_per_chunk": (busy - vision_ms) / n,
-            "host_syncs_per_step": syncs / max(1, sync_steps)}
+            "vision_span_ms_per_chunk": vision_ms / n, "rest_gpu_ms_per_chunk": (busy - vision_ms) / n,
+            "host_syncs_per_step": syncs / max(1, counted[0]), "sync_sources": sources}
 
 
 def paced(engine, job, chunks, names, rate: float, seconds: float) -> dict:
@@ -148,8 +176,9 @@ def format_engine_only(result: dict) -> str:
     else:
         lines = [f"engine in process, {fb['chunks']} chunks at once: {fb['chunks_per_s']:.1f} chunks/s in "
                  f"{fb['steps']} steps; GPU busy {fb['gpu_busy_share']:.0%}; GPU ms per chunk "
-                 f"{fb['gpu_ms_per_chunk']:.1f} (vision {fb['vision_gpu_ms_per_chunk']:.1f}, rest "
-                 f"{fb['rest_gpu_ms_per_chunk']:.1f}); host syncs per step {fb['host_syncs_per_step']:.1f}"]
+                 f"{fb['gpu_ms_per_chunk']:.1f} (vision calls' span {fb['vision_span_ms_per_chunk']:.1f}, rest "
+                 f"{fb['rest_gpu_ms_per_chunk']:.1f}); host syncs per step {fb['host_syncs_per_step']:.1f} "
+                 f"from {fb['sync_sources']}"]
     for p in result["paced"]:
         lines.append(f"  paced {p['rate']:.0f}/s: served {p['served_per_s']:.1f}/s, p50 {p['p50_ms']:.0f} ms, "
                      f"p95 {p['p95_ms']:.0f} ms, {p['steps']} steps of {p['mean_step_ms']:.1f} ms, "

@@ -1,7 +1,8 @@
 """Vision encoders: each architecture's tower with the checkpoint's weights.
 
 Qwen2-VL / Qwen2.5-VL run our own tower (`qwen_vision.py`: one packed pass, one attention launch
-per layer); LLaVA-1.5 runs the transformers CLIP tower (fixed-size images batch as they are).
+per layer); LLaVA-1.5 our CLIP tower (`clip_vision.py`: fixed-size images in one batch, only the
+layers up to the feature layer).
 
 An encoder takes the vision inputs of a whole step (any number of images and video clips of
 any requests) and runs them through the tower in one batched call, returning one embedding
@@ -17,6 +18,7 @@ from torch import nn
 
 from .deferred import Deferred, materialize
 from .loader import WeightSource, load_submodule
+from .clip_vision import ClipVisionTower
 from .qwen_vision import QwenVisionTower
 
 
@@ -87,16 +89,16 @@ class QwenVisionEncoder(nn.Module):
 
 
 class LlavaVisionEncoder(nn.Module):
-    """CLIP vision tower, feature-layer selection and the multimodal projector of LLaVA-1.5."""
+    """CLIP vision tower (ours), feature-layer selection and the multimodal projector of LLaVA-1.5."""
 
     def __init__(self, hf_config, dtype: torch.dtype, device):
         super().__init__()
-        from transformers import AutoModel
         from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 
-        self.vision_tower = _init_on(device, lambda: AutoModel.from_config(hf_config.vision_config, dtype=dtype))
+        feature = hf_config.vision_feature_layer
+        self.layers = [feature] if isinstance(feature, int) else list(feature)
+        self.vision_tower = _init_on(device, lambda: ClipVisionTower(hf_config.vision_config, self.layers)).to(dtype)
         self.multi_modal_projector = _init_on(device, lambda: LlavaMultiModalProjector(hf_config)).to(dtype)
-        self.feature_layer = hf_config.vision_feature_layer
         self.strategy = hf_config.vision_feature_select_strategy
         self.eval()
 
@@ -109,8 +111,7 @@ class LlavaVisionEncoder(nn.Module):
     def forward(self, items: list[VisionInput]) -> list[torch.Tensor]:
         weight = self.multi_modal_projector.linear_1.weight
         pixels = torch.cat([it.pixel_values for it in items]).to(weight.device, weight.dtype)  # [N, 3, S, S]
-        hidden = self.vision_tower(pixels, output_hidden_states=True).hidden_states
-        layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
-        chosen = [hidden[i][:, 1:] if self.strategy == "default" else hidden[i] for i in layers]  # drop CLS
+        hidden = self.vision_tower(pixels)  # one tensor per feature layer
+        chosen = [h[:, 1:] if self.strategy == "default" else h for h in hidden]  # "default" drops CLS
         feats = self.multi_modal_projector(torch.cat(chosen, dim=-1))  # [N, patches, D]
         return list(feats.unbind(0))

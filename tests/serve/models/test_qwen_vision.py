@@ -81,3 +81,27 @@ def test_windows_cover_partial_edges(tiny_zoo):
     assert tower.window == 2
     assert sorted({length for length, _, _ in layout.windows.groups}) == [8, 16]
     assert layout.order.shape[0] == 80 and sorted(layout.order.tolist()) == list(range(80))
+
+
+@pytest.mark.parametrize("layers", [-2, [-3, -1], 0])
+def test_clip_tower_equals_transformers_and_stops_at_the_feature_layer(tiny_zoo, layers):
+    from serve.models.clip_vision import ClipVisionTower
+
+    hf, _ = hf_model(str(tiny_zoo["llava_1_5_tiny"]))
+    reference = hf.model.vision_tower
+    vc = hf.config.vision_config
+    wanted = [layers] if isinstance(layers, int) else layers
+    tower = ClipVisionTower(vc, wanted)
+    state = {k.replace("vision_model.", ""): v for k, v in reference.state_dict().items()}
+    missing = tower.load_state_dict(state, strict=False)
+    assert not missing.missing_keys
+    depth = vc.num_hidden_layers
+    assert len(tower.encoder.layers) == max(i if i >= 0 else depth + 1 + i for i in wanted)
+    pixels = torch.randn(3, 3, vc.image_size, vc.image_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = reference(pixels, output_hidden_states=True).hidden_states
+        got = tower(pixels)
+    for g, i in zip(got, wanted):
+        torch.testing.assert_close(g, hidden[i], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="outside"):
+        ClipVisionTower(vc, [depth + 1])

@@ -103,3 +103,31 @@ def test_device_pixels_and_nvjpeg_against_the_cpu_path():
               for where in ("cpu", "cuda")}
     print(f"jpeg decode mean error against the source frames (levels): {errors}")
     assert errors["cuda"] <= 1.5 * errors["cpu"] + 0.5
+
+
+def test_full_shape_clip_tower_is_as_close_as_transformers_own_bf16():
+    from transformers import CLIPVisionModel
+    from zoo.build import build_tokenizer_and_ids
+    from zoo.configs import hf_config
+    from zoo.specs import get_spec
+
+    from serve.models.clip_vision import ClipVisionTower
+
+    spec = get_spec("llava_1_5_7b")
+    config = hf_config(spec, build_tokenizer_and_ids(spec)[1])
+    vc = config.vision_config
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        reference = CLIPVisionModel._from_config(vc, dtype=torch.float32).eval()
+        ours = ClipVisionTower(vc, [config.vision_feature_layer]).eval()
+    ours.load_state_dict({k.replace("vision_model.", ""): v for k, v in reference.state_dict().items()}, strict=False)
+    pixels = torch.randn(8, 3, vc.image_size, vc.image_size, device="cuda")
+    with torch.no_grad():
+        truth = reference(pixels, output_hidden_states=True).hidden_states[config.vision_feature_layer]
+        reference.to(torch.bfloat16)
+        ref_bf16 = reference(pixels.bfloat16(), output_hidden_states=True).hidden_states[config.vision_feature_layer]
+        got = ours.to(torch.bfloat16)(pixels.bfloat16())[0]
+    ref_err = float((ref_bf16.float() - truth).norm() / truth.norm())
+    err = float((got.float() - truth).norm() / truth.norm())
+    print(f"clip bf16: ours {err:.2e}, transformers {ref_err:.2e}")
+    assert err <= 1.5 * ref_err + 1e-3

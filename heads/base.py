@@ -102,11 +102,15 @@ class TaskHead(nn.Module):
         if tuple(attention_mask.shape) != (b, t):
             raise ValueError(f"attention_mask: expected shape {(b, t)} to match hidden, "
                              f"got {tuple(attention_mask.shape)}")
-        mask = attention_mask.to(hidden.device) != 0
+        # checked where the mask lives: a host mask (a server's, built from prompt lengths) is checked
+        # on the host and moved without waiting for the GPU; a device mask costs one wait
+        mask = attention_mask != 0
         empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
         if empty:
             raise ValueError(f"attention_mask: rows {empty} have no real token (all zeros)")
-        return mask
+        if mask.device.type == "cpu" and hidden.is_cuda:
+            mask = mask.pin_memory()
+        return mask.to(hidden.device, non_blocking=True)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -122,7 +122,8 @@ def attach_vision(model: VisionLanguageModel, inputs: StepInputs, entries: list[
         embeds.append(held[item.content_hash][lo - item.offset:hi - item.offset])
         mask[seq_row + lo - start:seq_row + hi - start] = True
     inputs.mm_embeds = torch.cat(embeds)
-    inputs.mm_mask = mask.to(inputs.input_ids.device)
+    device = inputs.input_ids.device
+    inputs.mm_mask = (mask.pin_memory() if device.type == "cuda" else mask).to(device, non_blocking=True)
 
 
 def release_vision(entries: list[tuple[Sequence, int]]) -> None:

@@ -105,7 +105,8 @@ class ModelRunner:
         keep = [i for i, seq in enumerate(inputs.sample_seqs) if not seq.prefill_only]
         if not keep:
             return {}
-        rows = torch.tensor([inputs.sample_rows[i] for i in keep], device=self.device)
+        rows = torch.tensor([inputs.sample_rows[i] for i in keep])
+        rows = (rows.pin_memory() if self.device.type == "cuda" else rows).to(self.device, non_blocking=True)
         logits = self.model.compute_logits(hidden[rows]).float()  # [N, V]
         seqs = [inputs.sample_seqs[i] for i in keep]
         tokens = sample(logits, [s.state.sampling for s in seqs], [s.state.generator for s in seqs],
@@ -117,7 +118,7 @@ class ModelRunner:
 
     def _collect_heads(self, entries: list[tuple[Sequence, int]], hidden: torch.Tensor) -> None:
         """Head-mode sequences keep their rows of this step; the last chunk runs the head."""
-        row = 0
+        row, done = 0, []
         for seq, n in entries:
             if seq.prefill_only:
                 start = seq.num_computed_tokens  # before this step (postprocess advances it)
@@ -125,11 +126,14 @@ class ModelRunner:
                     seq.state.head_rows = []
                 seq.state.head_rows.append(hidden[row:row + n].clone())  # a graph's output buffer is reused
                 if start + n == seq.num_tokens:
-                    from serve.lora.heads import run_head
-
-                    rows, seq.state.head_rows = seq.state.head_rows, None
-                    seq.state.head_result = run_head(seq.state.head, torch.cat(rows))
+                    done.append(seq)
             row += n
+        if done:  # every head answer of the step in one batch per head and one wait for the GPU
+            from serve.lora.heads import run_heads
+
+            jobs = [(seq.state.head, torch.cat(seq.state.head_rows)) for seq in done]
+            for seq, result in zip(done, run_heads(jobs)):
+                seq.state.head_rows, seq.state.head_result = None, result
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(inputs):

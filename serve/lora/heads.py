@@ -72,4 +72,33 @@ def select_head(adapter: str, heads: dict[str, TaskHead], meta: dict, task: str 
 
 def run_head(head: TaskHead, hidden: torch.Tensor):
     """hidden: [P, D] final hidden states of a prompt (all of it, or its tail for 'last' pooling) -> HeadResult."""
-    return head.predict(hidden[None], None)[0]
+    return run_heads([(head, hidden)])[0]
+
+
+@torch.no_grad()
+def run_heads(jobs: list[tuple[TaskHead, torch.Tensor]]) -> list:
+    """The HeadResult of each (head, hidden rows [P, D]) in order. The prompts of one head run as one
+    padded batch (mask built on the host), and every head's outputs come to the host in one wait for
+    the GPU, not two per prompt."""
+    groups: dict[int, tuple[TaskHead, list[int]]] = {}
+    for i, (head, _) in enumerate(jobs):
+        groups.setdefault(id(head), (head, []))[1].append(i)
+    pending, cuda = [], None
+    for head, members in groups.values():
+        rows = [jobs[i][1] for i in members]
+        hidden = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # right padding
+        mask = torch.zeros(hidden.shape[:2], dtype=torch.bool)
+        for b, r in enumerate(rows):
+            mask[b, :r.shape[0]] = True
+        outputs = head(hidden, mask)
+        if hidden.is_cuda:
+            cuda = hidden.device
+            outputs = {k: v.to("cpu", non_blocking=True) for k, v in outputs.items()}  # pinned, queued
+        pending.append((head, members, outputs))
+    if cuda is not None:
+        torch.cuda.current_stream(cuda).synchronize()  # the one wait: every head's outputs are on the host
+    results: list = [None] * len(jobs)
+    for head, members, outputs in pending:
+        for i, result in zip(members, head.decode(outputs)):
+            results[i] = result
+    return results

@@ -141,3 +141,21 @@ def test_which_head_answers(tiny_zoo, head_adapters):
     assert by_task.head.type == "count"
     _assert_same(by_task.head, by_domain.head)
     assert engine.generate(_head_request(spec, "single")).head.answer in ("yes", "no")
+
+
+def test_heads_of_a_step_run_batched_and_answer_as_one_by_one():
+    from heads import HeadConfig, build_head
+    from serve.lora.heads import run_heads
+
+    torch.manual_seed(0)
+    heads = [build_head(HeadConfig(type=t, hidden_size=16, pooling=p, **kw)).eval()
+             for t, p, kw in (("classify", "attention", {"labels": ["a", "b", "c"]}), ("count", "mean", {"max_count": 4}),
+                              ("detect", "last", {"labels": ["car"], "max_boxes": 3}), ("binary", "attention", {}))]
+    jobs = [(heads[i % 4], torch.randn(n, 16)) for i, n in enumerate([5, 9, 1, 7, 3, 12, 2, 8])]
+    batched = run_heads(jobs)
+    for (head, rows), got in zip(jobs, batched):
+        want = head.predict(rows[None])[0]
+        g, w = got.to_dict(), want.to_dict()
+        assert g.keys() == w.keys()
+        for key in g:
+            assert g[key] == (pytest.approx(w[key]) if isinstance(w[key], float) else w[key]), key

@@ -59,8 +59,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs, layer_index: int, dtype, device):
+    def __init__(self, args: ModelArgs, layer_index: int, dtype, device, fused: bool = False):
         super().__init__()
+        self.fused = fused  # the Triton silu-and-multiply (GPU) instead of two eager kernels
         i = args.intermediate_size
         self.gate_up_proj = Linear(args.hidden_size, (i, i), ("gate_proj", "up_proj"), dtype=dtype,
                                    device=device, layer_index=layer_index)
@@ -69,7 +70,14 @@ class MLP(nn.Module):
         self.reduce_output = None  # tensor parallel: sums the ranks' partial outputs (serve.models.parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj(silu_and_mul(self.gate_up_proj(x)))  # row-parallel: a partial sum
+        gate_up = self.gate_up_proj(x)
+        if self.fused:
+            from .fused import silu_and_mul as fused_silu_and_mul
+
+            act = fused_silu_and_mul(gate_up)
+        else:
+            act = silu_and_mul(gate_up)
+        out = self.down_proj(act)  # row-parallel: a partial sum
         return out if self.reduce_output is None else self.reduce_output(out)
 
 
@@ -80,7 +88,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, fused)
         self.attn = Attention(args, layer_index, backend, dtype, device)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, fused)
-        self.mlp = MLP(args, layer_index, dtype, device)
+        self.mlp = MLP(args, layer_index, dtype, device, fused)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor):
         """(x, residual) -> (this layer's MLP output, the residual stream before it); the caller

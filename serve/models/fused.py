@@ -6,8 +6,9 @@ ten) are one launch each here:
 
     rms_norm(x, w, eps, residual):  r = x + residual (rounded to x's dtype), y = w * norm(r)
     rope(x, cos, sin):              y = x * cos + rotate_half(x) * sin, per head
+    silu_and_mul(gate_up):          y = silu(gate) * up (the MLP's [T, 2I] -> [T, I]: one read, one write)
 
-Both round their intermediates to the model dtype exactly where the transformers code does
+They round their intermediates to the model dtype exactly where the transformers code does
 (the normalised value before the weight multiply; each product of RoPE), so they compute what
 the PyTorch path computes. The PyTorch path (`layers.RMSNorm`, `rope.RotaryEmbedding`) is the
 reference and the CPU implementation.
@@ -89,4 +90,29 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     if t:
         _rope_kernel[(t, n_heads)](x, cos, sin, out, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
                                    cos.stride(0), HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2), num_warps=1)
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    dt = out_ptr.dtype.element_ty
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)  # silu rounded to the model dtype, as torch
+    tl.store(out_ptr + row * stride_o + offs, (act * up).to(dt), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2 * I] laid out [gate | up] (contiguous last dim) -> silu(gate) * up: [T, I]."""
+    if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or gate_up.shape[1] % 2:
+        raise ValueError(f"silu_and_mul needs [T, 2 * I] with a contiguous last dim; got {tuple(gate_up.shape)}")
+    t, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
+    if t:
+        block = min(1024, triton.next_power_of_2(n))
+        _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, gate_up.stride(0), out.stride(0), BLOCK=block,
+                                                     num_warps=4)
     return out

@@ -1,12 +1,14 @@
-"""Fused RMSNorm(+residual) and RoPE Triton kernels (interpreter on CPU) against the PyTorch path."""
+"""Fused RMSNorm(+residual), RoPE and SiLU-and-multiply Triton kernels (interpreter on CPU) against
+the PyTorch path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from serve.models.fused import rms_norm, rope
+from serve.models.fused import rms_norm, rope, silu_and_mul
 from serve.models.layers import RMSNorm
+from serve.models.layers import silu_and_mul as torch_silu_and_mul
 from serve.models.rope import RotaryEmbedding, apply_rotary
 
 
@@ -42,7 +44,21 @@ def test_rope_kernel_matches_the_torch_rotation_on_strided_views(dtype, atol):
         torch.testing.assert_close(got, apply_rotary(x, cos, sin), atol=atol, rtol=atol)
 
 
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("width", [96, 1100, 3000])  # one block, several blocks, a partial last block
+def test_silu_and_mul_kernel_matches_torch(dtype, atol, width):
+    g = torch.Generator().manual_seed(width)
+    x = (3 * torch.randn(5, 2 * width, generator=g)).to(dtype)
+    got = silu_and_mul(x)
+    torch.testing.assert_close(got, torch_silu_and_mul(x), atol=atol, rtol=atol)
+    strided = torch.randn(5, 4 * width, generator=g).to(dtype)[:, : 2 * width]  # rows apart in memory
+    torch.testing.assert_close(silu_and_mul(strided), torch_silu_and_mul(strided), atol=atol, rtol=atol)
+    assert silu_and_mul(x[:0]).shape == (0, width)
+
+
 def test_fused_kernels_name_bad_shapes():
+    with pytest.raises(ValueError, match="silu_and_mul needs"):
+        silu_and_mul(torch.zeros(3, 5))
     with pytest.raises(ValueError, match="rms_norm needs"):
         rms_norm(torch.zeros(2, 3, 4), torch.ones(4), 1e-6)
     with pytest.raises(ValueError, match="rope needs"):

@@ -11,15 +11,18 @@ from serve.models.layers import RMSNorm
 from serve.models.layers import silu_and_mul as torch_silu_and_mul
 from serve.models.rope import RotaryEmbedding, apply_rotary
 
+# the interpreter on a CPU machine, the compiled kernels where a GPU is
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 # bfloat16 bounds allow a few ulps: the interpreter truncates float32 -> bfloat16 where a GPU rounds
 @pytest.mark.parametrize("dtype,atol,rtol", [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 5e-2, 2e-2)])
 @pytest.mark.parametrize("dim", [128, 96])
 def test_rms_norm_kernel_matches_the_torch_norm(dtype, atol, rtol, dim):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(7, dim, generator=g).to(dtype)
-    residual = torch.randn(7, dim, generator=g).to(dtype)
-    norm = RMSNorm(dim, 1e-6, dtype)
+    x = torch.randn(7, dim, generator=g).to(DEV, dtype)
+    residual = torch.randn(7, dim, generator=g).to(DEV, dtype)
+    norm = RMSNorm(dim, 1e-6, dtype, DEV)
     norm.weight.data.copy_(torch.rand(dim, generator=g) + 0.5)
     torch.testing.assert_close(rms_norm(x, norm.weight, 1e-6), norm(x), atol=atol, rtol=rtol)
     y, r = rms_norm(x, norm.weight, 1e-6, residual)
@@ -33,11 +36,11 @@ def test_rms_norm_kernel_matches_the_torch_norm(dtype, atol, rtol, dim):
 def test_rope_kernel_matches_the_torch_rotation_on_strided_views(dtype, atol):
     g = torch.Generator().manual_seed(1)
     t, heads, kv_heads, d = 9, 4, 2, 32
-    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g).to(DEV, dtype)
     q = qkv[:, :heads * d].view(t, heads, d)  # strided views into a fused projection, as in the model
     k = qkv[:, heads * d:(heads + kv_heads) * d].view(t, kv_heads, d)
     positions = torch.stack([torch.arange(t), torch.arange(t) // 2, torch.arange(t) % 3]) + 5
-    cos, sin = RotaryEmbedding(d, 1e6, (4, 6, 6)).cos_sin(positions, dtype)
+    cos, sin = (c.to(DEV) for c in RotaryEmbedding(d, 1e6, (4, 6, 6)).cos_sin(positions, dtype))
     for x in (q, k):
         got = rope(x, cos, sin)
         assert got.is_contiguous()
@@ -48,10 +51,10 @@ def test_rope_kernel_matches_the_torch_rotation_on_strided_views(dtype, atol):
 @pytest.mark.parametrize("width", [96, 1100, 3000])  # one block, several blocks, a partial last block
 def test_silu_and_mul_kernel_matches_torch(dtype, atol, width):
     g = torch.Generator().manual_seed(width)
-    x = (3 * torch.randn(5, 2 * width, generator=g)).to(dtype)
+    x = (3 * torch.randn(5, 2 * width, generator=g)).to(DEV, dtype)
     got = silu_and_mul(x)
     torch.testing.assert_close(got, torch_silu_and_mul(x), atol=atol, rtol=atol)
-    strided = torch.randn(5, 4 * width, generator=g).to(dtype)[:, : 2 * width]  # rows apart in memory
+    strided = torch.randn(5, 4 * width, generator=g).to(DEV, dtype)[:, : 2 * width]  # rows apart in memory
     torch.testing.assert_close(silu_and_mul(strided), torch_silu_and_mul(strided), atol=atol, rtol=atol)
     assert silu_and_mul(x[:0]).shape == (0, width)
 

@@ -39,7 +39,7 @@ def build_requests(trace: Sequence[RequestView], names: Sequence[str], image_siz
         params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False)
         out.append(Request(prompt=" ".join(rng.choice(WORDS, words)), images=images, sampling=params,
                            adapter=serve_name.get(r.adapter, r.adapter), app=r.app, slo_ms=r.slo_ms,
-                           request_id=r.request_id))
+                           priority=r.priority, request_id=r.request_id))
     return out
 
 

@@ -160,7 +160,7 @@ class Engine:
 
     def _request_info(self, request_id: str) -> tuple[str | None, float | None, float]:
         request = self._requests[request_id].request
-        return request.app, request.slo_ms, 1.0
+        return request.app, request.slo_ms, float(request.priority)
 
     @property
     def mode(self) -> Mode:

@@ -59,6 +59,10 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     app: str | None = None  # application tag
     slo_ms: float | None = None  # latency objective of the application
+    # > 1: the orchestrator's policy counts this request starving sooner (its credit times priority
+    # against its target) and serves it first among the starving; the RPC server sets it from the
+    # application's name (rpc.app_priorities), never from what a client asks
+    priority: float = 1.0
     request_id: str | None = None
     # who submitted it (the RPC server puts the connection here): waiting requests of different
     # owners take turns, so one owner's backlog cannot starve another's request
@@ -69,6 +73,9 @@ class Request:
     def __post_init__(self) -> None:
         if self.output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode {self.output_mode!r} is not one of {OUTPUT_MODES}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, (int, float)) \
+                or not 0 < self.priority < float("inf"):
+            raise ValueError(f"priority must be a positive finite number, got {self.priority!r}")
 
 
 @dataclass

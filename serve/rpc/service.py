@@ -142,7 +142,7 @@ class VLoRAService(rpyc.Service):
         request = Request(prompt=sub.prompt, images=frames if kind == "image" else [],
                           video=frames if kind == "video" else None, adapter=sub.adapter, task=sub.task,
                           output_mode=sub.output_mode, sampling=sampling, app=sub.app, slo_ms=sub.slo_ms,
-                          request_id=request_id, owner=self.conn_id)
+                          priority=self.state.limits.priority(sub.app), request_id=request_id, owner=self.conn_id)
         decoded = time.perf_counter()
         prepare = getattr(self.state.loop.engine, "prepare", None)
         prepared = None

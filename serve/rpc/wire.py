@@ -16,7 +16,7 @@ import io
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -65,11 +65,23 @@ class Limits:
     max_unpolled_per_connection: int = 0
     # run-time adapter loading (load_adapter): only from directories under this root; "" = off
     adapter_root: str = ""
+    # the orchestrator's priority of each application's requests (by the `app` a client names; others
+    # get 1.0): set by the operator, so a client cannot raise its own
+    app_priorities: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for app, value in self.app_priorities.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"rpc.app_priorities[{app!r}] must be a positive finite number, got {value!r}")
+
+    def priority(self, app: str | None) -> float:
+        return float(self.app_priorities.get(app, 1.0)) if app is not None else 1.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Limits":
         fields = cls.__dataclass_fields__
-        cast = {"float": float, "int": int, "str": lambda v: "" if v is None else str(v)}  # annotations are strings
+        cast = {"float": float, "int": int, "str": lambda v: "" if v is None else str(v),  # annotations are strings
+                "dict[str, float]": lambda v: {str(k): x for k, x in dict(v or {}).items()}}
         return cls(**{k: cast[fields[k].type](v) for k, v in d.items() if k in fields})
 
 

@@ -94,6 +94,8 @@ def test_replay_preprocesses_off_the_stepping_thread(vlora_home):
     for threads in (0, 2):
         where.clear()
         requests = build_requests(trace, [], 56, seed=1, text_tokens=8, max_frames=2)
+        # each application's target and priority reach the request (what the policy reads)
+        assert [(r.app, r.slo_ms, r.priority) for r in requests] == [(v.app, v.slo_ms, v.priority) for v in trace]
         for r in requests:
             r.adapter = None  # the base model
         row, extra = replay(engine, trace, requests, drain_s=30.0, prepare_threads=threads)

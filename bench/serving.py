@@ -73,6 +73,9 @@ class ServingBenchJob:
     prepare_threads: int = 4
     warmup_s: float = 4.0  # an unmeasured replay per policy first (kernel compiles, autotuning, first shapes)
     video_share: float = 0.5
+    # video analytics requests answered by the adapter's task head (one prefill), as in the paper's
+    # workload; every served adapter then needs a head (random adapters get one)
+    video_head_share: float = 0.5
     video_frames: tuple[int, int] = (2, 4)
     video_output_tokens: tuple[int, int] = (4, 8)
     retrieval_output_tokens: tuple[int, int] = (16, 64)
@@ -98,6 +101,8 @@ class ServingBenchJob:
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, str) else tuple(value))
 
+        if not 0 <= self.video_head_share <= 1:
+            raise ValueError(f"video_head_share must be in [0, 1], got {self.video_head_share}")
         self.policy_params()  # names checked now, not after the model is built
 
     def policy_params(self) -> dict[str, dict]:
@@ -113,7 +118,8 @@ class ServingBenchJob:
 
     def workload(self) -> WorkloadSpec:
         tokens_per_frame = max(1, (self.image_size // 28) ** 2)  # Qwen2-VL: 14-pixel patches, 2x2 merged
-        video = dataclasses.replace(video_analytics(self.video_share), frames=self.video_frames, head_share=0.0,
+        video = dataclasses.replace(video_analytics(self.video_share), frames=self.video_frames,
+                                    head_share=self.video_head_share,
                                     output_tokens=self.video_output_tokens, tokens_per_frame=tokens_per_frame,
                                     text_tokens=self.text_tokens)
         retrieval = dataclasses.replace(visual_retrieval(1 - self.video_share), tokens_per_frame=tokens_per_frame,
@@ -151,6 +157,16 @@ def engine_plan(job: ServingBenchJob, workdir: Path, first_policy: tuple[str, di
         args, dtype = read_model_args(ckpt)[0], getattr(torch, job.dtype) if job.dtype != "auto" else torch.float32
         dirs = [(f"a{i}", write_peft_adapter(workdir / "adapters" / f"a{i}", args, job.rank, job.targets, 1000 + i,
                                              dtype, job.device)) for i in range(job.adapters)]
+        if job.video_head_share > 0:
+            from bench.adapters import write_head
+
+            for _, path in dirs:
+                write_head(Path(path), args.hidden_size)
+    elif job.video_head_share > 0:
+        headless = [name for name, path in dirs if not (Path(path) / "heads").is_dir()]
+        if headless:
+            raise ValueError(f"adapters {headless} have no task head (heads/<domain>/) for the head-mode video "
+                             "requests: give adapters with heads or set video_head_share=0")
     spec = job.workload()
     per_seq = (job.video_frames[1] * spec.apps[0].tokens_per_frame + job.text_tokens[1] + 128
                + max(job.video_output_tokens[1], job.retrieval_output_tokens[1]))

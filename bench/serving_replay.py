@@ -36,10 +36,11 @@ def build_requests(trace: Sequence[RequestView], names: Sequence[str], image_siz
         frames = min(max_frames, max(1, round((r.prompt_tokens - text_tokens) / tokens_per_frame)))
         words = max(1, r.prompt_tokens - frames * tokens_per_frame)
         images = list(rng.integers(0, 256, (frames, image_size, image_size, 3), dtype=np.uint8))
-        params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, detokenize=False)
+        head = r.output_mode == "head"  # one prefill answered by the adapter's (only) task head
+        params = SamplingParams(max_tokens=1 if head else r.output_tokens, ignore_eos=True, detokenize=False)
         out.append(Request(prompt=" ".join(rng.choice(WORDS, words)), images=images, sampling=params,
                            adapter=serve_name.get(r.adapter, r.adapter), app=r.app, slo_ms=r.slo_ms,
-                           priority=r.priority, request_id=r.request_id))
+                           priority=r.priority, request_id=r.request_id, output_mode=r.output_mode))
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 
 from adapter_cases import build_adapters
 from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread here)
@@ -20,6 +21,11 @@ def test_serving_bench_two_policies(vlora_home, tmp_path):
 
     ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
     adapters = build_adapters(ckpt, tmp_path / "adapters", ("qv8", "all16"))
+    from bench.adapters import write_head
+    from serve.models import read_model_args
+
+    for path in adapters.values():  # the head-mode video requests (half of the video ones) need a head
+        write_head(Path(path), read_model_args(ckpt)[0].hidden_size)
     job = ServingBenchJob(
         checkpoint=str(ckpt), device="cpu", dtype="float32", rank=16,
         targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
@@ -36,6 +42,7 @@ def test_serving_bench_two_policies(vlora_home, tmp_path):
     out = tmp_path / "out" / "cpu"
     trace = read_trace(out / "trace_skewness_0.8.jsonl")
     assert len(trace) >= 2 and {r.adapter for r in trace} <= {"adapter-000", "adapter-001"}
+    assert {(r.app, r.output_mode) for r in trace} >= {("video_analytics", "head"), ("video_analytics", "generate")}
     for r in rows:
         assert r["requests"] == len(trace) and r["completed"] + r["aborted"] == r["requests"]
         assert r["completed"] == r["requests"]  # 6 requests/s is far below the tiny model's capacity on CPU
@@ -75,6 +82,7 @@ def test_replay_preprocesses_off_the_stepping_thread(vlora_home):
     ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
     engine = Engine(ckpt, EngineConfig(device="cpu", dtype="float32", num_kv_blocks=128, enable_prefix_cache=False))
     job = ServingBenchJob(device="cpu", rates=(8.0,), skewness=(1.0,), adapters=1, duration_s=1.0, image_size=56,
+                          video_head_share=0.0,  # served by the base model here: no head
                           video_frames=(1, 2), video_output_tokens=(2, 3), retrieval_output_tokens=(2, 4),
                           text_tokens=(4, 12))
     trace = generate(job.workload())

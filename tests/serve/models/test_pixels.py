@@ -139,3 +139,20 @@ def test_engine_answers_alike_with_device_pixels(tiny_zoo):
         outs[pixels] = done["a"]
     assert outs["device"].token_ids == outs["host"].token_ids
     torch.testing.assert_close(torch.stack(outs["device"].logits), torch.stack(outs["host"].logits), atol=1e-4, rtol=0)
+
+
+def test_a_static_cameras_repeated_jpeg_groups_skip_the_tower(tiny_zoo):
+    """Two chunks whose JPEG frames differ only in the first group: the second encodes one group."""
+    from serve import Engine, EngineConfig, Request, SamplingParams
+
+    engine = Engine(tiny_zoo["qwen2_vl_tiny"], EngineConfig(device="cpu", pixels="device", adapter_slots=0,
+                                                            enable_prefix_cache=False))
+    still = _jpeg(_noise(11, 56, 56))
+    chunks = [[_jpeg(f) for f in _noise(seed, 2, 56, 56)] + [still] * 4 for seed in (12, 13)]
+    encoded = []
+    for chunk in chunks:
+        engine.generate(Request(prompt="Any cars?", video=chunk, sampling=SamplingParams(max_tokens=1)))
+        encoded.append(engine.stats().items_encoded)
+    # the first chunk's two still groups share one key (one encode); the second chunk adds only its
+    # new first group
+    assert encoded == [2, 3]

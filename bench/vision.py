@@ -14,7 +14,6 @@ Random weights of the zoo's full-size spec; nothing is downloaded.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 import warnings
@@ -23,6 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from kernels.timing import time_op
+from serve.orchestrator.profile import time_call_ms
 
 from .results import device_label, results_dir, write_csv, write_json
 
@@ -56,19 +58,11 @@ def _tower_flops(vc, arch: str, grids) -> float:
 
 
 def _time_gpu(fn, repeats: int) -> float:
+    """Median ms of fn: CUDA events on a GPU (kernels.timing, no graph: the step has host work),
+    the host clock otherwise."""
     if not torch.cuda.is_available():
-        return _cpu_ms(fn, repeats)
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return time_call_ms(fn, 1, repeats)
+    return time_op(fn, warmup=1, repeats=repeats, use_graph=False) / 1e3
 
 
 def _syncs(fn) -> int | None:
@@ -105,16 +99,6 @@ def _jpeg_chunk(rng, job: VisionBenchJob) -> list[bytes]:
         frame = cv2.resize(np.roll(base, i, axis=1), (job.image_size, job.image_size), interpolation=cv2.INTER_CUBIC)
         frames.append(cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes())
     return frames
-
-
-def _cpu_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
@@ -154,8 +138,9 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
 
     chunk = _jpeg_chunk(rng, job)
     prompt = "How many vehicles are in this clip?"
-    cpu = {"host_ms": _cpu_ms(lambda: host.process(prompt, video=chunk), job.cpu_repeats),
-           "device_path_host_ms": _cpu_ms(lambda: deferred.process(prompt, video=chunk), job.cpu_repeats)}
+    cpu = {"host_ms": time_call_ms(lambda: host.process(prompt, video=chunk), 1, job.cpu_repeats),
+           "device_path_host_ms": time_call_ms(lambda: deferred.process(prompt, video=chunk), 1,
+                                                        job.cpu_repeats)}
     item = deferred.process(prompt, video=chunk).vision[0]
     groups = split_frame_groups([item], args.spatial_merge_size ** 2)
     rows = []

@@ -24,14 +24,13 @@ from .streams_load import HEAD_TASK, _stamped
 
 
 def _requests(job, chunks, names, count: int, start: int):
-    import cv2
-
     from serve import Request, SamplingParams
+    from serve.rpc.wire import encode_frame
 
     out = []
     for i in range(count):
         frames = _stamped(chunks[(start + i) % len(chunks)], start + i + 1)
-        jpegs = [cv2.imencode(".jpg", f[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes() for f in frames]
+        jpegs = [encode_frame(f, "jpeg")[1] for f in frames]  # as the cameras send them
         out.append(Request(prompt=job.prompt, video=jpegs, adapter=names[i % len(names)], task=HEAD_TASK,
                            output_mode="head", sampling=SamplingParams(max_tokens=1)))
     return out

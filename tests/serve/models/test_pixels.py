@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import logging
 
-import cv2
 import numpy as np
 import pytest
 import torch
@@ -15,6 +14,7 @@ from PIL import Image
 from serve.models import load_model
 from serve.models.deferred import materialize
 from serve.models.pixels import QwenPixelSpec, qwen_pixels, smart_resize
+from serve.rpc.wire import encode_frame
 
 QWEN = ["qwen2_vl_tiny", "qwen2_5_vl_tiny"]
 
@@ -23,8 +23,8 @@ def _noise(seed, *shape):
     return np.random.default_rng(seed).integers(0, 256, (*shape, 3), dtype=np.uint8)
 
 
-def _jpeg(frame: np.ndarray, quality: int = 90) -> bytes:
-    return cv2.imencode(".jpg", frame[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])[1].tobytes()
+def _jpeg(frame: np.ndarray) -> bytes:
+    return encode_frame(frame, "jpeg")[1]
 
 
 @pytest.fixture(scope="module")

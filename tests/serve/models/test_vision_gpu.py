@@ -77,6 +77,7 @@ def test_tower_step_has_no_host_sync():
 def test_device_pixels_and_nvjpeg_against_the_cpu_path():
     from serve.models.deferred import Deferred, materialize
     from serve.models.pixels import QwenPixelSpec
+    from serve.rpc.wire import encode_frame
 
     spec = QwenPixelSpec(14, 2, 2, (3136, 1003520), (3136, 1003520), (0.48145466, 0.4578275, 0.40821073),
                          (0.26862954, 0.26130258, 0.27577711))
@@ -97,7 +98,7 @@ def test_device_pixels_and_nvjpeg_against_the_cpu_path():
     # the JPEGs were made from, not to the other decoder
     source = odd[:2]
     truth = materialize([Deferred(source, (333, 500), spec.video_size(2, 333, 500), spec)], "cpu", torch.float32)[0]
-    jpegs = [cv2.imencode(".jpg", f[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes() for f in source]
+    jpegs = [encode_frame(f, "jpeg")[1] for f in source]
     d = Deferred(jpegs, (333, 500), spec.video_size(2, 333, 500), spec)
     errors = {where: float((materialize([d], where, torch.float32)[0].cpu() - truth).abs().mean()) / level
               for where in ("cpu", "cuda")}

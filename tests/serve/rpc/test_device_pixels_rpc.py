@@ -4,13 +4,13 @@ request (a truncated file at the door, undecodable data at encode time)."""
 
 from __future__ import annotations
 
-import cv2
 import numpy as np
 import pytest
 from rpc_server import TOKEN, ServerProcess
 
 from serve import Engine, EngineConfig, Request, SamplingParams
 from serve.rpc import Client
+from serve.rpc.wire import encode_frame
 
 NAME = "qwen2_vl_tiny"
 
@@ -20,7 +20,7 @@ def _clip(seed: int, n: int = 4, side: int = 56) -> np.ndarray:
 
 
 def _jpeg(frame: np.ndarray) -> bytes:
-    return cv2.imencode(".jpg", frame[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    return encode_frame(frame, "jpeg")[1]  # what the client sends
 
 
 @pytest.fixture(scope="module")

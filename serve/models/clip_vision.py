@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .qwen_vision import VisionMLP
+
 
 class _Attention(nn.Module):
     def __init__(self, dim: int, heads: int):
@@ -28,25 +30,13 @@ class _Attention(nn.Module):
         return self.out_proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d))
 
 
-class _MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, act: str):
-        super().__init__()
-        if act not in ("quick_gelu", "gelu"):
-            raise ValueError(f"CLIP activation {act!r} is not supported")
-        self.fc1, self.fc2, self.act = nn.Linear(dim, hidden), nn.Linear(hidden, dim), act
-
-    def forward(self, x):
-        h = self.fc1(x)
-        return self.fc2(h * torch.sigmoid(1.702 * h) if self.act == "quick_gelu" else F.gelu(h))
-
-
 class _Layer(nn.Module):
     def __init__(self, vc):
         super().__init__()
         d = vc.hidden_size
         self.self_attn = _Attention(d, vc.num_attention_heads)
         self.layer_norm1 = nn.LayerNorm(d, eps=vc.layer_norm_eps)
-        self.mlp = _MLP(d, vc.intermediate_size, vc.hidden_act)
+        self.mlp = VisionMLP(d, vc.intermediate_size, vc.hidden_act)
         self.layer_norm2 = nn.LayerNorm(d, eps=vc.layer_norm_eps)
 
     def forward(self, x):

@@ -25,7 +25,8 @@ def _quick_gelu(x):
     return x * torch.sigmoid(1.702 * x)
 
 
-def _act(name: str):
+def activation(name: str):
+    """The vision towers' hidden_act by name (Qwen and CLIP configs)."""
     if name == "quick_gelu":
         return _quick_gelu
     if name == "silu":
@@ -90,10 +91,10 @@ class _Attention(nn.Module):
         return self.proj(out.reshape(n, -1))
 
 
-class _MLP(nn.Module):  # Qwen2-VL
+class VisionMLP(nn.Module):  # Qwen2-VL, and CLIP (the same fc1 -> act -> fc2)
     def __init__(self, dim: int, hidden: int, act: str):
         super().__init__()
-        self.fc1, self.fc2, self.act = nn.Linear(dim, hidden), nn.Linear(hidden, dim), _act(act)
+        self.fc1, self.fc2, self.act = nn.Linear(dim, hidden), nn.Linear(hidden, dim), activation(act)
 
     def forward(self, x, compiled=False):
         h = self.fc1(x)
@@ -104,7 +105,7 @@ class _GatedMLP(nn.Module):  # Qwen2.5-VL
     def __init__(self, dim: int, hidden: int, act: str):
         super().__init__()
         self.gate_proj, self.up_proj = nn.Linear(dim, hidden), nn.Linear(dim, hidden)
-        self.down_proj, self.act = nn.Linear(hidden, dim), _act(act)
+        self.down_proj, self.act = nn.Linear(hidden, dim), activation(act)
 
     def forward(self, x, compiled=False):
         return self.down_proj(_fused(compiled, _silu_mul, self.gate_proj(x), self.up_proj(x)) if self.act is F.silu
@@ -116,7 +117,7 @@ class _Block(nn.Module):
         super().__init__()
         self.norm1, self.norm2 = _norm(dim, gated), _norm(dim, gated)
         self.attn = _Attention(dim, heads)
-        self.mlp = (_GatedMLP if gated else _MLP)(dim, hidden, act)
+        self.mlp = (_GatedMLP if gated else VisionMLP)(dim, hidden, act)
 
     def forward(self, x, cos, sin, segments, mode, compiled=False):
         x = x + self.attn(self.norm1(x), cos, sin, segments, mode, compiled)

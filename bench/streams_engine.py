@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import statistics
 import time
-import warnings
 
 import torch
 
 from apps.common.stats import percentile
+from kernels.timing import host_syncs
 
 from .streams_load import HEAD_TASK, _stamped
 
@@ -50,32 +50,6 @@ def _kernel_ms(prof) -> float:
 
     return sum(e.time_range.elapsed_us() for e in prof.events()
                if e.device_type == DeviceType.CUDA and not e.name.startswith("vlora::")) / 1e3
-
-
-def _sync_sources(fn) -> tuple[int, dict[str, int]]:
-    """Host syncs while fn runs (torch's sync debug mode), and where in our code they come from."""
-    import traceback
-
-    sources: dict[str, int] = {}
-    shown = warnings.showwarning
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message):
-            return
-        ours = [f for f in traceback.extract_stack()[:-1] if "/serve/" in f.filename or "/bench/" in f.filename]
-        where = f"{ours[-1].filename.rsplit('/', 2)[-1]}:{ours[-1].lineno} {ours[-1].name}" if ours else "?"
-        sources[where] = sources.get(where, 0) + 1
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = record
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            warnings.showwarning = shown
-    return sum(sources.values()), dict(sorted(sources.items(), key=lambda kv: -kv[1])[:8])
 
 
 def full_batch(engine, job, chunks, names) -> dict:
@@ -126,7 +100,7 @@ def full_batch(engine, job, chunks, names) -> dict:
     for request in _requests(job, chunks, names, n, 30_000):
         engine.add_request(request)
     counted: list[int] = []
-    syncs, sources = _sync_sources(lambda: counted.append(_drain(engine)))
+    syncs, sources = host_syncs(lambda: counted.append(_drain(engine)))
     return {"chunks": n, "wall_s": wall, "chunks_per_s": n / wall, "steps": steps,
             "gpu_busy_share": busy / (wall * 1e3), "gpu_ms_per_chunk": busy / n,
             "vision_span_ms_per_chunk": vision_ms / n, "rest_gpu_ms_per_chunk": (busy - vision_ms) / n,

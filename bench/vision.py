@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kernels.timing import time_op
+from kernels.timing import host_syncs, time_op
 from serve.orchestrator.profile import time_call_ms
 
 from .results import device_label, results_dir, write_csv, write_json
@@ -63,19 +62,6 @@ def _time_gpu(fn, repeats: int) -> float:
     if not torch.cuda.is_available():
         return time_call_ms(fn, 1, repeats)
     return time_op(fn, warmup=1, repeats=repeats, use_graph=False) / 1e3
-
-
-def _syncs(fn) -> int | None:
-    if not torch.cuda.is_available():
-        return None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def _checkpoint_dir(spec, tmp: Path):
@@ -166,7 +152,8 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
                         ms = float("nan")
                     row[f"ours_{mode}{'_fused' if fused else ''}_ms_per_chunk"] = ms
             ours.attention = "auto"
-            row["ours_syncs_per_step"] = _syncs(lambda: ours(pixels, ours.layout(grids)))
+            row["ours_syncs_per_step"] = (host_syncs(lambda: ours(pixels, ours.layout(grids)))[0]
+                                          if device.type == "cuda" else None)
             got = ours(pixels, ours.layout(grids)).float()
             want = getattr(out := reference(pixels, grid_thw=grid_t), "pooler_output", out).float()
             row["rel_diff_vs_transformers"] = float((got - want).norm() / want.norm())

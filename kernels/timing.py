@@ -53,6 +53,34 @@ def _event_time_us(fn: Callable[[], object]) -> float:
     return start.elapsed_time(end) * 1e3
 
 
+def host_syncs(fn: Callable[[], object], where: tuple[str, ...] = ("/serve/", "/bench/")) -> tuple[int, dict[str, int]]:
+    """Host syncs while fn runs (torch's sync debug mode), and the innermost frames of the caller's
+    code (paths holding one of `where`) they come from: the eight most frequent, with counts."""
+    import traceback
+    import warnings
+
+    sources: dict[str, int] = {}
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        ours = [f for f in traceback.extract_stack()[:-1] if any(w in f.filename for w in where)]
+        place = f"{ours[-1].filename.rsplit('/', 2)[-1]}:{ours[-1].lineno} {ours[-1].name}" if ours else "?"
+        sources[place] = sources.get(place, 0) + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = shown
+    return sum(sources.values()), dict(sorted(sources.items(), key=lambda kv: -kv[1])[:8])
+
+
 def copy_bandwidth_gbs(n_bytes: int = 2 << 30) -> float:
     """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
     src = torch.empty(n_bytes // 2, dtype=torch.float16, device="cuda").normal_()

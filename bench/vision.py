@@ -64,6 +64,23 @@ def _time_gpu(fn, repeats: int) -> float:
     return time_op(fn, warmup=1, repeats=repeats, use_graph=False) / 1e3
 
 
+def towers(vc, arch: str, device, dtype: torch.dtype):
+    """(the transformers tower with random weights, ours with the same weights) of a Qwen vision
+    config: the reference every comparison of ours is made against (SDPA attention)."""
+    from serve.models.qwen_vision import QwenVisionTower
+
+    if arch == "qwen2_vl":
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as Ref
+    else:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Ref
+    vc._attn_implementation = "sdpa"
+    with torch.device(device):
+        reference = Ref._from_config(vc, dtype=dtype).eval()
+        ours = QwenVisionTower(vc, arch).to(dtype).eval()
+    ours.load_state_dict(reference.state_dict())
+    return reference, ours
+
+
 def _checkpoint_dir(spec, tmp: Path):
     """Config and processor files of the spec (no weights): what the prompt path reads."""
     from zoo.build import build_processor, build_tokenizer_and_ids
@@ -93,7 +110,6 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
     from serve.models import read_model_args
     from serve.models.deferred import materialize
     from serve.models.processing import PromptProcessor
-    from serve.models.qwen_vision import QwenVisionTower
     from serve.models.vision import split_frame_groups
 
     spec = get_spec(job.model)
@@ -112,15 +128,7 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
     if deferred.pixel_spec is None:
         raise SystemExit("the device pixel path does not reproduce this processor (see the warning above)")
     vc = config.vision_config
-    if spec.arch == "qwen2_vl":
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as Ref
-    else:
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Ref
-    vc._attn_implementation = "sdpa"
-    with torch.device(device):
-        reference = Ref._from_config(vc, dtype=dtype).eval()
-        ours = QwenVisionTower(vc, spec.arch).to(dtype).eval()
-    ours.load_state_dict(reference.state_dict())
+    reference, ours = towers(vc, spec.arch, device, dtype)
 
     chunk = _jpeg_chunk(rng, job)
     prompt = "How many vehicles are in this clip?"

@@ -19,21 +19,11 @@ def _towers(name):
     from zoo.configs import hf_config
     from zoo.specs import get_spec
 
-    from serve.models.qwen_vision import QwenVisionTower
+    from bench.vision import towers
 
     spec = get_spec(name)
-    vc = hf_config(spec, build_tokenizer_and_ids(spec)[1]).vision_config
-    vc._attn_implementation = "sdpa"
-    if spec.arch == "qwen2_vl":
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as Ref
-    else:
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Ref
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        reference = Ref._from_config(vc, dtype=torch.float32).eval()
-        ours = QwenVisionTower(vc, spec.arch).eval()
-    ours.load_state_dict(reference.state_dict())
-    return reference, ours
+    return towers(hf_config(spec, build_tokenizer_and_ids(spec)[1]).vision_config, spec.arch, "cuda", torch.float32)
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl_7b", "qwen2_5_vl_7b"])

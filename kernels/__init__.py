@@ -12,6 +12,8 @@ Pool layout (one per projection kind and layer; loading an adapter is a copy int
     lora_a: [slices, slots, R, K]   lora_b: [slots, sum(slices), R]   R a multiple of 16;
     rows of A / columns of B past an adapter's rank are zero; ranks: int32 [slices, slots]
     (0 = slice not targeted); scales: float32 [slots]; slot -1 in slot_ids = no LoRA.
+    Mixture: build_segments(..., mix_slot=m) adds -dW_m to every segment's tokens in the same
+    launches (slot -2: a token that takes only that part).
 
 Tilings come from `kernels/tables/<gpu>.json` (written by `vlora tune`), with a nearest-shape
 and then a heuristic fallback. `reference.py` holds the fp32 reference and the PyTorch
@@ -22,13 +24,13 @@ from .expand import expand
 from .lora import add_lora, configs_for, pinned
 from .merge import MergeGroup, merge_groups_, merge_lora_, merge_lora_ref_, unmerge_lora_
 from .reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
-from .segments import NO_LORA, SegmentMeta, build_segments
+from .segments import MIX_ONLY, NO_LORA, SegmentMeta, build_segments
 from .shrink import shrink
 from .table import TilingTable
 from .tiling import ShapeKey, TileConfig, config_space, heuristic_config, shape_key
 
 __all__ = [
-    "NO_LORA", "SegmentMeta", "build_segments", "add_lora", "configs_for", "pinned", "shrink", "expand",
+    "NO_LORA", "MIX_ONLY", "SegmentMeta", "build_segments", "add_lora", "configs_for", "pinned", "shrink", "expand",
     "merge_lora_", "unmerge_lora_", "merge_lora_ref_", "merge_groups_", "MergeGroup",
     "lora_reference", "lora_loop", "lora_gather_bmm", "lora_einsum",
     "TilingTable", "TileConfig", "ShapeKey", "shape_key", "config_space", "heuristic_config",

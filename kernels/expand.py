@@ -7,6 +7,10 @@
 Grid: (segments, token tiles, slices x column tiles). The reduction runs over the adapter's
 real rank only; each (token, column) of y is read and written by exactly one program, so no
 atomics are needed and y is touched once. The shrink's split-K partial sums (j) are added here.
+
+Mixture batches (`meta.mix_slot` = m) reduce a second stretch in the same program: the
+columns of v past the pool's rank against B[m], with m's scale negated, so each token adds
+scale[s] * v_own @ B[s].T - scale[m] * v_mix @ B[m].T to y in one rounding.
 """
 
 from __future__ import annotations
@@ -21,53 +25,15 @@ from .tiling import TileConfig
 
 
 @triton.jit
-def _expand_kernel(
-    v_ptr, b_ptr, y_ptr,
-    token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, scales_ptr, slice_offsets_ptr,
-    n_col_tiles, n_splits,
-    stride_vj, stride_vi, stride_vt, stride_vr,
-    stride_bs, stride_bn, stride_br,
-    stride_yt, stride_yn,
-    stride_ranks_i,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    SLICES_MULT16: tl.constexpr,
-):
-    pid_seg = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_z = tl.program_id(2)
-    pid_n = pid_z % n_col_tiles
-    pid_i = pid_z // n_col_tiles
-    # All metadata loads are issued before the one exit test (see the shrink kernel).
-    seg_len = tl.load(seg_len_ptr + pid_seg)
-    seg_start = tl.load(seg_start_ptr + pid_seg)
-    slot = tl.load(seg_slot_ptr + pid_seg)
-    col_start = tl.load(slice_offsets_ptr + pid_i)
-    col_end = tl.load(slice_offsets_ptr + pid_i + 1)
-    rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + slot)
-    if (pid_m * BLOCK_M >= seg_len) | (rank == 0) | (col_start + pid_n * BLOCK_N >= col_end):
-        return
-    if SLICES_MULT16:  # lets Triton prove 16-byte alignment of the y and B rows it streams
-        col_start = tl.multiple_of(col_start, 16)
-        col_end = tl.multiple_of(col_end, 16)
+def _reduce_rank(v_base, b_base, offs_n, mask_n, mask_m, offs_k, rank, n_splits, stride_vj, stride_vr, stride_bn,
+                 stride_br, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 UPCAST_DOT: tl.constexpr):
+    """sum_j(v[j, :, :rank]) @ B[:, :rank].T over one tile of tokens and columns, fp32."""
     # The pool's contract: B's columns past an adapter's rank are zero, and the shrink wrote
     # exact zeros to v there up to the next multiple of 16, so the reduction may run to rank16,
     # a bound whose divisibility keeps the loads vectorized.
     rank16 = tl.multiple_of((rank + 15) // 16 * 16, 16)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < seg_len
-    tokens = tl.load(token_order_ptr + seg_start + offs_m, mask=mask_m, other=0).to(tl.int64)
-    offs_n = col_start + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < col_end
-    offs_k = tl.arange(0, BLOCK_K)
-
-    # y is the bulk of the traffic: its load is issued before the reduction so that its
-    # latency overlaps the B and v loads instead of following them.
-    y_ptrs = y_ptr + tokens[:, None] * stride_yt + offs_n[None, :] * stride_yn
-    mask_y = mask_m[:, None] & mask_n[None, :]
-    y = tl.load(y_ptrs, mask=mask_y, other=0.0)
-    v_ptrs = v_ptr + pid_i * stride_vi + tokens[:, None] * stride_vt + offs_k[None, :] * stride_vr
-    b_base = b_ptr + slot.to(tl.int64) * stride_bs
+    v_ptrs = v_base
     b_ptrs = b_base + offs_n[:, None].to(tl.int64) * stride_bn + offs_k[None, :] * stride_br  # [BLOCK_N, BLOCK_K]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, rank16, BLOCK_K):
@@ -82,9 +48,67 @@ def _expand_kernel(
         acc = dot_nt(acc, v, b, UPCAST_DOT)
         v_ptrs += BLOCK_K * stride_vr
         b_ptrs += BLOCK_K * stride_br
+    return acc
 
-    scale = tl.load(scales_ptr + slot)
-    tl.store(y_ptrs, (y.to(tl.float32) + acc * scale).to(y.dtype), mask=mask_y)
+
+@triton.jit
+def _expand_kernel(
+    v_ptr, b_ptr, y_ptr,
+    token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, scales_ptr, slice_offsets_ptr, mix_ptr,
+    n_col_tiles, n_splits, max_rank,
+    stride_vj, stride_vi, stride_vt, stride_vr,
+    stride_bs, stride_bn, stride_br,
+    stride_yt, stride_yn,
+    stride_ranks_i,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    SLICES_MULT16: tl.constexpr, MIX: tl.constexpr,
+):
+    pid_seg = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_z = tl.program_id(2)
+    pid_n = pid_z % n_col_tiles
+    pid_i = pid_z // n_col_tiles
+    # All metadata loads are issued before the one exit test (see the shrink kernel).
+    seg_len = tl.load(seg_len_ptr + pid_seg)
+    seg_start = tl.load(seg_start_ptr + pid_seg)
+    slot = tl.load(seg_slot_ptr + pid_seg)
+    col_start = tl.load(slice_offsets_ptr + pid_i)
+    col_end = tl.load(slice_offsets_ptr + pid_i + 1)
+    rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + tl.maximum(slot, 0))
+    rank = tl.where(slot >= 0, rank, 0)  # slot -2: no adapter of its own (mixture)
+    mix = 0
+    mix_rank = 0
+    if MIX:
+        mix = tl.load(mix_ptr)
+        mix_rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + mix)
+    if (pid_m * BLOCK_M >= seg_len) | (rank + mix_rank == 0) | (col_start + pid_n * BLOCK_N >= col_end):
+        return
+    if SLICES_MULT16:  # lets Triton prove 16-byte alignment of the y and B rows it streams
+        col_start = tl.multiple_of(col_start, 16)
+        col_end = tl.multiple_of(col_end, 16)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < seg_len
+    tokens = tl.load(token_order_ptr + seg_start + offs_m, mask=mask_m, other=0).to(tl.int64)
+    offs_n = col_start + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < col_end
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # y is the bulk of the traffic: its load is issued before the reduction so that its
+    # latency overlaps the B and v loads instead of following them.
+    y_ptrs = y_ptr + tokens[:, None] * stride_yt + offs_n[None, :] * stride_yn
+    mask_y = mask_m[:, None] & mask_n[None, :]
+    y = tl.load(y_ptrs, mask=mask_y, other=0.0)
+    v_base = v_ptr + pid_i * stride_vi + tokens[:, None] * stride_vt + offs_k[None, :] * stride_vr
+    acc = _reduce_rank(v_base, b_ptr + tl.maximum(slot, 0).to(tl.int64) * stride_bs, offs_n, mask_n, mask_m, offs_k,
+                       rank, n_splits, stride_vj, stride_vr, stride_bn, stride_br, BLOCK_M, BLOCK_N, BLOCK_K,
+                       UPCAST_DOT)
+    acc *= tl.load(scales_ptr + tl.maximum(slot, 0))
+    if MIX:  # deLoRA's correction: the mixed-in adapter, scale negated, from v's second half
+        acc_mix = _reduce_rank(v_base + max_rank * stride_vr, b_ptr + mix.to(tl.int64) * stride_bs, offs_n, mask_n,
+                               mask_m, offs_k, mix_rank, n_splits, stride_vj, stride_vr, stride_bn, stride_br,
+                               BLOCK_M, BLOCK_N, BLOCK_K, UPCAST_DOT)
+        acc -= acc_mix * tl.load(scales_ptr + mix)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask_y)
 
 
 _OFFSETS: dict[tuple, torch.Tensor] = {}
@@ -105,7 +129,8 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
            scales: torch.Tensor, slices: tuple[int, ...], config: TileConfig) -> torch.Tensor:
     """y[:, slice i] += scale * v[i] @ B[slot, slice i].T per segment, in place; returns y.
 
-    y: [T, sum(slices)] fp16/bf16; v: float32 [splits, slices, T, R] from `shrink`;
+    y: [T, sum(slices)] fp16/bf16; v: float32 [splits, slices, T, R] from `shrink` ([..., 2R] for a
+    mixture batch, whose `meta.mix_slot` is then subtracted too);
     lora_b: [slots, sum(slices), R] (PEFT's lora_B layout, slices stacked); ranks: int32
     [slices, slots]; scales: float32 [slots]; slices: output width of each slice (host ints).
     """
@@ -115,8 +140,10 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
     if lora_b.dim() != 3 or lora_b.shape[1] != n_total or lora_b.dtype != y.dtype:
         raise ValueError(f"lora_b must be {y.dtype} [slots, {n_total}, max_rank], got {lora_b.dtype} "
                          f"{tuple(lora_b.shape)}")
-    if v.dtype != torch.float32 or v.dim() != 4 or tuple(v.shape[1:]) != (len(slices), y.shape[0], lora_b.shape[2]):
-        raise ValueError(f"v must be float32 [splits, {len(slices)}, {y.shape[0]}, {lora_b.shape[2]}], "
+    mix = meta.mix_slot is not None
+    v_cols = lora_b.shape[2] * (2 if mix else 1)
+    if v.dtype != torch.float32 or v.dim() != 4 or tuple(v.shape[1:]) != (len(slices), y.shape[0], v_cols):
+        raise ValueError(f"v must be float32 [splits, {len(slices)}, {y.shape[0]}, {v_cols}], "
                          f"got {v.dtype} {tuple(v.shape)}")
     if tuple(ranks.shape) != (len(slices), lora_b.shape[0]) or ranks.dtype != torch.int32:
         raise ValueError(f"ranks must be int32 [{len(slices)}, {lora_b.shape[0]}], got {ranks.dtype} "
@@ -136,14 +163,14 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
     grid = (meta.num_segments, triton.cdiv(meta.max_seg_len, config.block_m), len(slices) * n_col_tiles)
     _expand_kernel[grid](
         v, lora_b, y, meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks, scales,
-        slice_offsets(slices, y.device),
-        n_col_tiles, v.shape[0],
+        slice_offsets(slices, y.device), meta.mix_slot if mix else meta.seg_slot,  # unread without MIX
+        n_col_tiles, v.shape[0], lora_b.shape[2],
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
         y.stride(0), y.stride(1),
         ranks.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, UPCAST_DOT=interpreted(),
-        SLICES_MULT16=all(w % 16 == 0 for w in slices),
+        SLICES_MULT16=all(w % 16 == 0 for w in slices), MIX=mix,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y

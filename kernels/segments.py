@@ -5,6 +5,11 @@ host, so building costs no device sync) and shared by every LoRA layer of the mo
 are ordered by slot, so each segment holds all tokens of one adapter and the adapter's
 weights are read once per tile of tokens, however the adapter's requests are interleaved
 in the batch. Slot -1 means "no LoRA": such tokens belong to no segment and are never touched.
+
+Mixture (deLoRA) batches carry a second adapter, `mix_slot`, applied with its scale negated to
+every token of every segment: y += dW_own - dW_mix in the same launches, as one problem of rank
+r_own + r_mix. Tokens whose own part is nothing (no adapter) while the mixed-in part applies
+have slot `MIX_ONLY` (-2) and form a segment of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 import torch
 
 NO_LORA = -1
+MIX_ONLY = -2  # a token with no adapter of its own that still takes the mixed-in -dW (mixture mode)
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,8 @@ class SegmentMeta:
     num_segments: int  # G, the grid size along segments (>= the real count when padded)
     max_seg_len: int  # bound on seg_len, the grid size along tokens
     host_segments: tuple[tuple[int, int, int], ...]  # (slot, start, length) of the real segments, host side
+    mix_slot: torch.Tensor | None = None  # int32 [1]: the slot subtracted from every segment (mixture)
+    host_mix_slot: int = NO_LORA  # the same, host side (-1: no mixture)
 
     @property
     def device(self) -> torch.device:
@@ -39,19 +47,26 @@ class SegmentMeta:
 
 
 def build_segments(slot_ids: Sequence[int] | np.ndarray | torch.Tensor, device: str | torch.device = "cpu",
-                   max_segments: int | None = None, max_tokens: int | None = None) -> SegmentMeta:
+                   max_segments: int | None = None, max_tokens: int | None = None,
+                   mix_slot: int | None = None) -> SegmentMeta:
     """Groups tokens by adapter slot.
 
     slot_ids: one slot per token (-1 = no LoRA). A device tensor is copied to the host first
     (a sync); pass a host list or array in the serving loop.
     max_segments / max_tokens: pad the metadata to fixed sizes so one CUDA graph captured with
     them serves every batch that fits (padding segments have length 0 and do nothing).
+    mix_slot: a mixture batch: every segment also adds -dW of this slot (then slot -2, MIX_ONLY,
+    is allowed: tokens that take only that part).
     """
     ids = np.asarray(slot_ids.cpu() if isinstance(slot_ids, torch.Tensor) else slot_ids, dtype=np.int64)
     if ids.ndim != 1:
         raise ValueError(f"slot_ids must be one slot per token (1-D), got shape {ids.shape}")
-    if ids.size and ids.min() < NO_LORA:
-        raise ValueError(f"slot_ids must be >= -1 (-1 = no LoRA), got {int(ids.min())}")
+    lowest = NO_LORA if mix_slot is None else MIX_ONLY
+    if ids.size and ids.min() < lowest:
+        raise ValueError(f"slot_ids must be >= {lowest} (-1 = no LoRA"
+                         f"{'' if mix_slot is None else ', -2 = only the mixed-in slot'}), got {int(ids.min())}")
+    if mix_slot is not None and mix_slot < 0:
+        raise ValueError(f"mix_slot must be a pool slot (>= 0), got {mix_slot}")
     order = np.argsort(ids, kind="stable")  # stable: a segment keeps its tokens' batch order
     order = order[ids[order] != NO_LORA]
     slots, starts, lens = np.unique(ids[order], return_index=True, return_counts=True)
@@ -72,5 +87,6 @@ def build_segments(slot_ids: Sequence[int] | np.ndarray | torch.Tensor, device: 
     def dev(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
 
+    mix = None if mix_slot is None else dev(np.array([mix_slot]))
     return SegmentMeta(dev(order), dev(slots), dev(starts), dev(lens), int(ids.size), n_seg, max_len,
-                       host_segments)
+                       host_segments, mix, NO_LORA if mix_slot is None else int(mix_slot))

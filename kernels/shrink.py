@@ -8,6 +8,11 @@ Grid: (segments, token tiles, slices x rank tiles x K splits). Programs past a s
 length or a slice's rank exit at once, so padding segments, untargeted slices and unused
 rank columns cost nothing. Split-K partial sums go to their own plane of v and the expand
 adds them up as it reads v: no zeroed buffer, no atomics, and the same bits on every run.
+
+Mixture batches (`meta.mix_slot`, serve/lora/modes.py) double the rank axis: v[..., R:2R] holds
+x @ A[mix].T for every token of every segment, computed by programs of their own in the same
+launch, so deLoRA's correction costs no second pass. Segments of slot -2 (no adapter of their
+own) compute only that half.
 """
 
 from __future__ import annotations
@@ -24,27 +29,32 @@ from .tiling import TileConfig
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, v_ptr,
-    token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr,
-    K, k_per_split, n_rank_tiles,
+    token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, mix_ptr,
+    K, k_per_split, n_rank_tiles, max_rank,
     stride_xt, stride_xk,
     stride_ai, stride_as, stride_ar, stride_ak,
     stride_vj, stride_vi, stride_vt, stride_vr,
     stride_ranks_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, K_MULT16: tl.constexpr, EVEN_K: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, K_MULT16: tl.constexpr, EVEN_K: tl.constexpr, PARTS: tl.constexpr,
 ):
     pid_seg = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_z = tl.program_id(2)
     pid_k = pid_z % SPLIT_K
-    pid_n = (pid_z // SPLIT_K) % n_rank_tiles
-    pid_i = pid_z // (SPLIT_K * n_rank_tiles)
+    pid_n = (pid_z // SPLIT_K) % (n_rank_tiles * PARTS)
+    pid_i = pid_z // (SPLIT_K * n_rank_tiles * PARTS)
+    part = pid_n // n_rank_tiles
+    pid_n = pid_n % n_rank_tiles
     # The metadata loads are independent, so they are all issued before the one exit test:
     # a chain of load-test-load would put their latencies in series at the start of every program.
     seg_len = tl.load(seg_len_ptr + pid_seg)
     seg_start = tl.load(seg_start_ptr + pid_seg)
     slot = tl.load(seg_slot_ptr + pid_seg)
-    rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + slot)
+    if PARTS == 2:  # own adapter, then (mixture) the mixed-in one
+        slot = tl.where(part == 1, tl.load(mix_ptr), slot)  # slot -2 (no own adapter): rank 0 below
+    rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + tl.maximum(slot, 0))
+    rank = tl.where(slot >= 0, rank, 0)
     if (pid_m * BLOCK_M >= seg_len) | (pid_n * BLOCK_N >= rank):
         return
 
@@ -78,7 +88,8 @@ def _shrink_kernel(
         x_ptrs += BLOCK_K * stride_xk
         a_ptrs += BLOCK_K * stride_ak
 
-    v_ptrs = v_ptr + pid_k * stride_vj + pid_i * stride_vi + tokens[:, None] * stride_vt + offs_n[None, :] * stride_vr
+    v_cols = part * max_rank + offs_n  # the mixed-in half sits past the own half
+    v_ptrs = v_ptr + pid_k * stride_vj + pid_i * stride_vi + tokens[:, None] * stride_vt + v_cols[None, :] * stride_vr
     tl.store(v_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -106,7 +117,8 @@ def check_lora_inputs(x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor
 
 def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
            config: TileConfig, out: torch.Tensor | None = None) -> torch.Tensor:
-    """v = x @ A[slot].T per segment, as split-K partial sums: float32 [splits, slices, tokens, max_rank].
+    """v = x @ A[slot].T per segment, as split-K partial sums: float32 [splits, slices, tokens, max_rank]
+    ([..., 2 * max_rank] for a mixture batch: x @ A[mix].T in the second half).
 
     x: [T, K] fp16/bf16; lora_a: [slices, slots, R, K] (the pool, PEFT's lora_A layout, R a
     multiple of 16, rows past each adapter's rank zero); ranks: int32 [slices, slots].
@@ -115,7 +127,8 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torc
     """
     check_lora_inputs(x, lora_a, ranks)
     n_slices, _, max_rank, k = lora_a.shape
-    shape = (config.split_k, n_slices, x.shape[0], max_rank)
+    mix = meta.mix_slot is not None
+    shape = (config.split_k, n_slices, x.shape[0], max_rank * (2 if mix else 1))
     if out is None:
         out = torch.empty(shape, dtype=torch.float32, device=x.device)
     elif tuple(out.shape) != shape or out.dtype != torch.float32:
@@ -125,16 +138,18 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torc
     n_rank_tiles = triton.cdiv(max_rank, config.block_n)
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
     grid = (meta.num_segments, triton.cdiv(meta.max_seg_len, config.block_m),
-            n_slices * n_rank_tiles * config.split_k)
+            n_slices * n_rank_tiles * (2 if mix else 1) * config.split_k)
     _shrink_kernel[grid](
         x, lora_a, out, meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks,
-        k, k_per_split, n_rank_tiles,
+        meta.mix_slot if mix else meta.seg_slot,  # unread without MIX
+        k, k_per_split, n_rank_tiles, max_rank,
         x.stride(0), x.stride(1),
         lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3),
         out.stride(0), out.stride(1), out.stride(2), out.stride(3),
         ranks.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
         UPCAST_DOT=interpreted(), K_MULT16=k % 16 == 0, EVEN_K=k % (config.block_k * config.split_k) == 0,
+        PARTS=2 if mix else 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

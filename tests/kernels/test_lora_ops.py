@@ -8,6 +8,7 @@ from lora_cases import make_batch, make_pool, rel_err
 
 from kernels.lora import add_lora, configs_for
 from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
+from kernels.segments import build_segments
 from kernels.shrink import shrink
 from kernels.tiling import TileConfig
 
@@ -140,3 +141,85 @@ def test_pool_rank_that_is_not_a_power_of_two():
     out = _run(slot_ids, (32, 16), 32, 48, 3, torch.float16, seed=12, rank_choices=[5, 40, 48],
                shrink_cfg=TileConfig(16, 64, 16), expand_cfg=TileConfig(16, 32, 32))
     _check(*out, torch.float16)
+
+
+# ---- mixture (deLoRA) in one launch pair ------------------------------------------------------
+def _mixture_case(slot_ids, mix, slices, k, max_rank, n_slots, dtype, seed, **pool_kw):
+    """(y0, the two-pass fp32 reference, the one-pass kernel, token mask of touched rows)."""
+    lora_a, lora_b, ranks, scales = make_pool(n_slots, slices, k, max_rank, dtype, seed, **pool_kw)
+    x, y0, meta = make_batch(len(slot_ids), k, sum(slices), slot_ids, dtype, seed, mix_slot=mix)
+    # two passes, as deLoRA was computed before: each token's own adapter, then -dW_mix for all of them
+    own = build_segments([s if s >= 0 else -1 for s in slot_ids], device=x.device)
+    neg = build_segments([mix if s != -1 else -1 for s in slot_ids], device=x.device)
+    ref = lora_reference(y0.clone().float(), x, lora_a, lora_b, own, ranks, scales, slices)
+    ref = lora_reference(ref, x, lora_a, lora_b, neg, ranks, -scales, slices).to(dtype)
+    out = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    return y0, ref, out, torch.tensor(slot_ids, device=out.device) != -1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k, slices", [(64, (48,)), (33, (32, 16, 16)), (96, (40, 24))])
+def test_mixture_in_one_pass_matches_two_passes(dtype, k, slices):
+    g = torch.Generator().manual_seed(k)
+    slot_ids = torch.randint(-2, 5, (29,), generator=g).tolist()  # own adapters, none (-1), mixed-in only (-2)
+    y0, ref, out, touched = _mixture_case(slot_ids, 2, slices, k, 16, 5, dtype, seed=k)
+    assert rel_err(out[touched] - y0[touched], ref[touched] - y0[touched]) < TOL[dtype]
+    assert torch.equal(out[~touched], y0[~touched]), "tokens of the merged adapter (-1) are untouched"
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_mixture_ranks_1_to_128_and_split_k(split_k):
+    ranks = [1, 7, 16, 33, 64, 100, 128]
+    slot_ids = [i % len(ranks) for i in range(30)] + [-2, -1, -2]
+    for mix in (0, 5):  # a rank-1 and a rank-100 adapter mixed in
+        lora_a, lora_b, rk, scales = make_pool(len(ranks), (32, 16), 48, 128, torch.bfloat16, 3, rank_choices=ranks)
+        x, y0, meta = make_batch(len(slot_ids), 48, 48, slot_ids, torch.bfloat16, 3, mix_slot=mix)
+        ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, rk, scales, (32, 16))
+        out = add_lora(y0.clone(), x, lora_a, lora_b, meta, rk, scales, (32, 16),
+                       shrink_config=TileConfig(16, 32, 16, split_k), expand_config=TileConfig(16, 16, 32))
+        assert rel_err(out[:-2] - y0[:-2], ref[:-2] - y0[:-2]) < TOL[torch.bfloat16]
+        assert torch.equal(out[-2], y0[-2])
+
+
+def test_mixture_of_an_adapter_with_itself_cancels():
+    """A token of adapter s with s mixed in adds dW_s - dW_s: y comes back to within rounding."""
+    lora_a, lora_b, ranks, scales = make_pool(3, (32,), 32, 16, torch.float32, seed=2)
+    x, y0, meta = make_batch(6, 32, 32, [1] * 6, torch.float32, seed=2, mix_slot=1)
+    out = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,))
+    assert (out - y0).abs().max() < 1e-5
+
+
+def test_mixture_untargeted_slices_and_padded_graph_metadata():
+    slot_ids = [0, -2, 1, -1, 3, 3, -2]
+    dtype, slices = torch.float16, (16, 16, 32)
+    lora_a, lora_b, ranks, scales = make_pool(4, slices, 32, 16, dtype, seed=6, untargeted=0.4)
+    x, y0, meta = make_batch(7, 32, 64, slot_ids, dtype, seed=6, mix_slot=1)
+    _, _, padded = make_batch(7, 32, 64, slot_ids, dtype, seed=6, mix_slot=1, max_segments=5, max_tokens=8)
+    ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    a = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    b = add_lora(y0.clone(), x, lora_a, lora_b, padded, ranks, scales, slices)
+    assert torch.equal(a, b)
+    touched = torch.tensor(slot_ids, device=a.device) != -1
+    assert rel_err(a[touched] - y0[touched], ref[touched] - y0[touched]) < TOL[dtype]
+    assert torch.equal(a[3], y0[3])
+
+
+@pytest.mark.parametrize("impl", [lora_loop, lora_gather_bmm, lora_einsum], ids=lambda f: f.__name__)
+def test_baselines_match_reference_in_mixture(impl):
+    slot_ids = [3, -2, -1, 0, 1, 1, -2, 2, -1, 0]
+    slices, dtype = (24, 8, 8), torch.float32
+    lora_a, lora_b, ranks, scales = make_pool(4, slices, 32, 16, dtype, seed=8, untargeted=0.3)
+    x, y0, meta = make_batch(len(slot_ids), 32, sum(slices), slot_ids, dtype, seed=8, mix_slot=2)
+    ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    out = impl(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    assert rel_err(out - y0, ref - y0) < 1e-5
+    assert torch.equal(out[[2, 8]], y0[[2, 8]])
+
+
+def test_mixture_metadata_is_checked():
+    with pytest.raises(ValueError, match="-2 = only the mixed-in slot"):
+        build_segments([0, -3], mix_slot=1)
+    with pytest.raises(ValueError, match=r"must be >= -1"):
+        build_segments([0, -2])  # -2 means something only in a mixture batch
+    with pytest.raises(ValueError, match="mix_slot must be a pool slot"):
+        build_segments([0], mix_slot=-1)

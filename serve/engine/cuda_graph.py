@@ -10,9 +10,10 @@ Graphs need the "triton" attention backend (the torch path loops over host lists
 With adapters, each bucket has a second graph captured with the LoRA layers active over the
 fixed segment buffers of `serve.lora.LoraGraphBuffers` (the step's metadata is copied in before
 the replay); steps where no token uses an adapter replay the plain graph and pay nothing. With
-modes enabled, a third graph per bucket holds a mixture step's two LoRA passes (the own pass and
-deLoRA's negative pass of the merged adapter, `serve.lora.MixtureGraphBuffers`), so decode steps
-in mixture mode replay too instead of running eagerly.
+modes enabled, a third graph per bucket holds a mixture step (each token's own adapter and deLoRA's
+negated merged adapter in one LoRA call, the merged slot read from a buffer:
+`serve.lora.MixtureGraphBuffers`), so decode steps in mixture mode replay too instead of running
+eagerly.
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ class DecodeGraphs:
         if ctx.lora is None:
             lora_ok = True
         elif getattr(ctx.lora, "has_delora", False):
-            lora_ok = self.mixture_buffers is not None
-        else:
-            lora_ok = self.lora_buffers is not None
+            lora_ok = self.mixture_buffers is not None and ctx.lora.op is self.mixture_buffers.op
+        else:  # the operator captured, not another one (dLoRA's einsum runs eagerly)
+            lora_ok = self.lora_buffers is not None and ctx.lora.op is self.lora_buffers.op
         return (ctx.decode_only and inputs.input_ids.shape[0] <= self.batch_sizes[-1]
                 and ctx.block_tables.shape[1] <= self.max_blocks and inputs.mm_embeds is None and lora_ok)
 
@@ -114,10 +115,10 @@ class DecodeGraphs:
         self.context_lens[:b].copy_(ctx.context_lens)
         self.context_lens[b:bs].fill_(1)
         self.block_tables[:b, :ctx.block_tables.shape[1]].copy_(ctx.block_tables)
-        if getattr(ctx.lora, "has_delora", False):  # mixture: both passes
+        if getattr(ctx.lora, "has_delora", False):  # mixture: the mixed-in slot is written too
             self.mixture_buffers.load(ctx.lora, bs)
             self.mixture_graphs[bs].replay()
-        elif ctx.lora is not None:  # unmerged, or mixture with no token of another adapter's own pass
+        elif ctx.lora is not None:  # unmerged
             self.lora_buffers.load(ctx.lora.slot_ids, bs)
             self.lora_graphs[bs].replay()
         else:

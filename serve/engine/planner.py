@@ -61,7 +61,8 @@ class StepPlanner:
         unmerge); anything with its `set_merged(name | None)` and `switch_times_ms` does (the
         simulator's cost-model switcher); request_info(request_id) -> (app, slo_ms, priority) of a
         request; clock() -> now in ms (time.perf_counter's by default; the simulator's own clock)."""
-        self.policy, self.scheduler, self.adapters = policy, scheduler, adapters
+        self.scheduler, self.adapters = scheduler, adapters
+        self.policy = policy
         self.max_batch_size, self.max_tokens_per_step = max_batch_size, max_tokens_per_step
         self.request_info = request_info or (lambda _rid: (None, None, 1.0))
         self.clock = clock or (lambda: time.perf_counter() * 1e3)
@@ -69,6 +70,18 @@ class StepPlanner:
         self.mode = Mode.unmerge()
         self.stats = ModeStats()
         self.tp = None  # serve.models.parallel.TPGroup when this engine is one rank of a tensor-parallel group
+
+    @property
+    def policy(self) -> Policy | None:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: Policy | None) -> None:
+        """A policy plans with the cost of its unmerged operator, so the steps run that one (dLoRA's
+        einsum, or ATMM); no policy: ATMM."""
+        self._policy = policy
+        if hasattr(self.adapters, "use_operator"):
+            self.adapters.use_operator(getattr(policy, "lora_op", "atmm"))
 
     # ---- switching -------------------------------------------------------------------------
     def apply(self, mode: Mode) -> Mode:

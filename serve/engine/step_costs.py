@@ -8,9 +8,9 @@ cached tokens each (blocks of the idle cache; nothing is served yet, so what the
 matter); prefill sequences attend to their own tokens. The LoRA metadata of each op:
 
     "atmm"   unmerged: lora_tokens spread over lora_adapters resident adapters (the engine's operator)
-    "delora" mixture: the first adapter is the merged one; the other tokens' own pass plus the
-             negative pass of the merged slot (serve/lora/modes.py)
-    "einsum" unmerged through the plain PyTorch per-segment operator (kernels.lora_reference; eager)
+    "delora" mixture: the first adapter is the merged one; the other tokens with their own adapter
+             and the merged one negated, in one call (serve/lora/modes.py)
+    "einsum" unmerged through dLoRA's einsum operator (kernels.lora_einsum; eager, no graph)
 
 Switches: "atmm" is one fold with the engine's switch method (the one-shot Triton kernel on GPU,
 per-layer fp32 addmm on CPU), "addmm" the per-layer fold. They are timed as merge + unmerge round
@@ -35,13 +35,13 @@ from serve.forward.context import StepContext
 from .inputs import StepInputs
 
 # a CPU-sized grid (the tiny zoo); GPUs use ProfileShapes' defaults
-CPU_SHAPES = dict(seqs=[1, 4], tokens=[1, 16, 64], adapters=[1, 2], lora_ops=["atmm", "delora"],
+CPU_SHAPES = dict(seqs=[1, 4], tokens=[1, 16, 64], adapters=[1, 2], lora_ops=["atmm", "delora", "einsum"],
                   switch_ops=["atmm", "addmm"])
 
 
 def default_shapes(device: torch.device) -> ProfileShapes:
     if device.type == "cuda":
-        return ProfileShapes(switch_ops=["atmm", "addmm"])
+        return ProfileShapes(lora_ops=["atmm", "delora", "einsum"], switch_ops=["atmm", "addmm"])
     return ProfileShapes(**CPU_SHAPES)
 
 
@@ -122,11 +122,11 @@ def _step_fn(runner, manager, slots: list[int], decode_context: int):
             if shape.lora_op == "delora":
                 merged, own = slots[0], [slots[i % len(slots)] for i in range(1, k)] or [-1]
                 slot_ids = [own[i % len(own)] for i in range(shape.lora_tokens)] + [-1] * (t - shape.lora_tokens)
-                lora = build_mixture_batch(slot_ids, merged, device, manager.backend)
+                lora = build_mixture_batch(slot_ids, merged, device, manager.configured_backend)
             else:
                 own = [slots[i % len(slots)] for i in range(k)]
                 slot_ids = [own[i % k] for i in range(shape.lora_tokens)] + [-1] * (t - shape.lora_tokens)
-                backend = "torch" if shape.lora_op == "einsum" else manager.backend
+                backend = "einsum" if shape.lora_op == "einsum" else manager.configured_backend
                 lora = build_lora_batch(slot_ids, device, backend)
         _run_step(runner, shape, lora, decode_context)
 
@@ -167,7 +167,7 @@ def time_mode_steps(runner, manager, seqs: int, tokens: int, others: int, adapte
 
         plain     no LoRA work (every token of the merged adapter: merge mode)
         unmerge   every token through ATMM
-        mixture   the top adapter merged, the `others` tokens through deLoRA's two passes
+        mixture   the top adapter merged, the `others` tokens through deLoRA (one LoRA call)
 
     The extra LoRA work of mixture over that of unmerge is (mixture - plain) / (unmerge - plain)."""
     slots = _resident_slots(manager, max(2, adapters))
@@ -180,8 +180,9 @@ def time_mode_steps(runner, manager, seqs: int, tokens: int, others: int, adapte
     per_seq, n_other = tokens // seqs, others // (tokens // seqs)  # the first n_other sequences: other adapters
     slot_ids = [rest[(i // per_seq) % len(rest)] if i // per_seq < n_other else top for i in range(tokens)]
     device, shape = runner.device, StepShape(seqs, tokens)
-    batches = {"unmerge": build_lora_batch(slot_ids, device, manager.backend),
-               "mixture": build_mixture_batch(slot_ids, top, device, manager.backend)}
+    backend = manager.configured_backend
+    batches = {"unmerge": build_lora_batch(slot_ids, device, backend),
+               "mixture": build_mixture_batch(slot_ids, top, device, backend)}
 
     plain = functools.partial(_run_step, runner, shape, None, decode_context)
     out = {}

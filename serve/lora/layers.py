@@ -9,8 +9,8 @@ layer's rows of the pool, fixed at start, so swapping an adapter into a slot is 
 every layer (and to captured CUDA graphs) without touching the layers.
 
 While the weights hold a merged adapter a (mixture mode, serve/lora/modes.py), the step's batch is
-a `MixtureBatch`: the own pass skips when no token has another adapter, and a second pass adds
--scale * x @ A[a].T @ B[a].T for every token not of a (the same slot, scales negated).
+a `MixtureBatch`: the same one call also adds -scale * x @ A[a].T @ B[a].T for every token not
+of a (its segments name a as the mixed-in slot).
 """
 
 from __future__ import annotations
@@ -57,12 +57,7 @@ class LoRALinear(nn.Module):
         batch = None if ctx is None else ctx.lora
         if batch is None:
             return y
-        if getattr(batch, "has_own", True):
-            y = batch.op(y, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales, self.slices)
-        delora = getattr(batch, "delora", None)  # mixture: subtract the merged adapter's delta
-        if delora is not None:
-            y = batch.op(y, x, self.lora_a, self.lora_b, delora, self.ranks, -self.scales, self.slices)
-        return y
+        return batch.op(y, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales, self.slices)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, layer={self.layer_index}, rank={self.lora_a.shape[2]}"

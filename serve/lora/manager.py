@@ -75,7 +75,7 @@ class AdapterManager:
         self.num_layers, shapes = model_shapes(lm)
         shapes = {k: s for k, s in shapes.items() if set(s.slice_names) & set(config.targets)}
         self.targets = tuple(config.targets)
-        self.backend = resolve_backend(config.backend, device, dtype)
+        self.backend = self.configured_backend = resolve_backend(config.backend, device, dtype)
         self.pool = AdapterPool(self.num_layers, shapes, config.slots, config.max_rank, dtype, device)
         self.layers = wrap_projections(lm, self.pool)
         self.host = HostCache(config.host_cache, pin=device.type == "cuda")
@@ -302,17 +302,24 @@ class AdapterManager:
             return build_mixture_batch(slot_ids, self.slot_of(self.merged), self.device, self.backend)
         return build_lora_batch(slot_ids, self.device, self.backend)
 
+    def use_operator(self, op: str) -> None:
+        """The unmerged LoRA operator a scheduling policy plans with: "atmm" (the configured backend:
+        ATMM on GPU) or "einsum" (dLoRA's; eager). Steps built after the call use it."""
+        if op not in ("atmm", "einsum"):
+            raise ValueError(f"LoRA operator {op!r} is not one of atmm, einsum")
+        self.backend = self.configured_backend if op == "atmm" else "einsum"
+
     def graph_buffers(self, max_batch: int) -> LoraGraphBuffers | None:
         """Fixed metadata buffers for CUDA-graph decode, or None when the backend cannot be captured."""
-        if self.backend != "triton":
+        if self.configured_backend != "triton":
             return None
-        return LoraGraphBuffers(max_batch, self.config.slots, self.device, self.backend)
+        return LoraGraphBuffers(max_batch, self.config.slots, self.device, self.configured_backend)
 
     def mixture_graph_buffers(self, max_batch: int) -> MixtureGraphBuffers | None:
         """Buffers of the mixture (deLoRA) graphs, or None when modes are off or cannot be captured."""
-        if self.backend != "triton" or self.merger is None:
+        if self.configured_backend != "triton" or self.merger is None:
             return None
-        return MixtureGraphBuffers(max_batch, self.config.slots, self.device, self.backend)
+        return MixtureGraphBuffers(max_batch, self.config.slots, self.device, self.configured_backend)
 
     def stats(self) -> dict[str, int]:
         return {"adapters_loaded": len(self.records), "adapters_resident": sum(s is not None for s in self.slots),

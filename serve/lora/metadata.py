@@ -11,6 +11,8 @@ of the step, with one signature for both implementations:
               needs fp16/bf16 activations; on CPU it runs in the Triton interpreter)
     "torch":  kernels.lora_reference (per segment and slice in fp32, rounded once into y:
               PEFT's arithmetic; the CPU engine's path)
+    "einsum": kernels.lora_einsum (dLoRA's operator: every token's adapter gathered, contracted
+              with einsum; eager, so steps that use it are never graph replays)
 
 CUDA-graph decode replays kernels whose arguments are fixed at capture, so `LoraGraphBuffers`
 holds the segment metadata in fixed-size device buffers: a batch of b tokens in the graph of
@@ -25,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import NO_LORA, SegmentMeta, add_lora, build_segments, lora_reference
+from kernels import NO_LORA, SegmentMeta, add_lora, build_segments, lora_einsum, lora_reference
 
-OPS: dict[str, Callable] = {"triton": add_lora, "torch": lora_reference}
+OPS: dict[str, Callable] = {"triton": add_lora, "torch": lora_reference, "einsum": lora_einsum}
 
 
 def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -90,7 +92,9 @@ class LoraGraphBuffers:
     def load(self, slot_ids: tuple[int, ...], bs: int) -> None:
         """Writes the metadata of b = len(slot_ids) <= bs tokens into the bucket-`bs` buffers."""
         g = self.num_segments(bs)
-        meta = build_segments(slot_ids, "cpu", max_segments=g, max_tokens=bs)
+        self.write(build_segments(slot_ids, "cpu", max_segments=g, max_tokens=bs), bs, g)
+
+    def write(self, meta: SegmentMeta, bs: int, g: int) -> None:
         self.token_order[:bs].copy_(meta.token_order, non_blocking=True)
         self.seg_slot[:g].copy_(meta.seg_slot, non_blocking=True)
         self.seg_start[:g].copy_(meta.seg_start, non_blocking=True)

@@ -6,13 +6,14 @@ Three modes (serve.orchestrator.Mode), two weight states:
 | ---------- | ------------------ | ------------------- | --------------------------- | ------------ |
 | unmerge    | W                  | + dW_a (ATMM)       | + dW_x (ATMM)               | nothing      |
 | merge(a)   | W + dW_a           | nothing             | (not admitted)              | (not admitted)|
-| mixture(a) | W + dW_a           | nothing             | + dW_x - dW_a (two passes)  | - dW_a       |
+| mixture(a) | W + dW_a           | nothing             | + dW_x - dW_a (one pass)    | - dW_a       |
 
-Mixture ("deLoRA") runs the step's LoRA operator twice per projection: the usual pass with each
-token's own slot (tokens of `a` and of no adapter get slot -1), then a second pass where every
-token not of `a` uses a's pool slot with the scales negated (`-scales`: the same A and B, no
-extra pool slot, no copy). Both passes add into y, so y = x (W + dW_a)^T + x dW_x^T - x dW_a^T,
-the unmerged output up to float rounding. The manager builds a `MixtureBatch` whenever the
+Mixture ("deLoRA") runs the step's LoRA operator once per projection, over the tokens not of `a`
+only: each carries its own slot (slot -2 for a token of no adapter) and the batch's metadata
+names `a` as the mixed-in slot, which every such token also applies with its scale negated, as
+one problem of rank r_x + r_a (kernels/shrink.py, expand.py: the same A and B of a's pool slot,
+no extra slot, no copy, no second launch). So y = x (W + dW_a)^T + x dW_x^T - x dW_a^T, the
+unmerged output up to float rounding, and the LoRA work is that of the other adapters' tokens. The manager builds a `MixtureBatch` whenever the
 weights hold an adapter, so a request of another adapter that is running across a switch
 is always computed exactly; merge(a) differs from mixture(a) only in whom the scheduler admits.
 
@@ -32,7 +33,7 @@ from itertools import accumulate
 import torch
 from torch import nn
 
-from kernels import NO_LORA, SegmentMeta, build_segments, merge_lora_, merge_lora_ref_
+from kernels import MIX_ONLY, NO_LORA, SegmentMeta, build_segments, merge_lora_, merge_lora_ref_
 
 from .metadata import OPS, LoraBatch, LoraGraphBuffers
 
@@ -40,49 +41,53 @@ SWITCH_METHODS = ("auto", "one_shot", "addmm")
 
 
 class MixtureBatch(LoraBatch):
-    """A step's metadata while the weights hold adapter slot `merged_slot`: `slot_ids` is the own
-    pass (slot -1 for tokens of the merged adapter and of no adapter), `delora_slot_ids` the
-    negative pass (the merged slot for every other token, -1 for the merged adapter's tokens)."""
+    """A step's metadata while the weights hold adapter slot `merged_slot`: `slot_ids` gives every
+    token not of the merged adapter its own slot (-2: no adapter of its own), the merged
+    adapter's tokens -1 (no LoRA work); the segments carry `merged_slot` as the mixed-in slot."""
 
-    def __init__(self, slot_ids: tuple[int, ...], delora_slot_ids: tuple[int, ...], device, op):
+    has_delora = True  # what the CUDA-graph runner checks to replay the mixture graph
+
+    def __init__(self, slot_ids: tuple[int, ...], merged_slot: int, device, op):
         super().__init__(slot_ids, device, op)
-        self.delora_slot_ids = delora_slot_ids
-        self.has_own = any(s != NO_LORA for s in slot_ids)
-        self.has_delora = any(s != NO_LORA for s in delora_slot_ids)
+        self.merged_slot = merged_slot
 
     @functools.cached_property
-    def delora(self) -> SegmentMeta | None:
-        return build_segments(self.delora_slot_ids, self.device) if self.has_delora else None
+    def segments(self) -> SegmentMeta:
+        return build_segments(self.slot_ids, self.device, mix_slot=self.merged_slot)
 
 
 def build_mixture_batch(slots: list[int], merged_slot: int, device: torch.device, backend: str) -> LoraBatch | None:
     """slots: the pool slot of every token (-1 = no adapter). None when no token needs LoRA work
     (every token is of the merged adapter: merge mode proper)."""
-    own = tuple(NO_LORA if s == merged_slot else s for s in slots)
-    neg = tuple(NO_LORA if s == merged_slot else merged_slot for s in slots)
-    batch = MixtureBatch(own, neg, device, OPS[backend])
-    return batch if batch.has_own or batch.has_delora else None
+    own = tuple(NO_LORA if s == merged_slot else (MIX_ONLY if s == NO_LORA else s) for s in slots)
+    if all(s == NO_LORA for s in own):
+        return None
+    return MixtureBatch(own, merged_slot, device, OPS[backend])
 
 
-class MixtureGraphBuffers:
-    """Metadata buffers of a mixture step captured in a CUDA graph: the own pass and the negative
-    pass each read one `LoraGraphBuffers`. Both passes are always in the graph; a pass with no
-    tokens has only zero-length segments, which exit at once."""
+class MixtureGraphBuffers(LoraGraphBuffers):
+    """Metadata buffers of a mixture step captured in a CUDA graph: the segments (one more than an
+    unmerged graph's: the tokens of no adapter take only the mixed-in part) and the mixed-in slot,
+    written before each replay, so one graph per bucket serves whichever adapter is merged."""
 
     def __init__(self, max_batch: int, num_slots: int, device: torch.device, backend: str):
-        self.own = LoraGraphBuffers(max_batch, num_slots, device, backend)
-        self.neg = LoraGraphBuffers(max_batch, num_slots, device, backend)
+        super().__init__(max_batch + 1, num_slots + 1, device, backend)
+        self.mix_slot = torch.zeros(1, dtype=torch.int32, device=device)
 
     def static_batch(self, bs: int) -> MixtureBatch:
-        own, neg = self.own.static_batch(bs), self.neg.static_batch(bs)
-        batch = MixtureBatch((), (), own.device, own.op)
-        batch.has_own = batch.has_delora = True
-        batch.__dict__["segments"], batch.__dict__["delora"] = own.segments, neg.segments
+        g = self.num_segments(bs)
+        meta = SegmentMeta(self.token_order[:bs], self.seg_slot[:g], self.seg_start[:g], self.seg_len[:g],
+                           num_tokens=bs, num_segments=g, max_seg_len=bs, host_segments=(), mix_slot=self.mix_slot,
+                           host_mix_slot=0)
+        batch = MixtureBatch((), 0, self.token_order.device, self.op)
+        batch.__dict__["segments"] = meta
         return batch
 
     def load(self, batch: MixtureBatch, bs: int) -> None:
-        self.own.load(batch.slot_ids, bs)
-        self.neg.load(batch.delora_slot_ids, bs)
+        g = self.num_segments(bs)
+        meta = build_segments(batch.slot_ids, "cpu", max_segments=g, max_tokens=bs, mix_slot=batch.merged_slot)
+        self.write(meta, bs, g)
+        self.mix_slot.copy_(meta.mix_slot, non_blocking=True)
 
 
 class WeightMerger:

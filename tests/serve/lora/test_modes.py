@@ -81,7 +81,9 @@ def test_merge_runs_no_lora_and_holds_others(engine, reference):
     try:
         assert engine.lora.step_batch([("qv8", 3)]) is None  # plain base path
         mixture = engine.lora.step_batch([("qv8", 1), (None, 2), ("mix", 1)])
-        assert mixture.slot_ids[0] == -1 and mixture.delora_slot_ids == (-1,) + (engine.lora.slot_of("qv8"),) * 3
+        # one pass: the merged adapter's token does nothing, a token of no adapter takes only -dW (slot -2)
+        assert mixture.slot_ids == (-1, -2, -2, engine.lora.slot_of("mix"))
+        assert mixture.segments.host_mix_slot == engine.lora.slot_of("qv8")
         for r in requests():
             engine.add_request(r)
         for _ in range(3):

@@ -10,10 +10,10 @@ arrival time has passed, the engine steps whenever it has work. Video-analytics 
 few frames (images of `image_size`) and ask a few tokens; retrieval requests carry one image and a
 question and ask tens of tokens (fixed lengths, no early stop).
 
-The policy is swapped on the one engine between runs, the weights brought back to unmerge first
-(dLoRA's switches use the per-layer addmm merge, the others the one-shot kernel). The engine has
-one unmerged-LoRA path (ATMM on GPU), so dLoRA's einsum is planned and run as ATMM: that baseline
-differs from the paper's dLoRA in its switching rule and switch kernel only. Latency runs
+The policy is swapped on the one engine between runs, the weights brought back to unmerge first.
+Each policy runs the operators it names: dLoRA its einsum LoRA (eager) and per-layer addmm
+switches as its paper describes, `dlora_atmm` the same rule on ATMM and the one-shot switch, the
+others ATMM and the one-shot switch. Latency runs
 from the scheduled arrival to the final token. Per (sweep, x, policy) one row: the orchestrator's
 metrics (average token latency, p50/p95/p99, throughput, share within target) and the mode
 switches with their total time from the engine's stats. Before the replays, decode and prefill
@@ -192,14 +192,13 @@ def serving_engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str,
 def _use_policy(engine, name: str, params: dict) -> None:
     """Puts policy `name` (fresh state) in charge of the engine, the weights unmerged."""
     engine.planner.apply(Mode.unmerge())
-    # the engine runs unmerged LoRA with its one backend (ATMM on GPU): plan with the cost of what runs
-    if name != "fcfs" and params.get("lora_op", getattr(POLICIES[name][1](), "lora_op", None)) == "einsum":
-        params = {**params, "lora_op": "atmm"}
+    # the planner points the engine's unmerged LoRA at the policy's operator (dLoRA: einsum)
     engine.planner.policy = None if name == "fcfs" else build_policy(name, engine.cost_profile, params)
     engine.config.policy = name
-    if engine.lora is not None and engine.lora.merger is not None:  # dLoRA merges layer by layer (addmm)
+    if engine.lora is not None and engine.lora.merger is not None:  # the policy's switch: one-shot or per layer
         default = "one_shot" if engine.device.type == "cuda" else "addmm"
-        engine.lora.merger.method = "addmm" if name == "dlora" else default
+        policy = engine.planner.policy
+        engine.lora.merger.method = "addmm" if getattr(policy, "switch_op", "atmm") == "addmm" else default
 
 
 def _warm_up(engine, job: ServingBenchJob, names: list[str]) -> None:

@@ -15,10 +15,10 @@ running ones to pause, and why. Policies plan with a `CostProfile` measured at e
 
 from .assumed import assumed_profile
 from .base import BatchEstimate, Policy, fcfs
-from .baselines import DLoRAConfig, DLoRAPolicy, FCFSPolicy, MergeOnlyConfig, MergeOnlyPolicy, UnmergedConfig, \
-    UnmergeOnlyPolicy
+from .baselines import DLoRAATMMConfig, DLoRAATMMPolicy, DLoRAConfig, DLoRAPolicy, FCFSPolicy, MergeOnlyConfig, \
+    MergeOnlyPolicy, UnmergedConfig, UnmergeOnlyPolicy
 from .metrics import Metrics, RequestRecord, percentile, summarize
-from .policy import VLoRAConfig, VLoRAPolicy
+from .policy import VLoRAConfig, VLoRAPaperConfig, VLoRAPaperPolicy, VLoRAPolicy
 from .profile import LORA_OPS, SWITCH_OPS, CostProfile, Grid2D, ProfileShapes, StepShape, measure_profile
 from .registry import POLICIES, build_policy
 from .types import MODE_KINDS, Decision, DecisionRecord, Mode, PolicyStats, RequestView, StepView
@@ -26,11 +26,11 @@ from .workload import AppSpec, WorkloadSpec, adapter_names, generate, popularity
     video_analytics, visual_retrieval, write_trace
 
 __all__ = [
-    "AppSpec", "BatchEstimate", "CostProfile", "DLoRAConfig", "DLoRAPolicy", "Decision", "DecisionRecord",
+    "AppSpec", "BatchEstimate", "CostProfile", "DLoRAATMMConfig", "DLoRAATMMPolicy", "DLoRAConfig", "DLoRAPolicy", "Decision", "DecisionRecord",
     "FCFSPolicy", "Grid2D", "LORA_OPS", "MODE_KINDS", "MergeOnlyConfig", "MergeOnlyPolicy", "Metrics", "Mode",
     "POLICIES", "Policy", "PolicyStats", "ProfileShapes", "RequestRecord", "RequestView", "SWITCH_OPS",
     "StepShape", "StepView", "UnmergeOnlyPolicy", "UnmergedConfig", "VLoRAConfig",
-    "VLoRAPolicy", "WorkloadSpec", "adapter_names", "assumed_profile", "build_policy", "fcfs", "generate",
+    "VLoRAPaperConfig", "VLoRAPaperPolicy", "VLoRAPolicy", "WorkloadSpec", "adapter_names", "assumed_profile", "build_policy", "fcfs", "generate",
     "measure_profile", "percentile", "popularity", "read_trace", "summarize",
     "video_analytics", "visual_retrieval", "write_trace",
 ]

@@ -14,6 +14,8 @@
   `window_steps` steps, and takes the better; requests of other adapters pause while merged.
   Credit-based anti-starvation: once a request of another adapter has waited (or been paused)
   `max_wait_ms`, it unmerges.
+- `DLoRAATMMPolicy` ("dlora_atmm"): the same rule on our operators (ATMM, one-shot switches), so
+  the rule and the kernels can be told apart.
 """
 
 from __future__ import annotations
@@ -149,3 +151,13 @@ class DLoRAPolicy(Policy):
     def reset(self) -> None:
         super().reset()
         self._paused_since = {}
+
+
+@dataclass
+class DLoRAATMMConfig(DLoRAConfig):
+    lora_op: str = "atmm"
+    switch_op: str = "atmm"
+
+
+class DLoRAATMMPolicy(DLoRAPolicy):
+    name = "dlora_atmm"

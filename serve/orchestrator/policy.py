@@ -1,4 +1,26 @@
-"""V-LoRA's credit-based scheduling policy (paper section 4.4.3, Algorithm 1).
+"""V-LoRA's credit-based scheduling policy (paper section 4.4.3): decisions from the cost model, or
+Algorithm 1 as printed.
+
+Both share the credits below (who starves). `decide="cost"` (conf/orchestrator/v_lora.yaml) then
+predicts, from the measured cost profile, the decode step of each candidate plan and takes the
+cheapest per token served:
+
+- unmerge: everyone admitted (the starving first, then arrival order), every adapter through ATMM;
+- mixture(a), for a the current merged adapter and the most requested one: everyone admitted,
+  the other adapters' tokens through deLoRA (one LoRA call, serve/lora/modes.py); merge(a) when
+  the batch turns out to hold only a;
+- hold(a): only a's requests admitted (the starving too, so only when no request of another
+  adapter starves); requests of other adapters already running finish in mixture(a), then the
+  steps run merged with no LoRA work at all. Its estimate weighs the two by the steps each
+  lasts. Holding pays where a's requests alone fill the batch and the LoRA branch is a large
+  share of a step, and never past a held request's starving threshold, which makes the plan
+  infeasible.
+
+Cost per token = (step_ms(plan's batch) + switch_ms / horizon) / sequences in the batch, with
+horizon the mean remaining output tokens of the batch (the steps its composition lasts). Ties
+keep the current weights. The anti-thrash dwell below applies to both ways of deciding.
+
+`decide="algorithm1"` (conf/orchestrator/v_lora_paper.yaml, for the paper's reproduction):
 
 Every waiting request carries a credit: its waiting time, plus its estimated execution time
 in the current mode (from the cost profile), plus the switch latency it would need if the
@@ -49,10 +71,12 @@ from .profile import CostProfile
 from .types import Decision, Mode, RequestView, StepView
 
 SHARE_OF = ("max_batch", "present")
+DECIDE = ("cost", "algorithm1")
 
 
 @dataclass
 class VLoRAConfig:
+    decide: str = "cost"  # "cost": cheapest plan per token from the profile | "algorithm1": the paper's rule
     tolerance: float = 0.5  # starving once priority * credit exceeds this share of the target
     default_slo_ms: float = 5000.0  # target of a request that carries none
     merge_share: float = 0.5  # R_merge must exceed this share of D to merge
@@ -68,6 +92,8 @@ class VLoRAConfig:
     switch_op: str = "atmm"
 
     def __post_init__(self) -> None:
+        if self.decide not in DECIDE:
+            raise ValueError(f"decide {self.decide!r} is not one of {DECIDE}")
         if self.share_of not in SHARE_OF:
             raise ValueError(f"share_of {self.share_of!r} is not one of {SHARE_OF}")
         for name in ("tolerance", "merge_share", "starve_share", "max_switch_share"):
@@ -128,24 +154,97 @@ class VLoRAPolicy(Policy):
             return None
         return f"mixture {mix:.2f} ms > unmerge {unm:.2f} ms per step (profile)"
 
-    # ---- Algorithm 1 ------------------------------------------------------------------------
-    def _decide(self, view: StepView) -> Decision:
-        cfg, mode = self.config, view.mode
-        if not view.waiting and not view.running:
-            return Decision(mode, reason="idle")
+    def starving(self, view: StepView) -> list[RequestView]:
+        """Waiting requests over their threshold, the most overdue first."""
         credits = self.credits(view)
         urgency = {r.request_id: credits[r.request_id] / self.threshold_ms(r) for r in view.waiting}
-        starving = sorted((r for r in view.waiting if urgency[r.request_id] > 1),
-                          key=lambda r: (-urgency[r.request_id], r.arrival_ms, r.request_id))
-        starving_ids = {r.request_id for r in starving}
+        return sorted((r for r in view.waiting if urgency[r.request_id] > 1),
+                      key=lambda r: (-urgency[r.request_id], r.arrival_ms, r.request_id))
 
-        present = view.waiting + view.running
+    def _top(self, present: list[RequestView], cur: str | None) -> tuple[Counter, str | None]:
+        """Requests per adapter and the most requested adapter (ties: the merged one, then the earliest)."""
         counts = Counter(r.adapter for r in present if r.adapter is not None)
-        cur = mode.merged_adapter
         first = {}
         for r in fcfs(present):
             first.setdefault(r.adapter, r.arrival_ms)
         top = min(counts, key=lambda a: (-counts[a], a != cur, first[a], a)) if counts else None
+        return counts, top
+
+    def _decide(self, view: StepView) -> Decision:
+        if not view.waiting and not view.running:
+            return Decision(view.mode, reason="idle")
+        starving = self.starving(view)
+        if self.config.decide == "cost":
+            target, admit, reason = self._by_cost(view, starving)
+        else:
+            target, admit, reason = self._algorithm1(view, starving)
+        return self._dwell(view, target, admit, reason, starving)
+
+    # ---- decisions from the cost model -----------------------------------------------------------
+    def plan_cost(self, view: StepView, mode: Mode, admit: list[RequestView], merged_only: bool = False) -> float:
+        """Predicted ms per sequence of the decode step that `mode` runs with the running requests
+        plus `admit` (as many as fit), a switch from the current weights spread over the steps the
+        batch lasts. merged_only: the batch once other adapters' running requests have finished."""
+        batch = [*view.running, *admit[:view.free_slots]]
+        if merged_only:
+            batch = [r for r in batch if r.adapter == mode.merged_adapter]
+        if not batch:
+            return float("inf")
+        p = self.profile
+        step = p.batch_ms(mode, [(r.adapter, 1) for r in batch], self.lora_op)
+        switch = p.switch_cost_ms(self.switch_op, view.mode.merged_adapter, mode.merged_adapter)
+        return (step + switch / self._horizon(batch)) / len(batch)
+
+    @staticmethod
+    def _horizon(batch: list[RequestView]) -> float:
+        """Steps a batch's composition lasts: the mean remaining output of its requests."""
+        return max(1.0, sum(r.remaining_output for r in batch) / len(batch))
+
+    def hold_cost(self, view: StepView, a: str, mine: list[RequestView]) -> float:
+        """hold(a): other adapters' running requests finish in mixture(a) (their remaining steps),
+        then a's requests run merged; the two per-token costs weighted by their share of the
+        steps the batch lasts."""
+        others = [r for r in view.running if r.adapter != a]
+        mixed = self.plan_cost(view, Mode.mixture(a), mine)
+        merged = self.plan_cost(view, Mode.mixture(a), mine, merged_only=True)
+        if not others:
+            return merged
+        horizon = self._horizon([*view.running, *mine[:view.free_slots]])
+        drain = min(horizon, max(r.remaining_output for r in others))
+        if merged == float("inf"):
+            return mixed
+        return (drain * mixed + (horizon - drain) * merged) / horizon
+
+    def _by_cost(self, view: StepView, starving: list[RequestView]) -> tuple[Mode, list[RequestView], str]:
+        cur = view.mode.merged_adapter
+        present = [*view.waiting, *view.running]
+        counts, top = self._top(present, cur)
+        starving_ids = {r.request_id for r in starving}
+        everyone = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+        plans = [(Mode.unmerge(), everyone, "unmerge", self.plan_cost(view, Mode.unmerge(), everyone))]
+        for a in dict.fromkeys(x for x in (cur, top) if x is not None):
+            plans.append((Mode.mixture(a), everyone, f"mixture({a})", self.plan_cost(view, Mode.mixture(a), everyone)))
+            if all(r.adapter == a for r in starving):  # holding others is allowed until one starves
+                mine = [r for r in everyone if r.adapter == a]
+                plans.append((Mode.mixture(a), mine, f"hold({a})", self.hold_cost(view, a, mine)))
+        costs = [(cost, m.merged_adapter != cur, i) for i, (m, _, _, cost) in enumerate(plans)]
+        best = min(costs)
+        mode, admit, label, _ = plans[best[2]]
+        batch = [*view.running, *admit[:view.free_slots]]
+        if mode.kind == "mixture" and all(r.adapter == mode.adapter for r in batch):
+            mode = Mode.merge(mode.adapter)  # the same weights; nobody else runs
+        listed = ", ".join(f"{plans[i][2]} {c:.3f}" for c, _, i in sorted(costs) if c < float("inf"))
+        share = f"{top} holds {counts[top]}/{len(present)}" if top else "no adapter requests"
+        return mode, admit, f"{label}: cheapest per token ({listed} ms), {share}, {len(starving)} starving"
+
+    # ---- Algorithm 1 ------------------------------------------------------------------------
+    def _algorithm1(self, view: StepView, starving: list[RequestView]) -> tuple[Mode, list[RequestView], str]:
+        cfg, mode = self.config, view.mode
+        starving_ids = {r.request_id for r in starving}
+
+        present = view.waiting + view.running
+        cur = mode.merged_adapter
+        counts, top = self._top(list(present), cur)
         denom = view.max_batch_size if cfg.share_of == "max_batch" else min(view.max_batch_size, len(present))
         need = (cfg.merge_share - (cfg.share_hysteresis if top == cur else 0.0)) * denom
         dominated = top is not None and counts[top] > need
@@ -181,10 +280,32 @@ class VLoRAPolicy(Policy):
             admit = everyone
             why = f"not dominated ({share})" if few_starving else f"{n_starve} starving > {cfg.starve_share:g} MaxBS"
             target, reason = Mode.unmerge(), f"unmerge: {why}"
+        return target, admit, reason
 
+    def _dwell(self, view: StepView, target: Mode, admit: list[RequestView], reason: str,
+               starving: list[RequestView]) -> Decision:
+        cur = view.mode.merged_adapter
         since = view.now_ms - self.last_switch_ms
         if target.merged_adapter != cur and since < self.dwell_ms():
             # hold the weights; both hold modes run everyone, the starving first
-            target, admit = (Mode.unmerge() if cur is None else Mode.mixture(cur)), everyone
+            ids = {r.request_id for r in starving}
+            admit = starving + fcfs(r for r in view.waiting if r.request_id not in ids)
+            target = Mode.unmerge() if cur is None else Mode.mixture(cur)
             reason = f"dwell: {since:.0f} of {self.dwell_ms():.0f} ms since the last switch, hold {target} ({reason})"
-        return Decision(target, tuple(r.request_id for r in admit[:view.free_slots]), (), False, reason, n_starve)
+        if target.kind == "merge" and any(r.adapter != target.adapter for r in view.running):
+            target = Mode.mixture(target.adapter)  # others still running finish through deLoRA
+        return Decision(target, tuple(r.request_id for r in admit[:view.free_slots]), (), False, reason,
+                        len(starving))
+
+
+@dataclass
+class VLoRAPaperConfig(VLoRAConfig):
+    """Algorithm 1 as the paper prints it: other adapters held until they starve, no profile veto."""
+
+    decide: str = "algorithm1"
+    backfill: bool = False
+    mixture_by_cost: bool = False
+
+
+class VLoRAPaperPolicy(VLoRAPolicy):
+    name = "v_lora_paper"

@@ -5,17 +5,19 @@ from __future__ import annotations
 import dataclasses
 
 from .base import Policy
-from .baselines import DLoRAConfig, DLoRAPolicy, FCFSPolicy, MergeOnlyConfig, MergeOnlyPolicy, UnmergedConfig, \
-    UnmergeOnlyPolicy
-from .policy import VLoRAConfig, VLoRAPolicy
+from .baselines import DLoRAATMMConfig, DLoRAATMMPolicy, DLoRAConfig, DLoRAPolicy, FCFSPolicy, MergeOnlyConfig, \
+    MergeOnlyPolicy, UnmergedConfig, UnmergeOnlyPolicy
+from .policy import VLoRAConfig, VLoRAPaperConfig, VLoRAPaperPolicy, VLoRAPolicy
 from .profile import CostProfile
 
 # name -> (policy class, its config dataclass)
 POLICIES: dict[str, tuple[type[Policy], type]] = {
     "v_lora": (VLoRAPolicy, VLoRAConfig),
+    "v_lora_paper": (VLoRAPaperPolicy, VLoRAPaperConfig),
     "merge_only": (MergeOnlyPolicy, MergeOnlyConfig),
     "unmerge_only": (UnmergeOnlyPolicy, UnmergedConfig),
     "dlora": (DLoRAPolicy, DLoRAConfig),
+    "dlora_atmm": (DLoRAATMMPolicy, DLoRAATMMConfig),
     "fcfs": (FCFSPolicy, UnmergedConfig),
 }
 
@@ -34,7 +36,7 @@ def build_policy(name: str, profile: CostProfile, params: dict | None = None) ->
     if unknown:
         raise ValueError(f"policy {name!r} has no parameter(s) {unknown}; valid: {sorted(known)}")
     policy = cls(profile, config_cls(**params))
-    needs = [policy.lora_op] + (["delora"] if name == "v_lora" else [])
+    needs = [policy.lora_op] + (["delora"] if isinstance(policy, VLoRAPolicy) else [])
     missing = [op for op in needs if op not in profile.lora]
     if missing or policy.switch_op not in profile.switch_ms:
         raise ValueError(f"policy {name!r} needs LoRA op(s) {needs} and switch op {policy.switch_op!r}; "

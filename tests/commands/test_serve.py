@@ -101,7 +101,7 @@ def _refused(overrides: list[str], zoo) -> str:
 
 
 def test_bad_values_are_answered_before_any_model_is_built(empty_zoo):
-    assert "engine.policy='nope' is not a policy; choose one of ['dlora', 'fcfs'" in _refused(
+    assert "engine.policy='nope' is not a policy; choose one of ['dlora', 'dlora_atmm', 'fcfs'" in _refused(
         ["engine.policy=nope"], empty_zoo)
     assert "the token is 5 characters; the server needs a secret of 8+" in _refused(["rpc.token=short"], empty_zoo)
     assert "engine.device='gpu0'" in _refused(["engine.device=gpu0"], empty_zoo)

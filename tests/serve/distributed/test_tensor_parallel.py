@@ -65,7 +65,8 @@ def _rank(rank: int, world: int, port: int, ckpt: str, adapters: dict, out_path:
     try:
         config = _config(adapters, world, device)
         if lead:
-            config.policy, config.policy_params = "v_lora", {"share_of": "present", "max_switch_share": 1.0}
+            config.policy, config.policy_params = "v_lora", {"decide": "algorithm1", "share_of": "present",
+                                                             "max_switch_share": 1.0}
         engine = Engine(ckpt, config)
         layer = engine.model.language_model.layers[0]
         shapes = (engine.model.args.num_heads, engine.model.args.num_kv_heads,

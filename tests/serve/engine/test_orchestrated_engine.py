@@ -45,8 +45,9 @@ def drive(engine):
 
 
 def test_v_lora_merges_then_mixture_then_unmerge(setup):  # noqa: F811
+    """Algorithm 1's rule (decide="algorithm1")."""
     ref, _ = drive(make_engine(setup, max_batch_size=4))
-    engine = make_engine(setup, max_batch_size=4, policy="v_lora", policy_params=POLICY)
+    engine = make_engine(setup, max_batch_size=4, policy="v_lora", policy_params={**POLICY, "decide": "algorithm1"})
     assert engine.cost_profile.assumed
     done, modes = drive(engine)
     for rid, out in ref.items():
@@ -63,10 +64,24 @@ def test_v_lora_merges_then_mixture_then_unmerge(setup):  # noqa: F811
     assert engine.lora.merged is None and engine.lora.records["qv8"].refs == 0
 
 
-@pytest.mark.parametrize("policy", ["merge_only", "unmerge_only", "dlora"])
+def test_v_lora_by_cost_keeps_tokens_and_explains_each_decision(setup):  # noqa: F811
+    ref, _ = drive(make_engine(setup, max_batch_size=4))
+    engine = make_engine(setup, max_batch_size=4, policy="v_lora", policy_params=POLICY)
+    done, modes = drive(engine)
+    assert {r: o.token_ids for r, o in done.items()} == {r: o.token_ids for r, o in ref.items()}
+    assert modes[0] == "merge(qv8)"  # three of qv8 fill most of the batch: held, merged
+    assert "mixture(qv8)" in modes  # the starving all16 request is never held: it joins through deLoRA
+    log = list(engine.planner.policy.log)
+    assert all("cheapest per token" in r.reason or r.reason == "idle" for r in log)
+    assert engine.stats().mode_switches == engine.planner.policy.stats.switches >= 1
+
+
+@pytest.mark.parametrize("policy", ["merge_only", "unmerge_only", "dlora", "dlora_atmm", "v_lora_paper"])
 def test_baseline_policies_keep_tokens(setup, policy):  # noqa: F811
     ref, _ = drive(make_engine(setup, max_batch_size=4))
     engine = make_engine(setup, max_batch_size=4, policy=policy)
+    # each policy's steps run the operator it plans with: dLoRA's einsum, or the engine's own
+    assert engine.lora.backend == ("einsum" if policy == "dlora" else engine.lora.configured_backend)
     done, modes = drive(engine)
     assert {r: o.token_ids for r, o in done.items()} == {r: o.token_ids for r, o in ref.items()}
     if policy == "unmerge_only":

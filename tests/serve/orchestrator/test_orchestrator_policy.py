@@ -32,14 +32,15 @@ def test_modes_say_what_they_can_run_and_what_needs_lora():
 
 # ---- Algorithm 1 -------------------------------------------------------------------------------
 def test_one_dominant_adapter_and_nobody_starving_merges_it(profile):
-    policy = VLoRAPolicy(profile)
+    policy = VLoRAPolicy(profile, PAPER)
     d = policy.decide(view(10.0, a_queue() + [req("b0", "b", 4.0)]))
     assert d.mode == Mode.merge("a") and d.switch and d.starving == 0
     assert d.admit == ("a0", "a1", "a2", "a3", "a4", "a5"), "only the merged adapter's requests, in arrival order"
     assert d.reason.startswith("merge:")
 
 
-ALG1 = VLoRAConfig(mixture_by_cost=False)  # Algorithm 1's rule alone (the profile's veto is tested apart)
+ALG1 = VLoRAConfig(decide="algorithm1", mixture_by_cost=False)  # Algorithm 1's rule alone (the profile's veto is tested apart)
+PAPER = VLoRAConfig(decide="algorithm1")  # Algorithm 1 with the profile veto on mixture, no backfill
 
 
 def test_a_few_starving_requests_join_the_merged_adapter_through_mixture(profile):
@@ -62,18 +63,18 @@ def test_mixture_dearer_than_unmerge_in_the_profile_unmerges(profile):
     # b-run has 97 tokens to go: the two switches (5 ms each) spread over them cost less than deLoRA's 1 ms a step
     running = [req("b-run", "b", -50.0, out=100, computed_tokens=100, generated_tokens=3)]
     queue = [req(f"a{i}", "a", float(i), computed_tokens=100, generated_tokens=1) for i in range(6)]
-    d = VLoRAPolicy(launch_bound).decide(view(10.0, [], queue + running, mode=Mode.merge("a")))
+    d = VLoRAPolicy(launch_bound, PAPER).decide(view(10.0, [], queue + running, mode=Mode.merge("a")))
     assert d.mode == Mode.unmerge() and d.switch and "per step (profile)" in d.reason
-    d = VLoRAPolicy(launch_bound, VLoRAConfig(mixture_by_cost=False)).decide(
+    d = VLoRAPolicy(launch_bound, VLoRAConfig(decide="algorithm1", mixture_by_cost=False)).decide(
         view(10.0, [], queue + running, mode=Mode.merge("a")))
     assert d.mode == Mode.mixture("a") and not d.switch  # Algorithm 1 alone keeps the merged weights
     # the same batch with the profile's deLoRA as cheap as ATMM per token: mixture, no switch
-    d = VLoRAPolicy(profile).decide(view(10.0, [], queue + running, mode=Mode.merge("a")))
+    d = VLoRAPolicy(profile, PAPER).decide(view(10.0, [], queue + running, mode=Mode.merge("a")))
     assert d.mode == Mode.mixture("a") and not d.switch
 
 
 def test_more_starving_than_half_the_batch_unmerges(profile):
-    policy = VLoRAPolicy(profile)
+    policy = VLoRAPolicy(profile, PAPER)
     starving = [req(f"s{i}", f"x{i}", -4000.0 + i) for i in range(5)]  # 5 > 0.5 * MaxBS 8
     d = policy.decide(view(10.0, a_queue() + starving, mode=Mode.merge("a")))
     assert d.mode == Mode.unmerge() and d.switch and d.starving == 5
@@ -82,7 +83,7 @@ def test_more_starving_than_half_the_batch_unmerges(profile):
 
 def test_no_dominant_adapter_unmerges_first_come_first_served(profile):
     queue = [req("a0", "a", 0), req("b0", "b", 1), req("c0", "c", 2), req("a1", "a", 3), req("b1", "b", 4)]
-    d = VLoRAPolicy(profile).decide(view(10.0, queue))
+    d = VLoRAPolicy(profile, PAPER).decide(view(10.0, queue))
     assert d.mode == Mode.unmerge() and not d.switch
     assert d.admit == ("a0", "b0", "c0", "a1", "b1") and d.reason.startswith("unmerge: not dominated")
 
@@ -96,15 +97,15 @@ def test_running_requests_of_other_adapters_keep_running_in_mixture_not_paused(p
 
 def test_dominance_counts_against_the_max_batch_or_the_requests_present(profile):
     queue = a_queue(3)
-    assert VLoRAPolicy(profile).decide(view(10.0, queue)).mode == Mode.unmerge(), "3 <= 0.5 * MaxBS 8"
-    present = VLoRAPolicy(profile, VLoRAConfig(share_of="present"))
+    assert VLoRAPolicy(profile, PAPER).decide(view(10.0, queue)).mode == Mode.unmerge(), "3 <= 0.5 * MaxBS 8"
+    present = VLoRAPolicy(profile, VLoRAConfig(decide="algorithm1", share_of="present"))
     assert present.decide(view(10.0, queue)).mode == Mode.merge("a"), "3 > 0.5 * min(8, 3)"
 
 
 def test_the_merged_adapter_keeps_its_place_within_the_hysteresis_band(profile):
     queue = a_queue(4) + [req("b0", "b", 5), req("c0", "c", 6)]  # a holds 4 of MaxBS 8
-    assert VLoRAPolicy(profile).decide(view(10.0, queue)).mode == Mode.unmerge(), "entering needs > 4"
-    d = VLoRAPolicy(profile).decide(view(10.0, queue, mode=Mode.merge("a")))
+    assert VLoRAPolicy(profile, PAPER).decide(view(10.0, queue)).mode == Mode.unmerge(), "entering needs > 4"
+    d = VLoRAPolicy(profile, PAPER).decide(view(10.0, queue, mode=Mode.merge("a")))
     assert d.mode == Mode.merge("a") and not d.switch, "staying needs > (0.5 - 0.1) * 8"
 
 
@@ -112,22 +113,22 @@ def test_credit_is_wait_plus_execution_in_the_current_mode_plus_switch(profile):
     running = [req("x-run", "x", -100.0, computed_tokens=100, generated_tokens=2), req("base-run", None, -90.0)]
     waiting = [req("w", "a", 0.0, prompt=300, out=20)]
     p = profile
-    unmerge = VLoRAPolicy(p).credits(view(40.0, waiting, running))["w"]
+    unmerge = VLoRAPolicy(p, PAPER).credits(view(40.0, waiting, running))["w"]
     # 3 sequences; LoRA over x-run's token and w's tokens, adapters {x, a}
     expect = 40.0 + p.step_ms(3, 302, 301, 2, "atmm") + 19 * p.step_ms(3, 3, 2, 2, "atmm")
     assert unmerge == pytest.approx(expect)
-    mixture = VLoRAPolicy(p).credits(view(40.0, waiting, running, Mode.mixture("x")))["w"]
+    mixture = VLoRAPolicy(p, PAPER).credits(view(40.0, waiting, running, Mode.mixture("x")))["w"]
     # x-run is merged (no LoRA); base-run pays -dW_x, w pays -dW_x + dW_a: adapters {x, a}, deLoRA
     expect = 40.0 + p.step_ms(3, 302, 301, 2, "delora") + 19 * p.step_ms(3, 3, 2, 2, "delora")
     assert mixture == pytest.approx(expect)
-    merged = VLoRAPolicy(p).credits(view(40.0, waiting, running[:1], Mode.merge("x")))["w"]
+    merged = VLoRAPolicy(p, PAPER).credits(view(40.0, waiting, running[:1], Mode.merge("x")))["w"]
     # w cannot run merged: estimated unmerged after a switch (one all-layer unmerge, 5 ms)
     expect = 40.0 + p.step_ms(2, 301, 301, 2, "atmm") + 19 * p.step_ms(2, 2, 2, 2, "atmm") + 5.0
     assert merged == pytest.approx(expect)
 
 
 def test_application_targets_and_priorities_set_the_starving_threshold(profile):
-    policy = VLoRAPolicy(profile, VLoRAConfig(tolerance=0.5, mixture_by_cost=False))
+    policy = VLoRAPolicy(profile, VLoRAConfig(decide="algorithm1", tolerance=0.5, mixture_by_cost=False))
     video = req("v", "b", 0.0, app="video", slo_ms=1000.0, priority=2.0)
     retrieval = req("r", "b", 0.0, app="retrieval", slo_ms=1000.0)
     assert policy.threshold_ms(video) == 250.0 and policy.threshold_ms(retrieval) == 500.0
@@ -138,7 +139,7 @@ def test_application_targets_and_priorities_set_the_starving_threshold(profile):
 
 
 def test_a_switch_is_followed_by_a_dwell_that_holds_the_weights(profile):
-    policy = VLoRAPolicy(profile)  # switch 5 ms, at most 10% switching: dwell 45 ms
+    policy = VLoRAPolicy(profile, PAPER)  # switch 5 ms, at most 10% switching: dwell 45 ms
     assert policy.dwell_ms() == pytest.approx(45.0)
     d1 = policy.decide(view(0.0, a_queue()))
     assert d1.mode == Mode.merge("a") and d1.switch
@@ -154,7 +155,7 @@ def test_a_switch_is_followed_by_a_dwell_that_holds_the_weights(profile):
 
 
 def test_idle_keeps_the_mode(profile):
-    d = VLoRAPolicy(profile).decide(view(0.0, mode=Mode.merge("a")))
+    d = VLoRAPolicy(profile, PAPER).decide(view(0.0, mode=Mode.merge("a")))
     assert d.mode == Mode.merge("a") and not d.switch and d.reason == "idle"
 
 
@@ -230,10 +231,75 @@ def test_build_policy_names_what_is_valid(profile):
 
 def test_backfill_admits_other_adapters_instead_of_holding_them(profile):
     queue = a_queue(prompt=1000) + [req("b0", "b", 4.0), req("c0", None, 5.0)]
-    held = VLoRAPolicy(profile).decide(view(10.0, queue))
+    held = VLoRAPolicy(profile, PAPER).decide(view(10.0, queue))
     assert held.mode == Mode.merge("a") and "b0" not in held.admit  # Algorithm 1: b0 waits until it starves
-    d = VLoRAPolicy(profile, VLoRAConfig(backfill=True, mixture_by_cost=False)).decide(view(10.0, queue))
+    d = VLoRAPolicy(profile, VLoRAConfig(decide="algorithm1", backfill=True, mixture_by_cost=False)).decide(view(10.0, queue))
     assert d.mode == Mode.mixture("a") and d.admit == ("a0", "a1", "a2", "a3", "a4", "b0", "a5", "c0")  # arrival order
     assert "backfill" in d.reason
-    alone = VLoRAPolicy(profile, VLoRAConfig(backfill=True)).decide(view(10.0, a_queue()))
+    alone = VLoRAPolicy(profile, VLoRAConfig(decide="algorithm1", backfill=True)).decide(view(10.0, a_queue()))
     assert alone.mode == Mode.merge("a")  # nobody else present: merged, no LoRA work at all
+
+
+# ---- decisions from the cost model (decide="cost", the default) --------------------------------
+def test_cost_holds_other_adapters_when_the_dominant_one_fills_the_batch(profile):
+    policy = VLoRAPolicy(profile)
+    queue = a_queue(10) + [req("b0", "b", 4.5)]  # 10 of a for a batch of 8
+    d = policy.decide(view(10.0, queue))
+    assert d.mode == Mode.merge("a") and d.switch and "b0" not in d.admit and len(d.admit) == 8
+    assert d.reason.startswith("hold(a): cheapest per token")
+    # the choice is the cheapest of the plans the profile prices
+    everyone = [r for r in sorted(queue, key=lambda r: r.arrival_ms)]
+    v = view(10.0, queue)
+    hold = policy.hold_cost(v, "a", [r for r in everyone if r.adapter == "a"])
+    assert hold == policy.plan_cost(v, Mode.mixture("a"), [r for r in everyone if r.adapter == "a"], merged_only=True)
+    assert hold < policy.plan_cost(v, Mode.unmerge(), everyone) and hold < policy.plan_cost(v, Mode.mixture("a"), everyone)
+
+
+def test_cost_never_holds_a_starving_request(profile):
+    policy = VLoRAPolicy(profile)  # default target 5000 ms x tolerance 0.5: starving past 2500 ms
+    d = policy.decide(view(10.0, a_queue(10) + [req("b-old", "b", -3000.0)]))
+    assert d.starving == 1 and d.admit[0] == "b-old" and d.mode.kind in ("mixture", "unmerge")
+    assert "hold(" not in d.reason.split(":")[0]
+
+
+def test_cost_keeps_a_small_mixed_batch_unmerged(profile):
+    """Two of a and one of b: holding b halves the batch and merging costs a switch; unmerge is cheapest."""
+    d = VLoRAPolicy(profile).decide(view(10.0, [req("a0", "a", 0), req("b0", "b", 1), req("a1", "a", 2)]))
+    assert d.mode == Mode.unmerge() and not d.switch and d.admit == ("a0", "b0", "a1")
+    assert d.reason.startswith("unmerge: cheapest per token")
+
+
+def test_cost_picks_mixture_or_unmerge_by_the_profile(profile):
+    """Merged a with a long-running request of b: mixture keeps the weights when deLoRA is cheap; where
+    deLoRA costs more than ATMM for the same tokens (a launch-bound profile), it unmerges."""
+    running = [req("b-run", "b", -50.0, out=100, computed_tokens=100, generated_tokens=3)]
+    running += [req(f"a{i}", "a", float(i), out=100, computed_tokens=100, generated_tokens=1) for i in range(6)]
+    d = VLoRAPolicy(profile).decide(view(10.0, [], running, mode=Mode.merge("a")))
+    assert d.mode == Mode.mixture("a") and not d.switch
+    dear = linear_profile()
+    rows, cols = dear.lora["atmm"].rows, dear.lora["atmm"].cols
+    dear.lora["delora"] = affine(rows, cols, lambda a, t: 6.0 + 0.0 * t)  # 6 ms against ATMM's 2.5-3 ms
+    d = VLoRAPolicy(dear).decide(view(10.0, [], running, mode=Mode.merge("a")))
+    assert d.mode == Mode.unmerge() and d.switch and d.reason.startswith("unmerge:")
+
+
+def test_cost_merged_weights_stay_merged_once_the_others_finish(profile):
+    """hold(a) with b still running is mixture(a) (b is never paused); once b is gone, merge(a)."""
+    policy = VLoRAPolicy(profile)
+    b_run = req("b-run", "b", -50.0, out=10, computed_tokens=100, generated_tokens=8)
+    d = policy.decide(view(10.0, a_queue(10) + [req("b1", "b", 3.5)], [b_run], mode=Mode.mixture("a")))
+    assert d.mode == Mode.mixture("a") and d.pause == () and "b1" not in d.admit
+    d = policy.decide(view(30.0, a_queue(10) + [req("b1", "b", 3.5)], mode=Mode.mixture("a")))
+    assert d.mode == Mode.merge("a") and not d.switch
+
+
+def test_paper_config_is_algorithm_one_as_printed(profile):
+    policy = build_policy("v_lora_paper", profile)
+    assert policy.name == "v_lora_paper" and policy.config.decide == "algorithm1"
+    assert not policy.config.backfill and not policy.config.mixture_by_cost
+    d = policy.decide(view(10.0, a_queue() + [req("b0", "b", 4.0)]))
+    assert d.mode == Mode.merge("a") and d.reason.startswith("merge:")
+    with pytest.raises(ValueError, match="decide 'greedy' is not one of"):
+        VLoRAConfig(decide="greedy")
+    atmm = build_policy("dlora_atmm", profile)
+    assert (atmm.name, atmm.lora_op, atmm.switch_op) == ("dlora_atmm", "atmm", "atmm")

@@ -61,7 +61,7 @@ def test_no_request_waits_past_its_threshold_in_a_long_randomized_run(seed):
     assert _max_overshoot(trace, merge_only, threshold) > 10 * one_step
 
 
-@pytest.mark.parametrize("name", ["v_lora", "dlora", "merge_only"])
+@pytest.mark.parametrize("name", ["v_lora_paper", "dlora", "merge_only"])
 def test_stats_account_for_every_switch(name):
     profile = assumed_profile()
     trace = generate(WorkloadSpec(rate=5.0, duration_s=60.0, skewness=0.9, num_adapters=4, seed=7))
@@ -84,7 +84,7 @@ def test_stats_account_for_every_switch(name):
 def test_every_policy_serves_every_request_deterministically():
     profile = assumed_profile()
     trace = generate(WorkloadSpec(rate=3.0, duration_s=20.0, skewness=0.7, num_adapters=4, base_share=0.1, seed=2))
-    for name in ("v_lora", "merge_only", "unmerge_only", "dlora", "fcfs"):
+    for name in ("v_lora", "v_lora_paper", "merge_only", "unmerge_only", "dlora", "dlora_atmm", "fcfs"):
         first = simulate(trace, build_policy(name, profile), profile).metrics
         again = simulate(trace, build_policy(name, profile), profile).metrics
         assert first.completed == len(trace) and first == again, name
@@ -113,13 +113,13 @@ def test_simulate_command_writes_csv_table_and_plots_and_resumes(tmp_path, capsy
     out = command.run(_compose(overrides))
     folder = tmp_path / "assumed-paper-a100-7b"
     rows = list(csv.DictReader(open(folder / "results.csv")))
-    assert len(rows) == 4 * 5 and {r["policy"] for r in rows} == {"v_lora", "merge_only", "unmerge_only", "dlora",
-                                                                    "fcfs"}
+    assert len(rows) == 4 * 7 and {r["policy"] for r in rows} == {"v_lora", "v_lora_paper", "merge_only",
+                                                                    "unmerge_only", "dlora", "dlora_atmm", "fcfs"}
     assert all((folder / f"latency_vs_{s}.png").stat().st_size > 10_000 for s in ("rate", "skewness", "adapters"))
     assert "ASSUMED" in (folder / "table.md").read_text() and "| 0.9 |" in out["table"]
     assert (folder / "profile.json").is_file()
     command.run(_compose(overrides))
-    assert len(list(csv.DictReader(open(folder / "results.csv")))) == 20, "a rerun keeps the finished points"
+    assert len(list(csv.DictReader(open(folder / "results.csv")))) == 4 * 7, "a rerun keeps the finished points"
     assert "[1/" not in capsys.readouterr().err.split("profile:")[-1]
 
     trace = write_trace(tmp_path / "t.jsonl", generate(WorkloadSpec(rate=3.0, duration_s=5.0, seed=1)))

@@ -26,8 +26,10 @@ of every point under out_dir/<device>/, prints the tables.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import gc
+import json
 import sys
 import tempfile
 import time
@@ -39,14 +41,16 @@ import torch
 
 from bench.engine import WORDS, build_random_model
 from bench.serving_replay import build_requests, replay
+from bench.serving_stats import capacity_rps, plot_points, summarize_points, summary_table, verdicts
 from serve.orchestrator import POLICIES, Mode, WorkloadSpec, build_policy, generate, video_analytics, \
     visual_retrieval, write_trace
 from serve.sim.evaluate import METRIC_COLUMNS, EvalJob, points
-from serve.sim.report import metrics_table, plot, table
+from serve.sim.report import plot
 from .results import device_label, results_dir, write_csv, write_json
 
 COLUMNS = ("sweep", "x", "policy", "seed", "rate", "skewness", *METRIC_COLUMNS, "aborted", "steps_unmerge",
            "steps_merge", "steps_mixture", "replay_s")
+SWEEPS = ("rate", "skewness", "load")
 
 
 @dataclass
@@ -63,9 +67,17 @@ class ServingBenchJob:
     policies: tuple = ("v_lora", "unmerge_only", "dlora", "merge_only")
     rates: tuple[float, ...] = (16.0,)  # requests/s; the rate sweep runs at base_skewness
     skewness: tuple[float, ...] = (0.3, 0.6, 0.9)  # the skewness sweep runs at base_rate
-    sweeps: tuple[str, ...] = ("skewness",)  # rate | skewness
+    sweeps: tuple[str, ...] = ("skewness",)  # rate | skewness | load
     base_rate: float | None = None  # default: the largest of `rates`
     base_skewness: float | None = None  # default: the middle of `skewness`
+    # load sweep: at each skewness, rates at these shares of unmerge-only's capacity (measured first
+    # on a burst of capacity_requests requests, or capacity_rps when given, or a capacity.json left
+    # in the results folder by an earlier run)
+    loads: tuple[float, ...] = (0.6, 0.85)
+    capacity_rps: float | None = None
+    capacity_requests: int = 192
+    seeds: tuple[int, ...] = ()  # traces per point (different arrivals and adapters); () = (seed,)
+    tag: str = ""  # a subfolder of the device's results folder (e.g. the adapter shape)
     arrival: str = "poisson"
     duration_s: float = 20.0  # arrivals per point
     drain_s: float = 30.0  # after the last arrival, requests still unfinished this long are aborted
@@ -92,9 +104,16 @@ class ServingBenchJob:
     out_dir: str = "results/serving"
 
     def __post_init__(self) -> None:
-        bad = sorted(set(self.sweeps) - {"rate", "skewness"})
+        for name in ("loads", "seeds"):
+            value = getattr(self, name)
+            setattr(self, name, (value,) if isinstance(value, (int, float)) else tuple(value))
+        bad = sorted(set(self.sweeps) - set(SWEEPS))
         if bad or not self.sweeps:
-            raise ValueError(f"sweeps {list(self.sweeps)}: give one or both of 'rate', 'skewness'")
+            raise ValueError(f"sweeps {list(self.sweeps)}: give one or more of {SWEEPS}")
+        if "load" in self.sweeps and (not self.loads or any(not 0 < x <= 2 for x in self.loads)):
+            raise ValueError(f"loads {list(self.loads)}: shares of capacity in (0, 2] for the load sweep")
+        if self.capacity_requests < 10:
+            raise ValueError(f"capacity_requests must be >= 10, got {self.capacity_requests}")
         if not self.policies or not self.rates or not self.skewness:
             raise ValueError("policies, rates and skewness must each hold at least one value")
         for name in ("targets", "adapter_dirs", "rates", "skewness", "sweeps", "policies"):
@@ -237,14 +256,65 @@ def mode_steps(engine, job: ServingBenchJob) -> list[dict]:
     return rows
 
 
+def _points(job: ServingBenchJob, capacity: float | None) -> list[tuple[str, float, WorkloadSpec]]:
+    """(sweep, x, workload) of every point: the rate and skewness sweeps as in the simulator, the
+    load sweep as every (skewness, share of capacity) pair."""
+    spec = job.workload()
+    evaljob = EvalJob(policies=job.policy_params(), workload=spec, rates=list(job.rates), skewness=list(job.skewness),
+                      sweeps=[w for w in job.sweeps if w != "load"], max_batch_size=job.max_batch_size)
+    todo = points(evaljob) if evaljob.sweeps else []
+    if "load" in job.sweeps:
+        todo += [("load", load, dataclasses.replace(spec, rate=load * capacity, skewness=skew))
+                 for skew in job.skewness for load in job.loads]
+    return todo
+
+
+def measure_capacity(engine, job: ServingBenchJob, names: list[str], out: Path) -> dict:
+    """Unmerge-only's capacity (requests/s) on a burst of the job's workload at its middle
+    skewness: every request arrives within the first 0.1 s, and the served rate is read off the
+    middle 80% of the finishes (bench.serving_stats.capacity_rps). Written to capacity.json."""
+    spec = job.workload()
+    burst = dataclasses.replace(spec, rate=job.capacity_requests / 0.1, duration_s=0.1, seed=job.seed + 7 * 10**5)
+    trace = generate(burst)
+    requests = build_requests(trace, names, job.image_size, burst.seed, sum(job.text_tokens) // 2, job.video_frames[1])
+    _use_policy(engine, "unmerge_only", {})
+    records: dict = {}
+    m, extra = replay(engine, trace, requests, job.drain_s + 120.0, job.prepare_threads, records_out=records)
+    finish = [r.finish_ms for r in records.values() if r.finish_ms is not None]
+    cap = dict(capacity_rps=capacity_rps(finish), requests=len(trace), completed=m["completed"],
+               skewness=burst.skewness, policy="unmerge_only", span_s=extra["replay_s"], date=time.strftime("%Y-%m-%d"))
+    write_json(out / "capacity.json", cap)
+    print(f"capacity: unmerge-only serves {cap['capacity_rps']:.2f} requests/s ({len(trace)}-request burst, "
+          f"{m['completed']} done in {extra['replay_s']:.1f} s)", file=sys.stderr, flush=True)
+    return cap
+
+
+def _done_rows(path: Path) -> dict[tuple, dict]:
+    """Rows of an earlier run of the same folder, by (sweep, x, skewness, policy, seed): a rerun
+    replays only the rest (a device call may end before every point is done)."""
+    if not path.is_file():
+        return {}
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = {}
+    for r in rows:
+        for k in COLUMNS:
+            if k not in ("sweep", "policy") and r.get(k, "") != "":
+                r[k] = float(r[k]) if any(c in r[k] for c in ".en") else int(r[k])
+        out[(r["sweep"], float(r["x"]), float(r["skewness"]), r["policy"], int(r["seed"]))] = r
+    return out
+
+
 def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
-    """Runs every (point, policy); writes CSV / JSON / plots under out_dir/<device>/ and returns (rows, meta)."""
+    """Runs every (point, seed, policy) not already in the folder's serving.csv; writes CSV / JSON /
+    plots under out_dir/<device>[/tag]/ and returns (rows, meta)."""
     if job.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("device=cuda asked for but no CUDA device is available; use device=cpu with a tiny model")
     gpu = device_label(job.device)
-    out = results_dir(job.out_dir, gpu)
+    out = results_dir(job.out_dir, gpu) / job.tag if job.tag else results_dir(job.out_dir, gpu)
     out.mkdir(parents=True, exist_ok=True)
     policies = job.policy_params()
+    seeds = job.seeds or (job.seed,)
     first = next(((n, p) for n, p in policies.items() if n != "fcfs"), ("fcfs", {}))
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     t0 = time.perf_counter()
@@ -253,11 +323,17 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
     engine.cost_profile.save(out / "profile.json")
     _warm_up(engine, job, names)
     modes = mode_steps(engine, job) if job.mode_other_shares else []
-    spec = job.workload()
-    evaljob = EvalJob(policies=policies, workload=spec, rates=list(job.rates), skewness=list(job.skewness),
-                      sweeps=list(job.sweeps), max_batch_size=job.max_batch_size)
-    rows, done = [], {}  # the same workload is run once even if two sweeps share it
-    todo = points(evaljob)
+    capacity = None
+    if "load" in job.sweeps:
+        saved = out / "capacity.json"
+        if job.capacity_rps is not None:
+            capacity = dict(capacity_rps=job.capacity_rps, given=True)
+        elif saved.is_file():
+            capacity = json.loads(saved.read_text())
+        else:
+            capacity = measure_capacity(engine, job, names, out)
+    todo = _points(job, capacity["capacity_rps"] if capacity else None)
+    done = _done_rows(out / "serving.csv")
     if job.warmup_s > 0:
         warm = generate(dataclasses.replace(todo[0][2], duration_s=job.warmup_s, seed=job.seed + 10**6))
         warm_requests = build_requests(warm, names, job.image_size, job.seed + 10**6, sum(job.text_tokens) // 2,
@@ -265,41 +341,60 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
         for name, params in policies.items():
             _use_policy(engine, name, params)
             replay(engine, warm, warm_requests, job.drain_s, job.prepare_threads)
-    for i, (sweep, x, point) in enumerate(todo, 1):
-        trace = generate(point)
-        write_trace(out / f"trace_{sweep}_{x:g}.jsonl", trace, point)
-        requests = build_requests(trace, names, job.image_size, job.seed, sum(job.text_tokens) // 2,
-                                  job.video_frames[1])
-        for name, params in policies.items():
-            key = (point.rate, point.skewness, name)
-            if key not in done:
-                _use_policy(engine, name, params)
-                done[key] = replay(engine, trace, requests, job.drain_s, job.prepare_threads)
-                engine.planner.apply(Mode.unmerge())
-            m, extra = done[key]
-            row = {"sweep": sweep, "x": x, "policy": name, "seed": job.seed, "rate": point.rate,
-                   "skewness": point.skewness, **{k: m[k] for k in METRIC_COLUMNS}, **extra}
-            rows.append(row)
-            print(f"[{i}/{len(todo)}] {sweep}={x:g} {name}: {row['avg_token_latency_ms']:.2f} ms/token, "
-                  f"p95 {row['p95_ms']:.0f} ms, {row['completed']}/{row['requests']} done, "
-                  f"{row['switches']} switches ({row['switch_ms']:.1f} ms)", file=sys.stderr, flush=True)
+    rows = []
+    n = len(todo) * len(seeds) * len(policies)
+    for sweep, x, point in todo:
+        for seed in seeds:
+            spec = dataclasses.replace(point, seed=seed)
+            trace = requests = None
+            for name, params in policies.items():
+                key = (sweep, float(x), float(spec.skewness), name, int(seed))
+                if key not in done:
+                    if trace is None:
+                        trace = generate(spec)
+                        write_trace(out / f"trace_{sweep}_{x:g}_skew{spec.skewness:g}_seed{seed}.jsonl", trace, spec)
+                        requests = build_requests(trace, names, job.image_size, seed, sum(job.text_tokens) // 2,
+                                                  job.video_frames[1])
+                    _use_policy(engine, name, params)
+                    m, extra = replay(engine, trace, requests, job.drain_s, job.prepare_threads)
+                    engine.planner.apply(Mode.unmerge())
+                    done[key] = {"sweep": sweep, "x": x, "policy": name, "seed": seed, "rate": spec.rate,
+                                 "skewness": spec.skewness, **{k: m[k] for k in METRIC_COLUMNS}, **extra}
+                    write_csv(out / "serving.csv", done.values(), COLUMNS)  # after every replay: resumable
+                row = done[key]
+                rows.append(row)
+                print(f"[{len(rows)}/{n}] {sweep}={x:g} skew={spec.skewness:g} seed={seed} {name}: "
+                      f"{row['avg_token_latency_ms']:.2f} ms/token, p95 {row['p95_ms']:.0f} ms, "
+                      f"{row['completed']}/{row['requests']} done, {row['switches']} switches "
+                      f"({row['switch_ms']:.1f} ms)", file=sys.stderr, flush=True)
     meta = dict(device=gpu, date=time.strftime("%Y-%m-%d"), engine_load_s=load_s, adapters=names, modes=modes,
-                profile=engine.cost_profile.to_dict(), torch=torch.__version__,
+                capacity=capacity, seeds=list(seeds), profile=engine.cost_profile.to_dict(), torch=torch.__version__,
                 transformers=__import__("transformers").__version__, job=dataclasses.asdict(job))
     profile = engine.cost_profile
     del engine
     gc.collect()
-    _write(rows, meta, out, profile)
+    _write(list(done.values()), meta, out, profile)
     return rows, meta
 
 
 def _write(rows: list[dict], meta: dict, out: Path, profile) -> None:
+    """Every row of the folder (this run's and earlier ones'): the CSV, the summary over seeds with
+    95% intervals and the verdicts against the fixed policies, plots, tables."""
     if meta["modes"]:
         write_csv(out / "modes.csv", meta["modes"])
     write_csv(out / "serving.csv", rows, COLUMNS)
-    write_json(out / "serving.json", {"meta": meta, "rows": rows})
-    meta["plots"] = [str(p) for p in plot(rows, profile, out)]
-    print(table(rows, profile))
-    for sweep, x in dict.fromkeys((r["sweep"], r["x"]) for r in rows):
-        print(f"\n{sweep} = {x:g}")
-        print(metrics_table({r["policy"]: r for r in rows if r["sweep"] == sweep and r["x"] == x}))
+    summary = summarize_points(rows)
+    write_csv(out / "summary.csv", summary)
+    checks = verdicts(summary)
+    if checks:
+        write_csv(out / "verdicts.csv", checks)
+    write_json(out / "serving.json", {"meta": meta, "rows": rows, "summary": summary, "verdicts": checks})
+    single = [r for r in rows if r["sweep"] != "load"]
+    meta["plots"] = [str(p) for p in plot(single, profile, out)] if single else []
+    meta["plots"] += [str(p) for p in plot_points(summary, out, f"{meta['device']}, {', '.join(meta['job']['targets'])}"
+                                                                 f" rank {meta['job']['rank']}")]
+    print(summary_table(summary))
+    for c in checks:
+        print(f"{c['sweep']}={c['x']:g} skew={c['skewness']:g}: v_lora / best fixed ({c['best_fixed']}) "
+              f"{c['ratio_best']:.3f}, / unmerge-only {c['ratio_unmerge']:.3f}"
+              f"{'' if c['overlap'] else ' (intervals apart)'}")

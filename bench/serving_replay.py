@@ -45,7 +45,7 @@ def build_requests(trace: Sequence[RequestView], names: Sequence[str], image_siz
 
 
 def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], drain_s: float,
-           prepare_threads: int = 4) -> tuple[dict, dict]:
+           prepare_threads: int = 4, records_out: dict | None = None) -> tuple[dict, dict]:
     """Serves the trace in real time. Returns (Metrics.as_row() of the run, extra columns: aborted
     requests, steps per mode kind, replay seconds). Requests unfinished `drain_s` after the last
     arrival are aborted and count as not completed. The engine's prefix and encoder caches are
@@ -54,12 +54,14 @@ def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], dr
     theirs: replays against them must carry inputs of their own.) prepare_threads: threads that
     run engine.prepare for arriving requests, as the RPC server's connections do (0: add_request
     preprocesses on the stepping thread); an engine without `prepare` (replicas, which preprocess
-    on their side) is given the raw requests."""
+    on their side) is given the raw requests. records_out: filled with each request's
+    RequestRecord (its times from the replay's start), for callers that need more than the summary."""
     if hasattr(engine, "drop_caches"):
         engine.drop_caches()
     before = engine.stats()
-    records = {r.request_id: RequestRecord(r.request_id, r.app, r.adapter, r.arrival_ms, r.prompt_tokens,
-                                           r.output_tokens, r.slo_ms) for r in trace}
+    records = records_out if records_out is not None else {}
+    records.update({r.request_id: RequestRecord(r.request_id, r.app, r.adapter, r.arrival_ms, r.prompt_tokens,
+                                           r.output_tokens, r.slo_ms) for r in trace})
     prepare = getattr(engine, "prepare", None) if prepare_threads > 0 else None
     pool = ThreadPoolExecutor(prepare_threads, thread_name_prefix="prepare") if prepare is not None else None
     preparing: deque = deque()  # (request index, future of its preprocessing), in arrival order

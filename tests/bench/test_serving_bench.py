@@ -9,6 +9,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from adapter_cases import build_adapters
 from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread here)
 
@@ -31,16 +33,16 @@ def test_serving_bench_two_policies(vlora_home, tmp_path):
         targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         adapter_dirs=tuple(f"{n}={p}" for n, p in adapters.items()), rates=(6.0,),
         # D = the requests present: a lone request of one adapter dominates, so V-LoRA's policy switches
-        policies=({"name": "v_lora", "share_of": "present", "max_switch_share": 1.0}, "unmerge_only"),
+        policies=({"name": "v_lora_paper", "share_of": "present", "max_switch_share": 1.0}, "unmerge_only"),
         skewness=(0.8,), duration_s=2.0, drain_s=20.0, warmup_s=1.0, image_size=56, video_frames=(1, 2),
         video_output_tokens=(2, 3), retrieval_output_tokens=(4, 8), text_tokens=(4, 12), max_batch_size=8,
         max_tokens_per_step=1024, profile="assumed", mode_other_shares=(0.5,), mode_decode_seqs=4,
         mode_prefill=(2, 32), out_dir=str(tmp_path / "out"))
     rows, meta = run_serving_bench(job)
 
-    assert [r["policy"] for r in rows] == ["v_lora", "unmerge_only"]
+    assert [r["policy"] for r in rows] == ["v_lora_paper", "unmerge_only"]
     out = tmp_path / "out" / "cpu"
-    trace = read_trace(out / "trace_skewness_0.8.jsonl")
+    trace = read_trace(out / "trace_skewness_0.8_skew0.8_seed0.jsonl")
     assert len(trace) >= 2 and {r.adapter for r in trace} <= {"adapter-000", "adapter-001"}
     assert {(r.app, r.output_mode) for r in trace} >= {("video_analytics", "head"), ("video_analytics", "generate")}
     for r in rows:
@@ -65,6 +67,48 @@ def test_serving_bench_two_policies(vlora_home, tmp_path):
         [("decode", 4, 4, 2), ("prefill", 2, 32, 1)]
     assert all(m["plain_ms"] > 0 and m["unmerge_ms"] > 0 and m["mixture_ms"] > 0 for m in modes)
     assert (out / "modes.csv").is_file()
+
+
+def test_load_sweep_measures_capacity_repeats_seeds_and_resumes(vlora_home, tmp_path):
+    """The load sweep: unmerge-only's capacity from a burst, each point at a share of it, several
+    seeds per point summarized with a 95% interval, V-LoRA held against the fixed policies; a rerun
+    of the folder replays nothing it already has."""
+    from zoo import build_checkpoint
+
+    ckpt = build_checkpoint("qwen2_vl_tiny", vlora_home / "zoo" / "qwen2_vl_tiny")
+    adapters = build_adapters(ckpt, tmp_path / "adapters", ("qv8", "all16"))
+    job = ServingBenchJob(
+        checkpoint=str(ckpt), device="cpu", dtype="float32", rank=16,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        adapter_dirs=tuple(f"{n}={p}" for n, p in adapters.items()), video_head_share=0.0,
+        policies=("v_lora", "unmerge_only"), sweeps=("load",), loads=(0.5,), skewness=(0.8,), seeds=(0, 1),
+        capacity_requests=12, duration_s=1.0, drain_s=20.0, warmup_s=0.0, image_size=56, video_frames=(1, 1),
+        video_output_tokens=(2, 2), retrieval_output_tokens=(2, 4), text_tokens=(4, 8), max_batch_size=4,
+        max_tokens_per_step=512, profile="assumed", mode_other_shares=(), out_dir=str(tmp_path / "out"),
+        tag="r16_all")
+    rows, meta = run_serving_bench(job)
+    out = tmp_path / "out" / "cpu" / "r16_all"
+    cap = json.loads((out / "capacity.json").read_text())
+    assert cap["capacity_rps"] > 0 and cap["requests"] >= 10 and cap["completed"] == cap["requests"]
+    assert [(r["policy"], r["seed"]) for r in rows] == [("v_lora", 0), ("unmerge_only", 0), ("v_lora", 1),
+                                                       ("unmerge_only", 1)]
+    assert all(r["rate"] == pytest.approx(0.5 * cap["capacity_rps"]) and r["x"] == 0.5 for r in rows)
+    assert rows[0]["requests"] != rows[2]["requests"] or rows[0]["avg_latency_ms"] != rows[2]["avg_latency_ms"]
+    with open(out / "summary.csv", newline="") as f:
+        summary = {r["policy"]: r for r in csv.DictReader(f)}
+    assert set(summary) == {"v_lora", "unmerge_only"}
+    for policy, s in summary.items():
+        values = [r["avg_token_latency_ms"] for r in rows if r["policy"] == policy]
+        assert int(s["seeds"]) == 2 and float(s["mean"]) == pytest.approx(sum(values) / 2)
+        assert math.isfinite(float(s["ci95"])) and float(s["ci95"]) >= 0
+    with open(out / "verdicts.csv", newline="") as f:
+        (verdict,) = list(csv.DictReader(f))
+    assert verdict["best_fixed"] == "unmerge_only" and float(verdict["ratio_best"]) == pytest.approx(
+        float(summary["v_lora"]["mean"]) / float(summary["unmerge_only"]["mean"]))
+    assert (out / "latency_vs_load_ci.png").stat().st_size > 1000
+    again, _ = run_serving_bench(job)  # resumes: every row is read back, none replayed
+    assert [(r["policy"], r["seed"], r["replay_s"]) for r in again] == \
+        [(r["policy"], r["seed"], pytest.approx(r["replay_s"])) for r in rows]
 
 
 def test_replay_preprocesses_off_the_stepping_thread(vlora_home):

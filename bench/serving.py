@@ -323,6 +323,8 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
     engine.cost_profile.save(out / "profile.json")
     _warm_up(engine, job, names)
     modes = mode_steps(engine, job) if job.mode_other_shares else []
+    if modes:  # now, not with the replays' files: a run cut short keeps them
+        write_csv(out / "modes.csv", modes)
     capacity = None
     if "load" in job.sweeps:
         saved = out / "capacity.json"

@@ -50,9 +50,9 @@ What Algorithm 1 leaves to the implementation, and what we added after measuring
   decode step of the batch it would run (the running requests plus those it admits) in
   mixture(a) and in unmerge, each with the switches it needs spread over the steps the requests
   of other adapters still have to run; when unmerge is cheaper it unmerges (the starving first).
-  Where the LoRA branch costs about the same whatever the number of tokens (launch-bound decode
-  on a fast GPU), deLoRA's second pass makes mixture dearer than unmerge, and the measured
-  profile says so;
+  At decode, where the LoRA branch is bound by reading adapter weights rather than by tokens,
+  mixture reads about as many bytes as unmerge (the other adapters' plus the merged one's), so
+  it rarely wins there; in prefill it does;
 - anti-thrash: a switch costing s ms is followed by a dwell of s * (1 - max_switch_share) /
   max_switch_share ms in which the weights stay (the policy holds mixture(current) or unmerge,
   which can run every request, so the starving are still admitted first). That bounds the

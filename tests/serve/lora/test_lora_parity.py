@@ -107,6 +107,8 @@ def test_forced_preemption_with_adapters_keeps_the_outputs(name, tiny_zoo, adapt
 
 
 def test_the_triton_path_computes_what_the_torch_path_computes(tiny_zoo, adapter_dirs):
+    if torch.cuda.is_available():  # a CPU engine's Triton kernels run only under the interpreter (CPU hosts)
+        pytest.skip("CPU hosts only; on a GPU test_lora_graph_decode_matches_eager_decode_on_gpu runs the kernels")
     # bf16 so the ATMM kernels (Triton interpreter on CPU) run, against the same engine on the PyTorch op;
     # short token prompts keep the interpreter's work small
     name = "qwen2_vl_tiny"

@@ -150,8 +150,8 @@ def test_set_mode_errors(engine):
 @pytest.mark.gpu
 def test_mixture_graph_decode_matches_eager_on_gpu(setup):
     """bf16 on a GPU: mixture decode steps replay their graph (deLoRA in one LoRA call, the merged
-    slot read from a buffer) and give the
-    eager mixture's tokens; the merged adapter's requests and the others run together."""
+    slot read from a buffer) and give the eager mixture's tokens; the merged adapter's requests and
+    the others run together."""
     ckpt, adapters = setup
     outs = {}
     for graphs in (True, False):

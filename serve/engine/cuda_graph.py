@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from serve.forward.context import StepContext, step_context
+from serve.lora.modes import MixtureBatch
 from .inputs import StepInputs
 from .kv_cache import KVCache
 
@@ -95,7 +96,7 @@ class DecodeGraphs:
         ctx = inputs.context
         if ctx.lora is None:
             lora_ok = True
-        elif getattr(ctx.lora, "has_delora", False):
+        elif isinstance(ctx.lora, MixtureBatch):
             lora_ok = self.mixture_buffers is not None and ctx.lora.op is self.mixture_buffers.op
         else:  # the operator captured, not another one (dLoRA's einsum runs eagerly)
             lora_ok = self.lora_buffers is not None and ctx.lora.op is self.lora_buffers.op
@@ -115,7 +116,7 @@ class DecodeGraphs:
         self.context_lens[:b].copy_(ctx.context_lens)
         self.context_lens[b:bs].fill_(1)
         self.block_tables[:b, :ctx.block_tables.shape[1]].copy_(ctx.block_tables)
-        if getattr(ctx.lora, "has_delora", False):  # mixture: the mixed-in slot is written too
+        if isinstance(ctx.lora, MixtureBatch):  # mixture: the mixed-in slot is written too
             self.mixture_buffers.load(ctx.lora, bs)
             self.mixture_graphs[bs].replay()
         elif ctx.lora is not None:  # unmerged

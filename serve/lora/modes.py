@@ -26,6 +26,7 @@ at its row (a view), so switches then run in place with no copy.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from itertools import accumulate
@@ -44,8 +45,6 @@ class MixtureBatch(LoraBatch):
     """A step's metadata while the weights hold adapter slot `merged_slot`: `slot_ids` gives every
     token not of the merged adapter its own slot (-2: no adapter of its own), the merged
     adapter's tokens -1 (no LoRA work); the segments carry `merged_slot` as the mixed-in slot."""
-
-    has_delora = True  # what the CUDA-graph runner checks to replay the mixture graph
 
     def __init__(self, slot_ids: tuple[int, ...], merged_slot: int, device, op):
         super().__init__(slot_ids, device, op)
@@ -66,19 +65,17 @@ def build_mixture_batch(slots: list[int], merged_slot: int, device: torch.device
 
 
 class MixtureGraphBuffers(LoraGraphBuffers):
-    """Metadata buffers of a mixture step captured in a CUDA graph: the segments (one more than an
-    unmerged graph's: the tokens of no adapter take only the mixed-in part) and the mixed-in slot,
-    written before each replay, so one graph per bucket serves whichever adapter is merged."""
+    """Metadata buffers of a mixture step captured in a CUDA graph: the segments and the mixed-in
+    slot, written before each replay, so one graph per bucket serves whichever adapter is merged.
+    A mixture batch has at most as many segments as an unmerged one: the merged adapter's tokens
+    form none, the tokens of no adapter (mixed-in part only) one."""
 
     def __init__(self, max_batch: int, num_slots: int, device: torch.device, backend: str):
-        super().__init__(max_batch + 1, num_slots + 1, device, backend)
+        super().__init__(max_batch, num_slots, device, backend)
         self.mix_slot = torch.zeros(1, dtype=torch.int32, device=device)
 
     def static_batch(self, bs: int) -> MixtureBatch:
-        g = self.num_segments(bs)
-        meta = SegmentMeta(self.token_order[:bs], self.seg_slot[:g], self.seg_start[:g], self.seg_len[:g],
-                           num_tokens=bs, num_segments=g, max_seg_len=bs, host_segments=(), mix_slot=self.mix_slot,
-                           host_mix_slot=0)
+        meta = dataclasses.replace(super().static_batch(bs).segments, mix_slot=self.mix_slot, host_mix_slot=0)
         batch = MixtureBatch((), 0, self.token_order.device, self.op)
         batch.__dict__["segments"] = meta
         return batch

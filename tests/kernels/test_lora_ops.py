@@ -223,3 +223,24 @@ def test_mixture_metadata_is_checked():
         build_segments([0, -2])  # -2 means something only in a mixture batch
     with pytest.raises(ValueError, match="mix_slot must be a pool slot"):
         build_segments([0], mix_slot=-1)
+
+
+def test_mixture_graph_buffers_compute_what_the_step_metadata_computes():
+    """The CUDA-graph path's fixed buffers (serve.lora.MixtureGraphBuffers: the bucket's static
+    metadata, loaded before each replay) give the same y as the step's own mixture metadata, for
+    batches with every slot used and the merged slot moved between loads."""
+    from serve.lora.modes import MixtureGraphBuffers, build_mixture_batch
+
+    n_slots, bs, slices = 4, 8, (32,)
+    lora_a, lora_b, ranks, scales = make_pool(n_slots, slices, 32, 16, torch.float16, seed=11)
+    buffers = MixtureGraphBuffers(bs, n_slots, lora_a.device, "triton")
+    static = buffers.static_batch(bs)
+    for merged, slots in ((0, [1, 2, 3, -1, 0, 3, -1]), (3, [0, 1, 2, -1, 3, 3, 0, 1]), (2, [2, 2, 1])):
+        batch = build_mixture_batch(slots, merged, lora_a.device, "triton")
+        x, y0, _ = make_batch(bs, 32, 32, [-1] * bs, torch.float16, seed=merged)
+        direct = add_lora(y0[:len(slots)].clone(), x[:len(slots)], lora_a, lora_b, batch.segments, ranks, scales,
+                          slices)
+        buffers.load(batch, bs)
+        replayed = add_lora(y0.clone(), x, lora_a, lora_b, static.segments, ranks, scales, slices)
+        assert torch.equal(replayed[:len(slots)], direct)
+        assert torch.equal(replayed[len(slots):], y0[len(slots):]), "padding rows are untouched"

@@ -211,13 +211,9 @@ def serving_engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str,
 def _use_policy(engine, name: str, params: dict) -> None:
     """Puts policy `name` (fresh state) in charge of the engine, the weights unmerged."""
     engine.planner.apply(Mode.unmerge())
-    # the planner points the engine's unmerged LoRA at the policy's operator (dLoRA: einsum)
+    # the planner points the engine's operators at the policy's (dLoRA: einsum, per-layer switches)
     engine.planner.policy = None if name == "fcfs" else build_policy(name, engine.cost_profile, params)
     engine.config.policy = name
-    if engine.lora is not None and engine.lora.merger is not None:  # the policy's switch: one-shot or per layer
-        default = "one_shot" if engine.device.type == "cuda" else "addmm"
-        policy = engine.planner.policy
-        engine.lora.merger.method = "addmm" if getattr(policy, "switch_op", "atmm") == "addmm" else default
 
 
 def _warm_up(engine, job: ServingBenchJob, names: list[str]) -> None:

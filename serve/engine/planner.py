@@ -77,11 +77,11 @@ class StepPlanner:
 
     @policy.setter
     def policy(self, policy: Policy | None) -> None:
-        """A policy plans with the cost of its unmerged operator, so the steps run that one (dLoRA's
-        einsum, or ATMM); no policy: ATMM."""
+        """A policy plans with the cost of its operators, so the steps and switches run those
+        (dLoRA's einsum and per-layer switches, or ATMM and the one-shot switch); no policy: ATMM."""
         self._policy = policy
         if hasattr(self.adapters, "use_operator"):
-            self.adapters.use_operator(getattr(policy, "lora_op", "atmm"))
+            self.adapters.use_operator(getattr(policy, "lora_op", "atmm"), getattr(policy, "switch_op", "atmm"))
 
     # ---- switching -------------------------------------------------------------------------
     def apply(self, mode: Mode) -> Mode:

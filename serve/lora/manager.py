@@ -86,6 +86,7 @@ class AdapterManager:
         self._versions = itertools.count(1)
         self.counters = {"swaps": 0, "slot_evictions": 0, "host_reads": 0, "swap_bytes": 0}
         self.merger: WeightMerger | None = None  # built by enable_modes(): restacks the projection weights
+        self.switch_method: str | None = None  # a policy's per-layer switches ("addmm"); None: the merger's own
         self.sync_swaps = False  # True: ready() waits for a swap-in instead of deferring its requests
         self.merged: str | None = None  # the adapter folded into the base weights (merge / mixture mode)
         self.switch_times_ms: list[float] = []  # one entry per fold in or out
@@ -120,7 +121,7 @@ class AdapterManager:
         return total
 
     def _fold(self, name: str, sign: int) -> float:
-        ms = self.merger.fold(self.get(name).slot, sign)
+        ms = self.merger.fold(self.get(name).slot, sign, self.switch_method)
         self.switch_times_ms.append(ms)
         return ms
 
@@ -302,12 +303,17 @@ class AdapterManager:
             return build_mixture_batch(slot_ids, self.slot_of(self.merged), self.device, self.backend)
         return build_lora_batch(slot_ids, self.device, self.backend)
 
-    def use_operator(self, op: str) -> None:
-        """The unmerged LoRA operator a scheduling policy plans with: "atmm" (the configured backend:
-        ATMM on GPU) or "einsum" (dLoRA's; eager). Steps built after the call use it."""
+    def use_operator(self, op: str, switch_op: str = "atmm") -> None:
+        """The operators a scheduling policy plans with: unmerged LoRA "atmm" (the configured backend:
+        ATMM on GPU) or "einsum" (dLoRA's; eager), and switches "atmm" (the configured switch
+        method: one-shot on GPU) or "addmm" (per layer, dLoRA's). Steps and switches after the call
+        use them."""
         if op not in ("atmm", "einsum"):
             raise ValueError(f"LoRA operator {op!r} is not one of atmm, einsum")
+        if switch_op not in ("atmm", "addmm"):
+            raise ValueError(f"switch operator {switch_op!r} is not one of atmm, addmm")
         self.backend = self.configured_backend if op == "atmm" else "einsum"
+        self.switch_method = None if switch_op == "atmm" else "addmm"  # None: the merger's own
 
     def graph_buffers(self, max_batch: int) -> LoraGraphBuffers | None:
         """Fixed metadata buffers for CUDA-graph decode, or None when the backend cannot be captured."""

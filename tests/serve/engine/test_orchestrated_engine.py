@@ -82,6 +82,7 @@ def test_baseline_policies_keep_tokens(setup, policy):  # noqa: F811
     engine = make_engine(setup, max_batch_size=4, policy=policy)
     # each policy's steps run the operator it plans with: dLoRA's einsum, or the engine's own
     assert engine.lora.backend == ("einsum" if policy == "dlora" else engine.lora.configured_backend)
+    assert engine.lora.switch_method == ("addmm" if policy == "dlora" else None)  # dLoRA's per-layer switches
     done, modes = drive(engine)
     assert {r: o.token_ids for r, o in done.items()} == {r: o.token_ids for r, o in ref.items()}
     if policy == "unmerge_only":

@@ -161,6 +161,13 @@ class VLoRAPolicy(Policy):
         return sorted((r for r in view.waiting if urgency[r.request_id] > 1),
                       key=lambda r: (-urgency[r.request_id], r.arrival_ms, r.request_id))
 
+    @staticmethod
+    def _everyone(view: StepView, starving: list[RequestView]) -> list[RequestView]:
+        """Every waiting request in the order a mode that runs everyone admits them: the starving
+        (most overdue first), then the rest in arrival order."""
+        ids = {r.request_id for r in starving}
+        return starving + fcfs(r for r in view.waiting if r.request_id not in ids)
+
     def _top(self, present: list[RequestView], cur: str | None) -> tuple[Counter, str | None]:
         """Requests per adapter and the most requested adapter (ties: the merged one, then the earliest)."""
         counts = Counter(r.adapter for r in present if r.adapter is not None)
@@ -219,8 +226,7 @@ class VLoRAPolicy(Policy):
         cur = view.mode.merged_adapter
         present = [*view.waiting, *view.running]
         counts, top = self._top(present, cur)
-        starving_ids = {r.request_id for r in starving}
-        everyone = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+        everyone = self._everyone(view, starving)
         plans = [(Mode.unmerge(), everyone, "unmerge", self.plan_cost(view, Mode.unmerge(), everyone))]
         for a in dict.fromkeys(x for x in (cur, top) if x is not None):
             plans.append((Mode.mixture(a), everyone, f"mixture({a})", self.plan_cost(view, Mode.mixture(a), everyone)))
@@ -253,7 +259,7 @@ class VLoRAPolicy(Policy):
         share = f"{top} holds {counts[top] if top else 0}/{denom}" if top else "no adapter requests"
 
         # every mode that runs everyone (unmerge, backfilled mixture, a dwell) admits in this order
-        everyone = starving + fcfs(r for r in view.waiting if r.request_id not in starving_ids)
+        everyone = self._everyone(view, starving)
         if dominated and few_starving:
             if cfg.backfill:  # nobody is held back: everyone in arrival order, the others through deLoRA
                 admit = everyone
@@ -288,12 +294,9 @@ class VLoRAPolicy(Policy):
         since = view.now_ms - self.last_switch_ms
         if target.merged_adapter != cur and since < self.dwell_ms():
             # hold the weights; both hold modes run everyone, the starving first
-            ids = {r.request_id for r in starving}
-            admit = starving + fcfs(r for r in view.waiting if r.request_id not in ids)
+            admit = self._everyone(view, starving)
             target = Mode.unmerge() if cur is None else Mode.mixture(cur)
             reason = f"dwell: {since:.0f} of {self.dwell_ms():.0f} ms since the last switch, hold {target} ({reason})"
-        if target.kind == "merge" and any(r.adapter != target.adapter for r in view.running):
-            target = Mode.mixture(target.adapter)  # others still running finish through deLoRA
         return Decision(target, tuple(r.request_id for r in admit[:view.free_slots]), (), False, reason,
                         len(starving))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from serve.orchestrator.types import check_priority
+
 OUTPUT_MODES = ("generate", "head")
 MAX_INT64 = 2**63 - 1
 
@@ -73,9 +75,7 @@ class Request:
     def __post_init__(self) -> None:
         if self.output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode {self.output_mode!r} is not one of {OUTPUT_MODES}")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, (int, float)) \
-                or not 0 < self.priority < float("inf"):
-            raise ValueError(f"priority must be a positive finite number, got {self.priority!r}")
+        check_priority(self.priority)
 
 
 @dataclass

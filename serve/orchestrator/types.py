@@ -26,9 +26,16 @@ difference is only which requests the policy lets in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 MODE_KINDS = ("unmerge", "merge", "mixture")
 OUTPUT_MODES = ("generate", "head")
+
+
+def check_priority(value: Any, name: str = "priority") -> None:
+    """A priority as the policy reads it: a positive finite number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from serve.orchestrator.types import check_priority
+
 KINDS = ("image", "video")
 ENCODED_FORMATS = ("JPEG", "PNG")  # encoded frames; anything else is sent raw
 # adapter names over the wire: no path separators, NUL or control characters, and short
@@ -71,8 +73,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for app, value in self.app_priorities.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ValueError(f"rpc.app_priorities[{app!r}] must be a positive finite number, got {value!r}")
+            check_priority(value, f"rpc.app_priorities[{app!r}]")
 
     def priority(self, app: str | None) -> float:
         return float(self.app_priorities.get(app, 1.0)) if app is not None else 1.0

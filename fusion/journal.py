@@ -74,7 +74,9 @@ class Journal:
         self.path = self.dir / JOURNAL
         self.ordered, self.trainer = ordered, trainer
         self.header = {"version": VERSION, "order": order, "seed": seed if order == "seeded" else None,
-                       "domains": [d.to_dict() for d in ordered]}
+                       "domains": [d.to_dict() for d in ordered],
+                       # how the trainer trains (e.g. rehearsal): states trained otherwise must not mix
+                       "trainer": dict(getattr(trainer, "settings", None) or {})}
 
     def resume(self) -> Progress | None:
         """The progress recorded in workdir, or None when there is no journal yet."""
@@ -149,8 +151,8 @@ class Journal:
         changed = [f"{n}: journal {then[n]}, now {now[n]}" for n in now if then[n] != now[n]]
         if changed:
             raise ValueError(f"{where}: domains changed since it was written: " + "; ".join(changed))
-        for key in ("order", "seed"):
-            if data.get(key) != self.header[key]:
+        for key in ("order", "seed", "trainer"):
+            if data.get(key, {} if key == "trainer" else None) != self.header[key]:
                 raise ValueError(f"{where} was made with {key}={data.get(key)!r}, now {key}={self.header[key]!r}")
         names_then, names_now = list(then), list(now)
         if names_then != names_now:

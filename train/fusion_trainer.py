@@ -3,9 +3,14 @@
 A state is an `AdapterState` (LoRA weights as CPU tensors, a head per domain, domain records).
 `train(state, domain)` loads the state's LoRA into the one model this trainer holds, trains it
 further on the domain's data together with a new head for that domain, and returns a NEW state;
-the argument is never modified, so fusion's roll-back is just keeping the old state. Heads of
-earlier domains are left as they were: the shared LoRA moves under them, which is why fusion
-re-evaluates every earlier domain after each step (paper, Fig. 10).
+the argument is never modified, so fusion's roll-back is just keeping the old state.
+
+Training on the new domain alone moves the shared LoRA under the earlier domains' heads (paper,
+Fig. 10), which is why fusion re-evaluates every member after each step. Two options keep what
+was fused (`train/rehearsal.py`): `rehearsal` (the members' data interleaved with the new
+domain's, a share of its size) and `refit_epochs` (every member's head re-trained on the new
+LoRA's frozen features before the members are evaluated). Both 0: the domain is trained alone
+and earlier heads are left as they were.
 
 Domains map to dataset directories by name: `<datasets_root>/<domain.name>/`.
 """
@@ -18,6 +23,7 @@ from pathlib import Path
 from .adapter_io import AdapterState, HeadState, load_adapter, save_adapter
 from .data import DomainData, load_domain
 from .evaluate import evaluate
+from .rehearsal import Part, refit_heads, rehearsal_parts, train_mixed
 from .trainer import TrainConfig, head_config_for, train_adapter
 from .vlm import VisionLM
 
@@ -34,8 +40,12 @@ class LoraTrainer:
     applied to every new head (e.g. {"pooling": "attention"})."""
 
     def __init__(self, vlm: VisionLM, datasets_root: str | Path, cfg: TrainConfig,
-                 head_overrides: dict | None = None, log=None):
+                 head_overrides: dict | None = None, log=None, rehearsal: float = 0.0, refit_epochs: int = 0):
+        if rehearsal < 0 or isinstance(refit_epochs, bool) or not isinstance(refit_epochs, int) or refit_epochs < 0:
+            raise ValueError(f"LoraTrainer: rehearsal ({rehearsal!r}) and refit_epochs ({refit_epochs!r}) "
+                             "must be >= 0 (refit_epochs an int)")
         self.vlm, self.root, self.cfg = vlm, Path(datasets_root), cfg
+        self.rehearsal, self.refit_epochs = float(rehearsal), refit_epochs
         self.head_overrides = head_overrides or {}
         self.log = log or sys.stderr
         self._data: dict[str, DomainData] = {}
@@ -56,6 +66,11 @@ class LoraTrainer:
             raise ValueError(f"domain {data.name!r} is declared with task {task!r} but its dataset "
                              f"{data.path} holds task {data.info.task!r}")
 
+    @property
+    def settings(self) -> dict:
+        """What decides how a state is trained beyond the domains (the fusion journal records it)."""
+        return {"rehearsal": self.rehearsal, "refit_epochs": self.refit_epochs}
+
     # -- fusion.Trainer -----------------------------------------------------------------------
     def new_adapter(self, index: int) -> AdapterState:
         """A fresh LoRA (A seeded by the index, B = 0) and no heads."""
@@ -68,21 +83,32 @@ class LoraTrainer:
         self._check_task(domain, data)
         self.train_calls += 1
         self.vlm.load_lora_state(state.lora)  # copies into the model; state.lora stays as it was
-        head = None
-        if data.info.task != "lm":
-            if name in state.heads:  # trained on this domain before: continue its head
-                head = state.heads[name].build(self.vlm.device)
-            else:
-                from heads import build_head
-
-                head = build_head(head_config_for(data.info, self.vlm.hidden_size, self.head_overrides))
-        result = train_adapter(self.vlm, data, self.cfg, head=head, log=self.log, evaluate_at_end=False)
+        new = Part(data, self._head(state, name, data))
+        # Members are the adapter's other domains, each with a copy of its head (the state keeps its own).
+        members = [Part(self.dataset(m), state.heads[m].build(self.vlm.device) if m in state.heads else None)
+                   for m in state.domains if m != name]
+        if members and self.rehearsal > 0:
+            lora, steps = train_mixed(self.vlm, rehearsal_parts(new, members, self.rehearsal), self.cfg, self.log)
+        else:
+            result = train_adapter(self.vlm, data, self.cfg, head=new.head, log=self.log, evaluate_at_end=False)
+            lora, steps, new.head = result.lora, result.steps, result.head
+        if members and self.refit_epochs:  # every head fitted to the LoRA it will be evaluated with
+            refit_heads(self.vlm, [new] + members, self.cfg, self.refit_epochs, self.log)
         heads = dict(state.heads)
-        if result.head is not None:
-            heads[name] = HeadState.of(result.head)
+        heads.update({p.data.name: HeadState.of(p.head) for p in [new] + members if p.head is not None})
         domains = {d: dict(r) for d, r in state.domains.items() if d != name}
-        domains[name] = domain_record(data, result.steps)
-        return AdapterState(result.lora, heads, domains, {}, state.index)
+        domains[name] = domain_record(data, steps)
+        return AdapterState(lora, heads, domains, {}, state.index)
+
+    def _head(self, state: AdapterState, name: str, data: DomainData):
+        """The domain's head to train: its own if the adapter was trained on it before, else a new one."""
+        if data.info.task == "lm":
+            return None
+        if name in state.heads:
+            return state.heads[name].build(self.vlm.device)
+        from heads import build_head
+
+        return build_head(head_config_for(data.info, self.vlm.hidden_size, self.head_overrides))
 
     def evaluate(self, state: AdapterState, domain) -> float:
         name = getattr(domain, "name", domain)

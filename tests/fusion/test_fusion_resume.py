@@ -107,6 +107,15 @@ def test_resume_with_another_seed_or_given_order_is_refused(tmp_path):
         fuse(FIG10[::-1], ScriptedTrainer(fig10_script), order="given", workdir=tmp_path / "g")
 
 
+def test_resume_under_other_trainer_settings_is_refused(tmp_path):
+    """States trained without rehearsal must not be continued by a trainer that rehearses."""
+    interrupted(tmp_path)
+    rehearsing = ScriptedTrainer(fig10_script)
+    rehearsing.settings = {"rehearsal": 1.0, "refit_epochs": 3}
+    with pytest.raises(ValueError, match=r"trainer=\{\}, now trainer=\{'rehearsal': 1.0"):
+        fuse(FIG10, rehearsing, workdir=tmp_path)
+
+
 def test_missing_checkpoint_is_reported(tmp_path):
     interrupted(tmp_path)
     for p in tmp_path.glob("ckpt_*"):

@@ -41,6 +41,8 @@ class FusionJob:
     out_dir: str = ".vlora/adapters/fused"
     resume: bool = True
     name: str | None = None  # adapter names are <name>_<index>; None: out_dir's folder name
+    rehearsal: float = 0.0  # members' rows interleaved per epoch when a domain joins, x its train size
+    refit_head_epochs: int = 0  # epochs re-fitting every member's head on the joined adapter
 
     def selected(self) -> dict:
         """domain -> requirement of the domains to fuse, in the order given."""
@@ -53,8 +55,9 @@ class FusionJob:
         return {d: r for d, r in self.domains.items() if self.only is None or d in self.only}
 
 
-def build_trainer(cfg: DictConfig, datasets_dir: str, log=None):
-    """The model (world-pretrained unless train.base=model) and the LoRA trainer over it."""
+def build_trainer(cfg: DictConfig, datasets_dir: str, log=None, rehearsal: float = 0.0, refit_epochs: int = 0):
+    """The model (world-pretrained unless train.base=model) and the LoRA trainer over it
+    (`rehearsal`, `refit_epochs`: how a joining domain keeps the members, see LoraTrainer)."""
     from train import LoraSpec, LoraTrainer, VisionLM
 
     job, tcfg = split_train_node(cfg.train)
@@ -62,7 +65,7 @@ def build_trainer(cfg: DictConfig, datasets_dir: str, log=None):
     ref = model_ref(cfg, job, log=log)
     vlm = VisionLM(ref, to_dataclass(LoraSpec, cfg.adapter), job.train_vision_tower, job.mixed_precision,
                    job.device, seed=cfg.seed)
-    return LoraTrainer(vlm, datasets_dir, tcfg, log=log), ref
+    return LoraTrainer(vlm, datasets_dir, tcfg, log=log, rehearsal=rehearsal, refit_epochs=refit_epochs), ref
 
 
 def domains_of(job: FusionJob, trainer) -> list:
@@ -99,7 +102,10 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
         raise SystemExit(f"vlora fusion: fusion.only names {missing} without a requirement and fusion.domains has "
                          f"none for them; give one: fusion.only={{{missing[0]}: 0.5}}")
     start = time.perf_counter()
-    trainer, ref = build_trainer(cfg, job.datasets_dir, log=log or sys.stderr)
+    if job.rehearsal < 0 or job.refit_head_epochs < 0:
+        raise SystemExit(f"vlora fusion: fusion.rehearsal ({job.rehearsal}) and fusion.refit_head_epochs "
+                         f"({job.refit_head_epochs}) must be >= 0")
+    trainer, ref = build_trainer(cfg, job.datasets_dir, log or sys.stderr, job.rehearsal, job.refit_head_epochs)
     domains = domains_of(job, trainer)
     try:
         result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)
@@ -122,7 +128,7 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     print(format_table(rows))
     return {"manifest": str(manifest_path), "adapters": len(result.adapters), "result": result,
             "manifest_data": manifest, "seconds": seconds, "train_calls": trainer.train_calls, "model": ref,
-            "trainer": trainer}
+            "trainer": trainer, "order": job.order}
 
 
 def run(cfg: DictConfig) -> dict:

@@ -144,10 +144,35 @@ class Encoder:
         return next(self.model.parameters()).device
 
     def encode(self, row: dict, info: DomainInfo) -> Encoded:
-        key = f"{info.name}/{row['id']}"
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit
+        return self.encode_many([row], info)[0]
+
+    def encode_many(self, rows: list[dict], info: DomainInfo) -> list[Encoded]:
+        """`encode` of a batch: the items not cached yet go through the frozen tower together, one
+        call per media kind, instead of one small call each (host-bound on a GPU)."""
+        keys = [f"{info.name}/{r['id']}" for r in rows]
+        todo = {k: r for k, r in zip(keys, rows) if k not in self.cache}
+        prepared = {k: self._prepare(r, info) for k, r in todo.items()}
+        groups: dict[tuple, list[str]] = {}
+        for k, (_, _, _, pixels) in prepared.items():
+            groups.setdefault(tuple(sorted(pixels)), []).append(k)
+        for group in groups.values():
+            visual = [None] * len(group)
+            if self.cache_visual:
+                merged = {name: torch.cat([prepared[k][3][name] for k in group]) for name in prepared[group[0]][3]}
+                counts = [int(prepared[k][2].sum()) for k in group]
+                with torch.no_grad():
+                    out = visual_features(self.model, merged)
+                if out.shape[0] != sum(counts):
+                    raise ValueError(f"items {group[:3]}...: {out.shape[0]} visual features for {sum(counts)} "
+                                     "placeholders (does the prompt's image/video placeholder match the media?)")
+                visual = list(out.split(counts))
+            for k, v in zip(group, visual):
+                input_ids, positions, mask, pixels = prepared[k]
+                self.cache[k] = Encoded(input_ids, positions, mask, v, None if self.cache_visual else pixels)
+        return [self.cache[k] for k in keys]
+
+    def _prepare(self, row: dict, info: DomainInfo) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+        """One row through the processor: token ids, positions, placeholder mask and pixels."""
         prompt = row["prompt"]
         if self._placeholder_text(row["media"]) not in prompt:  # rendered for another chat format
             prompt = self.render_prompt(row["question"], row["media"])
@@ -161,16 +186,7 @@ class Encoder:
             positions = torch.arange(input_ids.numel(), device=input_ids.device)
         mask = torch.isin(input_ids, torch.tensor(self.placeholder_ids, device=input_ids.device))
         pixels = {k: v for k, v in inputs.items() if k.startswith(("pixel_values", "image_grid", "video_grid"))}
-        visual = None
-        if self.cache_visual:
-            with torch.no_grad():
-                visual = visual_features(self.model, pixels)
-            if visual.shape[0] != int(mask.sum()):
-                raise ValueError(f"item {key}: {visual.shape[0]} visual features for {int(mask.sum())} placeholders "
-                                 "(does the prompt's image/video placeholder match the media?)")
-        enc = Encoded(input_ids, positions, mask, visual, None if self.cache_visual else pixels)
-        self.cache[key] = enc
-        return enc
+        return input_ids, positions, mask, pixels
 
     def _placeholder_text(self, media: str) -> str:
         """The token this model's prompts carry for an image or a video (before expansion)."""

@@ -76,7 +76,7 @@ def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval"
     preds, targets = [], []
     for start in range(0, n, batch_size):
         chunk = [rows[i] for i in range(start, min(n, start + batch_size))]
-        items = [vlm.encoder.encode(r, info) for r in chunk]
+        items = vlm.encoder.encode_many(chunk, info)
         if info.task == "lm":
             preds += greedy_decode(vlm, items, max_new_tokens)
             targets += [r["answer"] for r in chunk]

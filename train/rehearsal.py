@@ -104,7 +104,7 @@ def train_mixed(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, log=None) ->
             for p, idx in group:
                 part = parts[p]
                 info, rows = part.data.info, [part.data.splits["train"][i] for i in idx]
-                encoded = [vlm.encoder.encode(r, info) for r in rows]
+                encoded = vlm.encoder.encode_many(rows, info)
                 answers = [vlm.encoder.answer_ids(r["answer"]) for r in rows] if part.head is None else None
                 with vlm.accelerator.autocast():
                     loss = _batch_loss(module, part.head, collate(encoded, vlm.encoder.pad_id, answers),
@@ -144,7 +144,7 @@ def refit_heads(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, epochs: int,
         cached: list[tuple[Tensor, Tensor, list]] = []
         for start in range(0, len(rows), cfg.eval_batch_size):  # the LM runs forward once per item
             chunk = [rows[i] for i in range(start, min(len(rows), start + cfg.eval_batch_size))]
-            hidden, mask = hidden_states(vlm, [vlm.encoder.encode(r, info) for r in chunk])
+            hidden, mask = hidden_states(vlm, vlm.encoder.encode_many(chunk, info))
             cached.append((hidden.float(), mask, [head_target(info, r) for r in chunk]))
         head.to(vlm.device).train()
         optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.head_lr, weight_decay=cfg.weight_decay)

@@ -160,7 +160,7 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
             for j, idx in enumerate(group):
                 idx = idx[rank::world] if world > 1 else idx
                 rows = [train_rows[int(i)] for i in idx]
-                encoded = [vlm.encoder.encode(r, info) for r in rows]
+                encoded = vlm.encoder.encode_many(rows, info)
                 answers = [vlm.encoder.answer_ids(r["answer"]) for r in rows] if head is None else None
                 batch = collate(encoded, vlm.encoder.pad_id, answers)
                 sync = j == len(group) - 1

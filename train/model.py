@@ -174,6 +174,16 @@ def language_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tensor
     return out.last_hidden_state
 
 
+def enable_checkpointing(model: nn.Module) -> None:
+    """Gradient checkpointing of the decoder layers, non-reentrant: LoRA's parameters get their
+    gradients without the inputs needing requires_grad (the reentrant form would need that)."""
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # its name in later transformers releases
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
 class AdapterModule(nn.Module):
     """The trainable whole: the PEFT model and the task head of the domain being trained.
 

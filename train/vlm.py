@@ -12,14 +12,15 @@ import torch
 from torch import Tensor
 
 from .data import Encoder
-from .model import LoraSpec, ModelRef, arch_of, load_base, wrap_lora
+from .model import LoraSpec, ModelRef, arch_of, enable_checkpointing, load_base, wrap_lora
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
 class VisionLM:
     def __init__(self, ref: ModelRef, lora: LoraSpec, train_vision_tower: bool = False,
-                 mixed_precision: str = "no", device: str | None = None, seed: int = 0):
+                 mixed_precision: str = "no", device: str | None = None, seed: int = 0,
+                 gradient_checkpointing: bool = False):
         from accelerate import Accelerator
 
         if mixed_precision not in MIXED_PRECISION:
@@ -30,6 +31,8 @@ class VisionLM:
         base, self.processor = load_base(ref, device=self.accelerator.device)
         self.arch = arch_of(base)
         self.model = wrap_lora(base, lora, train_vision_tower, seed)
+        if gradient_checkpointing:  # activations recomputed in backward: less memory at full size
+            enable_checkpointing(self.model)
         self.hidden_size = int(base.config.get_text_config().hidden_size)
         # Features are only cacheable while the tower is frozen.
         self.encoder = Encoder(self.model, self.processor, cache_visual=not train_vision_tower)

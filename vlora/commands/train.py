@@ -37,6 +37,7 @@ class TrainJob:
     train_vision_tower: bool = False
     mixed_precision: str = "no"
     device: str | None = None
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if self.base not in BASES:
@@ -85,7 +86,8 @@ def run(cfg: DictConfig) -> dict:
     options = head_options(cfg, data.info.task)
     ref = model_ref(cfg, job, log=sys.stderr)
     lora = to_dataclass(LoraSpec, cfg.adapter)
-    vlm = VisionLM(ref, lora, job.train_vision_tower, job.mixed_precision, job.device, seed=cfg.seed)
+    vlm = VisionLM(ref, lora, job.train_vision_tower, job.mixed_precision, job.device, seed=cfg.seed,
+                   gradient_checkpointing=job.gradient_checkpointing)
     head = None
     if data.info.task != "lm":
         from heads import build_head

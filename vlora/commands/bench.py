@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import to_dataclass
 from bench.results import write_csv
 
-SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision")
+SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -33,10 +33,12 @@ def run(cfg: DictConfig) -> dict:
         return _soak(b)
     if b.suite == "vision":  # device=cpu with a tiny zoo model runs anywhere
         return _vision(b)
+    if b.suite == "train":  # device=cpu with a tiny zoo model runs anywhere too
+        return _train(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
-              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision")}
+              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train")}
     if b.suite == "adapters":
         from bench.adapters import AdapterBenchJob, run_adapter_bench
 
@@ -132,6 +134,16 @@ def _vision(b: DictConfig) -> dict:
               for k, v in OmegaConf.to_container(b.vision, resolve=True).items()}
     rows, meta = run_vision_bench(to_dataclass(VisionBenchJob, values, out_dir=b.out_dir, command=_command()))
     return {"vision": rows, "meta": meta}
+
+
+def _train(b: DictConfig) -> dict:
+    """Our trainer against plain transformers + PEFT on the same batches (bench/train.py)."""
+    from bench.train import TrainBenchJob, run_train_bench
+
+    values = {k: tuple(v) if isinstance(v, list) else v
+              for k, v in OmegaConf.to_container(b.train, resolve=True).items()}
+    rows, meta = run_train_bench(to_dataclass(TrainBenchJob, values, out_dir=b.out_dir, command=_command()))
+    return {"train": rows, "meta": meta}
 
 
 def _command() -> str:

@@ -8,8 +8,8 @@ the argument is never modified, so fusion's roll-back is just keeping the old st
 Training on the new domain alone moves the shared LoRA under the earlier domains' heads (paper,
 Fig. 10), which is why fusion re-evaluates every member after each step. Two options keep what
 was fused (`train/rehearsal.py`): `rehearsal` (the members' data interleaved with the new
-domain's, a share of its size) and `refit_epochs` (every member's head re-trained on the new
-LoRA's frozen features before the members are evaluated). Both 0: the domain is trained alone
+domain's, a share of its size) and `refit_epochs` (every head, the new domain's too, re-trained on the
+final LoRA's frozen features before the members are evaluated). Both 0: the domain is trained alone
 and earlier heads are left as they were.
 
 Domains map to dataset directories by name: `<datasets_root>/<domain.name>/`.
@@ -92,7 +92,7 @@ class LoraTrainer:
         else:
             result = train_adapter(self.vlm, data, self.cfg, head=new.head, log=self.log, evaluate_at_end=False)
             lora, steps, new.head = result.lora, result.steps, result.head
-        if members and self.refit_epochs:  # every head fitted to the LoRA it will be evaluated with
+        if self.refit_epochs:  # every head fitted to the final LoRA it will be evaluated with
             refit_heads(self.vlm, [new] + members, self.cfg, self.refit_epochs, self.log)
         heads = dict(state.heads)
         heads.update({p.data.name: HeadState.of(p.head) for p in [new] + members if p.head is not None})

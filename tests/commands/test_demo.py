@@ -16,6 +16,7 @@ DOMAINS = "[exists_bus,exists_truck]"
 def _small_demo():
     cfg = compose("demo")
     cfg.demo.offline = ["offline.per_domain=false", "offline.all_in_one=false", "offline.compare_lm_head=null",
+                        "offline.other_orders=[]",
                         f"distill.only={DOMAINS}", f"fusion.only={DOMAINS}", "fusion.domains.exists_bus=0.3",
                         "+fusion.domains.exists_truck=0.1", "train.base=model", "train.epochs=1",
                         "distill.domains.exists_bus.size=40", "distill.domains.exists_truck.size=40"]

@@ -55,3 +55,24 @@ def test_the_demo_report_flags_misses_explains_empty_cells_and_plots_retrieval(t
     # the plot shows retrieval, even when no stream ran
     demo._plot({**report, "streams": []}, tmp_path / "only_retrieval.png")
     assert (tmp_path / "only_retrieval.png").stat().st_size > 0
+
+
+def test_the_offline_report_compares_fusion_orders(tmp_path):
+    from fusion import Domain, FusedAdapter, FusionResult
+    from vlora.commands.offline_report import order_row
+
+    doms = [Domain("count", "count", 0.45, 9), Domain("color", "classify", 0.7, 9), Domain("bus", "binary", 0.8, 9)]
+    one = FusionResult([FusedAdapter(0, "fused_0", ["count", "color", "bus"], {"count": 0.5, "color": 0.8, "bus": 0.85},
+                                     {}, True, None)], [], doms)
+    two = FusionResult([FusedAdapter(0, "fused_0", ["bus", "count"], {"bus": 0.82, "count": 0.4}, {}, True, None),
+                        FusedAdapter(1, "fused_1", ["color"], {"color": 0.75}, {}, True, None)], [], doms[::-1])
+    rows = [order_row("size_desc", one, doms), order_row("seeded (seed 3)", two, doms)]
+    assert rows[0] == {"order": "size_desc", "tried": "count > color > bus", "adapters": 1, "domains_per_adapter": 3.0,
+                       "groups": "count+color+bus", "all_met": True, "missed": "-"}
+    assert (rows[1]["adapters"], rows[1]["domains_per_adapter"], rows[1]["all_met"], rows[1]["missed"]) == (
+        2, 1.5, False, "count")
+    adapters = {"one_adapter_per_domain": 2, "one_adapter_for_all": 1, "fused": 2}
+    report = {"model": "qwen2_vl_tiny", "domains": _domains(), "adapters": adapters, "orders": rows,
+              "head_vs_lm_head": None, "not_measured": NOT_MEASURED}
+    text = (write_report(report, tmp_path) / "report.md").read_text()
+    assert "Fusion by the order domains are tried in" in text and "seeded (seed 3)" in text and "bus+count | color" in text

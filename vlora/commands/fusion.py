@@ -64,7 +64,7 @@ def build_trainer(cfg: DictConfig, datasets_dir: str, log=None, rehearsal: float
     tcfg.seed = cfg.seed
     ref = model_ref(cfg, job, log=log)
     vlm = VisionLM(ref, to_dataclass(LoraSpec, cfg.adapter), job.train_vision_tower, job.mixed_precision,
-                   job.device, seed=cfg.seed)
+                   job.device, seed=cfg.seed, gradient_checkpointing=job.gradient_checkpointing)
     return LoraTrainer(vlm, datasets_dir, tcfg, log=log, rehearsal=rehearsal, refit_epochs=refit_epochs), ref
 
 

@@ -16,6 +16,9 @@ import re
 import sys
 from pathlib import Path
 
+from fusion import fuse
+
+from .fusion import print_event
 from .table import format_table
 
 
@@ -37,7 +40,7 @@ def zero_shot(trainer, data, limit: int, max_new_tokens: int) -> tuple[float, fl
     rows = [view.splits["eval"][i] for i in range(min(limit, view.size("eval")))]
     preds = []
     for start in range(0, len(rows), 16):
-        items = [trainer.vlm.encoder.encode(r, view.info) for r in rows[start:start + 16]]
+        items = trainer.vlm.encoder.encode_many(rows[start:start + 16], view.info)
         preds += greedy_decode(trainer.vlm, items, max_new_tokens)
     hits = [_norm(p) == _norm(r["answer"]) for p, r in zip(preds, rows)]
     return sum(hits) / max(1, len(hits)), float(len(rows))
@@ -66,6 +69,17 @@ def head_vs_lm(trainer, data) -> dict:
     lm_acc = evaluate(trainer.vlm, None, trainer._data[f"{data.name}__lm"], max_new_tokens=trainer.cfg.max_new_tokens)
     return {"domain": data.name, "head_accuracy": round(head_acc, 3), "head_forward_passes": 1,
             "lm_head_accuracy": round(lm_acc["accuracy"], 3), "lm_head_forward_passes": round(1 + decode_steps, 2)}
+
+
+def order_row(name: str, result, domains) -> dict:
+    """One fusion of the domains, summed up: the order they were tried in, how many adapters came
+    out, how many domains each holds on average, and whether every requirement was met."""
+    where = {d: a for a in result.adapters for d in a.domains}
+    missed = [d.name for d in domains if where[d.name].accuracies[d.name] < d.requirement]
+    return {"order": name, "tried": " > ".join(d.name for d in result.order), "adapters": len(result.adapters),
+            "domains_per_adapter": round(len(domains) / len(result.adapters), 2),
+            "groups": " | ".join("+".join(a.domains) for a in result.adapters),
+            "all_met": not missed, "missed": ", ".join(missed) or "-"}
 
 
 def build_report(cfg, fused: dict, trainer, log=None) -> dict:
@@ -101,6 +115,12 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
                      "meets_requirement": adapter.accuracies[d.name] >= d.requirement})
         print(f"[report] {d.name}: base {'-' if base is None else f'{base:.2f}'}, fused "
               f"{adapter.accuracies[d.name]:.2f}", file=log, flush=True)
+    label = lambda o: f"{o} (seed {cfg.seed})" if o == "seeded" else o  # noqa: E731
+    orders = [order_row(label(fused.get("order", "size_desc")), result, order)]
+    for other in opts.get("other_orders") or []:  # the same domains fused again, tried in another order
+        print(f"[report] fusing again in {label(other)} order", file=log, flush=True)
+        again = fuse(order, trainer, order=other, seed=int(cfg.seed), progress=print_event)
+        orders.append(order_row(label(other), again, order))
     comparison = None
     if opts.compare_lm_head and opts.compare_lm_head in {d.name for d in order}:
         comparison = head_vs_lm(trainer, trainer.dataset(opts.compare_lm_head))
@@ -113,7 +133,8 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         "one_adapter_for_all": None if opts.all_in_one else
         "no single adapter for all domains was trained for comparison (offline.all_in_one=false)",
         "teacher_vs_truth": "the domain's dataset records no teacher-vs-truth agreement (its data has no ground truth)"}
-    return {"model": fused["model"].name, "domains": rows, "adapters": counts, "head_vs_lm_head": comparison,
+    return {"model": fused["model"].name, "domains": rows, "adapters": counts, "orders": orders,
+            "head_vs_lm_head": comparison,
             "train_calls": trainer.train_calls, "manifest": fused["manifest"],
             "not_measured": {k: v for k, v in not_measured.items() if v}}
 
@@ -163,6 +184,9 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
     (out / "report.json").write_text(json.dumps(report, indent=1))
     lines = [f"# Offline stage report ({report['model']})", "", *domain_lines(report), "",
              "Adapters: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["adapters"].items())]
+    if report.get("orders"):
+        lines += ["", "Fusion by the order domains are tried in (same domains and requirements):", "```",
+                  format_table([{k: v for k, v in r.items() if k != "tried"} for r in report["orders"]]), "```"]
     if report["head_vs_lm_head"]:
         lines += ["", "Head vs LM head:", "```", format_table([report["head_vs_lm_head"]]), "```"]
     (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,83 @@
+"""The offline stage's default, run fresh with several seeds, and the table of the runs.
+
+    python -m bench.offline_seeds --root /tmp/seeds --seeds 0 1 2 --out results/offline/seeds
+    python -m bench.offline_seeds --root /tmp/seeds --seeds 0 1 2 --out results/offline/seeds -- offline.per_domain=false
+
+Each seed runs `vlora offline seed=<s>` in a home of its own (`<root>/seed<s>`: its own world,
+teachers, datasets and pretraining), so the runs share nothing. A seed whose report already
+exists is not run again (delete its home to redo it). Extra arguments after `--` go to every run.
+The table: per seed, the adapters and domains per adapter, every domain's fused accuracy against
+its requirement, and whether all were met; `seeds.json` holds every report whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def run_seed(root: Path, seed: int, extra: list[str]) -> dict:
+    home = root / f"seed{seed}"
+    report = home / "results" / "offline" / "report.json"
+    if not report.is_file():
+        env = {**os.environ, "VLORA_HOME": str(home)}
+        start = time.perf_counter()
+        with open(root / f"seed{seed}.log", "w") as log:
+            done = subprocess.run([sys.executable, "-m", "vlora", "offline", f"seed={seed}", *extra], env=env,
+                                  stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode:
+            raise SystemExit(f"offline stage for seed {seed} failed (exit {done.returncode}); see {root}/seed{seed}.log")
+        print(f"[seeds] seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return json.loads(report.read_text())
+
+
+def seed_rows(reports: dict[int, dict]) -> list[dict]:
+    rows = []
+    for seed, rep in reports.items():
+        doms = rep["domains"]
+        row = {"seed": seed, "adapters": rep["adapters"]["fused"],
+               "domains_per_adapter": round(len(doms) / rep["adapters"]["fused"], 2),
+               "all_met": all(d["meets_requirement"] for d in doms)}
+        row.update({d["domain"]: f"{d['fused']:.3f}/{d['requirement']}" for d in doms})
+        for key in ("one_adapter_for_all", "one_adapter_per_domain"):
+            if all(d.get(key) is not None for d in doms):
+                row[f"{key}_met"] = sum(d[key] >= d["requirement"] for d in doms)
+        row["total_s"] = (rep.get("timings_s") or {}).get("total_s")
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    from .streams_report import format_table
+
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(prog="python -m bench.offline_seeds", description=__doc__.split("\n")[0])
+    p.add_argument("--root", required=True, help="one home per seed goes under it")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--out", required=True, help="folder for seeds.md and seeds.json")
+    args = p.parse_args(own)
+    root, out = Path(args.root), Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    reports = {s: run_seed(root, s, extra) for s in args.seeds}
+    rows = seed_rows(reports)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "seeds.json").write_text(json.dumps({"extra_args": extra, "reports": reports}, indent=1))
+    columns = tuple(dict.fromkeys(k for r in rows for k in r))  # every seed's columns, first seen first
+    table = format_table(rows, columns)
+    met = sum(r["all_met"] for r in rows)
+    lines = ["# Offline stage, fresh runs by seed", "", f"command: `python -m bench.offline_seeds {' '.join(argv)}`", "",
+             "```", table, "```", "", f"Every requirement met in {met} of {len(rows)} runs; domains per adapter "
+             f"{', '.join(str(r['domains_per_adapter']) for r in rows)}. Cells: fused accuracy / requirement."]
+    (out / "seeds.md").write_text("\n".join(lines) + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

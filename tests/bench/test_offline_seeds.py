@@ -1,0 +1,30 @@
+"""The seeds table of the offline stage: reports already on disk are read, not run again; a
+missed requirement in any seed shows in its row and in the count of runs that met them all."""
+
+from __future__ import annotations
+
+import json
+
+from bench.offline_seeds import main
+
+
+def _report(root, seed, fused, total=1.0):
+    rows = [{"domain": d, "requirement": req, "fused": acc, "meets_requirement": acc >= req,
+             "one_adapter_for_all": acc - 0.1, "one_adapter_per_domain": acc}
+            for d, (req, acc) in fused.items()]
+    path = root / f"seed{seed}" / "results" / "offline"
+    path.mkdir(parents=True)
+    (path / "report.json").write_text(json.dumps({"domains": rows, "adapters": {"fused": 1 + seed},
+                                                  "timings_s": {"total_s": total}}))
+
+
+def test_seeds_table_from_existing_reports(tmp_path):
+    _report(tmp_path, 0, {"count": (0.45, 0.6), "color": (0.7, 0.8)})
+    _report(tmp_path, 1, {"count": (0.45, 0.44), "color": (0.7, 0.75)})
+    main(["--root", str(tmp_path), "--seeds", "0", "1", "--out", str(tmp_path / "out")])
+    md = (tmp_path / "out" / "seeds.md").read_text()
+    assert "Every requirement met in 1 of 2 runs; domains per adapter 2.0, 1.0" in md
+    assert "0.440/0.45" in md and "0.600/0.45" in md
+    saved = json.loads((tmp_path / "out" / "seeds.json").read_text())
+    assert set(saved["reports"]) == {"0", "1"} and saved["extra_args"] == []
+    assert not (tmp_path / "seed0.log").exists(), "a seed with a report is not run again"

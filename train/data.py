@@ -9,8 +9,6 @@ batch. Clips are read with OpenCV (`world.read_video`) and fed to Qwen models as
 from __future__ import annotations
 
 import json
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,10 +124,8 @@ class Encoder:
     vision tower's output while the tower is frozen (it is the main CPU cost of a step). With a
     training tower the processor's pixels are kept instead and the tower runs every step."""
 
-    def __init__(self, model: torch.nn.Module, processor: Any, cache_visual: bool = True, frames_default: int = 4,
-                 workers: int | None = None):
+    def __init__(self, model: torch.nn.Module, processor: Any, cache_visual: bool = True, frames_default: int = 4):
         self.model, self.processor = model, processor
-        self.workers = workers if workers is not None else min(8, os.cpu_count() or 1)
         self.arch = arch_of(model)
         self.cache_visual = cache_visual
         self.cache: dict[str, Encoded] = {}
@@ -155,13 +151,7 @@ class Encoder:
         call per media kind, instead of one small call each (host-bound on a GPU)."""
         keys = [f"{info.name}/{r['id']}" for r in rows]
         todo = {k: r for k, r in zip(keys, rows) if k not in self.cache}
-        # The processor's work (resize, normalise, patchify, tokenise) is CPU-bound and mostly
-        # outside the GIL: the misses are prepared on threads while the tower waits for all of them.
-        if len(todo) > 1 and self.workers > 1:
-            with ThreadPoolExecutor(min(self.workers, len(todo))) as pool:
-                prepared = dict(zip(todo, pool.map(lambda r: self._prepare(r, info), todo.values())))
-        else:
-            prepared = {k: self._prepare(r, info) for k, r in todo.items()}
+        prepared = {k: self._prepare(r, info) for k, r in todo.items()}
         groups: dict[tuple, list[str]] = {}
         for k, (_, _, _, pixels) in prepared.items():
             groups.setdefault(tuple(sorted(pixels)), []).append(k)

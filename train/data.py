@@ -158,7 +158,8 @@ class Encoder:
         for group in groups.values():
             visual = [None] * len(group)
             if self.cache_visual:
-                merged = {name: torch.cat([prepared[k][3][name] for k in group]) for name in prepared[group[0]][3]}
+                merged = {name: torch.cat([prepared[k][3][name] for k in group]).to(self.device())
+                          for name in prepared[group[0]][3]}  # one copy to the device per tensor
                 counts = [int(prepared[k][2].sum()) for k in group]
                 with torch.no_grad():
                     out = visual_features(self.model, merged)
@@ -178,15 +179,19 @@ class Encoder:
             prompt = self.render_prompt(row["question"], row["media"])
         media = self._media(row)
         kind = "videos" if row["media"] == "clip" else "images"
+        # Positions and the placeholder mask are computed on the CPU tensors the processor made:
+        # on a GPU, get_rope_index's many small ops and host reads would each wait for the device.
         inputs = self.processor(text=[prompt], return_tensors="pt", **{kind: [media]})
-        inputs = {k: v.to(self.device()) if isinstance(v, Tensor) else v for k, v in inputs.items()}
         input_ids = inputs["input_ids"][0]
         positions = rope_positions(self.model, inputs)
         if positions is None:
-            positions = torch.arange(input_ids.numel(), device=input_ids.device)
-        mask = torch.isin(input_ids, torch.tensor(self.placeholder_ids, device=input_ids.device))
+            positions = torch.arange(input_ids.numel())
+        mask = torch.isin(input_ids, torch.tensor(self.placeholder_ids))
         pixels = {k: v for k, v in inputs.items() if k.startswith(("pixel_values", "image_grid", "video_grid"))}
-        return input_ids, positions, mask, pixels
+        device = self.device()
+        if not self.cache_visual:  # the pixels go to the tower every step: keep them on its device
+            pixels = {k: v.to(device) for k, v in pixels.items()}
+        return input_ids.to(device), positions.to(device), mask.to(device), pixels
 
     def _placeholder_text(self, media: str) -> str:
         """The token this model's prompts carry for an image or a video (before expansion)."""

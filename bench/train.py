@@ -30,8 +30,8 @@ from .train_plain import (batch_order, make_rows, matmul_peak_tflops, print_tabl
 METHODS = ("ours", "plain")
 LOSSES = ("head", "lm")
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-KEY = ("model", "method", "seed", "loss", "gradient_checkpointing", "rank", "targets", "batch_size", "epochs",
-       "image_size", "dtype")  # a rerun skips the rows of train.csv with these values
+KEY = ("model", "method", "seed", "loss", "gradient_checkpointing", "compile", "rank", "targets", "batch_size",
+       "epochs", "image_size", "dtype")  # a rerun skips the rows of train.csv with these values
 COLUMNS = ("gpu", *KEY, "status", "warmup", "samples_per_s", "tokens_per_s", "tokens_per_sample",
            "visual_tokens_per_sample", "peak_mem_gib", "step_ms_median", "step_ms_mean", "model_tflop_per_step",
            "achieved_tflops", "matmul_peak_tflops", "mfu", "vision_items_per_step", "first_loss", "last_loss",
@@ -55,6 +55,7 @@ class TrainBenchJob:
     max_count: int = 9
     seeds: tuple[int, ...] = (0,)
     gradient_checkpointing: bool = False  # ours only
+    compile: bool = False  # ours only: torch.compile of the training forward (compiled in the warm-up)
     lr: float = 2e-4
     head_lr: float = 1e-3
     max_grad_norm: float = 1.0
@@ -114,6 +115,7 @@ def run_ours(job: TrainBenchJob, name: str, path: str, rows, order, seed: int, d
     from heads import build_head
     from train import AdapterModule, DomainInfo, ModelRef, VisionLM, collate
     from train.data import head_target
+    from train.model import maybe_compile
     from train.trainer import _batch_loss, head_config_for
 
     cuda = device.type == "cuda"
@@ -128,7 +130,8 @@ def run_ours(job: TrainBenchJob, name: str, path: str, rows, order, seed: int, d
         if head is not None:
             groups.append({"params": list(head.to(vlm.device).parameters()), "lr": job.head_lr})
         params = [p for g in groups for p in g["params"]]
-        module, optimizer = acc.prepare(AdapterModule(vlm.model, head), torch.optim.AdamW(groups))
+        module = maybe_compile(AdapterModule(vlm.model, head), job.compile)
+        module, optimizer = acc.prepare(module, torch.optim.AdamW(groups))
         module.train()
         enc = vlm.encoder
 
@@ -184,13 +187,14 @@ def _measure(job, name, path, method, rows, seed, device, config, item_flops, pe
 
 def _key_fields(job: TrainBenchJob, name: str, method: str, seed: int) -> dict:
     return {"model": name, "method": method, "seed": seed, "loss": job.loss if method == "ours" else "lm",
-            "gradient_checkpointing": job.gradient_checkpointing and method == "ours", "rank": job.rank,
+            "gradient_checkpointing": job.gradient_checkpointing and method == "ours",
+            "compile": job.compile and method == "ours", "rank": job.rank,
             "targets": "+".join(job.targets), "batch_size": job.batch_size, "epochs": job.epochs,
             "image_size": job.image_size, "dtype": job.dtype}
 
 
 def _key(row: dict) -> tuple:
-    return tuple(str(row[k]) for k in KEY)  # rows read back from train.csv hold strings
+    return tuple(str(row.get(k, False)) for k in KEY)  # rows read back hold strings; a later column: False
 
 
 def run_train_bench(job: TrainBenchJob) -> tuple[list[dict], dict]:

@@ -184,6 +184,13 @@ def enable_checkpointing(model: nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
+def maybe_compile(module: nn.Module, enabled: bool) -> nn.Module:
+    """`torch.compile` of a training module when `enabled`: the eager step of a LoRA model issues
+    thousands of small kernels (casts, scalings, norms, rotary) and at batch 8 the host, not the
+    GPU, sets its pace. Shapes that change (other prompt lengths) recompile, then go dynamic."""
+    return torch.compile(module) if enabled else module
+
+
 class AdapterModule(nn.Module):
     """The trainable whole: the PEFT model and the task head of the domain being trained.
 

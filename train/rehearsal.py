@@ -32,7 +32,7 @@ from heads import TaskHead
 
 from .data import DomainData, collate, head_target
 from .evaluate import hidden_states
-from .model import AdapterModule
+from .model import AdapterModule, maybe_compile
 from .trainer import TrainConfig, _batch_loss, _schedule
 from .vlm import VisionLM
 
@@ -91,7 +91,7 @@ def train_mixed(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, log=None) ->
     groups += [{"params": list(h.parameters()), "lr": cfg.head_lr} for h in heads]
     optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(total, int(cfg.warmup_ratio * total)))
-    module = AdapterModule(vlm.model, None).to(vlm.device)
+    module = maybe_compile(AdapterModule(vlm.model, None).to(vlm.device), cfg.compile)
     module.train()
     names = "+".join(p.data.name for p in parts)
     step, last_print, t0 = 0, 0.0, time.perf_counter()

@@ -27,7 +27,7 @@ from heads import HeadConfig, TaskHead, build_head
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DomainData, DomainInfo, collate, head_target
 from .evaluate import evaluate
-from .model import AdapterModule
+from .model import AdapterModule, maybe_compile
 from .vlm import VisionLM
 
 
@@ -49,6 +49,7 @@ class TrainConfig:
     seed: int = 0
     max_new_tokens: int = 8  # lm domains: greedy decoding length at evaluation
     eval_batch_size: int = 32
+    compile: bool = False  # torch.compile the training forward (GPU: eager steps are bound by kernel launches)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -128,7 +129,7 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
     total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
 
     torch.manual_seed(cfg.seed)
-    module = AdapterModule(vlm.model, head)
+    module = maybe_compile(AdapterModule(vlm.model, head), cfg.compile)
     groups = [{"params": vlm.lora_parameters(), "lr": cfg.lr}]
     if head is not None:
         head.to(vlm.device)

@@ -135,4 +135,4 @@ def test_one_override_adds_a_domain_to_fusion(vlora_home):
     job = to_dataclass(FusionJob, OmegaConf.to_container(cfg.fusion, resolve=True))
     assert job.selected() == {"direction": 0.6}
     listed = to_dataclass(FusionJob, OmegaConf.to_container(compose("fusion", ["fusion.only=[qa]"]).fusion))
-    assert listed.selected() == {"qa": 0.4}
+    assert listed.selected() == {"qa": cfg.fusion.domains.qa}  # a listed name keeps its configured requirement

@@ -131,3 +131,22 @@ def test_defaults_match_conf_pretrain_yaml():
             continue
         assert getattr(defaults, key) == value, key
     assert set(values) - {"out", "force"} == set(PretrainConfig.__dataclass_fields__)
+
+
+def test_train_commands_take_pretraining_settings(tiny_zoo, vlora_home, tmp_path):
+    """`train.pretrain` reaches the pretraining `vlora train` / `vlora fusion` build (a larger model
+    needs more steps than the tiny default), and a key it does not know is named."""
+    from vlora.commands.train import model_ref, split_train_node
+    from vlora.config import compose
+
+    out = tmp_path / "pre"
+    cfg = compose("train", [f"model.path={tiny_zoo['qwen2_vl_tiny']}", f"train.pretrained_dir={out}",
+                            "train.pretrain={steps: 2, batch_size: 2, save_every: 1, warmup_steps: 1}"])
+    job, _ = split_train_node(cfg.train)
+    ref = model_ref(cfg, job)
+    assert Path(ref.path) == out and json.loads((out / "pretrain.json").read_text())["config"]["steps"] == 2
+    bad = compose("train", [f"model.path={tiny_zoo['qwen2_vl_tiny']}", f"train.pretrained_dir={tmp_path / 'b'}",
+                            "train.pretrain={stepz: 2}"])
+    with pytest.raises(ValueError, match=r"train\.pretrain: PretrainConfig has no field\(s\) \['stepz'\]"):
+        model_ref(bad, split_train_node(bad.train)[0])
+    assert not (tmp_path / "b").exists(), "nothing is built for a bad key"

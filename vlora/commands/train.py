@@ -38,6 +38,7 @@ class TrainJob:
     mixed_precision: str = "no"
     device: str | None = None
     gradient_checkpointing: bool = False
+    pretrain: dict | None = None  # conf/pretrain.yaml `pretrain:` keys for base=pretrained (None: its defaults)
 
     def __post_init__(self) -> None:
         if self.base not in BASES:
@@ -66,7 +67,11 @@ def model_ref(cfg: DictConfig, job: TrainJob, log=None) -> ModelRef:
     ensure_zoo_model(cfg)
     ref = to_dataclass(ModelRef, cfg.model)
     if job.base == "pretrained":
-        ref = pretrained_ref(ref, job.pretrained_dir, PretrainConfig(seed=cfg.seed), log=log)
+        try:  # a larger model needs a longer pretraining than the tiny one's default
+            settings = to_dataclass(PretrainConfig, {"seed": cfg.seed, **(job.pretrain or {})})
+        except ValueError as e:
+            raise ValueError(f"train.pretrain: {e}") from None
+        ref = pretrained_ref(ref, job.pretrained_dir, settings, log=log)
     return ref
 
 

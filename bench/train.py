@@ -3,7 +3,7 @@
 Ours is the project's training path: `VisionLM` (PEFT LoRA on the language model, accelerate,
 bf16 autocast on a GPU), the `Encoder`'s per-item cache of the frozen vision tower's features,
 `AdapterModule` (the language model only, each step) and a count head (`loss: head`) or the LM
-loss (`loss: lm`), with gradient checkpointing as an option. Plain is bench/train_plain.py. Both
+loss (`loss: lm`), with gradient checkpointing and `torch.compile` of the training forward as options. Plain is bench/train_plain.py. Both
 load the same zoo checkpoint (published shape, random weights), start from the same LoRA and train
 on the same rows in the same order, one after the other in this process. Per (model, method,
 seed): samples/s, tokens/s, peak memory, step time and the share of the measured matmul peak.

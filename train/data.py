@@ -152,15 +152,16 @@ class Encoder:
         keys = [f"{info.name}/{r['id']}" for r in rows]
         todo = {k: r for k, r in zip(keys, rows) if k not in self.cache}
         prepared = {k: self._prepare(r, info) for k, r in todo.items()}
+        device = self.device()
         groups: dict[tuple, list[str]] = {}
         for k, (_, _, _, pixels) in prepared.items():
             groups.setdefault(tuple(sorted(pixels)), []).append(k)
         for group in groups.values():
             visual = [None] * len(group)
             if self.cache_visual:
-                merged = {name: torch.cat([prepared[k][3][name] for k in group]).to(self.device())
+                merged = {name: torch.cat([prepared[k][3][name] for k in group]).to(device)
                           for name in prepared[group[0]][3]}  # one copy to the device per tensor
-                counts = [int(prepared[k][2].sum()) for k in group]
+                counts = [int(prepared[k][2].sum()) for k in group]  # CPU masks: no wait on the device
                 with torch.no_grad():
                     out = visual_features(self.model, merged)
                 if out.shape[0] != sum(counts):
@@ -169,11 +170,13 @@ class Encoder:
                 visual = list(out.split(counts))
             for k, v in zip(group, visual):
                 input_ids, positions, mask, pixels = prepared[k]
-                self.cache[k] = Encoded(input_ids, positions, mask, v, None if self.cache_visual else pixels)
+                pixels = None if self.cache_visual else {n: t.to(device) for n, t in pixels.items()}
+                self.cache[k] = Encoded(input_ids.to(device), positions.to(device), mask.to(device), v, pixels)
         return [self.cache[k] for k in keys]
 
     def _prepare(self, row: dict, info: DomainInfo) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
-        """One row through the processor: token ids, positions, placeholder mask and pixels."""
+        """One row through the processor: token ids, positions, placeholder mask and pixels, all
+        on the CPU (`encode_many` moves them to the device)."""
         prompt = row["prompt"]
         if self._placeholder_text(row["media"]) not in prompt:  # rendered for another chat format
             prompt = self.render_prompt(row["question"], row["media"])
@@ -188,10 +191,7 @@ class Encoder:
             positions = torch.arange(input_ids.numel())
         mask = torch.isin(input_ids, torch.tensor(self.placeholder_ids))
         pixels = {k: v for k, v in inputs.items() if k.startswith(("pixel_values", "image_grid", "video_grid"))}
-        device = self.device()
-        if not self.cache_visual:  # the pixels go to the tower every step: keep them on its device
-            pixels = {k: v.to(device) for k, v in pixels.items()}
-        return input_ids.to(device), positions.to(device), mask.to(device), pixels
+        return input_ids, positions, mask, pixels
 
     def _placeholder_text(self, media: str) -> str:
         """The token this model's prompts carry for an image or a video (before expansion)."""

@@ -84,9 +84,10 @@ class LoraTrainer:
         self.train_calls += 1
         self.vlm.load_lora_state(state.lora)  # copies into the model; state.lora stays as it was
         new = Part(data, self._head(state, name, data))
-        # Members are the adapter's other domains, each with a copy of its head (the state keeps its own).
+        # Members are the adapter's other domains, each with a copy of its head (the state keeps its
+        # own); only rehearsal or a re-fit touches them, so without either none is built.
         members = [Part(self.dataset(m), state.heads[m].build(self.vlm.device) if m in state.heads else None)
-                   for m in state.domains if m != name]
+                   for m in state.domains if m != name] if self.rehearsal > 0 or self.refit_epochs else []
         if members and self.rehearsal > 0:
             lora, steps = train_mixed(self.vlm, rehearsal_parts(new, members, self.rehearsal), self.cfg, self.log)
         else:

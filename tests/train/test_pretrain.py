@@ -113,6 +113,27 @@ def test_pretrain_resumes_to_the_uninterrupted_result(tiny_zoo, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_batches_from_loader_workers_train_the_same_weights(tiny_zoo, tmp_path):
+    """Scenes rendered and encoded in worker processes are the batches the loop would build itself."""
+    cfg = PretrainConfig(**{**TINY, "steps": 3})
+    inline = pretrain(tiny_zoo["qwen2_vl_tiny"], tmp_path / "inline", cfg, log=io.StringIO())
+    workers = pretrain(tiny_zoo["qwen2_vl_tiny"], tmp_path / "workers", PretrainConfig(**{**TINY, "steps": 3, "workers": 2}),
+                       log=io.StringIO())
+    a, b = load_file(str(inline / "model.safetensors")), load_file(str(workers / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # where and how the steps run is not part of the cache key; precision is, once it is not full
+    assert cached_pretrained(tiny_zoo["qwen2_vl_tiny"], inline, PretrainConfig(**{**TINY, "steps": 3, "device": "cpu",
+                                                                                 "workers": 3})) == inline
+    assert cached_pretrained(tiny_zoo["qwen2_vl_tiny"], inline,
+                             PretrainConfig(**{**TINY, "steps": 3, "mixed_precision": "bf16"})) is None
+
+
+@pytest.mark.parametrize("bad", [{"device": "tpu"}, {"mixed_precision": "fp8"}, {"workers": -1}])
+def test_bad_runtime_settings_are_named(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        PretrainConfig(**bad)
+
+
 def test_llava_pretrains_on_images(tiny_zoo, tmp_path):
     cfg = PretrainConfig(**{**TINY, "steps": 1, "vision_steps": 1, "vision_batch_size": 2})
     out = pretrain(tiny_zoo["llava_1_5_tiny"], tmp_path / "llava", cfg, log=io.StringIO())

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .vision_attention import batch_vision_attention
+
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
 # Linear layers of each vision tower, for LoRA on the tower when `train_vision_tower` is set.
 VISION_LINEARS = {
@@ -93,6 +95,7 @@ def load_base(ref: ModelRef, device: str | torch.device = "cpu"):
     if ref.arch is not None and ref.arch != arch:
         raise ValueError(f"model {ref.name!r}: config says arch {ref.arch!r} but {ref.path} holds a {arch!r} model")
     model.requires_grad_(False)
+    batch_vision_attention(model)  # one attention call per layer for a batch's pictures, not one per picture
     return model, processor
 
 

@@ -83,11 +83,12 @@ def build_checkpoint(name: str, out_dir: str | Path, seed: int = 0, dtype: str |
                      device: str = "cpu", overwrite: bool = False) -> Path:
     """Writes the checkpoint directory of zoo model `name` to `out_dir` and returns its path.
 
-    dtype defaults to float32 for tiny models and bfloat16 for full sizes (as published).
+    dtype defaults to float32 for tiny and small models (trained from scratch) and bfloat16 for full
+    sizes (as published).
     An existing directory built from the same spec and seed is kept unless `overwrite`.
     """
     spec = get_spec(name)
-    dtype = dtype or ("float32" if spec.size == "tiny" else "bfloat16")
+    dtype = dtype or ("bfloat16" if spec.size == "full" else "float32")
     out_dir = Path(out_dir)
     record = {"name": name, "seed": seed, "dtype": dtype, "spec": dataclasses.asdict(spec)}
     if out_dir.exists() and not overwrite:

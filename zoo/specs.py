@@ -61,7 +61,7 @@ class ImageSpec:
 class ModelSpec:
     name: str
     arch: str
-    size: str  # "tiny" or "full"
+    size: str  # "tiny", "small" (a GPU trains it from scratch in minutes) or "full"
     text: TextSpec
     vision: VisionSpec
     image: ImageSpec = field(default_factory=ImageSpec)
@@ -110,6 +110,17 @@ SPECS: dict[str, ModelSpec] = {
             VisionSpec(hidden_size=64, depth=2, num_heads=2, intermediate_size=256, image_size=112,
                        projection_dim=64),  # 112 / 14 = 8 x 8 = 64 visual tokens
             tokenizer_vocab=2048,
+        ),
+        # --- small: ~50 M parameters, the demo's GPU profile; world-pretrained on a GPU in minutes ---
+        ModelSpec(
+            "qwen2_vl_small", "qwen2_vl", "small",
+            TextSpec(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=2048,
+                     vocab_size=2048, tie_word_embeddings=True, max_position_embeddings=4096,
+                     mrope_section=(8, 12, 12)),
+            VisionSpec(hidden_size=384, depth=8, num_heads=6, intermediate_size=1536),
+            # the world's 224 x 224 frames are scaled to 448 x 448: 256 visual tokens of 14 source
+            # pixels each, so a bicycle a few pixels wide still fills a patch of its own
+            image=ImageSpec(min_pixels=448 * 448, max_pixels=448 * 448), tokenizer_vocab=2048,
         ),
         # --- full sizes: published shapes, random weights, for GPU benchmarks ---
         ModelSpec(

@@ -34,6 +34,11 @@ class TaskHead(nn.Module):
             # Zero init: the first softmax is uniform, so training starts from mean pooling
             # (a sensible feature) instead of a random token weighting.
             self.query = nn.Parameter(torch.zeros(d))
+        elif config.pooling == "slots":
+            # Random, not zero, so slots start out reading different tokens; small, so each softmax
+            # starts near uniform (mean pooling).
+            generator = torch.Generator().manual_seed(0)
+            self.queries = nn.Parameter(0.02 * torch.randn(config.max_boxes, d, generator=generator))
         self.proj = nn.Linear(d, config.num_outputs)
 
     # -- the parts each head supplies -------------------------------------------------------
@@ -53,8 +58,13 @@ class TaskHead(nn.Module):
     # -- shared -----------------------------------------------------------------------------
     def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> dict[str, Tensor]:
         """hidden: [B, T, D] (any float dtype); attention_mask: [B, T], nonzero = real token."""
-        pooled = self.pool(hidden, attention_mask)  # [B, D] fp32
+        pooled = self.pool(hidden, attention_mask)  # [B, D] fp32 ([B, S, D] for slots)
         pooled = F.dropout(pooled, self.config.dropout, self.training)
+        if self.config.pooling == "slots":  # slot s projects its own pooled vector with its own rows
+            s = pooled.shape[1]
+            weight = self.proj.weight.float().view(s, -1, pooled.shape[-1])  # [S, outputs per slot, D]
+            logits = torch.einsum("bsd,sod->bso", pooled, weight) + self.proj.bias.float().view(s, -1)
+            return self.outputs_from(logits.reshape(logits.shape[0], -1))  # [B, S * outputs per slot]
         logits = F.linear(pooled, self.proj.weight.float(), self.proj.bias.float())  # [B, num_outputs]
         return self.outputs_from(logits)
 
@@ -82,6 +92,10 @@ class TaskHead(nn.Module):
         h = torch.where(mask[..., None], h, 0.0)
         if pooling == "mean":
             return h.sum(dim=1) / mask.sum(dim=1, keepdim=True).float()
+        if pooling == "slots":
+            scores = (h @ self.queries.float().T) / math.sqrt(h.shape[-1])  # [B, T, S]
+            weights = torch.softmax(scores.masked_fill(~mask[..., None], float("-inf")), dim=1)
+            return torch.einsum("bts,btd->bsd", weights, h)  # [B, S, D]
         scores = (h @ self.query.float()) / math.sqrt(h.shape[-1])  # [B, T]
         weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=1)  # [B, T]
         return torch.einsum("bt,btd->bd", weights, h)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 HEAD_TYPES = ("classify", "count", "detect", "binary")
-POOLINGS = ("last", "mean", "attention")
+POOLINGS = ("last", "mean", "attention", "slots")
 
 
 @dataclass
@@ -20,7 +20,10 @@ class HeadConfig:
     max_count:   count: classes 0..max_count; the last class means "max_count or more".
     max_boxes:   detect: box slots predicted per input.
     pooling:     how [B, T, D] becomes [B, D]: "attention" (a learned query over the real
-                 tokens), "last" (the last real token), "mean" (mean of the real tokens).
+                 tokens), "last" (the last real token), "mean" (mean of the real tokens);
+                 detect also "slots": a learned query per box slot, each slot reading its own
+                 tokens (one pooled vector cannot say where several objects are). None: slots
+                 for detect, attention otherwise.
     dropout:     on the pooled feature, training only.
     score_threshold: detect: a slot is reported as a box when its score exceeds this.
     """
@@ -30,7 +33,7 @@ class HeadConfig:
     labels: list[str] | None = None
     max_count: int = 8
     max_boxes: int = 8
-    pooling: str = "attention"
+    pooling: str | None = None
     dropout: float = 0.0
     score_threshold: float = 0.5
 
@@ -41,8 +44,13 @@ class HeadConfig:
         if isinstance(self.hidden_size, bool) or not isinstance(self.hidden_size, int) or self.hidden_size < 1:
             raise ValueError(f"HeadConfig.hidden_size={self.hidden_size!r}: must be a positive int "
                              "(the language model's hidden width)")
+        if self.pooling is None:
+            self.pooling = "slots" if self.type == "detect" else "attention"
         if self.pooling not in POOLINGS:
             raise ValueError(f"HeadConfig.pooling={self.pooling!r}: must be one of {list(POOLINGS)}")
+        if self.pooling == "slots" and self.type != "detect":
+            raise ValueError(f"HeadConfig.pooling='slots' is for type='detect' (one query per box slot), "
+                             f"not {self.type!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"HeadConfig.dropout={self.dropout!r}: must be in [0, 1)")
         if not 0.0 < self.score_threshold < 1.0:

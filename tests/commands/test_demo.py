@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from vlora.commands import demo
 from vlora.config import compose
 
@@ -15,6 +17,7 @@ DOMAINS = "[exists_bus,exists_truck]"
 
 def _small_demo():
     cfg = compose("demo")
+    cfg.demo.profile = "cpu"  # the same small job on a machine with CUDA
     cfg.demo.offline = ["offline.per_domain=false", "offline.all_in_one=false", "offline.compare_lm_head=null",
                         "offline.other_orders=[]",
                         f"distill.only={DOMAINS}", f"fusion.only={DOMAINS}", "fusion.domains.exists_bus=0.3",
@@ -53,3 +56,32 @@ def test_the_main_job_runs_end_to_end_and_reports_every_stream_and_task(vlora_ho
     assert report["engine"]["steps"] > 0 and report["engine"]["generated_tokens"] > 0
     out = capsys.readouterr().out
     assert "Video analytics:" in out and "cam1" in out and "Engine: policy v_lora" in out
+
+
+def test_auto_profile_follows_cuda_and_a_bad_profile_is_named():
+    import torch
+
+    assert demo.resolve_profile("auto") == ("gpu" if torch.cuda.is_available() else "cpu")
+    assert demo.resolve_profile("cpu") == "cpu"
+    with pytest.raises(ValueError, match="demo.profile='tpu'"):
+        demo.resolve_profile("tpu")
+
+
+def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains(monkeypatch, tmp_path):
+    """Each stage of the GPU profile composes; the offline stage fuses every distilled domain on the
+    small model in a home of its own, sharing the CPU profile's teachers."""
+    monkeypatch.setenv("VLORA_HOME", str(tmp_path))
+    d = compose("demo").demo
+    cpu = compose("offline", demo.stage_overrides(d, "cpu", "offline"))
+    off = compose("offline", demo.stage_overrides(d, "gpu", "offline"))
+    assert off.model.name == "qwen2_vl_small" and off.paths.home == f"{tmp_path}/gpu"
+    assert off.teachers.dir == cpu.teachers.dir == f"{tmp_path}/teachers"
+    assert set(off.fusion.only) == set(off.distill.domains)  # direction and detection included
+    assert off.fusion.only.direction > 0 and off.fusion.only.detect_car > 0
+    assert all(off.distill.domains[n].size * off.distill.domains[n].eval_fraction >= 256 for n in off.distill.domains)
+    assert off.train.pretrain.mixed_precision == "bf16" and off.train.mixed_precision == "bf16"
+    for stage in ("world", "serve", "video_analytics", "visual_retrieval"):
+        c = compose(stage, demo.stage_overrides(d, "gpu", stage))
+        assert c.paths.home == f"{tmp_path}/gpu", stage
+        if stage != "world":
+            assert c.model.name == "qwen2_vl_small" and c.adapters.manifest.startswith(f"{tmp_path}/gpu/"), stage

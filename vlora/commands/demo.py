@@ -38,6 +38,29 @@ RETRIEVAL_REASONS = {"accuracy": "no query of this kind had a known answer",
                      "p50_ms": "no query of this kind was answered", "p95_ms": "no query of this kind was answered"}
 
 
+PROFILES = ("auto", "cpu", "gpu")
+
+
+def resolve_profile(profile: str) -> str:
+    """cpu or gpu: `auto` is gpu where CUDA is available."""
+    if profile not in PROFILES:
+        raise ValueError(f"demo.profile={profile!r}: use one of {list(PROFILES)}")
+    if profile == "auto":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return profile
+
+
+def stage_overrides(d: DictConfig, profile: str, stage: str) -> list[str]:
+    """The overrides of one stage: the demo's own list, then the GPU profile's (resolved here, so
+    an interpolation like ${oc.env:VLORA_HOME} reads this process's environment)."""
+    def listed(node) -> list[str]:
+        return list(OmegaConf.to_container(node, resolve=True)) if node else []
+
+    return listed(d.get(stage)) + (listed(d.gpu.get(stage)) if profile == "gpu" else [])
+
+
 def _stage(name: str, overrides, seed: int, extra: list[str] = ()) -> DictConfig:
     return compose(name, [f"seed={seed}", *list(overrides or []), *extra])
 
@@ -137,22 +160,25 @@ def run(cfg: DictConfig) -> dict:
 
     d = cfg.demo
     seed, token = int(cfg.seed), str(d.token)
+    profile = resolve_profile(str(d.profile))
+    over = {stage: stage_overrides(d, profile, stage)
+            for stage in ("offline", "world", "serve", "video_analytics", "visual_retrieval")}
     began = time.perf_counter()
     log = sys.stderr
-    print("[demo 1/4] offline stage: teachers, datasets, fusion", file=log, flush=True)
-    offline_report = offline.run(_stage("offline", d.offline, seed))
+    print(f"[demo 1/4] offline stage ({profile} profile): teachers, datasets, fusion", file=log, flush=True)
+    offline_report = offline.run(_stage("offline", over["offline"], seed))
     model_path = offline_report["model_path"]
-    world.run(_stage("world", d.world, seed))  # the retrieval collection (kept when already written)
+    world.run(_stage("world", over["world"], seed))  # the retrieval collection (kept when already written)
     t_offline = time.perf_counter() - began
 
     print(f"[demo 2/4] server on {model_path} with the fused adapters", file=log, flush=True)
-    serve_cfg = _stage("serve", d.serve, seed, [f"model.path={model_path}", f"rpc.token={token}"])
+    serve_cfg = _stage("serve", over["serve"], seed, [f"model.path={model_path}", f"rpc.token={token}"])
     server = start_server(serve_cfg, token, 16)
     connect = [f"server.port={server.port}", f"server.token={token}"]
     try:
         print("[demo 3/4] camera streams and retrieval queries through the client", file=log, flush=True)
-        va_cfg = _stage("video_analytics", d.video_analytics, seed, connect)
-        vr_cfg = _stage("visual_retrieval", d.visual_retrieval, seed, connect)
+        va_cfg = _stage("video_analytics", over["video_analytics"], seed, connect)
+        vr_cfg = _stage("visual_retrieval", over["visual_retrieval"], seed, connect)
         results: dict = {}
         retrieval = threading.Thread(target=lambda: results.update(vr=visual_retrieval.run(vr_cfg)),
                                      name="demo-retrieval")
@@ -170,13 +196,13 @@ def run(cfg: DictConfig) -> dict:
               "steps_by_mode": getattr(stats, "steps_by_mode", {}), "adapters": len(adapters),
               "adapter_names": [a["name"] for a in adapters], "steps": stats.num_steps,
               "generated_tokens": stats.generated_tokens}
-    report = {"model": Path(model_path).name, "offline": {k: offline_report[k] for k in ("adapters", "timings_s")},
+    report = {"model": Path(model_path).name, "profile": profile, "offline": {k: offline_report[k] for k in ("adapters", "timings_s")},
               "domains": offline_report["domains"], "not_measured": offline_report.get("not_measured") or {},
               "streams": _stream_rows(results["va"]),
               "retrieval": _retrieval_rows(results.get("vr", {})), "retrieval_overall": results.get("vr", {}).get("overall"),
               "engine": engine, "seconds": {"offline": round(t_offline, 1),
                                             "total": round(time.perf_counter() - began, 1)}}
-    out = Path(d.report_dir)
+    out = Path(d.gpu.report_dir if profile == "gpu" else d.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     text = report_lines(report)

@@ -107,11 +107,14 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         if int(opts.base_eval_limit) > 0:  # 0: skip the base model's zero-shot answers
             base, _ = zero_shot(trainer, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
         adapter = where[d.name]
+        teacher = _teacher_agreement(data)
         rows.append({"domain": d.name, "task": d.task, "requirement": d.requirement,
-                     "teacher_vs_truth": _teacher_agreement(data), "base_zero_shot": None if base is None else round(base, 3),
+                     "teacher_vs_truth": teacher, "base_zero_shot": None if base is None else round(base, 3),
                      "one_adapter_per_domain": round(per_domain[d.name], 3) if per_domain else None,
                      "one_adapter_for_all": round(all_in_one[d.name], 3) if all_in_one else None,
                      "fused": round(adapter.accuracies[d.name], 3), "fused_adapter": adapter.name,
+                     # the fused adapter's agreement with its teacher, over the teacher's with the truth
+                     "fused_of_teacher": round(adapter.accuracies[d.name] / teacher, 3) if teacher else None,
                      "meets_requirement": adapter.accuracies[d.name] >= d.requirement})
         print(f"[report] {d.name}: base {'-' if base is None else f'{base:.2f}'}, fused "
               f"{adapter.accuracies[d.name]:.2f}", file=log, flush=True)
@@ -132,7 +135,8 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         "no adapter per domain was trained for comparison (offline.per_domain=false)",
         "one_adapter_for_all": None if opts.all_in_one else
         "no single adapter for all domains was trained for comparison (offline.all_in_one=false)",
-        "teacher_vs_truth": "the domain's dataset records no teacher-vs-truth agreement (its data has no ground truth)"}
+        "teacher_vs_truth": "the domain's dataset records no teacher-vs-truth agreement (its data has no ground truth)",
+        "fused_of_teacher": "no teacher-vs-truth agreement to compare with"}
     return {"model": fused["model"].name, "domains": rows, "adapters": counts, "orders": orders,
             "head_vs_lm_head": comparison,
             "train_calls": trainer.train_calls, "manifest": fused["manifest"],

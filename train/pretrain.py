@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -141,6 +142,7 @@ def _batches(data: _Batches, start: int, workers: int):
     (Pinned memory made the loader slower on an H100 host: 195 against 137 ms a batch.)"""
     if workers == 0:
         return (data[i] for i in range(start, len(data)))
+    workers = min(workers, max(1, (os.cpu_count() or 2) - 1))  # one core stays with the training loop
     return iter(torch.utils.data.DataLoader(data, batch_size=None, sampler=range(start, len(data)),
                                             num_workers=workers, prefetch_factor=2, persistent_workers=False))
 

@@ -77,7 +77,7 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
     assert off.model.name == "qwen2_vl_small" and off.paths.home == f"{tmp_path}/gpu"
     assert off.teachers.dir == cpu.teachers.dir == f"{tmp_path}/teachers"
     assert set(off.fusion.only) == set(off.distill.domains)  # direction and detection included
-    assert off.fusion.only.direction > 0 and off.fusion.only.detect_car > 0
+    assert all(dict(r) == {"of_teacher": 0.9} for r in off.fusion.only.values())  # the profile's target
     assert all(off.distill.domains[n].size * off.distill.domains[n].eval_fraction >= 256 for n in off.distill.domains)
     assert off.train.pretrain.mixed_precision == "bf16" and off.train.mixed_precision == "bf16"
     for stage in ("world", "serve", "video_analytics", "visual_retrieval"):

@@ -4,6 +4,8 @@ error is answered before any model is built."""
 
 from __future__ import annotations
 
+import json
+
 import socket
 import subprocess
 import sys
@@ -136,3 +138,27 @@ def test_one_override_adds_a_domain_to_fusion(vlora_home):
     assert job.selected() == {"direction": 0.6}
     listed = to_dataclass(FusionJob, OmegaConf.to_container(compose("fusion", ["fusion.only=[qa]"]).fusion))
     assert listed.selected() == {"qa": cfg.fusion.domains.qa}  # a listed name keeps its configured requirement
+
+
+def test_a_requirement_relative_to_the_teacher_reads_the_dataset_record(tmp_path):
+    from vlora.commands.fusion import resolve_requirement
+
+    (tmp_path / "count_cars").mkdir()
+    (tmp_path / "count_cars" / "domain.json").write_text(
+        json.dumps({"teacher_vs_truth": {"metric": "accuracy", "value": 0.862, "items": 1024}}))
+    assert resolve_requirement("count_cars", {"of_teacher": 0.9}, str(tmp_path)) == pytest.approx(0.7758)
+    assert resolve_requirement("count_cars", 0.5, str(tmp_path)) == 0.5
+    (tmp_path / "user_data").mkdir()
+    (tmp_path / "user_data" / "domain.json").write_text(json.dumps({"teacher_vs_truth": None}))
+    with pytest.raises(ValueError, match="user_data.*records no teacher-vs-truth agreement"):
+        resolve_requirement("user_data", {"of_teacher": 0.9}, str(tmp_path))
+    with pytest.raises(ValueError, match="count_cars.*of_teacher"):
+        resolve_requirement("count_cars", {"of_techer": 0.9}, str(tmp_path))
+
+
+def test_fusion_refuses_a_relative_requirement_without_a_record_before_building_the_model(vlora_home, capsys):
+    from vlora.commands.fusion import run_fusion
+
+    cfg = compose("fusion", ["fusion.only={not_distilled: {of_teacher: 0.9}}"])
+    with pytest.raises(SystemExit, match="not_distilled.*records no teacher-vs-truth agreement"):
+        run_fusion(cfg)

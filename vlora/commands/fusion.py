@@ -9,6 +9,10 @@ every domain's accuracy requirement (greedy, with roll-back), then export the ad
 `fusion.only` picks domains by name from fusion.domains, or, as a mapping name -> requirement,
 names the domains and their requirements itself, new ones included (so adding a domain is one
 override: `fusion.domains` is a struct node that only `+fusion.domains.X=...` could extend).
+A requirement is a score, or `{of_teacher: f}`: f times the teacher's agreement with the truth
+that the domain's dataset records (`teacher_vs_truth` in domain.json), so one setting reads "as
+good as 0.9x the teacher" on any seed's data.
+
 Adapters are named `<fusion.name>_<i>` (default: the out_dir's folder name), so the manifests of
 different runs can be served together.
 
@@ -55,6 +59,28 @@ class FusionJob:
         return {d: r for d, r in self.domains.items() if self.only is None or d in self.only}
 
 
+def teacher_agreement(dataset_dir: str | Path) -> float | None:
+    """The teacher's agreement with the truth that a distilled dataset records (None: no truth)."""
+    import json
+
+    meta = Path(dataset_dir) / "domain.json"
+    agreement = json.loads(meta.read_text()).get("teacher_vs_truth") if meta.is_file() else None
+    return agreement.get("value") if isinstance(agreement, dict) else agreement
+
+
+def resolve_requirement(name: str, value, datasets_dir: str) -> float:
+    """A requirement as a score: a number as is, {of_teacher: f} as f x the teacher's agreement."""
+    if not isinstance(value, dict):
+        return float(value)
+    if set(value) != {"of_teacher"} or not isinstance(value["of_teacher"], (int, float)):
+        raise ValueError(f"requirement of {name!r} is {value}: give a score, or {{of_teacher: <factor>}}")
+    agreement = teacher_agreement(Path(datasets_dir) / name)
+    if agreement is None:
+        raise ValueError(f"requirement of {name!r} is {value}, but {Path(datasets_dir) / name / 'domain.json'} "
+                         "records no teacher-vs-truth agreement (distill it first, from a source with ground truth)")
+    return float(value["of_teacher"]) * float(agreement)
+
+
 def build_trainer(cfg: DictConfig, datasets_dir: str, log=None, rehearsal: float = 0.0, refit_epochs: int = 0):
     """The model (world-pretrained unless train.base=model) and the LoRA trainer over it
     (`rehearsal`, `refit_epochs`: how a joining domain keeps the members, see LoraTrainer)."""
@@ -74,7 +100,8 @@ def domains_of(job: FusionJob, trainer) -> list:
     out = []
     for name, requirement in job.selected().items():
         data = trainer.dataset(name)
-        out.append(Domain(name, data.info.task, float(requirement), data.size("train")))
+        out.append(Domain(name, data.info.task, resolve_requirement(name, requirement, job.datasets_dir),
+                          data.size("train")))
     return out
 
 
@@ -101,6 +128,11 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     if missing:
         raise SystemExit(f"vlora fusion: fusion.only names {missing} without a requirement and fusion.domains has "
                          f"none for them; give one: fusion.only={{{missing[0]}: 0.5}}")
+    try:  # relative requirements read the datasets' records, also before the model is built
+        for name, value in job.selected().items():
+            resolve_requirement(name, value, job.datasets_dir)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"vlora fusion: {e}") from None
     start = time.perf_counter()
     if job.rehearsal < 0 or job.refit_head_epochs < 0:
         raise SystemExit(f"vlora fusion: fusion.rehearsal ({job.rehearsal}) and fusion.refit_head_epochs "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from fusion import fuse
 
-from .fusion import print_event
+from .fusion import print_event, teacher_agreement
 from .table import format_table
 
 
@@ -44,12 +44,6 @@ def zero_shot(trainer, data, limit: int, max_new_tokens: int) -> tuple[float, fl
         preds += greedy_decode(trainer.vlm, items, max_new_tokens)
     hits = [_norm(p) == _norm(r["answer"]) for p, r in zip(preds, rows)]
     return sum(hits) / max(1, len(hits)), float(len(rows))
-
-
-def _teacher_agreement(data) -> float | None:
-    raw = json.loads((Path(data.path) / "domain.json").read_text())
-    agreement = raw.get("teacher_vs_truth")
-    return agreement.get("value") if isinstance(agreement, dict) else agreement
 
 
 def head_vs_lm(trainer, data) -> dict:
@@ -107,7 +101,7 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         if int(opts.base_eval_limit) > 0:  # 0: skip the base model's zero-shot answers
             base, _ = zero_shot(trainer, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
         adapter = where[d.name]
-        teacher = _teacher_agreement(data)
+        teacher = teacher_agreement(data.path)
         rows.append({"domain": d.name, "task": d.task, "requirement": d.requirement,
                      "teacher_vs_truth": teacher, "base_zero_shot": None if base is None else round(base, 3),
                      "one_adapter_per_domain": round(per_domain[d.name], 3) if per_domain else None,

@@ -20,6 +20,7 @@ and then a heuristic fallback. `reference.py` holds the fp32 reference and the P
 baselines behind the same call signature.
 """
 
+from .baselines import lora_mbgmv, lora_sgmv
 from .expand import expand
 from .lora import add_lora, configs_for, pinned
 from .merge import MergeGroup, merge_groups_, merge_lora_, merge_lora_ref_, unmerge_lora_
@@ -32,6 +33,6 @@ from .tiling import ShapeKey, TileConfig, config_space, heuristic_config, shape_
 __all__ = [
     "NO_LORA", "MIX_ONLY", "SegmentMeta", "build_segments", "add_lora", "configs_for", "pinned", "shrink", "expand",
     "merge_lora_", "unmerge_lora_", "merge_lora_ref_", "merge_groups_", "MergeGroup",
-    "lora_reference", "lora_loop", "lora_gather_bmm", "lora_einsum",
+    "lora_reference", "lora_loop", "lora_gather_bmm", "lora_einsum", "lora_sgmv", "lora_mbgmv",
     "TilingTable", "TileConfig", "ShapeKey", "shape_key", "config_space", "heuristic_config",
 ]

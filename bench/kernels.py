@@ -1,6 +1,8 @@
 """Kernel benchmark: ATMM (searched table, best single static tiling, heuristic) against the
-PyTorch baselines over token counts x adapter mixes x ranks x hidden sizes, each beside its
-roofline floor from the device's measured copy bandwidth and matmul rate.
+PyTorch baselines and the Triton SGMV (Punica) and MBGMV (S-LoRA) kernels over token counts x
+adapter mixes x ranks x hidden sizes, each beside its roofline floor from the device's measured
+copy bandwidth and matmul rate. Each row holds the median call (`us`) and the p50/p90/p99 of the
+timed runs.
 
 Writes kernels.csv, summary.json and kernels.png to the output folder and prints a summary.
 """
@@ -16,16 +18,18 @@ from pathlib import Path
 
 import torch
 
+from kernels.baselines import lora_mbgmv, lora_sgmv
 from kernels.lora import configs_for, default_table, pinned
 from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop
 from kernels.segments import build_segments
 from kernels.table import TilingTable
 from kernels.tiling import TileConfig, heuristic_config, shape_key
-from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op
+from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op_tails
 from kernels.workload import DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
 from .results import write_csv
 
-BASELINES = {"loop": lora_loop, "gather_bmm": lora_gather_bmm, "einsum": lora_einsum}
+BASELINES = {"loop": lora_loop, "gather_bmm": lora_gather_bmm, "einsum": lora_einsum, "sgmv": lora_sgmv,
+             "mbgmv": lora_mbgmv}
 STATIC_CANDIDATES = 12  # per op
 
 
@@ -58,8 +62,9 @@ def _problems(shape: LoRAShape, dtype, l2_bytes: int) -> list[tuple]:
     return out
 
 
-def _time(problems: list[tuple], impl, job: BenchJob) -> float:
-    return time_op(Rotation(problems, lambda p: impl(*p)), warmup=job.warmup, repeats=job.repeats)
+def _time(problems: list[tuple], impl, job: BenchJob) -> dict[str, float]:
+    """Microseconds of one call: `us` (the median) and p50_us, p90_us, p99_us."""
+    return time_op_tails(Rotation(problems, lambda p: impl(*p)), warmup=job.warmup, repeats=job.repeats)
 
 
 def _host_side(problems: list[tuple]) -> list[tuple]:
@@ -89,7 +94,7 @@ def pick_static(shapes, dtype, l2_bytes, table: TilingTable, job: BenchJob) -> t
             for cfg in cands:
                 # the other half stays at the table's choice, so only this op's tiling varies
                 pair = (cfg, refs[1]) if op == "shrink" else (refs[0], cfg)
-                log_sum[op][cfg] += math.log(_time(problems, pinned(*pair), quick))
+                log_sum[op][cfg] += math.log(_time(problems, pinned(*pair), quick)["us"])
         print(f"\rstatic candidates: shape {i}/{len(shapes)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     best = {op: min(scores, key=scores.get) for op, scores in log_sum.items()}
@@ -118,10 +123,11 @@ def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
         impls["atmm_heuristic"] = pinned(*guess)
         for name, impl in impls.items():
             args = _host_side(problems) if name == "loop" else problems
-            us = _time(args, impl, job)
+            times = _time(args, impl, job)
             rows.append(dict(device=props.name, date=date, tokens=shape.tokens, mix=shape.mix, rank=shape.rank,
-                             hidden=shape.k, impl=name, us=round(us, 3), floor_us=round(floor, 3),
-                             x_floor=round(us / floor, 3), flops=flops, bytes=n_bytes))
+                             hidden=shape.k, impl=name, **{key: round(us, 3) for key, us in times.items()},
+                             floor_us=round(floor, 3), x_floor=round(times["us"] / floor, 3), flops=flops,
+                             bytes=n_bytes))
         print(f"\r[{i}/{len(shapes)}] t={shape.tokens} {shape.mix} r={shape.rank} h={shape.k}",
               end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)

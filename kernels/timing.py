@@ -2,6 +2,7 @@
 
 Every benchmark in `kernels/` times through `time_op`, so all numbers are taken the same way:
 warm-up first (compilation and autotuning stay out), then many timed runs, median reported.
+`time_op_tails` takes the same runs and reports their 50th, 90th and 99th percentiles as well.
 """
 
 from __future__ import annotations
@@ -21,6 +22,38 @@ def time_op(fn: Callable[[], object], warmup: int = 10, repeats: int = 50, use_g
     kernels. Calls slower than half a millisecond are timed one by one without a graph: launch
     gaps no longer matter there, and a graph of many large calls would only hold memory.
     """
+    return statistics.median(_run_times_us(fn, warmup, repeats, use_graph, inner))
+
+
+def time_op_tails(fn: Callable[[], object], warmup: int = 10, repeats: int = 50, use_graph: bool = True,
+                  inner: int = 20) -> dict[str, float]:
+    """`time_op`'s median as `us`, with the p50, p90 and p99 of the same timed runs (`latency_stats`).
+
+    With a graph, a run is the mean call of one replay of up to `inner` calls, so the tails show
+    the spread from replay to replay (clocks, memory, other work on the device), not within one;
+    slow calls are timed alone. The p99 of fewer than about 100 repeats is close to the slowest run.
+    """
+    return latency_stats(_run_times_us(fn, warmup, repeats, use_graph, inner))
+
+
+def latency_stats(samples_us: list[float]) -> dict[str, float]:
+    """us (the median) and p50_us, p90_us, p99_us, linearly interpolated between the sorted samples."""
+    if not samples_us:
+        raise ValueError("latency_stats needs at least one sample")
+    ordered = sorted(samples_us)
+
+    def percentile(q: float) -> float:
+        pos = q * (len(ordered) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return dict(us=statistics.median(ordered), p50_us=percentile(0.5), p90_us=percentile(0.9),
+                p99_us=percentile(0.99))
+
+
+def _run_times_us(fn: Callable[[], object], warmup: int, repeats: int, use_graph: bool, inner: int) -> list[float]:
+    """Microseconds per call of each of `repeats` timed runs (see `time_op`)."""
     if not torch.cuda.is_available():
         raise RuntimeError("time_op needs a CUDA device")
     for _ in range(max(1, warmup)):
@@ -41,7 +74,7 @@ def time_op(fn: Callable[[], object], warmup: int = 10, repeats: int = 50, use_g
         runner, per_run = graph.replay, inner
         runner()
     torch.cuda.synchronize()
-    return statistics.median(_event_time_us(runner) / per_run for _ in range(repeats))
+    return [_event_time_us(runner) / per_run for _ in range(repeats)]
 
 
 def _event_time_us(fn: Callable[[], object]) -> float:

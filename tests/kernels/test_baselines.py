@@ -1,5 +1,5 @@
 """Punica's SGMV and S-LoRA's MBGMV (kernels/baselines.py) against the fp32 reference (CPU: through the
-Triton interpreter)."""
+Triton interpreter), their place in the kernel benchmark, and the benchmark's latency percentiles."""
 
 from __future__ import annotations
 
@@ -109,3 +109,27 @@ def test_mixture_and_bad_inputs_are_refused(op):
     with pytest.raises(TypeError, match="ranks must be int32"):
         op(y, x, lora_a, lora_b, meta, ranks.long(), scales, (32,))
 
+
+def test_benchmark_times_every_baseline_and_each_matches_the_reference():
+    from bench.kernels import BASELINES, BenchJob
+
+    assert {"sgmv", "mbgmv"} <= set(BASELINES) and BenchJob([1], ["distinct"], [16], [64], "out").baselines == list(
+        BASELINES)
+    slot_ids, slices = [3, 3, -1, 0, 1, 1, 1, 2, -1, 0], (24, 8, 8)
+    lora_a, lora_b, ranks, scales = make_pool(4, slices, 32, 16, torch.float32, seed=9, untargeted=0.3)
+    x, y0, meta = make_batch(len(slot_ids), 32, sum(slices), slot_ids, torch.float32, seed=9)
+    ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    for name, impl in BASELINES.items():
+        out = impl(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+        assert rel_err(out - y0, ref - y0) < 1e-5, name
+
+
+def test_latency_percentiles():
+    from kernels.timing import latency_stats
+
+    samples = [float(v) for v in range(100, 0, -1)]  # 1..100 in any order
+    stats = latency_stats(samples)
+    assert stats == pytest.approx(dict(us=50.5, p50_us=50.5, p90_us=90.1, p99_us=99.01))
+    assert latency_stats([7.0]) == dict(us=7.0, p50_us=7.0, p90_us=7.0, p99_us=7.0)
+    with pytest.raises(ValueError):
+        latency_stats([])

@@ -27,6 +27,11 @@ def test_summary_applies_the_issue_targets():
     assert s["table_vs_static_geomean"] == pytest.approx((1.5 * 1 * 1) ** (1 / 3), abs=1e-3)
     assert s["table_vs_static_min"] == 1.0
     assert s["merge"][0]["x_floor"] == 1.17
+    assert s["min_vs_sgmv"] is None  # not timed in these rows
+    rows += [_row(64, "sgmv", 30.0, 16.0), _row(4096, "sgmv", 140.0, 40.0), _row(4096, "mbgmv", 700.0, 40.0)]
+    s = summarize(rows, merge, dict(device="GPU", date="d"))
+    assert s["min_vs_sgmv"] == 1.5 and s["min_vs_mbgmv"] == 10.0  # 30/20 at 64 tokens; 700/70 at 4096
+    assert s["decode"][0]["vs_sgmv"] == 1.5 and "vs_mbgmv" not in s["decode"][0]
 
 
 def test_search_buckets_each_shape_once_per_op():

@@ -85,6 +85,14 @@ def load_domain(path: str | Path) -> DomainData:
     return DomainData(info, splits, path)
 
 
+def teacher_agreement(path: str | Path) -> float | None:
+    """The teacher's agreement with the truth that the domain dataset at `path` records in its
+    domain.json (None: no record, or no ground truth); read without loading the dataset."""
+    file = Path(path) / DOMAIN_FILE
+    agreement = json.loads(file.read_text()).get("teacher_vs_truth") if file.is_file() else None
+    return agreement.get("value") if isinstance(agreement, dict) else agreement
+
+
 def head_target(info: DomainInfo, row: dict) -> Any:
     """What the domain's head is trained towards for one row."""
     if info.task == "count":

@@ -59,17 +59,10 @@ class FusionJob:
         return {d: r for d, r in self.domains.items() if self.only is None or d in self.only}
 
 
-def teacher_agreement(dataset_dir: str | Path) -> float | None:
-    """The teacher's agreement with the truth that a distilled dataset records (None: no truth)."""
-    import json
-
-    meta = Path(dataset_dir) / "domain.json"
-    agreement = json.loads(meta.read_text()).get("teacher_vs_truth") if meta.is_file() else None
-    return agreement.get("value") if isinstance(agreement, dict) else agreement
-
-
 def resolve_requirement(name: str, value, datasets_dir: str) -> float:
     """A requirement as a score: a number as is, {of_teacher: f} as f x the teacher's agreement."""
+    from train.data import teacher_agreement
+
     if not isinstance(value, dict):
         return float(value)
     if set(value) != {"of_teacher"} or not isinstance(value["of_teacher"], (int, float)):
@@ -94,14 +87,14 @@ def build_trainer(cfg: DictConfig, datasets_dir: str, log=None, rehearsal: float
     return LoraTrainer(vlm, datasets_dir, tcfg, log=log, rehearsal=rehearsal, refit_epochs=refit_epochs), ref
 
 
-def domains_of(job: FusionJob, trainer) -> list:
+def domains_of(requirements: dict[str, float], trainer) -> list:
+    """The fusion domains of `requirements` (name -> score, resolved), sized from their datasets."""
     from fusion import Domain
 
     out = []
-    for name, requirement in job.selected().items():
+    for name, requirement in requirements.items():
         data = trainer.dataset(name)
-        out.append(Domain(name, data.info.task, resolve_requirement(name, requirement, job.datasets_dir),
-                          data.size("train")))
+        out.append(Domain(name, data.info.task, requirement, data.size("train")))
     return out
 
 
@@ -129,8 +122,8 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
         raise SystemExit(f"vlora fusion: fusion.only names {missing} without a requirement and fusion.domains has "
                          f"none for them; give one: fusion.only={{{missing[0]}: 0.5}}")
     try:  # relative requirements read the datasets' records, also before the model is built
-        for name, value in job.selected().items():
-            resolve_requirement(name, value, job.datasets_dir)
+        requirements = {name: resolve_requirement(name, value, job.datasets_dir)
+                        for name, value in job.selected().items()}
     except (ValueError, OSError) as e:
         raise SystemExit(f"vlora fusion: {e}") from None
     start = time.perf_counter()
@@ -138,7 +131,7 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
         raise SystemExit(f"vlora fusion: fusion.rehearsal ({job.rehearsal}) and fusion.refit_head_epochs "
                          f"({job.refit_head_epochs}) must be >= 0")
     trainer, ref = build_trainer(cfg, job.datasets_dir, log or sys.stderr, job.rehearsal, job.refit_head_epochs)
-    domains = domains_of(job, trainer)
+    domains = domains_of(requirements, trainer)
     try:
         result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)
     except ValueError as e:

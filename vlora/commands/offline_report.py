@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 from fusion import fuse
+from train.data import teacher_agreement
 
-from .fusion import print_event, teacher_agreement
+from .fusion import print_event
 from .table import format_table
 
 

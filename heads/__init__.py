@@ -14,8 +14,10 @@ in `train/` and in `serve/`. Imports only torch, safetensors and the standard li
     head = load_head("adapters/actions", device="cuda", dtype=torch.bfloat16)
 
 Heads: `ClassifyHead` (cross-entropy over labels), `CountHead` (0..max_count as classes,
-larger counts clamp to the last), `DetectHead` (max_boxes slots, Hungarian-matched set loss:
-objectness BCE + L1 + GIoU), `BinaryHead` (one logit, BCE). Pooling of [B, T, D] to [B, D]:
+larger counts clamp to the last), `DenseDetectHead` (detect's default: objectness and a box per
+visual token, the token holding a box's centre owns it; focal + L1 + GIoU, NMS at decode; needs
+`token_xy`, the tokens' cell centres from `heads.grid`), `DetectHead` (max_boxes slots,
+Hungarian-matched set loss: objectness BCE + L1 + GIoU), `BinaryHead` (one logit, BCE). Pooling of [B, T, D] to [B, D]:
 "attention" (learned query, default), "last" or "mean" over real tokens. Computation is fp32
 whatever the dtype of the hidden states or the stored weights.
 
@@ -27,13 +29,17 @@ from .base import TaskHead
 from .boxes import cxcywh_to_xyxy, generalized_iou, xyxy_to_cxcywh
 from .classify import BinaryHead, ClassifyHead, CountHead
 from .config import HEAD_TYPES, POOLINGS, HeadConfig, HeadResult
+from .dense import DenseDetectHead
 from .detect import DetectHead
+from .grid import FULL, NOT_VISUAL, center_crop_window, grid_xy, processor_window, prompt_token_xy, square_cells
 from .io import HEAD_CLASSES, build_head, head_paths, load_head, save_head
 from .metrics import accuracy, box_iou, detection_counts, exact_match, f1_at_iou
 
 __all__ = [
     "HeadConfig", "HeadResult", "HEAD_TYPES", "POOLINGS",
-    "TaskHead", "ClassifyHead", "CountHead", "DetectHead", "BinaryHead", "HEAD_CLASSES",
+    "TaskHead", "ClassifyHead", "CountHead", "DetectHead", "DenseDetectHead", "BinaryHead", "HEAD_CLASSES",
+    "grid_xy", "center_crop_window", "prompt_token_xy", "NOT_VISUAL", "FULL",
+    "processor_window", "square_cells",
     "build_head", "save_head", "load_head", "head_paths",
     "accuracy", "exact_match", "box_iou", "f1_at_iou", "detection_counts",
     "linear_sum_assignment", "cxcywh_to_xyxy", "xyxy_to_cxcywh", "generalized_iou",

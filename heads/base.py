@@ -56,8 +56,10 @@ class TaskHead(nn.Module):
         raise NotImplementedError
 
     # -- shared -----------------------------------------------------------------------------
-    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> dict[str, Tensor]:
-        """hidden: [B, T, D] (any float dtype); attention_mask: [B, T], nonzero = real token."""
+    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None,
+                token_xy: Tensor | None = None) -> dict[str, Tensor]:
+        """hidden: [B, T, D] (any float dtype); attention_mask: [B, T], nonzero = real token;
+        token_xy: [B, T, 2] each visual token's cell centre (`heads.grid`), read by dense heads only."""
         pooled = self.pool(hidden, attention_mask)  # [B, D] fp32 ([B, S, D] for slots)
         pooled = F.dropout(pooled, self.config.dropout, self.training)
         if self.config.pooling == "slots":  # slot s projects its own pooled vector with its own rows
@@ -69,9 +71,10 @@ class TaskHead(nn.Module):
         return self.outputs_from(logits)
 
     @torch.no_grad()
-    def predict(self, hidden: Tensor, attention_mask: Tensor | None = None) -> list[HeadResult]:
+    def predict(self, hidden: Tensor, attention_mask: Tensor | None = None,
+                token_xy: Tensor | None = None) -> list[HeadResult]:
         """One structured answer per input: what the server returns in `head` mode."""
-        return self.decode(self(hidden, attention_mask))
+        return self.decode(self(hidden, attention_mask, token_xy))
 
     def pool(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """[B, T, D] -> [B, D] in fp32, looking only at real tokens.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 HEAD_TYPES = ("classify", "count", "detect", "binary")
-POOLINGS = ("last", "mean", "attention", "slots")
+POOLINGS = ("last", "mean", "attention", "slots", "dense")
 
 
 @dataclass
@@ -22,10 +22,13 @@ class HeadConfig:
     pooling:     how [B, T, D] becomes [B, D]: "attention" (a learned query over the real
                  tokens), "last" (the last real token), "mean" (mean of the real tokens);
                  detect also "slots": a learned query per box slot, each slot reading its own
-                 tokens (one pooled vector cannot say where several objects are). None: slots
-                 for detect, attention otherwise.
+                 tokens (one pooled vector cannot say where several objects are); detect also
+                 "dense": no pooling, every visual token scores and boxes what its cell holds
+                 (`DenseDetectHead`; needs the tokens' cell centres). None: dense for detect,
+                 attention otherwise.
     dropout:     on the pooled feature, training only.
     score_threshold: detect: a slot is reported as a box when its score exceeds this.
+    dense_width: dense detect: width of the hidden layer each token goes through (0: linear).
     """
 
     type: str
@@ -36,6 +39,7 @@ class HeadConfig:
     pooling: str | None = None
     dropout: float = 0.0
     score_threshold: float = 0.5
+    dense_width: int = 256
 
     def __post_init__(self) -> None:
         if self.type not in HEAD_TYPES:
@@ -45,12 +49,14 @@ class HeadConfig:
             raise ValueError(f"HeadConfig.hidden_size={self.hidden_size!r}: must be a positive int "
                              "(the language model's hidden width)")
         if self.pooling is None:
-            self.pooling = "slots" if self.type == "detect" else "attention"
+            self.pooling = "dense" if self.type == "detect" else "attention"
         if self.pooling not in POOLINGS:
             raise ValueError(f"HeadConfig.pooling={self.pooling!r}: must be one of {list(POOLINGS)}")
-        if self.pooling == "slots" and self.type != "detect":
-            raise ValueError(f"HeadConfig.pooling='slots' is for type='detect' (one query per box slot), "
-                             f"not {self.type!r}")
+        if self.pooling in ("slots", "dense") and self.type != "detect":
+            raise ValueError(f"HeadConfig.pooling={self.pooling!r} is for type='detect' (box slots, or boxes "
+                             f"per visual token), not {self.type!r}")
+        if isinstance(self.dense_width, bool) or not isinstance(self.dense_width, int) or self.dense_width < 0:
+            raise ValueError(f"HeadConfig.dense_width={self.dense_width!r}: must be an int >= 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"HeadConfig.dropout={self.dropout!r}: must be in [0, 1)")
         if not 0.0 < self.score_threshold < 1.0:
@@ -90,6 +96,8 @@ class HeadConfig:
             return len(self.labels)
         if self.type == "count":
             return self.max_count + 1
+        if self.type == "detect" and self.pooling == "dense":
+            return 5  # per visual token: objectness logit + (cx, cy) offsets + (w, h) logits
         if self.type == "detect":
             return self.max_boxes * 5  # per slot: objectness logit + (cx, cy, w, h) logits
         return 1

@@ -36,6 +36,8 @@ class DetectHead(TaskHead):
     targets: {"boxes": [B, M, 4] (x1, y1, x2, y2), "box_mask": [B, M] bool} (M = most boxes
     of any input in the batch; rows padded at the end)."""
 
+    bounded = True  # a picture cannot hold more target boxes than the head has slots
+
     def __init__(self, config: HeadConfig):
         super().__init__(config)
         with torch.no_grad():
@@ -133,7 +135,7 @@ class DetectHead(TaskHead):
                 raise ValueError(f"targets[{n}][{k}]={box!r}: need x1 < x2 and y1 < y2 (xyxy order, "
                                  "non-empty box)")
             rows.append([x1, y1, x2, y2])
-        if len(rows) > self.config.max_boxes:
+        if self.bounded and len(rows) > self.config.max_boxes:
             raise ValueError(f"targets[{n}]: {len(rows)} boxes but the head has max_boxes="
                              f"{self.config.max_boxes} slots; raise max_boxes in the head config")
         return rows

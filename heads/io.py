@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from .base import TaskHead
 from .classify import BinaryHead, ClassifyHead, CountHead
 from .config import HeadConfig
+from .dense import DenseDetectHead
 from .detect import DetectHead
 
 HEAD_CLASSES: dict[str, type[TaskHead]] = {
@@ -30,6 +31,8 @@ def build_head(config: HeadConfig | dict) -> TaskHead:
     """A freshly initialised head for `config` (a HeadConfig or its dict form)."""
     if isinstance(config, dict):
         config = HeadConfig.from_dict(config)
+    if config.type == "detect" and config.pooling == "dense":
+        return DenseDetectHead(config)
     return HEAD_CLASSES[config.type](config)
 
 

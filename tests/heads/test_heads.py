@@ -16,6 +16,8 @@ LABELS = ["cat", "dog", "bird"]
 def make(type_: str, **kw):
     if type_ == "classify":
         kw.setdefault("labels", LABELS)
+    if type_ == "detect":
+        kw.setdefault("pooling", "slots")  # the set head; the dense head (needs token_xy) has test_dense.py
     torch.manual_seed(0)
     head = build_head(HeadConfig(type=type_, hidden_size=D, max_boxes=3, max_count=4, **kw))
     if hasattr(head, "query"):

@@ -134,7 +134,7 @@ def test_detect_learns():
     latent, boxes = synthetic_boxes(N_TRAIN + N_TEST, gen)
     hidden, mask = sequences(latent, gen, noise=0.1)
     torch.manual_seed(0)
-    head = build_head(HeadConfig(type="detect", hidden_size=D, max_boxes=4, labels=["person"]))
+    head = build_head(HeadConfig(type="detect", hidden_size=D, max_boxes=4, labels=["person"], pooling="slots"))
     (h_tr, h_te), (m_tr, m_te) = split(hidden), split(mask)
     first, last = train(head, h_tr, m_tr, head.targets_from(boxes[:N_TRAIN]), steps=300, lr=2e-2)
     assert last < 0.3 * first
@@ -176,4 +176,4 @@ def test_detect_slots_read_each_object_off_its_own_token():
         train(head, h_tr, m_tr, head.targets_from(boxes[:N_TRAIN]), steps=400, lr=2e-2)
         f1[pooling] = f1_at_iou([r.boxes for r in head.predict(h_te, m_te)], boxes[N_TRAIN:], iou=0.5)
     assert f1["slots"] > 0.8 and f1["slots"] > f1["attention"] + 0.1, f1
-    assert HeadConfig(type="detect", hidden_size=D).pooling == "slots"  # detect's default
+    assert HeadConfig(type="detect", hidden_size=D).pooling == "dense"  # detect's default reads tokens

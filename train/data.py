@@ -17,7 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from heads import NOT_VISUAL
+
 from .model import arch_of, rope_positions, visual_features
+from .token_grid import visual_token_xy
 
 TASKS = ("classify", "count", "detect", "binary", "lm")
 DOMAIN_FILE = "domain.json"
@@ -111,6 +114,7 @@ class Encoded:
     visual_mask: Tensor  # [L] bool, True at the vision placeholders
     visual: Tensor | None  # [N, D] cached vision tower output (N = visual_mask.sum()); None if it trains
     pixels: dict[str, Tensor] | None = None  # processor output for the tower, when it trains
+    token_xy: Tensor | None = None  # [L, 2] each visual token's cell centre, -1 on text (heads.grid)
 
     def extend(self, tokens: Tensor) -> Encoded:
         """The item with text tokens [K] appended (an answer; generated tokens); positions continue."""
@@ -121,10 +125,13 @@ class Encoded:
             more = more.expand(self.position_ids.shape[0], k)
         else:
             more = self.position_ids[-1] + step
+        xy = self.token_xy
+        if xy is not None:
+            xy = torch.cat([xy, xy.new_full((k, 2), NOT_VISUAL)])
         return Encoded(torch.cat([self.input_ids, tokens.to(self.input_ids)]),
                        torch.cat([self.position_ids, more], dim=-1),
                        torch.cat([self.visual_mask, torch.zeros(k, dtype=torch.bool, device=self.visual_mask.device)]),
-                       self.visual, self.pixels)
+                       self.visual, self.pixels, xy)
 
 
 class Encoder:
@@ -162,7 +169,7 @@ class Encoder:
         prepared = {k: self._prepare(r, info) for k, r in todo.items()}
         device = self.device()
         groups: dict[tuple, list[str]] = {}
-        for k, (_, _, _, pixels) in prepared.items():
+        for k, (_, _, _, pixels, _) in prepared.items():
             groups.setdefault(tuple(sorted(pixels)), []).append(k)
         for group in groups.values():
             visual = [None] * len(group)
@@ -177,14 +184,15 @@ class Encoder:
                                      "placeholders (does the prompt's image/video placeholder match the media?)")
                 visual = list(out.split(counts))
             for k, v in zip(group, visual):
-                input_ids, positions, mask, pixels = prepared[k]
+                input_ids, positions, mask, pixels, xy = prepared[k]
                 pixels = None if self.cache_visual else {n: t.to(device) for n, t in pixels.items()}
-                self.cache[k] = Encoded(input_ids.to(device), positions.to(device), mask.to(device), v, pixels)
+                self.cache[k] = Encoded(input_ids.to(device), positions.to(device), mask.to(device), v, pixels,
+                                        xy.to(device))
         return [self.cache[k] for k in keys]
 
-    def _prepare(self, row: dict, info: DomainInfo) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
-        """One row through the processor: token ids, positions, placeholder mask and pixels, all
-        on the CPU (`encode_many` moves them to the device)."""
+    def _prepare(self, row: dict, info: DomainInfo) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
+        """One row through the processor: token ids, positions, placeholder mask, pixels and the
+        visual tokens' cell centres, all on the CPU (`encode_many` moves them to the device)."""
         prompt = row["prompt"]
         if self._placeholder_text(row["media"]) not in prompt:  # rendered for another chat format
             prompt = self.render_prompt(row["question"], row["media"])
@@ -199,7 +207,9 @@ class Encoder:
             positions = torch.arange(input_ids.numel())
         mask = torch.isin(input_ids, torch.tensor(self.placeholder_ids))
         pixels = {k: v for k, v in inputs.items() if k.startswith(("pixel_values", "image_grid", "video_grid"))}
-        return input_ids, positions, mask, pixels
+        size = media.size if row["media"] == "image" else (media[0].shape[1], media[0].shape[0])
+        xy = visual_token_xy(self.model, self.processor, inputs, mask, [size])
+        return input_ids, positions, mask, pixels, xy
 
     def _placeholder_text(self, media: str) -> str:
         """The token this model's prompts carry for an image or a video (before expansion)."""
@@ -258,6 +268,9 @@ def collate(items: list[Encoded], pad_id: int, answers: list[Tensor] | None = No
         positions[..., i, :n] = it.position_ids
     batch: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions,
                              "visual_mask": vmask}
+    xy = batch_token_xy(items, t)
+    if xy is not None:
+        batch["token_xy"] = xy
     if all(it.visual is not None for it in items):
         batch["visual"] = torch.cat([it.visual for it in items], dim=0)  # row-major, as masked_scatter fills
     else:
@@ -268,3 +281,14 @@ def collate(items: list[Encoded], pad_id: int, answers: list[Tensor] | None = No
             labels[i, n0:it.input_ids.numel()] = it.input_ids[n0:]
         batch["labels"] = labels
     return batch
+
+
+def batch_token_xy(items: list[Encoded], length: int | None = None) -> Tensor | None:
+    """[B, T, 2] cell centres of a right-padded batch (padding NOT_VISUAL); None when an item has none."""
+    if any(it.token_xy is None for it in items):
+        return None
+    length = length or max(it.token_xy.shape[0] for it in items)
+    out = items[0].token_xy.new_full((len(items), length, 2), NOT_VISUAL)
+    for i, it in enumerate(items):
+        out[i, :it.token_xy.shape[0]] = it.token_xy
+    return out

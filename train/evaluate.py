@@ -15,7 +15,7 @@ from torch import Tensor
 
 from heads import TaskHead, accuracy, exact_match, f1_at_iou
 
-from .data import DomainData, Encoded, collate, head_target
+from .data import DomainData, Encoded, batch_token_xy, collate, head_target
 from .model import language_forward, lm_head_of
 
 METRICS = {"classify": "top1", "count": "top1", "binary": "top1", "detect": "f1@0.5", "lm": "exact_match"}
@@ -82,7 +82,7 @@ def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval"
             targets += [r["answer"] for r in chunk]
             continue
         hidden, mask = hidden_states(vlm, items)
-        for r, result in zip(chunk, head.predict(hidden, mask)):
+        for r, result in zip(chunk, head.predict(hidden, mask, batch_token_xy(items))):
             preds.append({"classify": result.label, "count": result.count, "binary": result.answer,
                           "detect": result.boxes}[info.task])
             targets.append(head_target(info, r))

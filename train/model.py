@@ -198,7 +198,7 @@ class AdapterModule(nn.Module):
     """The trainable whole: the PEFT model and the task head of the domain being trained.
 
     One module so `accelerate` can place and wrap it (DDP on several GPUs sees one forward).
-    forward(batch) -> {"hidden": [B, T, D], "mask": [B, T], "logits": [B, T, V] if lm}.
+    forward(batch) -> {"hidden": [B, T, D], "mask": [B, T], "token_xy": [B, T, 2] or None, "logits": [B, T, V] if lm}.
     """
 
     def __init__(self, peft_model: nn.Module, head: nn.Module | None):
@@ -212,7 +212,7 @@ class AdapterModule(nn.Module):
             visual = torch.cat([visual_features(self.lm, p, grad=True) for p in batch["pixels"]], dim=0)
         hidden = language_forward(self.lm, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
                                   visual, batch["visual_mask"])
-        out = {"hidden": hidden, "mask": batch["attention_mask"]}
+        out = {"hidden": hidden, "mask": batch["attention_mask"], "token_xy": batch.get("token_xy")}
         if want_logits:
             out["logits"] = lm_head_of(self.lm)(hidden)  # [B, T, V]
         return out

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from heads import TaskHead
 
-from .data import DomainData, collate, head_target
+from .data import DomainData, batch_token_xy, collate, head_target
 from .evaluate import hidden_states
 from .model import AdapterModule, maybe_compile
 from .trainer import TrainConfig, _batch_loss, _schedule
@@ -141,20 +141,22 @@ def refit_heads(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, epochs: int,
         if head is None:
             continue
         rows = part.data.splits["train"]
-        cached: list[tuple[Tensor, Tensor, list]] = []
+        cached: list[tuple[Tensor, Tensor, Tensor | None, list]] = []
         for start in range(0, len(rows), cfg.eval_batch_size):  # the LM runs forward once per item
             chunk = [rows[i] for i in range(start, min(len(rows), start + cfg.eval_batch_size))]
-            hidden, mask = hidden_states(vlm, vlm.encoder.encode_many(chunk, info))
-            cached.append((hidden.float(), mask, [head_target(info, r) for r in chunk]))
+            items = vlm.encoder.encode_many(chunk, info)
+            hidden, mask = hidden_states(vlm, items)
+            cached.append((hidden.float(), mask, batch_token_xy(items), [head_target(info, r) for r in chunk]))
         head.to(vlm.device).train()
         optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.head_lr, weight_decay=cfg.weight_decay)
         rng = np.random.default_rng([cfg.seed, 11])
         for _ in range(epochs):
             for b in rng.permutation(len(cached)):  # minibatches of the training batch size
-                hidden, mask, targets = cached[b]
+                hidden, mask, xy, targets = cached[b]
                 for i in range(0, len(targets), cfg.batch_size):
                     sl = slice(i, i + cfg.batch_size)
-                    loss = head.loss(head(hidden[sl], mask[sl]), head.targets_from(targets[sl], device=hidden.device))
+                    outputs = head(hidden[sl], mask[sl], None if xy is None else xy[sl])
+                    loss = head.loss(outputs, head.targets_from(targets[sl], device=hidden.device))
                     loss.backward()
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)

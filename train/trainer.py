@@ -102,7 +102,8 @@ def _batch_loss(module: torch.nn.Module, head: TaskHead | None, batch: dict, tar
     if head is None:  # next-token cross-entropy on the answer tokens only
         logits, labels = out["logits"][:, :-1], batch["labels"][:, 1:]
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
-    return head.loss(head(out["hidden"], out["mask"]), head.targets_from(targets, device=out["hidden"].device))
+    return head.loss(head(out["hidden"], out["mask"], out["token_xy"]),
+                     head.targets_from(targets, device=out["hidden"].device))
 
 
 def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: TaskHead | None = None,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from heads import prompt_token_xy
 from serve.models import VisionLanguageModel
+from serve.models.vision import token_cells
 
 from .config import EngineConfig
 from serve.forward.context import StepContext, step_context
@@ -131,9 +133,18 @@ class ModelRunner:
         if done:  # every head answer of the step in one batch per head and one wait for the GPU
             from serve.lora.heads import run_heads
 
-            jobs = [(seq.state.head, torch.cat(seq.state.head_rows)) for seq in done]
+            merge = self.model.args.spatial_merge_size
+            jobs = [(seq.state.head, torch.cat(seq.state.head_rows),
+                     self._token_xy(seq, merge) if seq.state.head.config.pooling == "dense" else None) for seq in done]
             for seq, result in zip(done, run_heads(jobs)):
                 seq.state.head_rows, seq.state.head_result = None, result
+
+    @staticmethod
+    def _token_xy(seq: Sequence, merge: int) -> torch.Tensor | None:
+        """[prompt, 2] cell centres of the prompt's visual tokens (None without pictures); host-built."""
+        if not seq.state.vision:
+            return None
+        return prompt_token_xy(seq.prompt_len, [(item.offset, token_cells(item, merge)) for item in seq.state.vision])
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(inputs):

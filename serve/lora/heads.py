@@ -7,7 +7,8 @@ meta.json's `domains[<domain>]["task"]` says what each domain answers.
 
 Head mode: the request's prompt goes through one prefill with the adapter; the head reads the
 final hidden states of the prompt (after the final norm, as training's `last_hidden_state`),
-pooled as its config says, and `decode` gives the `HeadResult` (label, count, boxes, yes/no).
+pooled as its config says (a dense detect head reads every visual token, with its cell centre in the
+picture), and `decode` gives the `HeadResult` (label, count, boxes, yes/no).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from adapters.heads import find_heads
 from adapters.peft import fail
-from heads import TaskHead, load_head
+from heads import NOT_VISUAL, TaskHead, load_head
 
 
 def load_adapter_heads(path: str | Path, meta: dict, hidden_size: int, device: torch.device) -> dict[str, TaskHead]:
@@ -70,18 +71,19 @@ def select_head(adapter: str, heads: dict[str, TaskHead], meta: dict, task: str 
     raise ValueError(f"adapter {adapter!r} has no head for task {task!r}; its heads: {described}")
 
 
-def run_head(head: TaskHead, hidden: torch.Tensor):
-    """hidden: [P, D] final hidden states of a prompt (all of it, or its tail for 'last' pooling) -> HeadResult."""
-    return run_heads([(head, hidden)])[0]
+def run_head(head: TaskHead, hidden: torch.Tensor, token_xy: torch.Tensor | None = None):
+    """hidden: [P, D] final hidden states of a prompt (all of it, or its tail for 'last' pooling), token_xy:
+    [P, 2] its visual tokens' cell centres (read by dense detect heads) -> HeadResult."""
+    return run_heads([(head, hidden, token_xy)])[0]
 
 
 @torch.no_grad()
-def run_heads(jobs: list[tuple[TaskHead, torch.Tensor]]) -> list:
-    """The HeadResult of each (head, hidden rows [P, D]) in order. The prompts of one head run as one
-    padded batch (mask built on the host), and every head's outputs come to the host in one wait for
-    the GPU, not two per prompt."""
+def run_heads(jobs: list[tuple[TaskHead, torch.Tensor, torch.Tensor | None]]) -> list:
+    """The HeadResult of each (head, hidden rows [P, D], token_xy [P, 2] or None) in order. The prompts
+    of one head run as one padded batch (mask and cell centres built on the host), and every head's
+    outputs come to the host in one wait for the GPU, not two per prompt."""
     groups: dict[int, tuple[TaskHead, list[int]]] = {}
-    for i, (head, _) in enumerate(jobs):
+    for i, (head, _, _) in enumerate(jobs):
         groups.setdefault(id(head), (head, []))[1].append(i)
     pending, cuda = [], None
     for head, members in groups.values():
@@ -90,7 +92,11 @@ def run_heads(jobs: list[tuple[TaskHead, torch.Tensor]]) -> list:
         mask = torch.zeros(hidden.shape[:2], dtype=torch.bool)
         for b, r in enumerate(rows):
             mask[b, :r.shape[0]] = True
-        outputs = head(hidden, mask)
+        cells = [jobs[i][2] for i in members]
+        xy = None
+        if all(c is not None for c in cells):
+            xy = torch.nn.utils.rnn.pad_sequence(cells, batch_first=True, padding_value=NOT_VISUAL)
+        outputs = head(hidden, mask, xy)
         if hidden.is_cuda:
             cuda = hidden.device
             outputs = {k: v.to("cpu", non_blocking=True) for k, v in outputs.items()}  # pinned, queued

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from heads import processor_window
+
 from .args import ModelArgs
 from .vision import VisionInput
 
@@ -187,8 +189,10 @@ class PromptProcessor:
         if not self.args.is_qwen:
             for i, image in enumerate(images):
                 pixels = out["pixel_values"][i:i + 1]
-                n = self._llava_tokens(pixels)
-                items.append(VisionInput("image", pixels, n, content_hash("image", np.asarray(image))))
+                n, array = self._llava_tokens(pixels), np.asarray(image)
+                height, width = array.shape[:2]  # its tokens see the processor's crop of this picture
+                window = processor_window(getattr(self.processor, "image_processor", None), width, height)
+                items.append(VisionInput("image", pixels, n, content_hash("image", array), window=window))
             return items
         merge2 = self.args.spatial_merge_size ** 2
         for kind, raws, pixel_key, grid_key in (("image", images, "pixel_values", "image_grid_thw"),

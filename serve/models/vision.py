@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from heads import FULL, grid_xy, square_cells
+
 from .deferred import Deferred, materialize
 from .loader import WeightSource, load_submodule
 from .clip_vision import ClipVisionTower
@@ -35,6 +37,16 @@ class VisionInput:
     offset: int = -1  # token index of its first placeholder in the prompt
     group_hashes: tuple[str, ...] | None = None  # Qwen video: one per temporal patch (frame group)
     deferred: Deferred | None = None  # Qwen: raw frames, made pixel rows on the tower's device at encode time
+    window: tuple[float, float, float, float] = FULL  # the part of the picture its tokens cover (LLaVA: the crop)
+
+
+def token_cells(item: VisionInput, merge: int) -> torch.Tensor:
+    """[num_tokens, 2] each of the item's tokens' cell centre in its picture (heads.grid), in the
+    towers' token order: Qwen's merged grid per frame group, CLIP's square grid over the crop."""
+    if item.grid_thw is None:
+        return square_cells(item.num_tokens, item.window)
+    t, h, w = item.grid_thw
+    return grid_xy(h // merge, w // merge, frames=t)
 
 
 def split_frame_groups(items: list[VisionInput], merge2: int) -> list[VisionInput]:

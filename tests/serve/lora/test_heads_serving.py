@@ -10,14 +10,16 @@ from adapter_cases import make_adapter, make_head, peft_generate, peft_model, wr
 from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread here)
 from serve_cases import case_specs, hf_inputs, make_request
 
-from heads import load_head
+from heads import load_head, save_head
+from train.token_grid import visual_token_xy
 from serve import Engine, EngineConfig
 from serve.lora import select_head
 
 ARCHS = {"qwen2_5_vl_tiny": "qwen2_5_vl", "llava_1_5_tiny": "llava"}
 # domain -> (task named in meta.json, head type, pooling)
 DOMAINS = {"colour": ("color", "classify", "attention"), "vehicles": ("count", "count", "mean"),
-           "cars": ("detect", "detect", "last"), "bus": ("exists", "binary", "attention")}
+           "cars": ("detect", "detect", "last"), "bus": ("exists", "binary", "attention"),
+           "trucks": ("locate", "detect", "dense")}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,14 @@ def head_adapters(tiny_zoo, tmp_path_factory):
         hidden = model.config.get_text_config().hidden_size
         multi = make_adapter(model, root / "multi", ["q_proj", "v_proj", "down_proj"], 8, 16, seed=5)
         for i, (domain, (_, type_, pooling)) in enumerate(DOMAINS.items()):
-            make_head(multi / "heads" / domain, type_, hidden, seed=i, pooling=pooling)
+            low = {"score_threshold": 0.3} if pooling == "dense" else {}
+            make_head(multi / "heads" / domain, type_, hidden, seed=i, pooling=pooling, **low)
+            if pooling == "dense":  # a random dense head that reports boxes: scores around 0.5, not the prior
+                head = load_head(multi / "heads" / domain)
+                with torch.no_grad():
+                    head.proj.weight[0] *= 0.05
+                    head.proj.bias[0] = 0.0
+                save_head(head, multi / "heads" / domain)
         write_meta(multi, {d: task for d, (task, _, _) in DOMAINS.items()})
         single = make_adapter(model, root / "single", ["o_proj", "gate_proj"], 4, 8, seed=6)
         make_head(single, "binary", hidden, seed=9, pooling="mean")
@@ -47,7 +56,15 @@ def _peft_head(model, processor, spec, adapter, head):
         out = model(**inputs, adapter_names=[adapter], output_hidden_states=True)
     hidden = out.hidden_states[-1]  # [1, P, D]: after the final norm (checked: it gives the logits)
     assert torch.allclose(model.get_output_embeddings()(hidden), out.logits, atol=1e-5)
-    return head.predict(hidden)[0]
+    xy = None
+    if head.config.pooling == "dense":  # cell centres from transformers' processor output, as training has them
+        ids = inputs["input_ids"][0]
+        cfg = model.config
+        tokens = [getattr(cfg, k, None) for k in ("image_token_id", "image_token_index", "video_token_id")]
+        mask = torch.isin(ids, torch.tensor([t for t in tokens if t is not None]))
+        sizes = [(im.shape[1], im.shape[0]) for im in spec.get("images", [])] or [spec["video"][0].shape[1::-1]]
+        xy = visual_token_xy(model, processor, inputs, mask, sizes)[None]
+    return head.predict(hidden, None, xy)[0]
 
 
 def _assert_same(got, want):
@@ -76,13 +93,15 @@ def test_head_requests_mixed_with_generation_match_heads_on_peft_hidden_states(n
     for adapter, path in dirs.items():
         engine.load_adapter(adapter, path)
     cases = [(specs[0], "multi", "colour"), (specs[1], "multi", "count"), (specs[2], "multi", "cars"),
-             (specs[0], "multi", "exists"), (specs[-1], "single", None)]
+             (specs[0], "multi", "exists"), (specs[-1], "single", None), (specs[2], "multi", "locate")]
+    if name != "llava_1_5_tiny":
+        cases.append((specs[3], "multi", "trucks"))  # a clip's tokens, frame group by frame group
     generating = make_request(specs[1])
     generating.adapter = "multi"
     outputs = engine.generate([_head_request(s, a, t) for s, a, t in cases] + [generating])
     model, processor = peft_model(str(tiny_zoo[name]), tuple((k, str(p)) for k, p in dirs.items()))
     for out, (spec, adapter, task) in zip(outputs, cases):
-        domain = {"count": "vehicles", "exists": "bus"}.get(task, task)
+        domain = {"count": "vehicles", "exists": "bus", "locate": "trucks"}.get(task, task)
         head = load_head(dirs[adapter] / "heads" / domain) if domain else load_head(dirs[adapter])
         assert out.finish_reason == "head" and out.token_ids == [] and out.finished
         _assert_same(out.head, _peft_head(model, processor, spec, adapter, head))
@@ -148,13 +167,23 @@ def test_heads_of_a_step_run_batched_and_answer_as_one_by_one():
     from serve.lora.heads import run_heads
 
     torch.manual_seed(0)
+    from heads import grid_xy, prompt_token_xy
+
+    torch.manual_seed(0)
     heads = [build_head(HeadConfig(type=t, hidden_size=16, pooling=p, **kw)).eval()
              for t, p, kw in (("classify", "attention", {"labels": ["a", "b", "c"]}), ("count", "mean", {"max_count": 4}),
-                              ("detect", "last", {"labels": ["car"], "max_boxes": 3}), ("binary", "attention", {}))]
-    jobs = [(heads[i % 4], torch.randn(n, 16)) for i, n in enumerate([5, 9, 1, 7, 3, 12, 2, 8])]
+                              ("detect", "last", {"labels": ["car"], "max_boxes": 3}), ("binary", "attention", {}),
+                              ("detect", "dense", {"score_threshold": 0.3}))]
+    with torch.no_grad():
+        heads[4].proj.weight.normal_(0, 1.0)  # objectness and boxes that differ token to token
+    def job(i, n):
+        xy = prompt_token_xy(n, [(1, grid_xy(2, (n - 1) // 2))]) if n > 2 else None
+        return heads[i % 5] if xy is not None or i % 5 != 4 else heads[0], torch.randn(n, 16), xy
+    jobs = [job(i, n) for i, n in enumerate([5, 9, 1, 7, 3, 12, 2, 8, 9, 7])]
+    assert sum(head is heads[4] for head, _, _ in jobs) == 2
     batched = run_heads(jobs)
-    for (head, rows), got in zip(jobs, batched):
-        want = head.predict(rows[None])[0]
+    for (head, rows, xy), got in zip(jobs, batched):
+        want = head.predict(rows[None], None, None if xy is None else xy[None])[0]
         g, w = got.to_dict(), want.to_dict()
         assert g.keys() == w.keys()
         for key in g:

@@ -2,7 +2,8 @@
 PyTorch baselines and the Triton SGMV (Punica) and MBGMV (S-LoRA) kernels over token counts x
 adapter mixes x ranks x hidden sizes, each beside its roofline floor from the device's measured
 copy bandwidth and matmul rate. Each row holds the median call (`us`) and the p50/p90/p99 of the
-timed runs.
+timed runs. Decode shapes (up to FUSED_MAX_TOKENS tokens) also time the fused one-launch kernel
+as `atmm_fused`, at the table's (or heuristic's) fused tiling, beside the two-launch `atmm`.
 
 Writes kernels.csv, summary.json and kernels.png to the output folder and prints a summary.
 """
@@ -10,6 +11,7 @@ Writes kernels.csv, summary.json and kernels.png to the output folder and prints
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import sys
 from collections import Counter
@@ -19,11 +21,12 @@ from pathlib import Path
 import torch
 
 from kernels.baselines import lora_mbgmv, lora_sgmv
+from kernels.fused import fused_add_lora
 from kernels.lora import configs_for, default_table, pinned
 from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop
 from kernels.segments import build_segments
 from kernels.table import TilingTable
-from kernels.tiling import TileConfig, heuristic_config, shape_key
+from kernels.tiling import FUSED_MAX_RANK, FUSED_MAX_TOKENS, TileConfig, heuristic_config, shape_key
 from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op_tails
 from kernels.workload import DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
 from .results import write_csv
@@ -77,7 +80,9 @@ def pick_static(shapes, dtype, l2_bytes, table: TilingTable, job: BenchJob) -> t
     chosen among the table's most frequent winners and the heuristic's choices."""
     winners = {"shrink": Counter(), "expand": Counter()}
     for key_text, entry in table.entries.items():
-        winners[key_text.split("|")[0]][TileConfig.from_dict(entry)] += 1
+        op = key_text.split("|")[0]
+        if op in winners:  # the fused op's entries are no tiling of the two launches
+            winners[op][TileConfig.from_dict(entry)] += 1
     # The configurations that win most often in the table, plus the heuristic's: a static
     # tiling outside that set would lose on nearly every shape.
     candidates = {op: {cfg for cfg, _ in counts.most_common(STATIC_CANDIDATES)} for op, counts in winners.items()}
@@ -101,6 +106,18 @@ def pick_static(shapes, dtype, l2_bytes, table: TilingTable, job: BenchJob) -> t
     return best["shrink"], best["expand"]
 
 
+def fused_impl(shape: LoRAShape, table: TilingTable):
+    """The fused one-launch kernel pinned to the table's tiling of `shape` (the heuristic's where
+    the table has none), or None where it is not timed: past decode sizes or its largest rank.
+    Pinned, not chosen: it is timed whether or not the table would send the batch to it
+    (`TilingTable.fused`), so the row shows what the table's choice gains or would cost."""
+    if shape.tokens > FUSED_MAX_TOKENS or shape.rank > FUSED_MAX_RANK:
+        return None
+    key = shape_key("fused", shape.tokens, longest_segment(shape.tokens, shape.mix), shape.k, shape.n, shape.rank,
+                    len(shape.slices))
+    return functools.partial(fused_add_lora, config=table.lookup(key))
+
+
 def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
     """Times every implementation on every grid shape; returns (rows, run metadata)."""
     props = torch.cuda.get_device_properties(0)
@@ -121,7 +138,8 @@ def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
         guess = configs_for(problems[0][1], problems[0][2], problems[0][4], shape.slices, heuristic)
         impls["atmm"] = pinned(*tuned)
         impls["atmm_heuristic"] = pinned(*guess)
-        for name, impl in impls.items():
+        fused = fused_impl(shape, table)
+        for name, impl in {**impls, **({"atmm_fused": fused} if fused else {})}.items():
             args = _host_side(problems) if name == "loop" else problems
             times = _time(args, impl, job)
             rows.append(dict(device=props.name, date=date, tokens=shape.tokens, mix=shape.mix, rank=shape.rank,

@@ -33,6 +33,9 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
                 entry[f"vs_{b}"] = round(impl[b]["us"] / atmm["us"], 2)
         if atmm.get("p99_us") is not None:
             entry["p99_us"] = atmm["p99_us"]
+        if "atmm_fused" in impl:  # the one-launch kernel: how many times faster than the two launches
+            entry["fused_us"] = impl["atmm_fused"]["us"]
+            entry["fused_speedup"] = round(atmm["us"] / impl["atmm_fused"]["us"], 2)
         if t <= 64:
             entry["ok"] = atmm["us"] <= max(10.0, 1.5 * atmm["floor_us"]) and entry["vs_torch"] >= 3
             decode.append(entry)
@@ -49,6 +52,8 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
         prefill_shapes=len(prefill), prefill_ok=sum(e["ok"] for e in prefill),
         prefill_worst_x_floor=max((e["x_floor"] for e in prefill), default=None),
         table_vs_static_geomean=round(geo, 3), table_vs_static_min=round(min(ratios), 3) if ratios else None,
+        fused_shapes=sum("fused_us" in e for e in decode),
+        fused_faster=sum(e.get("fused_speedup", 0) > 1 for e in decode),
         merge=[{k: m[k] for k in ("model", "modules", "rank", "us", "floor_us", "x_floor")} for m in merge_ok],
         **{f"min_vs_{b}": min((e[f"vs_{b}"] for e in decode + prefill if f"vs_{b}" in e), default=None)
            for b in SERVING_BASELINES},
@@ -67,6 +72,10 @@ def print_summary(summary: dict) -> None:
     for b in SERVING_BASELINES:
         if summary.get(f"min_vs_{b}") is not None:
             print(f"against {b}: ATMM at least {summary[f'min_vs_{b}']}x as fast on every decode and prefill shape")
+    if summary.get("fused_shapes"):
+        best = max(e.get("fused_speedup", 0) for e in summary["decode"])
+        print(f"fused one-launch kernel: faster than the two launches on {summary['fused_faster']}/"
+              f"{summary['fused_shapes']} decode shapes (at best {best}x)")
     print(f"searched table vs best static tiling: geomean {summary['table_vs_static_geomean']}x, "
           f"worst shape {summary['table_vs_static_min']}x")
     for m in summary["merge"]:

@@ -52,6 +52,40 @@ def _reduce_rank(v_base, b_base, offs_n, mask_n, mask_m, offs_k, rank, n_splits,
 
 
 @triton.jit
+def slice_program_meta(n_col_tiles, seg_len_ptr, seg_start_ptr, seg_slot_ptr, slice_offsets_ptr, ranks_ptr, mix_ptr,
+                       stride_ranks_i, SLICES_MULT16: tl.constexpr, MIX: tl.constexpr):
+    """What a program of the grid (segments, token tiles, slices x n_col_tiles) works on:
+    (pid_m, pid_n, pid_i, seg_len, seg_start, slot, col_start, col_end, rank, mix, mix_rank), its
+    token tile, column tile and slice, then its segment's and slice's metadata. The rank is 0
+    where the slot has none of its own (slot -2, mixture); mix / mix_rank are 0 outside a mixture.
+
+    All the loads are issued before the caller's one exit test (see the shrink kernel).
+    """
+    pid_seg = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_z = tl.program_id(2)
+    pid_n = pid_z % n_col_tiles
+    pid_i = pid_z // n_col_tiles
+    seg_len = tl.load(seg_len_ptr + pid_seg)
+    seg_start = tl.load(seg_start_ptr + pid_seg)
+    slot = tl.load(seg_slot_ptr + pid_seg)
+    col_start = tl.load(slice_offsets_ptr + pid_i)
+    col_end = tl.load(slice_offsets_ptr + pid_i + 1)
+    if SLICES_MULT16:  # lets Triton prove 16-byte alignment of the y and B rows the caller streams.
+        # Here, not in the caller: tl.multiple_of on one result of a call marks every result.
+        col_start = tl.multiple_of(col_start, 16)
+        col_end = tl.multiple_of(col_end, 16)
+    rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + tl.maximum(slot, 0))
+    rank = tl.where(slot >= 0, rank, 0)
+    mix = 0
+    mix_rank = 0
+    if MIX:
+        mix = tl.load(mix_ptr)
+        mix_rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + mix)
+    return pid_m, pid_n, pid_i, seg_len, seg_start, slot, col_start, col_end, rank, mix, mix_rank
+
+
+@triton.jit
 def _expand_kernel(
     v_ptr, b_ptr, y_ptr,
     token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, scales_ptr, slice_offsets_ptr, mix_ptr,
@@ -63,29 +97,11 @@ def _expand_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
     SLICES_MULT16: tl.constexpr, MIX: tl.constexpr,
 ):
-    pid_seg = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_z = tl.program_id(2)
-    pid_n = pid_z % n_col_tiles
-    pid_i = pid_z // n_col_tiles
-    # All metadata loads are issued before the one exit test (see the shrink kernel).
-    seg_len = tl.load(seg_len_ptr + pid_seg)
-    seg_start = tl.load(seg_start_ptr + pid_seg)
-    slot = tl.load(seg_slot_ptr + pid_seg)
-    col_start = tl.load(slice_offsets_ptr + pid_i)
-    col_end = tl.load(slice_offsets_ptr + pid_i + 1)
-    rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + tl.maximum(slot, 0))
-    rank = tl.where(slot >= 0, rank, 0)  # slot -2: no adapter of its own (mixture)
-    mix = 0
-    mix_rank = 0
-    if MIX:
-        mix = tl.load(mix_ptr)
-        mix_rank = tl.load(ranks_ptr + pid_i * stride_ranks_i + mix)
+    pid_m, pid_n, pid_i, seg_len, seg_start, slot, col_start, col_end, rank, mix, mix_rank = slice_program_meta(
+        n_col_tiles, seg_len_ptr, seg_start_ptr, seg_slot_ptr, slice_offsets_ptr, ranks_ptr, mix_ptr, stride_ranks_i,
+        SLICES_MULT16, MIX)
     if (pid_m * BLOCK_M >= seg_len) | (rank + mix_rank == 0) | (col_start + pid_n * BLOCK_N >= col_end):
         return
-    if SLICES_MULT16:  # lets Triton prove 16-byte alignment of the y and B rows it streams
-        col_start = tl.multiple_of(col_start, 16)
-        col_end = tl.multiple_of(col_end, 16)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < seg_len
     tokens = tl.load(token_order_ptr + seg_start + offs_m, mask=mask_m, other=0).to(tl.int64)
@@ -125,26 +141,14 @@ def slice_offsets(widths: tuple[int, ...], device: torch.device) -> torch.Tensor
     return _OFFSETS[key]
 
 
-def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
-           scales: torch.Tensor, slices: tuple[int, ...], config: TileConfig) -> torch.Tensor:
-    """y[:, slice i] += scale * v[i] @ B[slot, slice i].T per segment, in place; returns y.
-
-    y: [T, sum(slices)] fp16/bf16; v: float32 [splits, slices, T, R] from `shrink` ([..., 2R] for a
-    mixture batch, whose `meta.mix_slot` is then subtracted too);
-    lora_b: [slots, sum(slices), R] (PEFT's lora_B layout, slices stacked); ranks: int32
-    [slices, slots]; scales: float32 [slots]; slices: output width of each slice (host ints).
-    """
+def check_expand_inputs(y: torch.Tensor, lora_b: torch.Tensor, ranks: torch.Tensor, scales: torch.Tensor,
+                        slices: tuple[int, ...]) -> None:
     n_total = sum(slices)
     if y.dtype not in (torch.float16, torch.bfloat16) or y.dim() != 2 or y.shape[1] != n_total:
         raise ValueError(f"y must be fp16/bf16 [tokens, {n_total}], got {y.dtype} {tuple(y.shape)}")
     if lora_b.dim() != 3 or lora_b.shape[1] != n_total or lora_b.dtype != y.dtype:
         raise ValueError(f"lora_b must be {y.dtype} [slots, {n_total}, max_rank], got {lora_b.dtype} "
                          f"{tuple(lora_b.shape)}")
-    mix = meta.mix_slot is not None
-    v_cols = lora_b.shape[2] * (2 if mix else 1)
-    if v.dtype != torch.float32 or v.dim() != 4 or tuple(v.shape[1:]) != (len(slices), y.shape[0], v_cols):
-        raise ValueError(f"v must be float32 [splits, {len(slices)}, {y.shape[0]}, {v_cols}], "
-                         f"got {v.dtype} {tuple(v.shape)}")
     if tuple(ranks.shape) != (len(slices), lora_b.shape[0]) or ranks.dtype != torch.int32:
         raise ValueError(f"ranks must be int32 [{len(slices)}, {lora_b.shape[0]}], got {ranks.dtype} "
                          f"{tuple(ranks.shape)}")
@@ -154,6 +158,23 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
         raise ValueError(f"lora_b's max_rank ({lora_b.shape[2]}) must be a multiple of 16: pad the pool")
     if y.stride(-1) != 1 or lora_b.stride(-1) != 1:
         raise ValueError("y and lora_b need a contiguous last dimension")
+
+
+def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
+           scales: torch.Tensor, slices: tuple[int, ...], config: TileConfig) -> torch.Tensor:
+    """y[:, slice i] += scale * v[i] @ B[slot, slice i].T per segment, in place; returns y.
+
+    y: [T, sum(slices)] fp16/bf16; v: float32 [splits, slices, T, R] from `shrink` ([..., 2R] for a
+    mixture batch, whose `meta.mix_slot` is then subtracted too);
+    lora_b: [slots, sum(slices), R] (PEFT's lora_B layout, slices stacked); ranks: int32
+    [slices, slots]; scales: float32 [slots]; slices: output width of each slice (host ints).
+    """
+    check_expand_inputs(y, lora_b, ranks, scales, slices)
+    mix = meta.mix_slot is not None
+    v_cols = lora_b.shape[2] * (2 if mix else 1)
+    if v.dtype != torch.float32 or v.dim() != 4 or tuple(v.shape[1:]) != (len(slices), y.shape[0], v_cols):
+        raise ValueError(f"v must be float32 [splits, {len(slices)}, {y.shape[0]}, {v_cols}], "
+                         f"got {v.dtype} {tuple(v.shape)}")
     if meta.num_segments == 0 or meta.max_seg_len == 0:
         return y
     n_col_tiles = triton.cdiv(max(slices), config.block_n)

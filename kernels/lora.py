@@ -3,6 +3,10 @@
     add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices)    # y += LoRA(x), in place
 
 Same signature as the references in `reference.py`, so callers can swap implementations.
+Decode-sized batches take the fused one-launch kernel (`fused.py`) instead only where the
+device's table holds a fused entry measured faster than the two launches at that shape (it
+is opt-in: on an H100 it measured slower at every decode shape timed, at best 0.81x as fast;
+`tiling.py`); shapes the table never measured, and mixture batches, take the two launches.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ import functools
 import torch
 
 from .expand import expand
+from .fused import fused_add_lora
 from .segments import SegmentMeta
 from .shrink import shrink
 from .table import TilingTable
-from .tiling import TileConfig, shape_key
+from .tiling import FUSED_MAX_RANK, TileConfig, shape_key
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,12 +42,38 @@ def configs_for(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, slices
             table.lookup(shape_key("expand", *common, k, n, rank, n_slices)))
 
 
+def fused_config_for(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, slices: tuple[int, ...],
+                     table: TilingTable | None = None) -> TileConfig | None:
+    """The fused kernel's tiling if one launch should serve this batch and layer, else None:
+    only where the table measured it faster than the two launches (`TilingTable.fused`).
+
+    Never for a mixture batch: the table's fused timings are of plain batches, and a mixture
+    doubles the fused kernel's redundant shrink, so it stays on two launches until measured.
+    """
+    if meta.mix_slot is not None or lora_a.shape[2] > FUSED_MAX_RANK or meta.num_segments == 0:
+        return None
+    table = table or default_table(x.device.index or 0)
+    n_slices, _, rank, k = lora_a.shape
+    return table.fused(shape_key("fused", meta.num_tokens, max(1, meta.max_seg_len), k, sum(slices), rank, n_slices))
+
+
 def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, table: TilingTable | None = None,
-             shrink_config: TileConfig | None = None, expand_config: TileConfig | None = None):
-    """y[:, slice i] += scales[s] * (x @ A[i, s].T) @ B[s, slice i].T for each token's slot s."""
+             shrink_config: TileConfig | None = None, expand_config: TileConfig | None = None,
+             fused_config: TileConfig | None = None):
+    """y[:, slice i] += scales[s] * (x @ A[i, s].T) @ B[s, slice i].T for each token's slot s.
+
+    Given configs pin the kernels: `fused_config` the one-launch kernel, `shrink_config` /
+    `expand_config` the two launches; without any, the table chooses (`fused_config_for`).
+    """
     slices = tuple(int(w) for w in slices)
     if len(slices) != lora_a.shape[0]:
         raise ValueError(f"slices {slices} name {len(slices)} output slices but lora_a has {lora_a.shape[0]}")
+    if fused_config is not None and (shrink_config is not None or expand_config is not None):
+        raise ValueError("give add_lora either fused_config or shrink_config / expand_config, not both")
+    if fused_config is None and shrink_config is None and expand_config is None:
+        fused_config = fused_config_for(x, lora_a, meta, slices, table)
+    if fused_config is not None:
+        return fused_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, fused_config)
     if shrink_config is None or expand_config is None:
         looked_up = configs_for(x, lora_a, meta, slices, table)
         shrink_config, expand_config = shrink_config or looked_up[0], expand_config or looked_up[1]

@@ -2,8 +2,10 @@
 occurs and record the fastest in the GPU's table (`kernels/tables/<gpu>.json`).
 
 Each tiling is judged by the time of the whole op (shrink + expand) with the other half at
-the table's choice. Resumable: the table is saved after each shape, and a rerun skips the
-shapes already in it.
+the table's choice. Decode-sized shapes (up to FUSED_MAX_TOKENS tokens) also search the fused
+one-launch kernel, searched after both halves, so its entry's time and theirs are of the same
+whole op and the table can tell which wins (`TilingTable.fused`). Resumable: the table is saved
+after each shape, and a rerun skips the shapes already in it.
 Compilation of the candidate kernels runs first, in parallel worker processes that fill
 Triton's on-disk cache, so profiling then measures only run time.
 """
@@ -23,10 +25,11 @@ from pathlib import Path
 import torch
 
 from .expand import expand
+from .fused import fused_add_lora
 from .segments import build_segments
 from .shrink import shrink
 from .table import TABLE_DIR, TilingTable, device_slug
-from .tiling import TileConfig, config_space, shape_key
+from .tiling import FUSED_MAX_RANK, FUSED_MAX_TOKENS, TileConfig, config_space, shape_key
 from .timing import copy_bandwidth_gbs, time_op
 from .workload import DTYPES, MIXES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
 
@@ -64,7 +67,8 @@ def search_keys(job: SearchJob) -> dict:
             seg = longest_segment(t, mix)
             for r in job.ranks:
                 for k, slices in job_layouts(job):
-                    for op in ("shrink", "expand"):
+                    fused = t <= FUSED_MAX_TOKENS and r <= FUSED_MAX_RANK
+                    for op in ("shrink", "expand", "fused") if fused else ("shrink", "expand"):
                         keys.setdefault(shape_key(op, t, seg, k, sum(slices), r, len(slices)),
                                         LoRAShape(t, mix, r, k, slices))
     return keys
@@ -74,6 +78,8 @@ def _launch(op: str, cfg: TileConfig, problem, v=None):
     y, x, lora_a, lora_b, meta, ranks, scales, slices = problem
     if op == "shrink":
         return shrink(x, lora_a, meta, ranks, cfg)
+    if op == "fused":
+        return fused_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, cfg)
     return expand(y, v, lora_b, meta, ranks, scales, slices, cfg)
 
 
@@ -88,8 +94,8 @@ def _compile_chunk(args) -> int:
     dtype = DTYPES[dtype_name]
     for op, cfg, shape in work:
         problem = _problem(LoRAShape(16, "distinct", shape.rank, shape.k, shape.slices), dtype)
-        if op == "shrink":
-            _launch("shrink", cfg, problem)
+        if op in ("shrink", "fused"):
+            _launch(op, cfg, problem)
         else:
             v = _launch("shrink", TileConfig(16, min(128, max(16, shape.rank)), 64), problem)
             _launch("expand", cfg, problem, v)
@@ -125,6 +131,13 @@ def _coupled_step(op: str, partner: TileConfig):
     return step
 
 
+def _step_for(key, table: TilingTable):
+    """The timed step of `key`'s op: the fused kernel alone is the whole op."""
+    if key.op == "fused":
+        return functools.partial(_launch, "fused")
+    return _coupled_step(key.op, table.lookup(replace(key, op="expand" if key.op == "shrink" else "shrink")))
+
+
 def run_search(job: SearchJob) -> TilingTable:
     props = torch.cuda.get_device_properties(0)
     path = Path(job.table) if job.table else TABLE_DIR / f"{device_slug(props.name)}.json"
@@ -147,8 +160,7 @@ def run_search(job: SearchJob) -> TilingTable:
     for i, (key, shape) in enumerate(todo.items(), 1):
         copies = copies_to_defeat_cache(shape, props.L2_cache_size)
         problems = [_problem(shape, dtype, seed) for seed in range(copies)]
-        partner = replace(key, op="expand" if key.op == "shrink" else "shrink")
-        step = _coupled_step(key.op, table.lookup(partner))
+        step = _step_for(key, table)
         timed = []
         for cfg in spaces[key]:  # a quick pass over the whole space ...
             timed.append((time_op(Rotation(problems, functools.partial(step, cfg)), warmup=1, repeats=3), cfg))

@@ -27,6 +27,15 @@ from .tiling import TileConfig
 
 
 @triton.jit
+def k_step(ptrs, mask_rows, offs_k, k_end, EVEN_K: tl.constexpr):
+    """One [rows, BLOCK_K] tile of a K-contiguous operand (x, A); rows past the mask and columns
+    past k_end read as zeros."""
+    if EVEN_K:  # every step is a whole tile: row masks only, which keep the loads 16 bytes wide
+        return tl.load(ptrs, mask=mask_rows[:, None], other=0.0)
+    return tl.load(ptrs, mask=mask_rows[:, None] & (offs_k < k_end)[None, :], other=0.0)
+
+
+@triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, v_ptr,
     token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, mix_ptr,
@@ -77,14 +86,8 @@ def _shrink_kernel(
     a_ptrs = a_base + offs_n[:, None] * stride_ar + (k_start + offs_k)[None, :] * stride_ak  # [BLOCK_N, BLOCK_K]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
-        if EVEN_K:  # every step is a whole tile: row masks only, which keep the loads 16 bytes wide
-            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-            a = tl.load(a_ptrs, mask=mask_n[:, None], other=0.0)  # rows of A, k contiguous
-        else:
-            mask_k = (k + offs_k) < k_end
-            x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            a = tl.load(a_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        acc = dot_nt(acc, x, a, UPCAST_DOT)
+        x = k_step(x_ptrs, mask_m, k + offs_k, k_end, EVEN_K)
+        acc = dot_nt(acc, x, k_step(a_ptrs, mask_n, k + offs_k, k_end, EVEN_K), UPCAST_DOT)  # rows of A
         x_ptrs += BLOCK_K * stride_xk
         a_ptrs += BLOCK_K * stride_ak
 

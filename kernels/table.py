@@ -6,6 +6,12 @@
 Lookup is a dict access. A shape missing from the table takes the entry of the nearest
 model dimensions with the same op, token and rank buckets; a GPU without a table, or a
 bucket nobody searched, takes the heuristic.
+
+Whether a batch takes the fused one-launch op (`fused.py`) rather than shrink + expand is the
+table's call alone (`fused`): every entry's "us" is the time of the whole LoRA op, so a fused
+entry is used where it beats the two-launch entries measured at the same shape, and a bucket
+without a fused entry keeps the two launches. The fused op is opt-in that way because it
+measured slower on an H100 at every decode shape timed (at best 0.81x as fast; `tiling.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from .tiling import ShapeKey, TileConfig, heuristic_config
@@ -29,12 +36,12 @@ class TilingTable:
         self.device, self.num_sms = device, num_sms
         self.entries: dict[str, dict] = dict(entries or {})
         self._configs: dict[ShapeKey, TileConfig] = {}
-        self._by_bucket: dict[tuple, list[tuple[int, int, TileConfig]]] = {}
+        self._by_bucket: dict[tuple, list[ShapeKey]] = {}
+        self._fused: dict[ShapeKey, TileConfig | None] = {}
         for text, entry in self.entries.items():
             key = ShapeKey.parse(text)
-            cfg = TileConfig.from_dict(entry)
-            self._configs[key] = cfg
-            self._by_bucket.setdefault(self._bucket(key), []).append((key.k, key.n, cfg))
+            self._configs[key] = TileConfig.from_dict(entry)
+            self._by_bucket.setdefault(self._bucket(key), []).append(key)
 
     @staticmethod
     def _bucket(key: ShapeKey) -> tuple:
@@ -48,15 +55,43 @@ class TilingTable:
         return cfg
 
     def _nearest(self, key: ShapeKey) -> TileConfig | None:
+        measured = self._nearest_key(key)
+        return None if measured is None else self._configs[measured]
+
+    def _nearest_key(self, key: ShapeKey) -> ShapeKey | None:
+        """The measured key of `key`'s bucket with the closest model dimensions (itself if measured)."""
         candidates = self._by_bucket.get(self._bucket(key))
         if not candidates:
             return None
-        dist = lambda c: abs(math.log2(c[0] / key.k)) + abs(math.log2(c[1] / key.n))  # noqa: E731
-        return min(candidates, key=dist)[2]
+        dist = lambda c: abs(math.log2(c.k / key.k)) + abs(math.log2(c.n / key.n))  # noqa: E731
+        return min(candidates, key=dist)
+
+    def fused(self, key: ShapeKey) -> TileConfig | None:
+        """The fused op's tiling where one launch should serve `key` (op "fused"), else None.
+
+        Measured bucket: the fused entry nearest in model dimensions, used only if it beat the
+        two-launch op recorded at its own shape (no two-launch record there: no comparison, so
+        two launches). A bucket without fused entries: two launches (no heuristic sends a batch
+        here; see the note on the fused op in `tiling.py`).
+        """
+        if key.op != "fused":
+            raise ValueError(f"TilingTable.fused takes a 'fused' shape key, got {key}")
+        if key not in self._fused:
+            measured, faster = self._nearest_key(key), False
+            if measured is not None:
+                fused_us = self.entries[str(measured)].get("us", math.inf)
+                two = [self.entries.get(str(replace(measured, op=op)), {}).get("us") for op in ("shrink", "expand")]
+                two = [us for us in two if us is not None]
+                faster = bool(two) and fused_us < min(two)
+            self._fused[key] = self._configs[measured] if faster else None
+        return self._fused[key]
 
     def record(self, key: ShapeKey, cfg: TileConfig, us: float) -> None:
+        if str(key) not in self.entries:
+            self._by_bucket.setdefault(self._bucket(key), []).append(key)
         self.entries[str(key)] = {**cfg.to_dict(), "us": round(us, 3)}
         self._configs[key] = cfg
+        self._fused.clear()  # a new measurement may change which op wins
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -73,6 +108,7 @@ class TilingTable:
 
     @classmethod
     def for_device(cls, device_name: str, num_sms: int = 132, table_dir: Path = TABLE_DIR) -> "TilingTable":
-        """The committed table of this GPU, or an empty one (heuristic everywhere)."""
+        """The committed table of this GPU, or an empty one (heuristic tilings everywhere, two
+        launches at every shape)."""
         path = table_dir / f"{device_slug(device_name)}.json"
         return cls.load(path) if path.exists() else cls(device_name, {}, num_sms)

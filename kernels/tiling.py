@@ -1,6 +1,11 @@
 """Tiling configurations of the ATMM kernels: the space the offline search explores, the
 hardware constraints that prune it, the shape key a table is indexed by, and the heuristic
 used where no table entry exists.
+
+Three ops are tiled: the two launches of the ATMM op ("shrink", "expand") and the one-launch
+variant for decode-sized batches ("fused", `fused.py`). The heuristic gives every op a tiling,
+but only a table entry that measured the fused op faster than the two launches sends a batch
+to it (`TilingTable.fused`; see the note on the fused op below).
 """
 
 from __future__ import annotations
@@ -8,7 +13,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass
 
-OPS = ("shrink", "expand")
+OPS = ("shrink", "expand", "fused")
+FUSED_MAX_TOKENS = 64  # the fused op is searched and benchmarked up to this many tokens (decode)
+FUSED_MAX_RANK = 128  # it holds a token tile's whole rank in registers
 
 
 @dataclass(frozen=True)
@@ -20,17 +27,27 @@ class TileConfig:
     # that the expand adds up as it reads (no atomics)
     num_warps: int = 4
     num_stages: int = 2
+    col_tiles: int = 1  # fused only: output column tiles one program loops over, reusing the v it computed
+    # (tables written before the fused op lack it: the default keeps them loading)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"TileConfig.{name}={value}: tiles are powers of two, at least 16")
-        if self.split_k < 1 or self.split_k & (self.split_k - 1):
-            raise ValueError(f"TileConfig.split_k={self.split_k}: a power of two >= 1")
+        for name in ("split_k", "col_tiles"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"TileConfig.{name}={value}: a power of two >= 1")
 
-    def smem_bytes(self, elem_bytes: int = 2) -> int:
-        """Shared memory of the pipelined operand tiles (x/v tile plus weight tile per stage)."""
+    def smem_bytes(self, elem_bytes: int = 2, rank: int | None = None) -> int:
+        """Shared memory of the pipelined operand tiles (x/v tile plus weight tile per stage).
+
+        rank: the fused op's padded rank: its shrink streams x and A tiles `rank` rows high, and
+        its column loop streams B tiles `rank` wide.
+        """
+        if rank is not None:
+            return self.num_stages * ((self.block_m + rank) * self.block_k + self.block_n * rank) * elem_bytes
         return self.num_stages * (self.block_m * self.block_k + self.block_k * self.block_n) * elem_bytes
 
     def to_dict(self) -> dict:
@@ -38,8 +55,12 @@ class TileConfig:
 
     @classmethod
     def from_dict(cls, entry: dict) -> "TileConfig":
-        """From a table entry, ignoring its other fields (such as the measured time)."""
-        return cls(**{f: entry[f] for f in cls.__dataclass_fields__})
+        """From a table entry, ignoring its other fields (such as the measured time); fields
+        added since the entry was written take their defaults."""
+        missing = [f for f in ("block_m", "block_n", "block_k") if f not in entry]
+        if missing:
+            raise ValueError(f"tiling table entry {entry} lacks {missing}")
+        return cls(**{f: entry[f] for f in cls.__dataclass_fields__ if f in entry})
 
 
 @dataclass(frozen=True)
@@ -95,7 +116,40 @@ def heuristic_config(key: ShapeKey, num_sms: int = 132) -> TileConfig:
         while programs * split_k < num_sms and key.k // (split_k * 2) >= 256 and split_k < 16:
             split_k *= 2
         return TileConfig(block_m, min(128, key.rank), 128 if key.seg_len <= 64 else 64, split_k, 4, 3)
+    if key.op == "fused":
+        return TileConfig(block_m, 64, 128, 1, 4, 3, _fused_col_tiles(key, block_m, 64, num_sms))
     return TileConfig(block_m, 128 if block_m <= 32 else 64, min(64, key.rank), 1, 4, 2)
+
+
+# The fused op's trade-off. One launch instead of two dependent ones, and v never leaves the
+# SM; but each program recomputes v = x_tile @ A[slot].T over the whole K for the output
+# columns it covers, so a slice cut into P column groups reads A[slot] (r x K) P times (from
+# L2 after the first) and does P times the shrink's arithmetic, and one program streams its
+# A alone, at one SM's bandwidth: that read sets the program's floor, and it grows with
+# r x K, not with the columns. Its heuristic tiling therefore spreads a slice over enough
+# groups to fill the GPU about once, but never more than MAX_FUSED_GROUPS on average over
+# the slices (the key knows their total width, not each one's), which bounds the launch's
+# shrink work at that many times the two-launch shrink's; each program then loops over
+# `col_tiles` column tiles with v in registers.
+#
+# Measured, the trade-off loses: on an NVIDIA H100 80GB HBM3 on 2026-11-24
+# (`vlora bench`'s atmm_fused row against its atmm row; results/kernels/fused_decode_h100/),
+# the fused op was slower than the two launches on all 32 decode shapes timed (1, 8, 32, 64
+# tokens x ranks 16, 64 x four adapter mixes, hidden 4096): at best 0.81x as fast, typically
+# 0.5-0.75x (1 token, rank 16: 10.9 us against 8.1 us; 64 tokens, rank 64, 64 distinct
+# adapters: 43.4 us against 35.1 us).
+# A heuristic once sent the smallest shapes (<= 16 tokens, a short A stream, such as 1 token
+# at rank 16) to the fused op where the table had not measured it, on the estimate that the
+# saved launch outweighs the A stream; the measurement refuted it, so it was removed: the
+# fused op serves only where the table's entry (written by `vlora tune`, which times it
+# against the two halves at the same shape) records it faster, and two launches everywhere else.
+MAX_FUSED_GROUPS = 16
+
+
+def _fused_col_tiles(key: ShapeKey, block_m: int, block_n: int, num_sms: int) -> int:
+    groups = max(1, min(MAX_FUSED_GROUPS, num_sms // (_m_tiles(key, block_m) * key.slices)))
+    width = -(-key.n // key.slices)  # the mean slice width
+    return next_pow2(-(-width // (block_n * groups)))
 
 
 def config_space(key: ShapeKey, max_smem: int = 227 * 1024, elem_bytes: int = 2) -> list[TileConfig]:
@@ -105,10 +159,13 @@ def config_space(key: ShapeKey, max_smem: int = 227 * 1024, elem_bytes: int = 2)
     computes padding; the rank is never split (each x row is then read once, and no tile is
     wider than the rank); split-K only pays while the grid is too small to fill the GPU
     (decode-sized token counts); the expand's reduction is the rank, a handful of steps, so
-    deep pipelines buy nothing there.
+    deep pipelines buy nothing there. The fused op's K step streams the whole padded rank of A,
+    and a program never spans more columns than the projection has.
     """
     m_cap = max(16, min(128, 2 * key.seg_len))
     block_ms = [m for m in (16, 32, 64, 128) if m <= m_cap]
+    if key.op == "fused":
+        return _fused_space(key, block_ms, max_smem, elem_bytes)
     if key.op == "shrink":
         block_ns, block_ks = (min(key.rank, 128),), (64, 128, 256)
         splits, stages = ((1, 2, 4, 8, 16) if key.tokens <= 256 else (1, 2)), (2, 3, 4)
@@ -120,5 +177,17 @@ def config_space(key: ShapeKey, max_smem: int = 227 * 1024, elem_bytes: int = 2)
             continue  # a split would get no work
         cfg = TileConfig(m, n, k, s, w, st)
         if cfg.smem_bytes(elem_bytes) <= max_smem:
+            out.append(cfg)
+    return out
+
+
+def _fused_space(key: ShapeKey, block_ms: list[int], max_smem: int, elem_bytes: int) -> list[TileConfig]:
+    out = []
+    for m, n, k, cols, w, st in itertools.product(block_ms, (32, 64, 128), (64, 128, 256), (1, 2, 4, 8, 16),
+                                                  (4, 8), (2, 3)):
+        if n * cols > max(n, next_pow2(key.n)) or k > max(64, next_pow2(key.k)):
+            continue  # column tiles or K steps of pure padding
+        cfg = TileConfig(m, n, k, 1, w, st, cols)
+        if cfg.smem_bytes(elem_bytes, rank=key.rank) <= max_smem:
             out.append(cfg)
     return out

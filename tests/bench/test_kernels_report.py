@@ -35,10 +35,50 @@ def test_summary_applies_the_issue_targets():
 
 
 def test_search_buckets_each_shape_once_per_op():
-    keys = search_keys(SearchJob([1, 64], ["distinct", "identical"], [16], [4096]))
-    # t=1: both mixes are one token (one bucket); t=64: seg 1 (distinct) and seg 64 (identical)
+    keys = search_keys(SearchJob([1, 64, 256], ["distinct", "identical"], [16], [4096]))
+    # t=1: both mixes are one token (one bucket); t=64: seg 1 (distinct) and 64 (identical); t=256: 64 requests
+    # of 4 tokens (distinct) and one of 256
+    buckets = [(1, 1), (64, 1), (64, 64), (256, 4), (256, 256)]
     assert sorted(str(k) for k in keys) == sorted(
-        f"{op}|t{t}|m{m}|k4096|n4096|r16|s1" for op in ("shrink", "expand") for t, m in [(1, 1), (64, 1), (64, 64)])
+        [f"{op}|t{t}|m{m}|k4096|n4096|r16|s1" for op in ("shrink", "expand") for t, m in buckets]
+        + [f"fused|t{t}|m{m}|k4096|n4096|r16|s1" for t, m in buckets if t <= 64])  # the fused op: decode only
+    ops = [k.op for k in keys if (k.tokens, k.seg_len) == (64, 1)]
+    assert ops == ["shrink", "expand", "fused"], "fused is timed after both halves of the same shape"
+
+
+def test_summary_sets_the_fused_kernel_beside_the_two_launches():
+    rows = [_row(1, "atmm", 6.0, 0.3), _row(1, "atmm_fused", 3.0, 0.3), _row(64, "atmm", 20.0, 16.0),
+            _row(64, "atmm_fused", 25.0, 16.0), _row(4096, "atmm", 70.0, 40.0)]
+    s = summarize(rows, [], dict(device="GPU", date="d"))
+    assert (s["fused_shapes"], s["fused_faster"]) == (2, 1)
+    assert [e.get("fused_speedup") for e in s["decode"]] == [2.0, 0.8]
+    assert "fused_us" not in s["prefill"][0]
+    assert summarize(rows[2:3], [], dict(device="GPU", date="d"))["fused_shapes"] == 0
+
+
+def test_bench_times_the_fused_kernel_at_decode_sizes_only():
+    import dataclasses
+
+    from bench.kernels import fused_impl
+    from kernels.fused import fused_add_lora
+    from kernels.table import TilingTable
+    from kernels.tiling import TileConfig, heuristic_config, shape_key
+    from kernels.workload import LoRAShape
+
+    table = TilingTable("GPU")
+    key = shape_key("fused", 8, 1, 4096, 4096, 64, 1)
+    impl = fused_impl(LoRAShape(8, "distinct", 64, 4096, (4096,)), table)
+    assert impl.func is fused_add_lora and impl.keywords["config"] == heuristic_config(key)
+    assert table.fused(key) is None, "timed although add_lora would not pick it"
+    assert fused_impl(LoRAShape(256, "distinct", 64, 4096, (4096,)), table) is None
+    assert fused_impl(LoRAShape(8, "distinct", 256, 4096, (4096,)), table) is None
+    # a table entry measured slower than the two launches: add_lora keeps them, the bench still times its tiling
+    slow = TileConfig(16, 32, 64, col_tiles=4)
+    for op, cfg, us in (("shrink", heuristic_config(key), 20.0), ("expand", heuristic_config(key), 20.0),
+                        ("fused", slow, 30.0)):
+        table.record(dataclasses.replace(key, op=op), cfg, us)
+    assert table.fused(key) is None
+    assert fused_impl(LoRAShape(8, "distinct", 64, 4096, (4096,)), table).keywords["config"] == slow
 
 
 def test_search_covers_the_zoo_models_projection_layouts():

@@ -1,5 +1,5 @@
 """Can the small model's features find the cars? detect_car on qwen2_vl_small after a short world
-pretraining: LoRA + each set head as fusion trains them, each set head alone on frozen features,
+pretraining: LoRA + the dense head and each set head as fusion trains them, each set head alone on frozen features,
 and a dense probe (one objectness + box per visual token, the cell holding a box centre) on the
 same features.
 
@@ -51,8 +51,8 @@ trainer = LoraTrainer(vlm, ds_root, TrainConfig(epochs=4, batch_size=16, lr=1e-3
 data = trainer.dataset("detect_car")
 print("teacher vs truth", json.loads(open(f"{ds_root}/detect_car/domain.json").read())["teacher_vs_truth"], flush=True)
 
-# 1) LoRA + head as fusion trains it, per pooling
-for pooling in ("slots", "attention"):
+# 1) LoRA + head as fusion trains it, per pooling (dense: detect's default, a box per visual token)
+for pooling in ("dense", "slots", "attention"):
     trainer.head_overrides = {"pooling": pooling}
     t0 = time.time()
     state = trainer.train(trainer.new_adapter(1), "detect_car")

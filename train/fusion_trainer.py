@@ -18,6 +18,7 @@ Domains map to dataset directories by name: `<datasets_root>/<domain.name>/`.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .adapter_io import AdapterState, HeadState, load_adapter, save_adapter
@@ -37,15 +38,22 @@ def domain_record(data: DomainData, steps: int) -> dict:
 
 class LoraTrainer:
     """fusion.Trainer over PEFT LoRA + task heads. `head_overrides`: conf/head-style options
-    applied to every new head (e.g. {"pooling": "attention"})."""
+    applied to every new head (e.g. {"pooling": "attention"}). `epochs`: domain -> epochs of
+    its training when it joins or opens an adapter, for domains that need longer than cfg.epochs
+    (a dense detection head, say); its members' rehearsal follows the same count."""
 
     def __init__(self, vlm: VisionLM, datasets_root: str | Path, cfg: TrainConfig,
-                 head_overrides: dict | None = None, log=None, rehearsal: float = 0.0, refit_epochs: int = 0):
+                 head_overrides: dict | None = None, log=None, rehearsal: float = 0.0, refit_epochs: int = 0,
+                 epochs: dict[str, int] | None = None):
         if rehearsal < 0 or isinstance(refit_epochs, bool) or not isinstance(refit_epochs, int) or refit_epochs < 0:
             raise ValueError(f"LoraTrainer: rehearsal ({rehearsal!r}) and refit_epochs ({refit_epochs!r}) "
                              "must be >= 0 (refit_epochs an int)")
+        bad = {d: n for d, n in (epochs or {}).items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
+        if bad:
+            raise ValueError(f"LoraTrainer: epochs per domain must be ints >= 1, got {bad}")
         self.vlm, self.root, self.cfg = vlm, Path(datasets_root), cfg
         self.rehearsal, self.refit_epochs = float(rehearsal), refit_epochs
+        self.epochs = dict(epochs or {})
         self.head_overrides = head_overrides or {}
         self.log = log or sys.stderr
         self._data: dict[str, DomainData] = {}
@@ -69,7 +77,8 @@ class LoraTrainer:
     @property
     def settings(self) -> dict:
         """What decides how a state is trained beyond the domains (the fusion journal records it)."""
-        return {"rehearsal": self.rehearsal, "refit_epochs": self.refit_epochs}
+        return {"rehearsal": self.rehearsal, "refit_epochs": self.refit_epochs, **(
+            {"epochs": dict(sorted(self.epochs.items()))} if self.epochs else {})}  # journals before it still resume
 
     # -- fusion.Trainer -----------------------------------------------------------------------
     def new_adapter(self, index: int) -> AdapterState:
@@ -88,10 +97,11 @@ class LoraTrainer:
         # own); only rehearsal or a re-fit touches them, so without either none is built.
         members = [Part(self.dataset(m), state.heads[m].build(self.vlm.device) if m in state.heads else None)
                    for m in state.domains if m != name] if self.rehearsal > 0 or self.refit_epochs else []
+        cfg = replace(self.cfg, epochs=self.epochs.get(name, self.cfg.epochs))
         if members and self.rehearsal > 0:
-            lora, steps = train_mixed(self.vlm, rehearsal_parts(new, members, self.rehearsal), self.cfg, self.log)
+            lora, steps = train_mixed(self.vlm, rehearsal_parts(new, members, self.rehearsal), cfg, self.log)
         else:
-            result = train_adapter(self.vlm, data, self.cfg, head=new.head, log=self.log, evaluate_at_end=False)
+            result = train_adapter(self.vlm, data, cfg, head=new.head, log=self.log, evaluate_at_end=False)
             lora, steps, new.head = result.lora, result.steps, result.head
         if self.refit_epochs:  # every head fitted to the final LoRA it will be evaluated with
             refit_heads(self.vlm, [new] + members, self.cfg, self.refit_epochs, self.log)

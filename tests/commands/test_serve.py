@@ -162,3 +162,12 @@ def test_fusion_refuses_a_relative_requirement_without_a_record_before_building_
     cfg = compose("fusion", ["fusion.only={not_distilled: {of_teacher: 0.9}}"])
     with pytest.raises(SystemExit, match="not_distilled.*records no teacher-vs-truth agreement"):
         run_fusion(cfg)
+
+
+@pytest.mark.parametrize("epochs, what", [("{qa: 0}", "qa"), ("{not_fused: 8}", "not_fused")])
+def test_fusion_refuses_bad_epochs_per_domain_before_building_the_model(vlora_home, epochs, what):
+    from vlora.commands.fusion import run_fusion
+
+    cfg = compose("fusion", ["fusion.only={qa: 0.5}", f"fusion.epochs={epochs}"])
+    with pytest.raises(SystemExit, match=f"fusion.epochs.*{what}.*int >= 1"):
+        run_fusion(cfg)

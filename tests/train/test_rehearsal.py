@@ -93,3 +93,21 @@ def test_refit_lowers_a_stale_heads_loss_and_leaves_the_lora(setup):
     assert all(torch.equal(vlm.lora_state()[k], v) for k, v in lora.items()), "the LoRA stays frozen"
     with pytest.raises(ValueError, match="refit_epochs"):
         LoraTrainer(vlm, root, cfg, refit_epochs=-1)
+
+
+def test_a_domain_trains_for_its_own_epochs_alone_and_with_rehearsal(setup):
+    vlm, root = setup
+    cfg = TrainConfig(epochs=1, batch_size=4, lr=5e-3, head_lr=1e-2)
+    trainer = LoraTrainer(vlm, root, cfg, log=QUIET, rehearsal=1.0, epochs={"color_largest": 3})
+    assert trainer.settings["epochs"] == {"color_largest": 3}  # a journal refuses other counts
+    bus = trainer.train(trainer.new_adapter(2), Domain("exists_bus", "binary", 0.0))
+    assert bus.domains["exists_bus"]["steps"] == -(-trainer.dataset("exists_bus").size("train") // 4)  # train.epochs
+    alone = trainer.train(trainer.new_adapter(3), Domain("color_largest", "classify", 0.0))
+    n_new = trainer.dataset("color_largest").size("train")
+    assert alone.domains["color_largest"]["steps"] == 3 * -(-n_new // 4)
+    joined = trainer.train(bus, Domain("color_largest", "classify", 0.0))  # its rehearsal runs 3 epochs too
+    rehearsed = -(-min(n_new, trainer.dataset("exists_bus").size("train")) // 4)
+    assert joined.domains["color_largest"]["steps"] == 3 * (-(-n_new // 4) + rehearsed)
+    assert "epochs" not in LoraTrainer(vlm, root, cfg).settings  # journals written before still resume
+    with pytest.raises(ValueError, match="epochs per domain"):
+        LoraTrainer(vlm, root, cfg, epochs={"color_largest": 0})

@@ -47,6 +47,7 @@ class FusionJob:
     name: str | None = None  # adapter names are <name>_<index>; None: out_dir's folder name
     rehearsal: float = 0.0  # members' rows interleaved per epoch when a domain joins, x its train size
     refit_head_epochs: int = 0  # epochs re-fitting every member's head on the joined adapter
+    epochs: dict | None = None  # domain -> training epochs when it joins an adapter (others: train.epochs)
 
     def selected(self) -> dict:
         """domain -> requirement of the domains to fuse, in the order given."""
@@ -74,9 +75,11 @@ def resolve_requirement(name: str, value, datasets_dir: str) -> float:
     return float(value["of_teacher"]) * float(agreement)
 
 
-def build_trainer(cfg: DictConfig, datasets_dir: str, log=None, rehearsal: float = 0.0, refit_epochs: int = 0):
+def build_trainer(cfg: DictConfig, datasets_dir: str, log=None, rehearsal: float = 0.0, refit_epochs: int = 0,
+                  epochs: dict | None = None):
     """The model (world-pretrained unless train.base=model) and the LoRA trainer over it
-    (`rehearsal`, `refit_epochs`: how a joining domain keeps the members, see LoraTrainer)."""
+    (`rehearsal`, `refit_epochs`: how a joining domain keeps the members; `epochs`: per domain;
+    see LoraTrainer)."""
     from train import LoraSpec, LoraTrainer, VisionLM
 
     job, tcfg = split_train_node(cfg.train)
@@ -84,7 +87,8 @@ def build_trainer(cfg: DictConfig, datasets_dir: str, log=None, rehearsal: float
     ref = model_ref(cfg, job, log=log)
     vlm = VisionLM(ref, to_dataclass(LoraSpec, cfg.adapter), job.train_vision_tower, job.mixed_precision,
                    job.device, seed=cfg.seed, gradient_checkpointing=job.gradient_checkpointing)
-    return LoraTrainer(vlm, datasets_dir, tcfg, log=log, rehearsal=rehearsal, refit_epochs=refit_epochs), ref
+    return LoraTrainer(vlm, datasets_dir, tcfg, log=log, rehearsal=rehearsal, refit_epochs=refit_epochs,
+                       epochs=epochs), ref
 
 
 def domains_of(requirements: dict[str, float], trainer) -> list:
@@ -130,7 +134,14 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     if job.rehearsal < 0 or job.refit_head_epochs < 0:
         raise SystemExit(f"vlora fusion: fusion.rehearsal ({job.rehearsal}) and fusion.refit_head_epochs "
                          f"({job.refit_head_epochs}) must be >= 0")
-    trainer, ref = build_trainer(cfg, job.datasets_dir, log or sys.stderr, job.rehearsal, job.refit_head_epochs)
+    epochs = job.epochs or {}
+    bad = {d: n for d, n in epochs.items() if d not in requirements or isinstance(n, bool)
+           or not isinstance(n, int) or n < 1}
+    if bad:
+        raise SystemExit(f"vlora fusion: fusion.epochs {bad}: each must name a fused domain "
+                         f"({sorted(requirements)}) with an int >= 1")
+    trainer, ref = build_trainer(cfg, job.datasets_dir, log or sys.stderr, job.rehearsal, job.refit_head_epochs,
+                                 epochs)
     domains = domains_of(requirements, trainer)
     try:
         result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)

@@ -187,6 +187,7 @@ class DistillJob:
     zoo_seed: int = 0
     overwrite: bool = False              # redo finished domains even when their fingerprint matches
     progress: bool = True
+    world_workers: int = 0               # processes rendering the world (0: this one); same world either way
 
 
 def fingerprint(*parts: Any) -> str:

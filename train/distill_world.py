@@ -27,7 +27,7 @@ def prepare_worlds(specs: list[DomainSpec], job: DistillJob) -> dict[str, WorldI
         entry = need.setdefault(world_key(cfg), [cfg, 0, 0])
         entry[1 if s.media == "image" else 2] = max(entry[1 if s.media == "image" else 2], s.size)
     worlds = {key: write_world(cfg, Path(job.world_dir) / key, n_images=n_img, n_clips=n_clip,
-                               progress=job.progress)
+                               progress=job.progress, workers=job.world_workers)
               for key, (cfg, n_img, n_clip) in need.items()}
     return {s.name: worlds[world_key(s.world_config())] for s in specs}
 

@@ -8,7 +8,10 @@ same truth.jsonl and image bytes as an uninterrupted one.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -173,6 +176,20 @@ def _render_item(cfg: WorldConfig, root: Path, kind: str, index: int) -> dict[st
             "truth": truth.to_dict(), "qa": [q.to_dict() for q in qa], "caption": caption(truth)}
 
 
+@contextlib.contextmanager
+def _renderer(cfg: WorldConfig, root: Path, workers: int, n: int):
+    """A function from (kind, index) keys to their records, rendered in order: in this process, or
+    by `workers` processes (spawned: the caller may hold threads, a torch runtime, say)."""
+    if workers <= 1 or n <= 1:
+        yield lambda keys: (_render_item(cfg, root, kind, index) for kind, index in keys)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(workers, n), mp_context=ctx, initializer=cv2.setNumThreads,
+                                                initargs=(1,)) as pool:  # a core each, not all of them each
+        yield lambda keys: pool.map(_render_item, *zip(*[(cfg, root, kind, index) for kind, index in keys]),
+                                    chunksize=max(1, min(8, n // (4 * workers))))
+
+
 def _check_config(root: Path, cfg: WorldConfig) -> None:
     meta = root / META
     if not meta.exists():
@@ -189,9 +206,13 @@ def _check_config(root: Path, cfg: WorldConfig) -> None:
 
 
 def write_world(cfg: WorldConfig, out_dir: str | os.PathLike, n_images: int, n_clips: int,
-                progress: bool = True) -> WorldIndex:
-    """Write (or finish writing) images 0..n_images-1 and clips 0..n_clips-1 under `out_dir`."""
-    for name, n in (("n_images", n_images), ("n_clips", n_clips)):
+                progress: bool = True, workers: int = 0) -> WorldIndex:
+    """Write (or finish writing) images 0..n_images-1 and clips 0..n_clips-1 under `out_dir`.
+
+    workers: processes rendering in parallel (0 or 1: this one). Every item is drawn from its
+    index alone, so the world is the same whatever the count, and records are kept in order.
+    """
+    for name, n in (("n_images", n_images), ("n_clips", n_clips), ("workers", workers)):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"{name} must be a non-negative int, got {n!r}")
     root = Path(out_dir)
@@ -201,12 +222,15 @@ def write_world(cfg: WorldConfig, out_dir: str | os.PathLike, n_images: int, n_c
     recs = _read_records(root / TRUTH)
     recs.update(_read_records(root / PARTIAL))
     todo = [("image", i) for i in range(n_images)] + [("clip", i) for i in range(n_clips)]
+    kept = {key: rec for key, rec in recs.items() if (root / rec["file"]).exists()}
+    missing = [key for key in todo if key not in kept]
     out, made, last = [], 0, 0.0
-    with open(root / PARTIAL, "a") as log:
-        for k, (kind, index) in enumerate(todo):
-            rec = recs.get((kind, index))
-            if rec is None or not (root / rec["file"]).exists():
-                rec = _render_item(cfg, root, kind, index)
+    with open(root / PARTIAL, "a") as log, _renderer(cfg, root, workers, len(missing)) as render:
+        rendered = render(missing)
+        for k, key in enumerate(todo):
+            rec = kept.get(key)
+            if rec is None:
+                rec = next(rendered)
                 log.write(_dumps(rec) + "\n")
                 log.flush()
                 made += 1

@@ -81,6 +81,7 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
     assert all(off.distill.domains[n].size * off.distill.domains[n].eval_fraction >= 256 for n in off.distill.domains)
     assert off.train.pretrain.mixed_precision == "bf16" and off.train.mixed_precision == "bf16"
     assert dict(off.fusion.epochs) == {"detect_car": 24} and cpu.fusion.epochs is None  # the dense head's
+    assert off.distill.world_workers == 14 and cpu.distill.world_workers == 0
     for stage in ("world", "serve", "video_analytics", "visual_retrieval"):
         c = compose(stage, demo.stage_overrides(d, "gpu", stage))
         assert c.paths.home == f"{tmp_path}/gpu", stage

@@ -282,3 +282,14 @@ def test_config_error_lists_valid_names():
     with pytest.raises(ValueError, match="plane") as e:
         WorldConfig(classes=("plane",))
     assert "bicycle" in str(e.value)
+
+
+def test_rendering_in_worker_processes_writes_the_same_world(tmp_path):
+    cfg = WorldConfig(clip_frames=6)
+    write_world(cfg, tmp_path / "one", 6, 2, progress=False)
+    write_world(cfg, tmp_path / "part", 2, 0, progress=False)  # some items kept, the rest rendered by workers
+    index = write_world(cfg, tmp_path / "part", 6, 2, progress=False, workers=2)
+    assert _snapshot(tmp_path / "part") == _snapshot(tmp_path / "one")
+    assert [it.truth for it in index] == [it.truth for it in load_world(tmp_path / "one")]
+    with pytest.raises(ValueError, match="workers must be a non-negative int"):
+        write_world(cfg, tmp_path / "bad", 1, 0, progress=False, workers=-1)

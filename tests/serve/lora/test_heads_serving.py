@@ -176,11 +176,10 @@ def test_heads_of_a_step_run_batched_and_answer_as_one_by_one():
                               ("detect", "dense", {"score_threshold": 0.3}))]
     with torch.no_grad():
         heads[4].proj.weight.normal_(0, 1.0)  # objectness and boxes that differ token to token
-    def job(i, n):
-        xy = prompt_token_xy(n, [(1, grid_xy(2, (n - 1) // 2))]) if n > 2 else None
-        return heads[i % 5] if xy is not None or i % 5 != 4 else heads[0], torch.randn(n, 16), xy
-    jobs = [job(i, n) for i, n in enumerate([5, 9, 1, 7, 3, 12, 2, 8, 9, 7])]
-    assert sum(head is heads[4] for head, _, _ in jobs) == 2
+    lengths = [5, 9, 1, 7, 3, 12, 2, 8, 9, 7]  # heads[i % 5]: the dense head gets prompts 4 and 9 (3 and 7 rows)
+    # every prompt of 3 rows or more holds a picture of 2 x (rows - 1) // 2 tokens after one text token
+    jobs = [(heads[i % 5], torch.randn(n, 16), prompt_token_xy(n, [(1, grid_xy(2, (n - 1) // 2))]) if n > 2 else None)
+            for i, n in enumerate(lengths)]
     batched = run_heads(jobs)
     for (head, rows, xy), got in zip(jobs, batched):
         want = head.predict(rows[None], None, None if xy is None else xy[None])[0]

@@ -46,6 +46,20 @@ def test_center_crop_window_of_a_wide_and_a_tall_picture():
     assert center_crop_window(500, 500, 336, 336, 336) == pytest.approx((0.0, 0.0, 1.0, 1.0))
 
 
+def test_square_cells_leave_a_class_token_out_and_windows_follow_the_processor():
+    from types import SimpleNamespace
+
+    from heads import FULL, processor_window, square_cells
+
+    cells = square_cells(5)  # a class token, then a 2 x 2 grid
+    assert (cells[0] == NOT_VISUAL).all() and torch.equal(cells[1:], grid_xy(2, 2))
+    crop = SimpleNamespace(do_resize=True, do_center_crop=True, size={"shortest_edge": 336},
+                           crop_size={"height": 336, "width": 336})
+    assert processor_window(crop, 640, 480) == pytest.approx((56 / 448, 0.0, 392 / 448, 1.0))
+    assert processor_window(SimpleNamespace(do_center_crop=False), 640, 480) == FULL  # resized whole
+    assert processor_window(None, 640, 480) == FULL
+
+
 def test_prompt_token_xy_places_spans_and_marks_text():
     xy = prompt_token_xy(7, [(1, grid_xy(1, 2)), (4, grid_xy(1, 3))])
     assert (xy[[0, 3], 0] == NOT_VISUAL).all() and (xy[[1, 2, 4, 5, 6], 0] >= 0).all()

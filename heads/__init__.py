@@ -15,7 +15,7 @@ in `train/` and in `serve/`. Imports only torch, safetensors and the standard li
 
 Heads: `ClassifyHead` (cross-entropy over labels), `CountHead` (0..max_count as classes,
 larger counts clamp to the last), `DenseDetectHead` (detect's default: objectness and a box per
-visual token, the token holding a box's centre owns it; focal + L1 + GIoU, NMS at decode; needs
+visual token, the token holding a box's centre owns it; owner-weighted BCE + L1 + GIoU, NMS at decode; needs
 `token_xy`, the tokens' cell centres from `heads.grid`), `DetectHead` (max_boxes slots,
 Hungarian-matched set loss: objectness BCE + L1 + GIoU), `BinaryHead` (one logit, BCE). Pooling of [B, T, D] to [B, D]:
 "attention" (learned query, default), "last" or "mean" over real tokens. Computation is fp32

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from .boxes import box_iou, cxcywh_to_xyxy, generalized_iou, xyxy_to_cxcywh
 from .base import TaskHead
-from .config import HeadConfig, HeadResult
+from .config import HeadConfig
 from .detect import GIOU_WEIGHT, L1_WEIGHT, DetectHead
 
 # A picture has a few owner tokens among hundreds: each owner's BCE counts this many times, and the
@@ -128,22 +128,10 @@ class DenseDetectHead(DetectHead):
             loss = loss + L1_WEIGHT * l1 + GIOU_WEIGHT * giou
         return loss
 
-    def decode(self, outputs: dict[str, Tensor], threshold: float | None = None) -> list[HeadResult]:
-        """Boxes over the threshold after non-maximum suppression, best first, at most max_boxes;
-        confidence as `DetectHead.decode`'s."""
-        threshold = self.config.score_threshold if threshold is None else threshold
-        scores = outputs["logits"].float().sigmoid().cpu()
-        boxes = cxcywh_to_xyxy(outputs["boxes"].float()).clamp(0.0, 1.0).cpu()
-        labels = self.config.labels
-        label = labels[0] if labels and len(labels) == 1 else None
-        results = []
-        for row_scores, row_boxes in zip(scores, boxes):
-            kept = _nms(row_scores, row_boxes, threshold, self.config.max_boxes)
-            best = float(row_scores.max())
-            confidence = float(row_scores[kept[0]]) if kept else 1.0 - best
-            results.append(HeadResult(type="detect", label=label, boxes=[tuple(row_boxes[t].tolist()) for t in kept],
-                                      scores=[float(row_scores[t]) for t in kept], confidence=confidence))
-        return results
+    def kept(self, scores: Tensor, boxes: Tensor, threshold: float) -> list[int]:
+        """The tokens decoded as boxes: over the threshold, after non-maximum suppression, best
+        first, at most max_boxes (`DetectHead.decode` builds the answer from them)."""
+        return _nms(scores, boxes, threshold, self.config.max_boxes)
 
 
 def _nms(scores: Tensor, boxes: Tensor, threshold: float, most: int) -> list[int]:

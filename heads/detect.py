@@ -88,25 +88,29 @@ class DetectHead(TaskHead):
         return loss
 
     def decode(self, outputs: dict[str, Tensor], threshold: float | None = None) -> list[HeadResult]:
-        """Boxes (x1, y1, x2, y2) clipped to [0, 1] whose score > threshold, best first.
+        """Boxes (x1, y1, x2, y2) clipped to [0, 1] that `kept` picks (score > threshold), best first.
 
         confidence: the best kept score; when nothing is kept, 1 - the best slot's score (how
         sure the head is that the image holds nothing of the class).
         """
         threshold = self.config.score_threshold if threshold is None else threshold
-        scores = outputs["logits"].float().sigmoid()  # [B, S]
-        boxes = cxcywh_to_xyxy(outputs["boxes"].float()).clamp(0.0, 1.0)  # [B, S, 4]
+        scores = outputs["logits"].detach().float().sigmoid().cpu()  # [B, S]: one host copy per batch
+        boxes = cxcywh_to_xyxy(outputs["boxes"].detach().float()).clamp(0.0, 1.0).cpu()  # [B, S, 4]
         labels = self.config.labels
         # With several class names the prompt picks the class, which the head cannot see.
         label = labels[0] if labels and len(labels) == 1 else None
         results = []
-        for row_scores, row_boxes in zip(scores.tolist(), boxes.tolist()):
-            order = sorted(range(len(row_scores)), key=lambda s: -row_scores[s])
-            kept = [s for s in order if row_scores[s] > threshold]
-            confidence = row_scores[kept[0]] if kept else 1.0 - row_scores[order[0]]
-            results.append(HeadResult(type="detect", label=label, boxes=[tuple(row_boxes[s]) for s in kept],
-                                      scores=[row_scores[s] for s in kept], confidence=confidence))
+        for row_scores, row_boxes in zip(scores, boxes):
+            kept = self.kept(row_scores, row_boxes, threshold)
+            confidence = float(row_scores[kept[0]]) if kept else 1.0 - float(row_scores.max())
+            results.append(HeadResult(type="detect", label=label, boxes=[tuple(row_boxes[s].tolist()) for s in kept],
+                                      scores=[float(row_scores[s]) for s in kept], confidence=confidence))
         return results
+
+    def kept(self, scores: Tensor, boxes: Tensor, threshold: float) -> list[int]:
+        """The slots decoded as boxes, best first: those scoring above the threshold."""
+        order = scores.argsort(descending=True, stable=True).tolist()
+        return [s for s in order if scores[s] > threshold]
 
     def targets_from(self, examples: list[Any], device: torch.device | str | None = None) -> dict[str, Tensor]:
         """Each example: a list (possibly empty) of boxes (x1, y1, x2, y2) normalised to [0, 1]."""

@@ -36,6 +36,11 @@ def domain_record(data: DomainData, steps: int) -> dict:
             "train_size": data.size("train"), "steps": steps}
 
 
+def bad_epochs(epochs: dict) -> dict:
+    """The entries of a domain -> epochs map that are not ints >= 1."""
+    return {d: n for d, n in epochs.items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
+
+
 class LoraTrainer:
     """fusion.Trainer over PEFT LoRA + task heads. `head_overrides`: conf/head-style options
     applied to every new head (e.g. {"pooling": "attention"}). `epochs`: domain -> epochs of
@@ -48,7 +53,7 @@ class LoraTrainer:
         if rehearsal < 0 or isinstance(refit_epochs, bool) or not isinstance(refit_epochs, int) or refit_epochs < 0:
             raise ValueError(f"LoraTrainer: rehearsal ({rehearsal!r}) and refit_epochs ({refit_epochs!r}) "
                              "must be >= 0 (refit_epochs an int)")
-        bad = {d: n for d, n in (epochs or {}).items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
+        bad = bad_epochs(epochs or {})
         if bad:
             raise ValueError(f"LoraTrainer: epochs per domain must be ints >= 1, got {bad}")
         self.vlm, self.root, self.cfg = vlm, Path(datasets_root), cfg

@@ -135,8 +135,9 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
         raise SystemExit(f"vlora fusion: fusion.rehearsal ({job.rehearsal}) and fusion.refit_head_epochs "
                          f"({job.refit_head_epochs}) must be >= 0")
     epochs = job.epochs or {}
-    bad = {d: n for d, n in epochs.items() if d not in requirements or isinstance(n, bool)
-           or not isinstance(n, int) or n < 1}
+    from train.fusion_trainer import bad_epochs
+
+    bad = {**bad_epochs(epochs), **{d: n for d, n in epochs.items() if d not in requirements}}
     if bad:
         raise SystemExit(f"vlora fusion: fusion.epochs {bad}: each must name a fused domain "
                          f"({sorted(requirements)}) with an int >= 1")

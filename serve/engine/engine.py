@@ -252,6 +252,9 @@ class Engine:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         arrival = time.perf_counter()
         prompt, positions, delta = prepared if prepared is not None else self.prepare(request)
+        if head is not None and head.config.pooling == "dense" and not prompt.vision:  # refused before any step
+            raise ValueError(f"the {head.config.type} head of adapter {request.adapter!r} reads boxes off a picture's "
+                             "tokens, but the request has no image or video")
         params = request.sampling
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         spans = tuple(MMSpan(v.offset, v.offset + v.num_tokens, v.content_hash) for v in prompt.vision)

@@ -140,10 +140,9 @@ class ModelRunner:
                 seq.state.head_rows, seq.state.head_result = None, result
 
     @staticmethod
-    def _token_xy(seq: Sequence, merge: int) -> torch.Tensor | None:
-        """[prompt, 2] cell centres of the prompt's visual tokens (None without pictures); host-built."""
-        if not seq.state.vision:
-            return None
+    def _token_xy(seq: Sequence, merge: int) -> torch.Tensor:
+        """[prompt, 2] cell centres of the prompt's visual tokens, host-built (a dense head's request
+        without pictures is refused at admission)."""
         return prompt_token_xy(seq.prompt_len, [(item.offset, token_cells(item, merge)) for item in seq.state.vision])
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:

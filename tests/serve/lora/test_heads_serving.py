@@ -150,6 +150,8 @@ def test_which_head_answers(tiny_zoo, head_adapters):
         engine.add_request(_head_request(spec, None))
     with pytest.raises(ValueError, match="adapter 'bare' has none"):
         engine.add_request(_head_request(spec, "bare"))
+    with pytest.raises(ValueError, match="reads boxes off a picture's tokens, but the request has no image"):
+        engine.add_request(_head_request(spec, "multi", "locate"))  # spec: text only
     heads = engine.lora.records["multi"].heads
     twice = {"domains": {"colour": {"task": "count"}, "vehicles": {"task": "count"}}}
     with pytest.raises(ValueError, match="'count' of adapter 'x' is ambiguous"):

@@ -25,6 +25,8 @@ from train.vision_attention import batch_vision_attention
 from world import WorldConfig
 from zoo import build_checkpoint, load_pretrained
 
+from .results import Tee
+
 
 def _sync(device):
     if device.type == "cuda":
@@ -109,17 +111,11 @@ def main(argv=None) -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--out", default=None, help="folder for pretrain_step.txt (besides stdout)")
     a = ap.parse_args(argv)
-    text = io.StringIO()
-
-    class Tee(io.TextIOBase):
-        def write(self, s):
-            sys.stdout.write(s)
-            return text.write(s)
-
-    run(a.model, a.device, a.workers, a.batch_size, a.steps, a.repeats, not a.no_profile, out=Tee())
+    tee = Tee()
+    run(a.model, a.device, a.workers, a.batch_size, a.steps, a.repeats, not a.no_profile, out=tee)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "pretrain_step.txt").write_text(text.getvalue())
+        (Path(a.out) / "pretrain_step.txt").write_text(tee.text)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -52,3 +54,19 @@ def write_json(path: str | Path, data: Any, indent: int = 2) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=indent, default=str) + "\n")
     return path
+
+
+class Tee(io.TextIOBase):
+    """A text stream that prints what it is given and keeps it (`text`), for a probe's report file."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept = io.StringIO()
+
+    def write(self, s: str) -> int:
+        sys.stdout.write(s)
+        return self.kept.write(s)
+
+    @property
+    def text(self) -> str:
+        return self.kept.getvalue()

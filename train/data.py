@@ -24,6 +24,7 @@ from .token_grid import visual_token_xy
 
 TASKS = ("classify", "count", "detect", "binary", "lm")
 DOMAIN_FILE = "domain.json"
+MEDIA_COLUMN = "image"  # the one column that costs a decode per access (clips are paths)
 COLUMNS = ("id", "domain", "task", "media", "image", "video", "frames", "question", "prompt", "label", "count",
            "boxes", "answer", "teacher")
 
@@ -58,6 +59,7 @@ class DomainData:
     info: DomainInfo
     splits: Any  # datasets.DatasetDict with "train" and "eval"
     path: Path
+    _light: dict = field(default_factory=dict, repr=False, compare=False)  # split -> view without pictures
 
     @property
     def name(self) -> str:
@@ -65,6 +67,23 @@ class DomainData:
 
     def size(self, split: str) -> int:
         return len(self.splits[split])
+
+    def rows(self, split: str, indices, encoder: Encoder | None = None) -> list[dict]:
+        """Rows `indices` of `split` as dicts. With an `encoder`, a row's picture is read only when
+        the encoder has not encoded that item yet: `datasets` decodes the image column on every
+        access, and once an item's features are cached a training step never looks at it."""
+        indices = [int(i) for i in indices]
+        data = self.splits[split]
+        if encoder is None or MEDIA_COLUMN not in data.column_names:
+            return [data[i] for i in indices]
+        if split not in self._light:
+            self._light[split] = data.remove_columns([MEDIA_COLUMN])
+        columns = self._light[split][indices]
+        rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+        for i, row in zip(indices, rows):
+            if not encoder.has(row, self.info):  # to be encoded: it needs its picture
+                row[MEDIA_COLUMN] = data[i][MEDIA_COLUMN]
+        return rows
 
 
 def load_domain(path: str | Path) -> DomainData:
@@ -161,10 +180,14 @@ class Encoder:
     def encode(self, row: dict, info: DomainInfo) -> Encoded:
         return self.encode_many([row], info)[0]
 
+    def has(self, row: dict, info: DomainInfo) -> bool:
+        """Whether the item is encoded already (its picture is not needed again)."""
+        return _key(info, row) in self.cache
+
     def encode_many(self, rows: list[dict], info: DomainInfo) -> list[Encoded]:
         """`encode` of a batch: the items not cached yet go through the frozen tower together, one
         call per media kind, instead of one small call each (host-bound on a GPU)."""
-        keys = [f"{info.name}/{r['id']}" for r in rows]
+        keys = [_key(info, r) for r in rows]
         todo = {k: r for k, r in zip(keys, rows) if k not in self.cache}
         prepared = {k: self._prepare(r, info) for k, r in todo.items()}
         device = self.device()
@@ -247,6 +270,10 @@ class Encoder:
         if bad:
             raise ValueError(f"item {row['id']}: frame indices {bad} outside the clip's {len(frames)} frames")
         return [np.ascontiguousarray(frames[int(i)][:, :, ::-1]) for i in picks]  # RGB
+
+
+def _key(info: DomainInfo, row: dict) -> str:
+    return f"{info.name}/{row['id']}"
 
 
 def collate(items: list[Encoded], pad_id: int, answers: list[Tensor] | None = None) -> dict[str, Any]:

@@ -64,8 +64,8 @@ def greedy_decode(vlm, items: list[Encoded], max_new_tokens: int) -> list[str]:
 def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval", batch_size: int = 32,
              max_new_tokens: int = 8, limit: int | None = None) -> dict:
     """{"accuracy": score, "metric": name, "n": items, "task": type} on `split` of `domain`."""
-    info, rows = domain.info, domain.splits[split]
-    n = len(rows) if limit is None else min(limit, len(rows))
+    info, size = domain.info, domain.size(split)
+    n = size if limit is None else min(limit, size)
     if n == 0:
         raise ValueError(f"domain {info.name!r}: split {split!r} is empty; nothing to evaluate")
     if info.task != "lm" and head is None:
@@ -75,7 +75,7 @@ def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval"
         head.eval()
     preds, targets = [], []
     for start in range(0, n, batch_size):
-        chunk = [rows[i] for i in range(start, min(n, start + batch_size))]
+        chunk = domain.rows(split, range(start, min(n, start + batch_size)), vlm.encoder)
         items = vlm.encoder.encode_many(chunk, info)
         if info.task == "lm":
             preds += greedy_decode(vlm, items, max_new_tokens)

@@ -103,7 +103,7 @@ def train_mixed(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, log=None) ->
             group, loss_sum = batches[k:k + cfg.grad_accum], 0.0
             for p, idx in group:
                 part = parts[p]
-                info, rows = part.data.info, [part.data.splits["train"][i] for i in idx]
+                info, rows = part.data.info, part.data.rows("train", idx, vlm.encoder)
                 encoded = vlm.encoder.encode_many(rows, info)
                 answers = [vlm.encoder.answer_ids(r["answer"]) for r in rows] if part.head is None else None
                 with vlm.accelerator.autocast():
@@ -140,10 +140,10 @@ def refit_heads(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, epochs: int,
         head, info = part.head, part.data.info
         if head is None:
             continue
-        rows = part.data.splits["train"]
+        n = part.data.size("train")
         cached: list[tuple[Tensor, Tensor, Tensor | None, list]] = []
-        for start in range(0, len(rows), cfg.eval_batch_size):  # the LM runs forward once per item
-            chunk = [rows[i] for i in range(start, min(len(rows), start + cfg.eval_batch_size))]
+        for start in range(0, n, cfg.eval_batch_size):  # the LM runs forward once per item
+            chunk = part.data.rows("train", range(start, min(n, start + cfg.eval_batch_size)), vlm.encoder)
             items = vlm.encoder.encode_many(chunk, info)
             hidden, mask = hidden_states(vlm, items)
             cached.append((hidden.float(), mask, batch_token_xy(items), [head_target(info, r) for r in chunk]))
@@ -161,5 +161,5 @@ def refit_heads(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, epochs: int,
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
         head.eval()
-        print(f"[refit {info.name}] head re-fit {epochs} epochs on {len(rows)} items (last loss {loss.item():.4f})",
+        print(f"[refit {info.name}] head re-fit {epochs} epochs on {n} items (last loss {loss.item():.4f})",
               file=log, flush=True)

@@ -122,8 +122,7 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
     if info.task == "lm":
         head = None
     acc = vlm.accelerator
-    train_rows = domain.splits["train"]
-    n = len(train_rows)
+    n = domain.size("train")
     if n == 0:
         raise ValueError(f"domain {info.name!r}: the train split is empty")
     per_epoch = math.ceil(math.ceil(n / cfg.batch_size) / cfg.grad_accum)
@@ -161,7 +160,7 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
             loss_sum = 0.0
             for j, idx in enumerate(group):
                 idx = idx[rank::world] if world > 1 else idx
-                rows = [train_rows[int(i)] for i in idx]
+                rows = domain.rows("train", idx, vlm.encoder)
                 encoded = vlm.encoder.encode_many(rows, info)
                 answers = [vlm.encoder.answer_ids(r["answer"]) for r in rows] if head is None else None
                 batch = collate(encoded, vlm.encoder.pad_id, answers)

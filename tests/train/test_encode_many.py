@@ -35,3 +35,26 @@ def test_encode_many_matches_one_by_one_with_one_tower_call(model, domain, tiny_
         assert torch.equal(a.visual_mask, b.visual_mask)
         torch.testing.assert_close(a.visual, b.visual, rtol=1e-4, atol=1e-5)
     assert vlm.encoder.encode_many(rows, data.info)[2] is together[2] and len(calls) == 1, "hits use the cache"
+
+
+def test_rows_read_pictures_only_for_items_not_encoded(tiny_zoo, vlora_home, monkeypatch):
+    """`DomainData.rows` with the encoder: every column as the dataset has it, but the picture
+    (decoded by `datasets` on each access) only for rows the encoder has not cached."""
+    vlm = VisionLM(ModelRef("qwen2_vl_tiny", str(tiny_zoo["qwen2_vl_tiny"])), LoraSpec(rank=4, alpha=8), device="cpu")
+    data = load_domain(tiny_domain(vlora_home, "color_largest", tiny_zoo["qwen2_vl_tiny"], limit=12))
+    full = [data.splits["train"][i] for i in (3, 0, 5)]
+    first = data.rows("train", [3, 0, 5], vlm.encoder)
+    assert first == full, "nothing encoded yet: whole rows, pictures included"
+    vlm.encoder.encode_many(first[:2], data.info)
+    decoded = []
+    real = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: decoded.append(1) or real(*a, **k))
+    again = data.rows("train", [3, 0, 5], vlm.encoder)
+    assert len(decoded) == 1, "only the item not yet encoded had its picture read"
+    assert [("image" in r) for r in again] == [False, False, True]
+    assert [{k: v for k, v in r.items() if k != "image"} for r in again] == \
+        [{k: v for k, v in r.items() if k != "image"} for r in full]
+    assert again[2]["image"] == full[2]["image"]
+    items = vlm.encoder.encode_many(again, data.info)  # the encoded rows are served from the cache
+    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(items, vlm.encoder.encode_many(full, data.info)))
+    assert data.rows("train", [3]) == full[:1], "without an encoder: the dataset's rows as they are"

@@ -28,7 +28,7 @@ from heads import build_head
 from train import LoraSpec, ModelRef, VisionLM, load_domain
 from train.data import collate, head_target
 from train.evaluate import evaluate
-from train.model import AdapterModule
+from train.model import AdapterModule, frozen_linears_to
 from train.rehearsal import Part, refit_heads
 from train.trainer import TrainConfig, _batch_loss, head_config_for, train_adapter
 from zoo import build_checkpoint
@@ -143,6 +143,9 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[16])
     ap.add_argument("--steps", type=int, default=60, help="steps of each trainer-loop timing")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--frozen", nargs="+", default=["autocast"], choices=["autocast", "float32"],
+                    help="dtype of the frozen decoder projections: the trainer's (autocast's), or float32 as "
+                         "the checkpoint stores them (autocast then casts them on every call)")
     ap.add_argument("--compile", action="store_true", help="also time the loop with train.compile")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--out", default=None, help="folder for lora_step.txt (besides stdout)")
@@ -154,10 +157,14 @@ def main(argv=None) -> None:
                    device=a.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"{a.model} on {name}, torch {torch.__version__}", file=out)
-    for domain in a.domains:
-        data = load_domain(Path(a.datasets) / domain)
-        for batch_size in a.batch_sizes:
-            run_domain(vlm, data, batch_size, a.steps, a.repeats, a.compile, not a.no_profile, out)
+    for frozen in a.frozen:
+        if frozen == "float32":
+            frozen_linears_to(vlm.model, torch.float32)
+        print(f"frozen decoder projections: {frozen}", file=out)
+        for domain in a.domains:
+            data = load_domain(Path(a.datasets) / domain)
+            for batch_size in a.batch_sizes:
+                run_domain(vlm, data, batch_size, a.steps, a.repeats, a.compile, not a.no_profile, out)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "lora_step.txt").write_text(out.text)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .data import Encoder
-from .model import LoraSpec, ModelRef, arch_of, enable_checkpointing, load_base, wrap_lora
+from .model import LoraSpec, ModelRef, arch_of, enable_checkpointing, frozen_linears_to, load_base, wrap_lora
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 
@@ -31,6 +31,8 @@ class VisionLM:
         base, self.processor = load_base(ref, device=self.accelerator.device)
         self.arch = arch_of(base)
         self.model = wrap_lora(base, lora, train_vision_tower, seed)
+        if mixed_precision != "no":  # the frozen projections in the dtype autocast would cast them to
+            frozen_linears_to(self.model, torch.bfloat16 if mixed_precision == "bf16" else torch.float16)
         if gradient_checkpointing:  # activations recomputed in backward: less memory at full size
             enable_checkpointing(self.model)
         self.hidden_size = int(base.config.get_text_config().hidden_size)

@@ -59,7 +59,8 @@ class DomainData:
     info: DomainInfo
     splits: Any  # datasets.DatasetDict with "train" and "eval"
     path: Path
-    _light: dict = field(default_factory=dict, repr=False, compare=False)  # split -> view without pictures
+    # split -> the same split without pictures; built on first use, never copied by `replace`
+    _light: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:

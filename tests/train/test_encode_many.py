@@ -3,6 +3,8 @@ would get alone (images of two sizes, clips, LLaVA's fixed-size images)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from PIL import Image
@@ -58,3 +60,6 @@ def test_rows_read_pictures_only_for_items_not_encoded(tiny_zoo, vlora_home, mon
     items = vlm.encoder.encode_many(again, data.info)  # the encoded rows are served from the cache
     assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(items, vlm.encoder.encode_many(full, data.info)))
     assert data.rows("train", [3]) == full[:1], "without an encoder: the dataset's rows as they are"
+    swapped = dataclasses.replace(data, splits={"train": data.splits["eval"], "eval": data.splits["train"]})
+    assert swapped.rows("train", [0], vlm.encoder)[0]["id"] == data.splits["eval"][0]["id"], \
+        "a copy with other splits reads them, not the original's cached view"

@@ -136,7 +136,7 @@ def run_ours(job: TrainBenchJob, name: str, path: str, rows, order, seed: int, d
         enc = vlm.encoder
 
         def step(batch_rows):  # train_adapter's inner step; encoding (a cache hit after epoch 1) is timed
-            misses = sum(f"{info.name}/{r['id']}" not in enc.cache for r in batch_rows)
+            misses = sum(not enc.has(r, info) for r in batch_rows)
             encoded = enc.encode_many(batch_rows, info)
             answers = [enc.answer_ids(r["answer"]) for r in batch_rows] if head is None else None
             batch = collate(encoded, enc.pad_id, answers)

@@ -153,13 +153,12 @@ def main(argv=None) -> None:
     out = Tee()
     path = build_checkpoint(a.model, Path(tempfile.mkdtemp(prefix="lora_step_")) / a.model)
     dev = torch.device(a.device)
-    vlm = VisionLM(ModelRef(a.model, str(path)), LoraSpec(), mixed_precision="bf16" if dev.type == "cuda" else "no",
-                   device=a.device)
+    bf16 = dev.type == "cuda"  # the GPU profile trains under bf16 autocast
+    vlm = VisionLM(ModelRef(a.model, str(path)), LoraSpec(), mixed_precision="bf16" if bf16 else "no", device=a.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"{a.model} on {name}, torch {torch.__version__}", file=out)
-    for frozen in a.frozen:
-        if frozen == "float32":
-            frozen_linears_to(vlm.model, torch.float32)
+    for frozen in a.frozen:  # set each time, so any order of --frozen measures what it names
+        frozen_linears_to(vlm.model, torch.bfloat16 if bf16 and frozen == "autocast" else torch.float32)
         print(f"frozen decoder projections: {frozen}", file=out)
         for domain in a.domains:
             data = load_domain(Path(a.datasets) / domain)

@@ -1,15 +1,21 @@
-"""One domain alone on the GPU profile's small model: distil it, pretrain qwen2_vl_small on the world
-(cached by its settings), then train a LoRA + the domain's head for each number of epochs and score
-the eval split. Answers whether a domain can reach its requirement at all before fusion tries to
-share an adapter with it.
+"""Domains alone on the GPU profile's small model: distil them, pretrain qwen2_vl_small on the world
+(cached by its settings) or take a pretrained checkpoint, then train a LoRA + the domain's head for
+each number of epochs, batch size and seed, and score the eval split. Answers whether a domain can
+reach its requirement at all before fusion tries to share an adapter with it, and what a larger
+batch costs in accuracy.
 
-    VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --domain detect_car --steps 3000 --epochs 4 24
-    VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --domain direction --steps 3000 --epochs 4 12
+    VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --domains detect_car --steps 3000 --epochs 4 24
+    VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --domains direction --steps 3000 --epochs 4 12
+    VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --pretrained $VLORA_HOME/gpu/zoo/qwen2_vl_small_pretrained \
+        --domains class_main count_cars --epochs 4 --batch-sizes 16 64 --seeds 0 1 --out /tmp/probe.csv
 
-The domain's size is the GPU profile's (conf/demo.yaml). Needs the teachers in $VLORA_HOME/teachers.
-Results on an H100: results/offline_gpu/. An experiment, printed; nothing passes or fails.
+The domains' sizes are the GPU profile's (conf/demo.yaml); already distilled datasets are kept.
+Needs the teachers in $VLORA_HOME/teachers. Learning rates follow the square root of the batch
+from the profile's batch 16 (LoRA 1e-3, head 1e-2) unless given. Results on an H100:
+results/offline_gpu/. An experiment, printed; nothing passes or fails.
 """
 import argparse
+import csv
 import os
 import subprocess
 import sys
@@ -24,30 +30,69 @@ from train.trainer import TrainConfig
 from zoo import build_checkpoint
 
 SIZES = {"direction": "{size: 640, eval_fraction: 0.4}"}  # the profile's; every other domain 1024 / 0.25
+NAME = "qwen2_vl_small"
 
-ap = argparse.ArgumentParser(description="one domain alone on the GPU profile's small model")
-ap.add_argument("--domain", default="detect_car")
-ap.add_argument("--steps", type=int, default=3000, help="world pretraining steps (batch 32, as the profile)")
-ap.add_argument("--epochs", type=int, nargs="+", default=[4, 24])
-args = ap.parse_args()
-home, name = os.environ.get("VLORA_HOME", ".vlora"), "qwen2_vl_small"
-t0 = time.time()
-size = SIZES.get(args.domain, "{size: 1024, eval_fraction: 0.25}")
-subprocess.run([sys.executable, "-m", "vlora", "distill", f"paths.home={home}/gpu", f"teachers.dir={home}/teachers",
-                f"model={name}", f"distill.only=[{args.domain}]", f"distill.domains.{args.domain}={size}"], check=True)
-print(f"distill {time.time() - t0:.0f} s", flush=True)
-base = build_checkpoint(name, f"{home}/gpu/zoo/{name}")
-t0 = time.time()
-pcfg = PretrainConfig(steps=args.steps, batch_size=32, lr=1e-3, warmup_steps=100, mixed_precision="bf16", workers=14)
-out = pretrain(base, f"{home}/gpu/zoo/{name}_pre{args.steps}", pcfg, log=sys.stdout)
-print(f"pretrain {args.steps} steps: {time.time() - t0:.0f} s in this call", flush=True)
-vlm = VisionLM(ModelRef(name=name, path=str(out), arch="qwen2_vl", dtype="float32"), LoraSpec(), mixed_precision="bf16")
-for epochs in args.epochs:  # the profile's trainer settings, but the number of epochs
-    trainer = LoraTrainer(vlm, f"{home}/gpu/datasets",
-                          TrainConfig(epochs=epochs, batch_size=16, lr=1e-3, head_lr=1e-2, eval_batch_size=32))
+
+def rates(batch: int, lr: float | None, head_lr: float | None) -> tuple[float, float]:
+    """LoRA and head learning rates at `batch`: given, or the profile's at batch 16 scaled by sqrt(batch / 16)."""
+    scale = (batch / 16) ** 0.5
+    return (lr if lr is not None else 1e-3 * scale), (head_lr if head_lr is not None else 1e-2 * scale)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="domains alone on the GPU profile's small model")
+    ap.add_argument("--domains", nargs="+", default=["detect_car"])
+    ap.add_argument("--steps", type=int, default=3000, help="world pretraining steps (batch 32, as the profile had)")
+    ap.add_argument("--pretrained", default=None, help="a pretrained checkpoint directory to use instead")
+    ap.add_argument("--epochs", type=int, nargs="+", default=[4, 24])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[16])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--head-lr", type=float, default=None)
+    ap.add_argument("--world-seed", type=int, default=0, help="the seed the domains are distilled with (`seed=`)")
+    ap.add_argument("--out", default=None, help="also write the rows as CSV here")
+    args = ap.parse_args()
+    home = os.environ.get("VLORA_HOME", ".vlora")
     t0 = time.time()
-    torch.manual_seed(0)
-    state = trainer.train(trainer.new_adapter(1), args.domain)
-    score = trainer.evaluate(state, args.domain)
-    print(f"pretrain {args.steps}: LoRA + head on {args.domain}, {epochs} epochs: eval {score:.3f} "
-          f"({time.time() - t0:.0f} s)", flush=True)
+    sizes = [f"distill.domains.{d}={SIZES.get(d, '{size: 1024, eval_fraction: 0.25}')}" for d in args.domains]
+    subprocess.run([sys.executable, "-m", "vlora", "distill", f"paths.home={home}/gpu", f"teachers.dir={home}/teachers",
+                    f"model={NAME}", f"seed={args.world_seed}", f"distill.only=[{','.join(args.domains)}]", *sizes], check=True)
+    print(f"distill {time.time() - t0:.0f} s", flush=True)
+    if args.pretrained:
+        out = args.pretrained
+    else:
+        base = build_checkpoint(NAME, f"{home}/gpu/zoo/{NAME}")
+        t0 = time.time()
+        pcfg = PretrainConfig(steps=args.steps, batch_size=32, lr=1e-3, warmup_steps=100, mixed_precision="bf16",
+                              workers=14)
+        out = pretrain(base, f"{home}/gpu/zoo/{NAME}_pre{args.steps}", pcfg, log=sys.stdout)
+        print(f"pretrain {args.steps} steps: {time.time() - t0:.0f} s in this call", flush=True)
+    vlm = VisionLM(ModelRef(name=NAME, path=str(out), arch="qwen2_vl", dtype="float32"), LoraSpec(),
+                   mixed_precision="bf16")
+    rows = []
+    for domain in args.domains:
+        for batch in args.batch_sizes:
+            lr, head_lr = rates(batch, args.lr, args.head_lr)
+            for epochs in args.epochs:
+                for seed in args.seeds:
+                    trainer = LoraTrainer(vlm, f"{home}/gpu/datasets",
+                                          TrainConfig(epochs=epochs, batch_size=batch, lr=lr, head_lr=head_lr,
+                                                      eval_batch_size=64, seed=seed))
+                    t0 = time.time()
+                    torch.manual_seed(seed)
+                    state = trainer.train(trainer.new_adapter(1), domain)
+                    score = trainer.evaluate(state, domain)
+                    row = {"domain": domain, "batch": batch, "lr": lr, "head_lr": head_lr, "epochs": epochs,
+                           "seed": seed, "eval": round(score, 4), "seconds": round(time.time() - t0, 1)}
+                    rows.append(row)
+                    print(f"{out}: LoRA + head on {domain}, batch {batch} (lr {lr:.2g}, head {head_lr:.2g}), "
+                          f"{epochs} epochs, seed {seed}: eval {score:.3f} ({row['seconds']} s)", flush=True)
+                    if args.out:
+                        with open(args.out, "w", newline="") as f:
+                            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                            w.writeheader()
+                            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -32,10 +32,11 @@ class ManifestError(ValueError):
 
 
 def write_manifest(result, out_dir: str | os.PathLike, adapter_paths: dict[int, str] | None = None,
-                   extra: dict | None = None) -> Path:
+                   extra: dict | None = None, questions: dict[str, str | None] | None = None) -> Path:
     """Write out_dir/manifest.json of a fusion result (fusion.FusionResult: its adapters with their
     domains, accuracies and requirements, and the domains' order). Paths default to
-    out_dir/<adapter name> (see fusion.export_adapters)."""
+    out_dir/<adapter name> (see fusion.export_adapters). `questions`: domain -> the one question its
+    items ask (domain.json's), recorded so that routing sends a head only the question it answers."""
     out = Path(out_dir)
     if adapter_paths is not None:
         missing = [a.index for a in result.adapters if a.index not in adapter_paths]
@@ -54,6 +55,8 @@ def write_manifest(result, out_dir: str | os.PathLike, adapter_paths: dict[int, 
             # One head per domain: an adapter fusing several domains carries one head for each.
             tasks[d] = {"adapter": a.name, "head": d, "task": tasks_of[d], "accuracy": a.accuracies[d],
                         "requirement": a.requirements[d], "met": a.accuracies[d] >= a.requirements[d]}
+            if (questions or {}).get(d):
+                tasks[d]["question"] = questions[d]
     manifest = {"adapters": adapters, "tasks": tasks, "order": [d.name for d in result.order],
                 "created_by": CREATED_BY, **(extra or {})}
     _validate(manifest, out / MANIFEST)
@@ -128,6 +131,8 @@ def _validate(m: Any, where: Path) -> None:
         for k in ("accuracy", "requirement"):
             if not _is_acc(t[k]):
                 problems.append(f"tasks[{dom!r}].{k} must be a number in [0, 1], got {t[k]!r}")
+        if t.get("question") is not None and not isinstance(t["question"], str):
+            problems.append(f"tasks[{dom!r}].question must be a string or null, got {t['question']!r}")
     listed = {d for doms in members.values() for d in doms}
     if listed - tasks.keys():
         problems.append(f"domains in adapters but not in tasks: {sorted(listed - tasks.keys())}")
@@ -145,16 +150,33 @@ class Selection:
     accuracy: float
 
 
-def select_adapter(manifest: dict[str, Any], task_type_or_domain: str, accuracy_target: float) -> Selection | None:
+def same_question(a: str, b: str) -> bool:
+    """Equal up to case, spacing and the closing punctuation."""
+    def norm(q: str) -> str:
+        return " ".join(q.lower().split()).rstrip("?.! ")
+
+    return norm(a) == norm(b)
+
+
+def answers(entry: dict[str, Any], question: str | None) -> bool:
+    """Whether a manifest task entry serves `question`: a domain answers the one question its items
+    asked (a count head trained on "How many cars are there?" counts cars whatever it is asked).
+    Entries that record no question (older manifests, per-item questions such as lm's) serve any."""
+    return question is None or not entry.get("question") or same_question(entry["question"], question)
+
+
+def select_adapter(manifest: dict[str, Any], task_type_or_domain: str, accuracy_target: float,
+                   question: str | None = None) -> Selection | None:
     """The cheapest adapter whose recorded accuracy on the domain reaches `accuracy_target` and
     that meets the domain's own requirement.
 
-    The key is a domain name, or else a task type (any domain of that type qualifies); cheapest
-    is fewest fused domains, then name, then highest accuracy. An entry whose `met` is false
-    (fusion could not reach the domain's requirement) is never selected, however low the
-    caller's target: the next entry that meets its requirement serves instead. Returns None when
-    no adapter qualifies, so the caller can fall back (e.g. to the base model and LM head);
-    raises KeyError when the manifest knows neither such a domain nor such a task type.
+    The key is a domain name, or else a task type (any domain of that type that `answers` the
+    request's `question` qualifies); cheapest is fewest fused domains, then name, then highest
+    accuracy. An entry whose `met` is false (fusion could not reach the domain's requirement) is
+    never selected, however low the caller's target: the next entry that meets its requirement
+    serves instead. Returns None when no adapter qualifies, so the caller can fall back (e.g. to
+    the base model and LM head); raises KeyError when the manifest knows neither such a domain
+    nor such a task type.
     """
     if not _is_acc(accuracy_target):  # NaN fails the range check too
         raise ValueError(f"select_adapter: accuracy_target must be in [0, 1], got {accuracy_target!r}")
@@ -167,6 +189,7 @@ def select_adapter(manifest: dict[str, Any], task_type_or_domain: str, accuracy_
             types = sorted({t["task"] for t in tasks.values()})
             raise KeyError(f"select_adapter: {task_type_or_domain!r} is neither a domain ({sorted(tasks)}) "
                            f"nor a task type ({types}) of this manifest")
+        domains = [d for d in domains if answers(tasks[d], question)]
     fits = [(len(by_name[tasks[d]["adapter"]]["domains"]), tasks[d]["adapter"], -tasks[d]["accuracy"], d)
             for d in domains if tasks[d]["accuracy"] >= accuracy_target and tasks[d]["met"] is not False]
     if not fits:

@@ -24,9 +24,11 @@ def run_adapter_name(run: str, index: int) -> str:
 
 
 def export_adapters(result: FusionResult, trainer: Trainer, out_dir: str | os.PathLike,
-                    extra: dict | None = None, run: str | None = None) -> Path:
+                    extra: dict | None = None, run: str | None = None,
+                    questions: dict[str, str | None] | None = None) -> Path:
     """Save every fused adapter to out_dir/<run>_<index> with the trainer, then write the manifest
-    (which records `run`). run defaults to out_dir's folder name."""
+    (which records `run`, and each domain's question from `questions`). run defaults to out_dir's
+    folder name."""
     out = Path(out_dir)
     run = run or out.resolve().name
     if not _RUN_NAME.match(run):
@@ -38,4 +40,4 @@ def export_adapters(result: FusionResult, trainer: Trainer, out_dir: str | os.Pa
     for a in named.adapters:
         trainer.save(a.state, str(out / a.name))
         paths[a.index] = str(out / a.name)
-    return write_manifest(named, out, paths, {"run": run, **(extra or {})})
+    return write_manifest(named, out, paths, {"run": run, **(extra or {})}, questions)

@@ -42,6 +42,7 @@ class DomainInfo:
     model: str | None = None
     media: str = "image"
     sizes: dict = field(default_factory=dict)
+    question: str | None = None  # the one question every item asks (its head answers only it); None: per item
     created_by: str = ""
     version: int = 1
 

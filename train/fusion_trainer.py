@@ -32,7 +32,7 @@ from .vlm import VisionLM
 def domain_record(data: DomainData, steps: int) -> dict:
     info = data.info
     return {"task": info.task, "labels": info.labels, "max_count": info.max_count, "max_boxes": info.max_boxes,
-            "media": info.media, "teacher": info.teacher, "dataset": str(data.path),
+            "media": info.media, "question": info.question, "teacher": info.teacher, "dataset": str(data.path),
             "train_size": data.size("train"), "steps": steps}
 
 

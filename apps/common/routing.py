@@ -4,7 +4,12 @@ what the server can do.
     manifest entry with a head, adapter served  -> that adapter, output_mode "head"
     adapter served but no head (or heads off)   -> that adapter, output_mode "generate"
     no manifest / nothing accurate enough /
+    no domain answering the request's question /
     adapter not on the server                   -> the base model, "generate" (answers parsed)
+
+A domain's head answers the one question its items asked (the manifest records it), so a task
+type matches only the domains whose question is the request's: "How many vehicles are there?"
+never reaches the head of "How many cars are there?".
 
 A route also degrades at run time: a head request the server rejects falls back to generation
 with the same adapter, and a rejected adapter to the base model (`Route.degrade`); each step
@@ -16,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from adapters.manifest import select_adapter
+from adapters.manifest import answers, select_adapter
 from adapters.sources import read_sources
 
 HEAD_MODES = ("auto", "never", "always")
@@ -69,22 +74,28 @@ def load_manifest(path) -> dict[str, Any] | None:
 
 
 def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | None, caps: ServerCaps,
-                  heads: str = "auto", load: Callable[[str, str], None] | None = None) -> Route:
+                  heads: str = "auto", load: Callable[[str, str], None] | None = None,
+                  question: str | None = None) -> Route:
     """The route of one task. `load(name, path)`, when given, asks the server to load a selected
     adapter it does not serve yet (an error from it means: use the base model).
     heads: "auto" (head mode when the selection has a head and its adapter is served), "never",
-    or "always" (head mode even without a manifest head, e.g. to exercise the fallback)."""
+    or "always" (head mode even without a manifest head, e.g. to exercise the fallback).
+    question: what the requests ask; when `key` is a task type, only domains that answer it
+    qualify (a head trained to count cars is not asked how many vehicles there are)."""
     if heads not in HEAD_MODES:
         raise ValueError(f"heads must be one of {HEAD_MODES}, got {heads!r}")
     base = Route(key, None, None, "head" if heads == "always" else "generate")
     if manifest is None:
         return replace(base, reason="no fusion manifest: base model")
     try:
-        sel = select_adapter(manifest, key, accuracy_target)
+        sel = select_adapter(manifest, key, accuracy_target, question)
     except KeyError:
         return replace(base, reason=f"the manifest knows no domain or task {key!r}: base model")
-    missed = _missed(manifest, key)
+    missed = _missed(manifest, key, question)
     if sel is None:
+        other = _other_questions(manifest, key, question)
+        if other:
+            return replace(base, reason=f"no domain of {key!r} answers {question!r} (they answer {other}): base model")
         return replace(base, reason=f"no adapter reaches accuracy {accuracy_target} on {key!r}"
                                     + (f" and meets its requirement ({missed} skipped)" if missed else "")
                                     + ": base model")
@@ -92,22 +103,38 @@ def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | N
     picked = replace(base, selected=sel.adapter, expected_accuracy=sel.accuracy)
     if sel.adapter not in caps.adapters:
         if load is None:
-            return replace(picked, reason=f"adapter {sel.adapter} is not served: base model")
+            return replace(picked, reason=f"adapter {sel.adapter} ({sel.domain}) is not served: base model")
         try:
             load(sel.adapter, sel.path)
         except Exception as e:  # unsupported engine, missing files: the base model still answers
-            return replace(picked, reason=f"adapter {sel.adapter} could not be loaded ({e}): base model")
+            return replace(picked, reason=f"adapter {sel.adapter} ({sel.domain}) could not be loaded ({e}): base model")
     use_head = heads == "always" or (heads == "auto" and bool(sel.head))
     return replace(picked, adapter=sel.adapter, head=sel.head if use_head else None,
                    output_mode="head" if use_head else "generate",
                    reason=f"manifest: {sel.adapter} ({sel.domain}, accuracy {sel.accuracy}){skipped}")
 
 
-def _missed(manifest: dict[str, Any], key: str) -> str:
+def _domains(manifest: dict[str, Any], key: str, question: str | None) -> list[str]:
+    """The domains `key` names (itself, or every domain of that task type answering `question`)."""
+    tasks = manifest["tasks"]
+    if key in tasks:
+        return [key]
+    return [d for d, t in tasks.items() if t["task"] == key and answers(t, question)]
+
+
+def _other_questions(manifest: dict[str, Any], key: str, question: str | None) -> str:
+    """When no domain of task type `key` answers `question`: the questions its domains do answer."""
+    tasks = manifest["tasks"]
+    if question is None or key in tasks or _domains(manifest, key, question):
+        return ""
+    return ", ".join(sorted({repr(t.get("question")) for t in tasks.values() if t["task"] == key}))
+
+
+def _missed(manifest: dict[str, Any], key: str, question: str | None = None) -> str:
     """The manifest entries for `key` that miss their requirement (select_adapter skips them), for
     the route's reason: "fused_4 on exists_bicycle misses its requirement (0.64 < 0.7)"."""
     tasks = manifest["tasks"]
-    domains = [key] if key in tasks else [d for d, t in tasks.items() if t["task"] == key]
+    domains = _domains(manifest, key, question)
     return ", ".join(f"{tasks[d]['adapter']} on {d} misses its requirement "
                      f"({tasks[d]['accuracy']} < {tasks[d]['requirement']})"
                      for d in domains if tasks[d]["met"] is False)

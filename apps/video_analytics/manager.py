@@ -38,7 +38,7 @@ class StreamManager:
         except Exception:  # an older server without list_adapters: assume the base model only
             caps = ServerCaps()
         load = client.load_adapter if self.load_adapters else None
-        return {t.label: resolve_route(t.key, t.accuracy_target, self.manifest, caps, self.heads, load)
+        return {t.label: resolve_route(t.key, t.accuracy_target, self.manifest, caps, self.heads, load, t.question())
                 for t in config.tasks}
 
     def add(self, config: StreamConfig) -> StreamRunner:

@@ -77,43 +77,58 @@ class RetrievalApp:
         self.mode_switches = 0
         self._caps: ServerCaps | None = None
 
-    def route(self, kind: str) -> Route:
-        if kind not in self.routes:
+    def route_key(self, query: Query) -> str:
+        """Which queries share a route: those of one kind, or, where the kind's task type has
+        domains that record the one question they answer (a head answers only its own), those of
+        one kind and question."""
+        key = self.config.routes[query.kind]
+        tasks = (self.manifest or {}).get("tasks") or {}
+        if query.kind in GENERATED or self._is_lm(key) or key in tasks:
+            return query.kind
+        if any(t.get("question") for t in tasks.values() if t["task"] == key):
+            return f"{query.kind}: {' '.join(query.question.split())}"
+        return query.kind
+
+    def route(self, query: Query) -> Route:
+        name = self.route_key(query)
+        if name not in self.routes:
             if self._caps is None:
                 try:
                     self._caps = ServerCaps.probe(self.client)
                 except Exception:  # a server without list_adapters serves the base model
                     self._caps = ServerCaps()
             load = self.client.load_adapter if self.config.load_adapters else None
-            key = self.config.routes[kind]
-            heads = "never" if kind in GENERATED or self._is_lm(key) else self.config.heads
-            self.routes[kind] = resolve_route(key, self.config.accuracy_target, self.manifest, self._caps, heads, load)
-        return self.routes[kind]
+            key = self.config.routes[query.kind]
+            heads = "never" if query.kind in GENERATED or self._is_lm(key) else self.config.heads
+            question = query.question if name != query.kind else None
+            self.routes[name] = resolve_route(key, self.config.accuracy_target, self.manifest, self._caps, heads, load,
+                                              question)
+        return self.routes[name]
 
     def _is_lm(self, key: str) -> bool:
         """Whether `key` (a domain or task type) names an lm domain of the manifest, or the lm type."""
         tasks = (self.manifest or {}).get("tasks") or {}
         return (tasks[key].get("task") if key in tasks else key) == "lm"
 
-    def _degrade(self, kind: str, error: ServerError, sent: Route) -> bool:
+    def _degrade(self, name: str, error: ServerError, sent: Route) -> bool:
         """After a refusal of a request sent on route `sent`: True when there is a route to retry on.
         Queries in flight together share a route; when another one's refusal has already moved it
         on, the retry takes the current route, and the refusal of `sent` is not charged to it."""
         if error.kind not in REFUSALS:
             return False
-        if self.routes[kind] != sent:
+        if self.routes[name] != sent:
             return True
         route = sent.degrade(error.message)
         if route is None:
             return False
-        self.routes[kind] = route
+        self.routes[name] = route
         self.mode_switches += 1
         return True
 
     def _submit(self, query: Query, image) -> Any:
         """Send `image` (BGR, already within max_frame_pixels) with the query's question."""
         while True:
-            route = self.route(query.kind)
+            route = self.route(query)
             try:
                 return self.client.submit_image(query.question, [image[:, :, ::-1].copy()], adapter=route.adapter,
                                                 output_mode=route.output_mode,
@@ -122,7 +137,7 @@ class RetrievalApp:
                                                 encoding=self.config.encoding,
                                                 task=route.head if route.output_mode == "head" else None)
             except ServerError as e:
-                if not self._degrade(query.kind, e, route):
+                if not self._degrade(self.route_key(query), e, route):
                     raise
 
     def prediction(self, query: Query, final: dict[str, Any], photo_size: tuple[int, int],
@@ -173,7 +188,7 @@ class RetrievalApp:
                     image = self.collection.load(q.image)
                     sent = fit_image(image, self.config.max_frame_pixels)
                     stream = self._submit(q, sent)
-                    pending[nxt] = (stream, started, image, sent, self.routes[q.kind])
+                    pending[nxt] = (stream, started, image, sent, self.routes[self.route_key(q)])
                 except (KeyError, IOError, ServerError) as e:
                     results[nxt] = {"id": q.id, "image": q.image, "question": q.question, "kind": q.kind,
                                     "error": e.args[0] if isinstance(e, KeyError) else str(e)}
@@ -191,10 +206,11 @@ class RetrievalApp:
                         error = f"no answer within {self.config.request_timeout_s} s"
                     final = stream.final if error is None else None
                 except ServerError as e:
-                    if self._degrade(queries[i].kind, e, route):  # e.g. a head the server lacks: generate instead
+                    # e.g. a head the server lacks: generate instead
+                    if self._degrade(self.route_key(queries[i]), e, route):
                         try:
                             pending[i] = (self._submit(queries[i], sent), started, image, sent,
-                                          self.routes[queries[i].kind])
+                                          self.routes[self.route_key(queries[i])])
                             continue
                         except ServerError as again:
                             e = again

@@ -186,3 +186,27 @@ def test_caption_and_qa_queries_go_in_generate_mode(server, world, tmp_path):
     assert "refused" not in app.routes["caption"].reason and "refused" not in app.routes["qa"].reason
     assert app.routes["count"].output_mode == "generate" and app.mode_switches == 1
     assert app.routes["count"].reason.startswith("head refused")
+
+
+def test_count_and_exists_queries_are_routed_by_their_question(server, world, tmp_path):
+    """A head answers its own domain's question: "How many buses are there?" must not be answered
+    by the head that counts cars. Routes are then kept per question for such kinds, and the
+    questions no domain asks go to the base model, saying why."""
+    from adapters.manifest import read_manifest, write_manifest
+    from fusion import Domain, FusedAdapter, FusionResult
+
+    order = [Domain("count_cars", "count", 0.5), Domain("exists_bus", "binary", 0.5)]
+    fused = FusedAdapter(0, "fused_0", ["count_cars", "exists_bus"], {"count_cars": 0.8, "exists_bus": 0.9},
+                         {"count_cars": 0.5, "exists_bus": 0.5}, True, None)
+    manifest = read_manifest(write_manifest(FusionResult([fused], [], order), tmp_path, questions={
+        "count_cars": "How many cars are there?", "exists_bus": "Is there a bus?"}))
+    image = ImageCollection(world / "images").names[0]
+    with connector(server)() as client:
+        app = RetrievalApp(client, ImageCollection(world / "images"), RetrievalConfig(), manifest, tmp_path)
+        cars = app.route(Query(image, "How many cars are there?"))
+        buses = app.route(Query(image, "How many buses are there?"))
+        bus, caption = app.route(Query(image, "Is there a bus?")), app.route(Query(image, "Describe the image."))
+    assert (cars.selected, buses.selected, bus.selected) == ("fused_0", None, "fused_0")
+    assert "count_cars" in cars.reason and "no domain of 'count' answers 'How many buses are there?'" in buses.reason
+    assert sorted(app.routes) == ["caption", "count: How many buses are there?", "count: How many cars are there?",
+                                  "exists: Is there a bus?"]

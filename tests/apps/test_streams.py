@@ -201,6 +201,28 @@ def test_routes_come_from_the_manifest_and_fall_back_to_what_the_server_serves(s
         wait_for(lambda: runner.metrics.chunks_processed >= 1, what="a chunk on the base model")
 
 
+def test_a_stream_task_is_routed_to_the_domain_asking_its_question(server, tmp_path):
+    """With the questions recorded, the stream's count (of vehicles, by default) goes to the
+    count_vehicles head, not to the cheaper and more accurate head that counts people."""
+    from apps.video_analytics import load_manifest
+
+    manifest = json.loads(json.dumps(MANIFEST))
+    for domain, question in (("count_vehicles", "How many vehicles are there?"), ("detect_car", "Where are the cars?"),
+                             ("count_people", "How many people are there?")):
+        manifest["tasks"][domain]["question"] = question
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with StreamManager(connector(server), manifest=load_manifest(str(tmp_path))) as manager:
+        config = stream_from_dict(_synthetic("asked", 1, tasks=[
+            {"task": "count", "accuracy_target": 0.6},
+            {"task": "count", "classes": ["person"], "name": "people", "accuracy_target": 0.6},
+            {"task": "count", "classes": ["bus"], "name": "buses", "accuracy_target": 0.6}]))
+        with connector(server)() as client:
+            routes = manager.routes_for(config, client)
+    assert routes["count"].selected == "fused_0" and "count_vehicles" in routes["count"].reason
+    assert routes["people"].selected == "fused_1"
+    assert routes["buses"].selected is None and "answers 'How many buses are there?'" in routes["buses"].reason
+
+
 def test_a_refused_head_request_falls_back_to_generation(server, tmp_path):
     with JsonlSink(tmp_path / "out.jsonl") as sink, StreamManager(connector(server), sink=sink, heads="always") as m:
         runner = m.add(stream_from_dict(_synthetic("heads", 2, max_chunks=3)))

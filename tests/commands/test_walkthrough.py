@@ -83,6 +83,7 @@ def test_bring_your_own_camera_teacher_and_checkpoint(tiny_zoo, tmp_path):
            "train.out_dir=.vlora/adapters/people", "train.epochs=1", "train.batch_size=4", "adapter.rank=4")
     meta = json.loads((user / ".vlora/adapters/people/meta.json").read_text())
     assert meta["base_model"]["path"] == str(Path(checkpoint).resolve()) and meta["base_model"]["fingerprint"]
+    assert meta["domains"]["people"]["question"] == "How many people are there?"  # the stream asks it: routed
 
     # 3. serve + stream: the app's own server takes the base from the adapter (no model.path), and
     # my teacher shadows every chunk of my recording

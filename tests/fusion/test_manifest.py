@@ -175,3 +175,22 @@ def test_select_skips_an_adapter_that_misses_its_requirement(tmp_path):
     assert select_adapter(m, "exists_bicycle", 0.5) is None
     s = select_adapter(m, "binary", 0.5)
     assert (s.adapter, s.domain) == ("fused_0", "exists_bus"), "falls back to the next adapter that meets it"
+
+
+def test_questions_are_recorded_and_validated(tmp_path):
+    asked = {"plate": "Where are the plates?", "sign": "Where are the signs?", "person": "Where are the people?",
+             "car": None}
+    m = read_manifest(write_manifest(hand_result(), tmp_path, questions=asked))
+    assert m["tasks"]["plate"]["question"] == "Where are the plates?" and "question" not in m["tasks"]["car"]
+    # without a question the cheapest detector (person's, alone on fused_1) wins; asked about signs,
+    # only sign's head and car's (which records no question) qualify
+    assert select_adapter(m, "detect", 0.7).domain == "person"
+    assert select_adapter(m, "detect", 0.7, "where are the  SIGNS").domain == "sign"
+    assert select_adapter(m, "detect", 0.9, "Where are the signs?") is None
+
+    def edit(m):
+        m["tasks"]["car"]["question"] = 3
+
+    corrupt(tmp_path, edit)
+    with pytest.raises(ManifestError, match=r"tasks\['car'\].question must be a string or null, got 3"):
+        read_manifest(tmp_path)

@@ -152,8 +152,10 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
                              f"fusion.out_dir=<another folder> to keep {out} as it is") from None
         raise
     base = base_identity(ref.path, ref.name, arch=trainer.vlm.arch)  # the server loads this base for them
+    questions = {d.name: trainer.dataset(d.name).info.question for d in result.order}
     manifest_path = export_adapters(result, trainer, out, run=job.name,
-                                    extra={"model": ref.name, "model_path": str(ref.path), "base": base})
+                                    extra={"model": ref.name, "model_path": str(ref.path), "base": base},
+                                    questions=questions)
     manifest = read_manifest(manifest_path)
     names = {e["index"]: e["name"] for e in manifest["adapters"]}
     seconds = time.perf_counter() - start

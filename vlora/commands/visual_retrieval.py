@@ -101,8 +101,9 @@ def print_report(report: dict[str, Any]) -> None:
           f"{'p99 ms':>8}")
     rows = {**report["by_kind"], "all": report["overall"]}
     for kind, s in rows.items():
-        route = report["routes"].get(kind)
-        where = "" if route is None else f"{route['adapter'] or 'base'}/{route['output_mode']}"
+        # a kind routed per question (its heads each answer one question) has several routes
+        routes = [r for name, r in report["routes"].items() if name == kind or name.startswith(f"{kind}: ")]
+        where = ",".join(sorted({f"{r['adapter'] or 'base'}/{r['output_mode']}" for r in routes}))
         acc = "-" if s["accuracy"] is None else f"{s['accuracy']:.3f}"
         lat = s["latency_ms"]
         print(f"{kind:<10} {where:<22} {s['queries']:>7} {s['errors']:>6} {acc:>8} {lat['p50'] or '-':>8} "

@@ -193,10 +193,11 @@ def test_an_empty_table_never_picks_the_fused_kernel():
         empty.fused(_op(ONE_TOKEN, "shrink"))
 
 
-@pytest.mark.parametrize("fused_us, picked", [(7.9, True), (8.0, False), (9.0, False), (10.9, False)])
+@pytest.mark.parametrize("fused_us, picked", [(7.5, True), (7.7, False), (8.0, False), (9.0, False), (10.9, False)])
 def test_the_table_picks_the_fused_kernel_only_where_it_measured_it_faster_than_both_halves(fused_us, picked):
     """Each entry's time is of the whole op: shrink 8.1 us, expand 8.0 us (the expand's tiling at
-    its best); fused must beat both (9.0: faster than the shrink's record, not the expand's)."""
+    its best); fused must beat both by more than the margin (7.7: 4% faster, within it; 9.0:
+    faster than the shrink's record, not the expand's)."""
     table = TilingTable("GPU")
     table.record(_op(ONE_TOKEN, "shrink"), CFG, 8.1)
     table.record(_op(ONE_TOKEN, "expand"), CFG, 8.0)

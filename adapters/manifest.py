@@ -165,6 +165,21 @@ def answers(entry: dict[str, Any], question: str | None) -> bool:
     return question is None or not entry.get("question") or same_question(entry["question"], question)
 
 
+def domains_for(manifest: dict[str, Any], task_type_or_domain: str, question: str | None = None) -> list[str]:
+    """The domains a key names: the domain itself, or every domain of that task type that `answers`
+    `question` (possibly none). Raises KeyError when the manifest knows neither such a domain nor
+    such a task type."""
+    tasks = manifest["tasks"]
+    if task_type_or_domain in tasks:
+        return [task_type_or_domain]
+    domains = [d for d, t in tasks.items() if t["task"] == task_type_or_domain]
+    if not domains:
+        types = sorted({t["task"] for t in tasks.values()})
+        raise KeyError(f"select_adapter: {task_type_or_domain!r} is neither a domain ({sorted(tasks)}) "
+                       f"nor a task type ({types}) of this manifest")
+    return [d for d in domains if answers(tasks[d], question)]
+
+
 def select_adapter(manifest: dict[str, Any], task_type_or_domain: str, accuracy_target: float,
                    question: str | None = None) -> Selection | None:
     """The cheapest adapter whose recorded accuracy on the domain reaches `accuracy_target` and
@@ -181,15 +196,7 @@ def select_adapter(manifest: dict[str, Any], task_type_or_domain: str, accuracy_
     if not _is_acc(accuracy_target):  # NaN fails the range check too
         raise ValueError(f"select_adapter: accuracy_target must be in [0, 1], got {accuracy_target!r}")
     tasks, by_name = manifest["tasks"], {a["name"]: a for a in manifest["adapters"]}
-    if task_type_or_domain in tasks:
-        domains = [task_type_or_domain]
-    else:
-        domains = [d for d, t in tasks.items() if t["task"] == task_type_or_domain]
-        if not domains:
-            types = sorted({t["task"] for t in tasks.values()})
-            raise KeyError(f"select_adapter: {task_type_or_domain!r} is neither a domain ({sorted(tasks)}) "
-                           f"nor a task type ({types}) of this manifest")
-        domains = [d for d in domains if answers(tasks[d], question)]
+    domains = domains_for(manifest, task_type_or_domain, question)
     fits = [(len(by_name[tasks[d]["adapter"]]["domains"]), tasks[d]["adapter"], -tasks[d]["accuracy"], d)
             for d in domains if tasks[d]["accuracy"] >= accuracy_target and tasks[d]["met"] is not False]
     if not fits:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from adapters.manifest import answers, select_adapter
+from adapters.manifest import domains_for, select_adapter
 from adapters.sources import read_sources
 
 HEAD_MODES = ("auto", "never", "always")
@@ -114,18 +114,10 @@ def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | N
                    reason=f"manifest: {sel.adapter} ({sel.domain}, accuracy {sel.accuracy}){skipped}")
 
 
-def _domains(manifest: dict[str, Any], key: str, question: str | None) -> list[str]:
-    """The domains `key` names (itself, or every domain of that task type answering `question`)."""
-    tasks = manifest["tasks"]
-    if key in tasks:
-        return [key]
-    return [d for d, t in tasks.items() if t["task"] == key and answers(t, question)]
-
-
 def _other_questions(manifest: dict[str, Any], key: str, question: str | None) -> str:
     """When no domain of task type `key` answers `question`: the questions its domains do answer."""
     tasks = manifest["tasks"]
-    if question is None or key in tasks or _domains(manifest, key, question):
+    if question is None or key in tasks or domains_for(manifest, key, question):
         return ""
     return ", ".join(sorted({repr(t.get("question")) for t in tasks.values() if t["task"] == key}))
 
@@ -134,7 +126,7 @@ def _missed(manifest: dict[str, Any], key: str, question: str | None = None) -> 
     """The manifest entries for `key` that miss their requirement (select_adapter skips them), for
     the route's reason: "fused_4 on exists_bicycle misses its requirement (0.64 < 0.7)"."""
     tasks = manifest["tasks"]
-    domains = _domains(manifest, key, question)
+    domains = domains_for(manifest, key, question)
     return ", ".join(f"{tasks[d]['adapter']} on {d} misses its requirement "
                      f"({tasks[d]['accuracy']} < {tasks[d]['requirement']})"
                      for d in domains if tasks[d]["met"] is False)

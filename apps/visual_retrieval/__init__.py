@@ -14,7 +14,7 @@ caption F1), `app` (routing, submission, results), `draw`, `report`. Answer pars
 are shared with apps.video_analytics.
 """
 
-from .app import DEFAULT_ROUTES, RetrievalApp, RetrievalConfig
+from .app import DEFAULT_ROUTES, RetrievalApp, RetrievalConfig, route_kind
 from .collection import BadImage, ImageCollection
 from .fit import GROUNDINGS, fit_image, map_boxes, qwen_resized_size
 from .draw import draw_result
@@ -23,7 +23,7 @@ from .report import summarise
 from .scoring import exact_match, normalise, predict, score, short_answer, token_f1, vqa_normalise, vqa_score
 
 __all__ = [
-    "RetrievalApp", "RetrievalConfig", "DEFAULT_ROUTES", "ImageCollection", "BadImage", "GROUNDINGS", "fit_image",
+    "RetrievalApp", "RetrievalConfig", "DEFAULT_ROUTES", "route_kind", "ImageCollection", "BadImage", "GROUNDINGS", "fit_image",
     "map_boxes", "qwen_resized_size", "Query", "KINDS", "classify",
     "read_queries", "write_queries", "world_queries", "summarise", "draw_result", "predict", "score",
     "short_answer", "exact_match", "vqa_score", "vqa_normalise", "normalise", "token_f1",

@@ -66,6 +66,11 @@ class RetrievalConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
 
 
+def route_kind(route_name: str) -> str:
+    """The query kind of a route name (`RetrievalApp.route_key`: "count", or "count: <question>")."""
+    return route_name.split(": ", 1)[0]
+
+
 class RetrievalApp:
     def __init__(self, client, collection, config: RetrievalConfig | None = None,
                  manifest: dict[str, Any] | None = None, out_dir: str | Path | None = None):

@@ -97,12 +97,14 @@ def run_queries(job: RetrievalJob, port: int, stdin=None, stdout=None) -> dict[s
 
 
 def print_report(report: dict[str, Any]) -> None:
+    from apps.visual_retrieval import route_kind
+
     print(f"{'kind':<10} {'route':<22} {'queries':>7} {'errors':>6} {'accuracy':>8} {'p50 ms':>8} {'p95 ms':>8} "
           f"{'p99 ms':>8}")
     rows = {**report["by_kind"], "all": report["overall"]}
     for kind, s in rows.items():
         # a kind routed per question (its heads each answer one question) has several routes
-        routes = [r for name, r in report["routes"].items() if name == kind or name.startswith(f"{kind}: ")]
+        routes = [r for name, r in report["routes"].items() if route_kind(name) == kind]
         where = ",".join(sorted({f"{r['adapter'] or 'base'}/{r['output_mode']}" for r in routes}))
         acc = "-" if s["accuracy"] is None else f"{s['accuracy']:.3f}"
         lat = s["latency_ms"]

@@ -157,11 +157,11 @@ def main(argv=None) -> None:
     vlm = VisionLM(ModelRef(a.model, str(path)), LoraSpec(), mixed_precision="bf16" if bf16 else "no", device=a.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"{a.model} on {name}, torch {torch.__version__}", file=out)
+    domains = [load_domain(Path(a.datasets) / domain) for domain in a.domains]
     for frozen in a.frozen:  # set each time, so any order of --frozen measures what it names
         frozen_linears_to(vlm.model, torch.bfloat16 if bf16 and frozen == "autocast" else torch.float32)
         print(f"frozen decoder projections: {frozen}", file=out)
-        for domain in a.domains:
-            data = load_domain(Path(a.datasets) / domain)
+        for data in domains:
             for batch_size in a.batch_sizes:
                 run_domain(vlm, data, batch_size, a.steps, a.repeats, a.compile, not a.no_profile, out)
     if a.out:

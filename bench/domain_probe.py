@@ -8,6 +8,7 @@ batch costs in accuracy.
     VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --domains direction --steps 3000 --epochs 4 12
     VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --pretrained $VLORA_HOME/gpu/zoo/qwen2_vl_small_pretrained \
         --domains class_main count_cars --epochs 4 --batch-sizes 16 64 --seeds 0 1 --out /tmp/probe.csv
+    ... --domains direction --copies with without     # an augmented domain with and without its copies
 
 The domains' sizes are the GPU profile's (conf/demo.yaml); already distilled datasets are kept.
 Needs the teachers in $VLORA_HOME/teachers. Learning rates follow the square root of the batch
@@ -29,7 +30,9 @@ from train.pretrain import PretrainConfig, pretrain
 from train.trainer import TrainConfig
 from zoo import build_checkpoint
 
-SIZES = {"direction": "{size: 640, eval_fraction: 0.4}"}  # the profile's; every other domain 1024 / 0.25
+# the profile's (conf/demo.yaml), so a profile run's datasets are kept; every other domain 1024 / 0.25
+SIZES = {"direction": "{size: 640, eval_fraction: 0.4, augment: [hflip, vflip, reverse]}",
+         "detect_car": "{size: 1024, eval_fraction: 0.25, augment: [hflip]}"}
 NAME = "qwen2_vl_small"
 
 
@@ -37,6 +40,17 @@ def rates(batch: int, lr: float | None, head_lr: float | None) -> tuple[float, f
     """LoRA and head learning rates at `batch`: given, or the profile's at batch 16 scaled by sqrt(batch / 16)."""
     scale = (batch / 16) ** 0.5
     return (lr if lr is not None else 1e-3 * scale), (head_lr if head_lr is not None else 1e-2 * scale)
+
+
+def originals_only(data):
+    """The domain without its mirrored / reversed copies (ids with a '+'): the paired comparison."""
+    from dataclasses import replace
+
+    from datasets import DatasetDict
+
+    train = data.splits["train"].filter(lambda i: "+" not in i, input_columns="id")
+    return replace(data, info=replace(data.info, augment={}),
+                   splits=DatasetDict({"train": train, "eval": data.splits["eval"]}))
 
 
 def main() -> None:
@@ -51,6 +65,8 @@ def main() -> None:
     ap.add_argument("--head-lr", type=float, default=None)
     ap.add_argument("--world-seed", type=int, default=0, help="the seed the domains are distilled with (`seed=`)")
     ap.add_argument("--out", default=None, help="also write the rows as CSV here")
+    ap.add_argument("--copies", nargs="+", choices=["with", "without"], default=["with"],
+                    help="train on the mirrored / reversed copies of an augmented domain, on its originals only, or both")
     args = ap.parse_args()
     home = os.environ.get("VLORA_HOME", ".vlora")
     t0 = time.time()
@@ -70,7 +86,7 @@ def main() -> None:
     vlm = VisionLM(ModelRef(name=NAME, path=str(out), arch="qwen2_vl", dtype="float32"), LoraSpec(),
                    mixed_precision="bf16")
     rows = []
-    for domain in args.domains:
+    for domain, copies in [(d, c) for d in args.domains for c in args.copies]:
         for batch in args.batch_sizes:
             lr, head_lr = rates(batch, args.lr, args.head_lr)
             for epochs in args.epochs:
@@ -78,14 +94,17 @@ def main() -> None:
                     trainer = LoraTrainer(vlm, f"{home}/gpu/datasets",
                                           TrainConfig(epochs=epochs, batch_size=batch, lr=lr, head_lr=head_lr,
                                                       eval_batch_size=64, seed=seed))
+                    if copies == "without":
+                        trainer._data[domain] = originals_only(trainer.dataset(domain))
                     t0 = time.time()
                     torch.manual_seed(seed)
                     state = trainer.train(trainer.new_adapter(1), domain)
                     score = trainer.evaluate(state, domain)
-                    row = {"domain": domain, "batch": batch, "lr": lr, "head_lr": head_lr, "epochs": epochs,
+                    row = {"domain": domain, "copies": copies, "train": trainer.dataset(domain).size("train"),
+                           "batch": batch, "lr": lr, "head_lr": head_lr, "epochs": epochs,
                            "seed": seed, "eval": round(score, 4), "seconds": round(time.time() - t0, 1)}
                     rows.append(row)
-                    print(f"{out}: LoRA + head on {domain}, batch {batch} (lr {lr:.2g}, head {head_lr:.2g}), "
+                    print(f"{out}: LoRA + head on {domain} ({row['train']} training rows), batch {batch} (lr {lr:.2g}, head {head_lr:.2g}), "
                           f"{epochs} epochs, seed {seed}: eval {score:.3f} ({row['seconds']} s)", flush=True)
                     if args.out:
                         with open(args.out, "w", newline="") as f:

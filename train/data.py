@@ -43,6 +43,7 @@ class DomainInfo:
     media: str = "image"
     sizes: dict = field(default_factory=dict)
     question: str | None = None  # the one question every item asks (its head answers only it); None: per item
+    augment: dict = field(default_factory=dict)  # {"transforms", "items", "copies_per_item"} when the train split holds copies
     created_by: str = ""
     version: int = 1
 
@@ -69,6 +70,11 @@ class DomainData:
 
     def size(self, split: str) -> int:
         return len(self.splits[split])
+
+    @property
+    def distinct_train(self) -> int:
+        """Training items the teacher labelled: the train split less its mirrored / reversed copies."""
+        return int(self.info.augment.get("items", self.size("train")))
 
     def rows(self, split: str, indices, encoder: Encoder | None = None) -> list[dict]:
         """Rows `indices` of `split` as dicts. With an `encoder`, a row's picture is read only when

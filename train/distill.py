@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .distill_augment import augmented_media, combinations, copy_id, transform_answer
 from .distill_io import (CREATED_BY, DOMAIN_FILE, AnswerCache, dump_answer, evenly_spaced, load_answer,
                          load_distilled, read_domain, save_domain, split_ids, target_fields)
 from .distill_prompts import PromptRenderer
@@ -195,7 +196,7 @@ def distill_domain(spec: DomainSpec, teacher: Teacher, source, job: DistillJob,
     records = [cache.records[it.id] for it in items]
     answers = [load_answer(r["answer"]) for r in records]
     labels, max_count, max_boxes = _resolved(spec, teacher, source, answers)
-    rows, pairs, dropped = {}, [], 0
+    rows, pairs, dropped, kept = {}, [], 0, {}
     clip_frames = getattr(getattr(source, "spec", None), "frames_per_chunk", None) or spec.frames_per_clip
     for it, rec, ans in zip(items, records, answers):
         question = ans.question if spec.target == "qa" else spec.question
@@ -211,6 +212,7 @@ def distill_domain(spec: DomainSpec, teacher: Teacher, source, job: DistillJob,
             "id": rec["id"], "domain": spec.name, "task": spec.task, "media": spec.media, **it.media_fields(),
             "frames": evenly_spaced(it.n_frames, clip_frames) if clip else [],
             "question": question, "prompt": prompts(question, spec.media), **fields, "teacher": teacher.name}
+        kept[rec["id"]] = (ans, (w, h))
         if rec["truth"] is not None:
             pairs.append((rec["answer"], rec["truth"]))
     if len(rows) < 2:
@@ -223,6 +225,9 @@ def distill_domain(spec: DomainSpec, teacher: Teacher, source, job: DistillJob,
         train_ids, eval_ids = split_ids(rows, spec.eval_fraction, spec.seed)
         split = {"kind": "random", "seed": spec.seed}
     splits = {"train": [rows[i] for i in sorted(train_ids)], "eval": [rows[i] for i in sorted(eval_ids)]}
+    if spec.augment:  # copies of the training items only: eval stays what the teacher saw
+        clip_dir = Path(job.world_dir) / f"augment-{spec.name}-{fp[:8]}"
+        splits["train"] += _augmented(spec, splits["train"], kept, (max_count, max_boxes), clip_dir, log, job.progress)
     agreement = _agreement(spec, pairs, max_count)
     seconds = time.perf_counter() - start
     meta = {"name": spec.name, "task": spec.task, "labels": labels, "max_count": max_count,
@@ -231,6 +236,9 @@ def distill_domain(spec: DomainSpec, teacher: Teacher, source, job: DistillJob,
             "target": spec.target, "classes": spec.classes, "question": spec.question,
             "source": source.record(), "split": split,
             "teacher_vs_truth": agreement, "dropped": dropped, "fingerprint": fp, "seconds": round(seconds, 1)}
+    if spec.augment:
+        meta["augment"] = {"transforms": spec.augment, "items": len(train_ids),
+                           "copies_per_item": len(combinations(spec.augment))}
     if spec.from_world:
         meta["world"] = {"dir": str(source.world.root.resolve()), "config": source.world.config.to_dict()}
     save_domain(out_dir, splits, meta)
@@ -240,6 +248,23 @@ def distill_domain(spec: DomainSpec, teacher: Teacher, source, job: DistillJob,
           + (f"; teacher vs truth {agreement['metric']} {agreement['value']:.3f}" if agreement else "")
           + f", {seconds:.1f} s)", file=log, flush=True)
     return DistillResult(spec.name, out_dir, "built", meta["sizes"], agreement, seconds)
+
+
+def _augmented(spec: DomainSpec, train: list[dict], kept: dict, caps: tuple, clip_dir: Path, log: TextIO,
+               progress: bool) -> list[dict]:
+    """The mirrored / reversed copies of the training rows (distill_augment), labelled from the
+    teacher's answers to the originals."""
+    combos, out, start = combinations(spec.augment), [], time.monotonic()
+    for n, row in enumerate(train, 1):
+        answer, (w, h) = kept[row["id"]]
+        for combo in combos:
+            copy = copy_id(row["id"], combo)
+            fields = target_fields(spec.task, transform_answer(answer, combo, spec.target, w, h), w, h, *caps)
+            out.append({**row, "id": copy, **augmented_media(row, combo, copy, clip_dir), **fields})
+        if progress and (n % 64 == 0 or n == len(train)):
+            print(f"\rdistill {spec.name}: {n}/{len(train)} training items copied x{len(combos)} ({'+'.join(spec.augment)}, "
+                  f"{time.monotonic() - start:.0f} s)", end="\n" if n == len(train) else "", file=log, flush=True)
+    return out
 
 
 # ----------------------------------------------------------------------------- many domains

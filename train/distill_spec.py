@@ -17,6 +17,9 @@ train.teachers.registry). The target fixes the task:
 For a source other than the world, `classes` are checked against the teacher's (or the labelled
 data's) declared classes instead of the world's, and label sets, max_count and max_boxes left
 unset come from the teacher, the labels or the answers (see train.distill).
+
+`augment: [hflip, vflip, reverse]` (any of them) adds mirrored / time-reversed copies of the
+training items, labelled from the teacher's answers to the originals (train.distill_augment).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from typing import Any, Mapping
 
 from world import DIRECTIONS, WorldConfig
 
+from .distill_augment import check_augment
 from .distill_sources import SourceError, SourceSpec
 from .teachers import TARGETS, TeacherError
 
@@ -61,6 +65,7 @@ class DomainSpec:
     seed: int = 0                        # world seed of the frames
     world: dict = field(default_factory=dict)  # WorldConfig overrides, e.g. {min_objects: 1}
     source: dict = field(default_factory=dict)  # where frames come from (distill_sources); {} = the world
+    augment: list = field(default_factory=list)  # mirrored / reversed training copies (distill_augment)
 
     def __post_init__(self) -> None:
         where = f"domain {self.name!r}"
@@ -86,6 +91,10 @@ class DomainSpec:
                               f"which is a {TASK_OF_TARGET[self.target]!r} task")
         if self.media not in MEDIA:
             raise DomainError(f"{where}: media {self.media!r} is not one of {list(MEDIA)}")
+        try:
+            self.augment = check_augment(self.augment, self.target, self.media, where)
+        except ValueError as e:
+            raise DomainError(str(e)) from None
         if self.target == "direction" and self.media != "clip":
             raise DomainError(f"{where}: target 'direction' needs media: clip (an image has no motion)")
         if self.target != "qa" and not (isinstance(self.question, str) and self.question.strip()):
@@ -158,11 +167,13 @@ class DomainSpec:
         return labels
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec's fields; `source` only when it is not the world (a world domain's dict, and
-        so its fingerprint, is what it was before sources existed)."""
+        """The spec's fields; `source` only when it is not the world and `augment` only when set (a
+        domain's dict, and so its fingerprint, is what it was before either existed)."""
         d = dataclasses.asdict(self)
         if self.from_world:
             d.pop("source")
+        if not self.augment:
+            d.pop("augment")
         return d
 
     @classmethod

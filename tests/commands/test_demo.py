@@ -87,6 +87,11 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
     assert off.train.pretrain.mixed_precision == "bf16" and off.train.mixed_precision == "bf16"
     assert dict(off.fusion.epochs) == {"detect_car": 24} and cpu.fusion.epochs is None  # the dense head's
     assert off.distill.world_workers == 14 and cpu.distill.world_workers == 0
+    from vlora.commands.distill import domain_specs
+
+    specs = {s.name: s for s in domain_specs(off)}  # every domain of the profile parses, copies included
+    assert specs["direction"].augment == ["hflip", "vflip", "reverse"] and specs["detect_car"].augment == ["hflip"]
+    assert not any(s.augment for s in domain_specs(cpu)), "the CPU default's datasets keep their fingerprints"
     for stage in ("world", "serve", "video_analytics", "visual_retrieval"):
         c = compose(stage, demo.stage_overrides(d, "gpu", stage))
         assert c.paths.home == f"{tmp_path}/gpu", stage

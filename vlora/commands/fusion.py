@@ -98,7 +98,8 @@ def domains_of(requirements: dict[str, float], trainer) -> list:
     out = []
     for name, requirement in requirements.items():
         data = trainer.dataset(name)
-        out.append(Domain(name, data.info.task, requirement, data.size("train")))
+        # sized by the items the teacher labelled, so augmenting a domain does not move it in the order
+        out.append(Domain(name, data.info.task, requirement, data.distinct_train))
     return out
 
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 HEAD_TYPES = ("classify", "count", "detect", "binary")
 POOLINGS = ("last", "mean", "attention", "slots", "dense")
+DEFAULT_SCORE_THRESHOLD = 0.5  # detect, before calibration (train/calibrate.py) picks one from the data
 
 
 @dataclass
@@ -27,7 +28,8 @@ class HeadConfig:
                  (`DenseDetectHead`; needs the tokens' cell centres). None: dense for detect,
                  attention otherwise.
     dropout:     on the pooled feature, training only.
-    score_threshold: detect: a slot is reported as a box when its score exceeds this.
+    score_threshold: detect: a slot is reported as a box when its score exceeds this (training
+                 calibrates it on the train split unless told not to, train/calibrate.py).
     dense_width: dense detect: width of the hidden layer each token goes through (0: linear).
     """
 
@@ -38,7 +40,7 @@ class HeadConfig:
     max_boxes: int = 8
     pooling: str | None = None
     dropout: float = 0.0
-    score_threshold: float = 0.5
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD
     dense_width: int = 256
 
     def __post_init__(self) -> None:

@@ -5,15 +5,20 @@
     lm:                      exact match of the greedy-decoded answer (heads.exact_match)
 
 The result's "accuracy" is that number whatever the task, so fusion compares one score per domain
-against its requirement.
+against its requirement. A detect head whose score threshold was calibrated (train/calibrate.py)
+is also scored at the default threshold, "f1_at_0.5", from the same forward pass, which shows
+what the calibration bought.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from heads import TaskHead, accuracy, exact_match, f1_at_iou
+from heads.config import DEFAULT_SCORE_THRESHOLD
 
 from .data import DomainData, Encoded, batch_token_xy, collate, head_target
 from .model import language_forward, lm_head_of
@@ -61,35 +66,62 @@ def greedy_decode(vlm, items: list[Encoded], max_new_tokens: int) -> list[str]:
     return [vlm.processor.tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
 
 
+def batches(vlm, domain: DomainData, split: str, n: int, batch_size: int) -> Iterator[tuple[list[dict], list[Encoded]]]:
+    """The first `n` rows of `split` in batches: (rows, their encoded items)."""
+    for start in range(0, n, batch_size):
+        chunk = domain.rows(split, range(start, min(n, start + batch_size)), vlm.encoder)
+        yield chunk, vlm.encoder.encode_many(chunk, domain.info)
+
+
+def head_outputs(vlm, head: TaskHead, domain: DomainData, split: str, n: int,
+                 batch_size: int) -> Iterator[tuple[dict[str, Tensor], list]]:
+    """Per batch of the first `n` rows of `split`: the head's raw outputs (decode them at any
+    threshold) and the rows' targets. One forward pass of the model and the head, no gradients."""
+    for chunk, items in batches(vlm, domain, split, n, batch_size):
+        hidden, mask = hidden_states(vlm, items)
+        with torch.no_grad():
+            outputs = head(hidden, mask, batch_token_xy(items))
+        yield outputs, [head_target(domain.info, r) for r in chunk]
+
+
+def split_size(domain: DomainData, split: str, limit: int | None, doing: str) -> int:
+    """Items of `split` to use (at most `limit`); a clear error when there are none."""
+    size = domain.size(split)
+    if size == 0:
+        raise ValueError(f"domain {domain.info.name!r}: split {split!r} is empty; nothing to {doing}")
+    return size if limit is None else min(limit, size)
+
+
 def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval", batch_size: int = 32,
              max_new_tokens: int = 8, limit: int | None = None) -> dict:
-    """{"accuracy": score, "metric": name, "n": items, "task": type} on `split` of `domain`."""
-    info, size = domain.info, domain.size(split)
-    n = size if limit is None else min(limit, size)
-    if n == 0:
-        raise ValueError(f"domain {info.name!r}: split {split!r} is empty; nothing to evaluate")
+    """{"accuracy": score, "metric": name, "n": items, "task": type} on `split` of `domain`;
+    detect heads at another threshold than the default add "f1_at_0.5"."""
+    info = domain.info
+    n = split_size(domain, split, limit, "evaluate")
     if info.task != "lm" and head is None:
         raise ValueError(f"domain {info.name!r} (task {info.task!r}) needs its head to be evaluated")
     vlm.model.eval()
     if head is not None:
         head.eval()
-    preds, targets = [], []
-    for start in range(0, n, batch_size):
-        chunk = domain.rows(split, range(start, min(n, start + batch_size)), vlm.encoder)
-        items = vlm.encoder.encode_many(chunk, info)
-        if info.task == "lm":
+    preds, targets, extra = [], [], {}
+    if info.task == "lm":
+        for chunk, items in batches(vlm, domain, split, n, batch_size):
             preds += greedy_decode(vlm, items, max_new_tokens)
             targets += [r["answer"] for r in chunk]
-            continue
-        hidden, mask = hidden_states(vlm, items)
-        for r, result in zip(chunk, head.predict(hidden, mask, batch_token_xy(items))):
+        return {"accuracy": float(exact_match(preds, targets)), "metric": METRICS["lm"], "n": n, "task": "lm"}
+    # detect at a calibrated threshold: the same outputs decoded at the default one too
+    default = [] if info.task == "detect" and head.config.score_threshold != DEFAULT_SCORE_THRESHOLD else None
+    for outputs, batch_targets in head_outputs(vlm, head, domain, split, n, batch_size):
+        for result in head.decode(outputs):
             preds.append({"classify": result.label, "count": result.count, "binary": result.answer,
                           "detect": result.boxes}[info.task])
-            targets.append(head_target(info, r))
-    if info.task == "lm":
-        score = exact_match(preds, targets)
-    elif info.task == "detect":
+        if default is not None:
+            default += [r.boxes for r in head.decode(outputs, threshold=DEFAULT_SCORE_THRESHOLD)]
+        targets += batch_targets
+    if info.task == "detect":
         score = f1_at_iou(preds, targets, 0.5)
+        if default is not None:
+            extra["f1_at_0.5"] = float(f1_at_iou(default, targets, 0.5))
     else:
         score = accuracy(preds, targets)
-    return {"accuracy": float(score), "metric": METRICS[info.task], "n": n, "task": info.task}
+    return {"accuracy": float(score), "metric": METRICS[info.task], "n": n, "task": info.task, **extra}

@@ -10,7 +10,8 @@ Fig. 10), which is why fusion re-evaluates every member after each step. Two opt
 was fused (`train/rehearsal.py`): `rehearsal` (the members' data interleaved with the new
 domain's, a share of its size) and `refit_epochs` (every head, the new domain's too, re-trained on the
 final LoRA's frozen features before the members are evaluated). Both 0: the domain is trained alone
-and earlier heads are left as they were.
+and earlier heads are left as they were. With `cfg.calibrate_threshold`, every detect head trained
+or re-fitted here then gets the score threshold with the best train F1 (`train/calibrate.py`).
 
 Domains map to dataset directories by name: `<datasets_root>/<domain.name>/`.
 """
@@ -22,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .adapter_io import AdapterState, HeadState, load_adapter, save_adapter
+from .calibrate import calibrate_threshold, describe
 from .data import DomainData, load_domain
 from .evaluate import evaluate
 from .rehearsal import Part, refit_heads, rehearsal_parts, train_mixed
@@ -102,7 +104,8 @@ class LoraTrainer:
         # own); only rehearsal or a re-fit touches them, so without either none is built.
         members = [Part(self.dataset(m), state.heads[m].build(self.vlm.device) if m in state.heads else None)
                    for m in state.domains if m != name] if self.rehearsal > 0 or self.refit_epochs else []
-        cfg = replace(self.cfg, epochs=self.epochs.get(name, self.cfg.epochs))
+        # calibration waits for the re-fit below, which changes the heads' scores
+        cfg = replace(self.cfg, epochs=self.epochs.get(name, self.cfg.epochs), calibrate_threshold=False)
         if members and self.rehearsal > 0:
             lora, steps = train_mixed(self.vlm, rehearsal_parts(new, members, self.rehearsal), cfg, self.log)
         else:
@@ -110,6 +113,11 @@ class LoraTrainer:
             lora, steps, new.head = result.lora, result.steps, result.head
         if self.refit_epochs:  # every head fitted to the final LoRA it will be evaluated with
             refit_heads(self.vlm, [new] + members, self.cfg, self.refit_epochs, self.log)
+        if self.cfg.calibrate_threshold:
+            for p in [new] + members:
+                result = calibrate_threshold(self.vlm, p.head, p.data, batch_size=self.cfg.eval_batch_size)
+                if result:
+                    print(describe(p.data.name, result), file=self.log, flush=True)
         heads = dict(state.heads)
         heads.update({p.data.name: HeadState.of(p.head) for p in [new] + members if p.head is not None})
         domains = {d: dict(r) for d, r in state.domains.items() if d != name}
@@ -138,7 +146,9 @@ class LoraTrainer:
         head = state.heads[name].build(self.vlm.device) if name in state.heads else None
         metrics = evaluate(self.vlm, head, data, "eval", self.cfg.eval_batch_size, self.cfg.max_new_tokens)
         state.accuracies[name] = metrics  # a memo of this state's score, not a change of its weights
-        print(f"[fusion eval] {name}: {metrics['metric']} {metrics['accuracy']:.3f}", file=self.log, flush=True)
+        at_default = f" (at 0.5: {metrics['f1_at_0.5']:.3f})" if "f1_at_0.5" in metrics else ""
+        print(f"[fusion eval] {name}: {metrics['metric']} {metrics['accuracy']:.3f}{at_default}", file=self.log,
+              flush=True)
         return float(metrics["accuracy"])
 
     def save(self, state: AdapterState, path: str) -> None:

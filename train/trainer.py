@@ -24,6 +24,7 @@ from torch import Tensor
 
 from heads import HeadConfig, TaskHead, build_head
 
+from .calibrate import calibrate_threshold, describe
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DomainData, DomainInfo, collate, head_target
 from .evaluate import evaluate
@@ -50,6 +51,9 @@ class TrainConfig:
     max_new_tokens: int = 8  # lm domains: greedy decoding length at evaluation
     eval_batch_size: int = 32
     compile: bool = False  # torch.compile the training forward (GPU: eager steps are bound by kernel launches)
+    # detect heads: after training, set the score threshold to the one with the best F1 on the train
+    # split (train/calibrate.py); a fixed 0.5 can cost several points of F1
+    calibrate_threshold: bool = True
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -197,9 +201,13 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
     if total:
         print(file=log, flush=True)
     module.eval()
+    if cfg.calibrate_threshold and info.task == "detect":
+        print(describe(info.name, calibrate_threshold(vlm, head, domain, batch_size=cfg.eval_batch_size)),
+              file=log, flush=True)
     metrics = evaluate(vlm, head, domain, "eval", cfg.eval_batch_size, cfg.max_new_tokens) if evaluate_at_end else {}
     if metrics:
-        print(f"[train {info.name}] {total} steps, eval {metrics['metric']} {metrics['accuracy']:.3f} "
+        at_default = f" (at 0.5: {metrics['f1_at_0.5']:.3f})" if "f1_at_0.5" in metrics else ""
+        print(f"[train {info.name}] {total} steps, eval {metrics['metric']} {metrics['accuracy']:.3f}{at_default} "
               f"on {metrics['n']} items ({time.perf_counter() - start_time:.1f} s)", file=log, flush=True)
     acc.free_memory()  # drop the accelerator's references to this run's module and optimiser
     return TrainResult(vlm.lora_state(), head, metrics, step, time.perf_counter() - start_time, history)

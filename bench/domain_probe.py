@@ -8,7 +8,7 @@ batch costs in accuracy.
     VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --domains direction --steps 3000 --epochs 4 12
     VLORA_HOME=$PWD/.vlora python -m bench.domain_probe --pretrained $VLORA_HOME/gpu/zoo/qwen2_vl_small_pretrained \
         --domains class_main count_cars --epochs 4 --batch-sizes 16 64 --seeds 0 1 --out /tmp/probe.csv
-    ... --domains direction --copies with without     # an augmented domain with and without its copies
+    ... --domains detect_car --copies with without    # an augmented domain with and without its copies
 
 The domains' sizes are the GPU profile's (conf/demo.yaml); already distilled datasets are kept.
 Needs the teachers in $VLORA_HOME/teachers. Learning rates follow the square root of the batch
@@ -31,7 +31,7 @@ from train.trainer import TrainConfig
 from zoo import build_checkpoint
 
 # the profile's (conf/demo.yaml), so a profile run's datasets are kept; every other domain 1024 / 0.25
-SIZES = {"direction": "{size: 640, eval_fraction: 0.4, augment: [hflip, vflip, reverse]}",
+SIZES = {"direction": "{size: 640, eval_fraction: 0.4}",
          "detect_car": "{size: 1024, eval_fraction: 0.25, augment: [hflip]}"}
 NAME = "qwen2_vl_small"
 

@@ -32,11 +32,14 @@ class ManifestError(ValueError):
 
 
 def write_manifest(result, out_dir: str | os.PathLike, adapter_paths: dict[int, str] | None = None,
-                   extra: dict | None = None, questions: dict[str, str | None] | None = None) -> Path:
+                   extra: dict | None = None, questions: dict[str, str | None] | None = None,
+                   media: dict[str, str] | None = None) -> Path:
     """Write out_dir/manifest.json of a fusion result (fusion.FusionResult: its adapters with their
     domains, accuracies and requirements, and the domains' order). Paths default to
     out_dir/<adapter name> (see fusion.export_adapters). `questions`: domain -> the one question its
-    items ask (domain.json's), recorded so that routing sends a head only the question it answers."""
+    items ask (domain.json's), recorded so that routing sends a head only the question it answers.
+    `media`: domain -> "image" or "clip", what its head was trained on, so that an app sends it the
+    same (a video app sends an image head one frame of its chunk)."""
     out = Path(out_dir)
     if adapter_paths is not None:
         missing = [a.index for a in result.adapters if a.index not in adapter_paths]
@@ -57,6 +60,8 @@ def write_manifest(result, out_dir: str | os.PathLike, adapter_paths: dict[int, 
                         "requirement": a.requirements[d], "met": a.accuracies[d] >= a.requirements[d]}
             if (questions or {}).get(d):
                 tasks[d]["question"] = questions[d]
+            if (media or {}).get(d):
+                tasks[d]["media"] = media[d]
     manifest = {"adapters": adapters, "tasks": tasks, "order": [d.name for d in result.order],
                 "created_by": CREATED_BY, **(extra or {})}
     _validate(manifest, out / MANIFEST)
@@ -133,6 +138,8 @@ def _validate(m: Any, where: Path) -> None:
                 problems.append(f"tasks[{dom!r}].{k} must be a number in [0, 1], got {t[k]!r}")
         if t.get("question") is not None and not isinstance(t["question"], str):
             problems.append(f"tasks[{dom!r}].question must be a string or null, got {t['question']!r}")
+        if t.get("media") not in (None, "image", "clip"):
+            problems.append(f"tasks[{dom!r}].media must be 'image', 'clip' or null, got {t['media']!r}")
     listed = {d for doms in members.values() for d in doms}
     if listed - tasks.keys():
         problems.append(f"domains in adapters but not in tasks: {sorted(listed - tasks.keys())}")
@@ -148,6 +155,7 @@ class Selection:
     domain: str
     task: str
     accuracy: float
+    media: str | None = None  # what the head was trained on ("image" | "clip"); None: not recorded
 
 
 def same_question(a: str, b: str) -> bool:
@@ -203,4 +211,4 @@ def select_adapter(manifest: dict[str, Any], task_type_or_domain: str, accuracy_
         return None
     _, name, _, d = min(fits)
     t = tasks[d]
-    return Selection(name, by_name[name]["path"], t["head"], d, t["task"], t["accuracy"])
+    return Selection(name, by_name[name]["path"], t["head"], d, t["task"], t["accuracy"], t.get("media"))

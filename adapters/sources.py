@@ -121,7 +121,8 @@ def _adapter_dir(path: str, name: str | None = None) -> tuple[AdapterEntry, dict
         return entry, None
     accs = {d: _accuracy(domains[d].get("accuracy")) for d in order}
     tasks = {d: {"adapter": name, "head": d if domains[d].get("head") else None, "task": domains[d].get("task"),
-                 "accuracy": accs[d], "requirement": 0.0, "met": True, "question": domains[d].get("question")}
+                 "accuracy": accs[d], "requirement": 0.0, "met": True, "question": domains[d].get("question"),
+                 "media": domains[d].get("media")}
              for d in order}
     adapter = {"name": name, "path": str(p), "index": 0, "domains": order, "accuracies": accs, "met": True}
     return entry, {"adapters": [adapter], "tasks": tasks, "order": order, "created_by": CREATED_BY,

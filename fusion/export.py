@@ -25,9 +25,9 @@ def run_adapter_name(run: str, index: int) -> str:
 
 def export_adapters(result: FusionResult, trainer: Trainer, out_dir: str | os.PathLike,
                     extra: dict | None = None, run: str | None = None,
-                    questions: dict[str, str | None] | None = None) -> Path:
+                    questions: dict[str, str | None] | None = None, media: dict[str, str] | None = None) -> Path:
     """Save every fused adapter to out_dir/<run>_<index> with the trainer, then write the manifest
-    (which records `run`, and each domain's question from `questions`). run defaults to out_dir's
+    (which records `run`, and each domain's question and media from `questions` and `media`). run defaults to out_dir's
     folder name."""
     out = Path(out_dir)
     run = run or out.resolve().name
@@ -40,4 +40,4 @@ def export_adapters(result: FusionResult, trainer: Trainer, out_dir: str | os.Pa
     for a in named.adapters:
         trainer.save(a.state, str(out / a.name))
         paths[a.index] = str(out / a.name)
-    return write_manifest(named, out, paths, {"run": run, **(extra or {})}, questions)
+    return write_manifest(named, out, paths, {"run": run, **(extra or {})}, questions, media)

@@ -52,18 +52,22 @@ class Route:
     selected: str | None = None  # the manifest's choice, even when the server cannot serve it
     expected_accuracy: float | None = None  # the manifest's accuracy for the selection
     reason: str = ""
+    # what the selected domain was trained on ("image" | "clip"; None: unknown or the base model): a
+    # video app sends an image domain one frame of its chunk, as the head saw in training
+    media: str | None = None
 
     def degrade(self, why: str) -> "Route | None":
         """The next fallback after the server refused this route, or None at the base model."""
         if self.output_mode == "head":
             return replace(self, output_mode="generate", head=None, reason=f"head refused ({why}): generate")
         if self.adapter is not None:
-            return replace(self, adapter=None, reason=f"adapter {self.adapter} refused ({why}): base model")
+            return replace(self, adapter=None, media=None, reason=f"adapter {self.adapter} refused ({why}): base model")
         return None
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "adapter": self.adapter, "head": self.head, "output_mode": self.output_mode,
-                "selected": self.selected, "expected_accuracy": self.expected_accuracy, "reason": self.reason}
+                "selected": self.selected, "expected_accuracy": self.expected_accuracy, "reason": self.reason,
+                "media": self.media}
 
 
 def load_manifest(path) -> dict[str, Any] | None:
@@ -109,7 +113,7 @@ def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | N
         except Exception as e:  # unsupported engine, missing files: the base model still answers
             return replace(picked, reason=f"adapter {sel.adapter} ({sel.domain}) could not be loaded ({e}): base model")
     use_head = heads == "always" or (heads == "auto" and bool(sel.head))
-    return replace(picked, adapter=sel.adapter, head=sel.head if use_head else None,
+    return replace(picked, adapter=sel.adapter, head=sel.head if use_head else None, media=sel.media,
                    output_mode="head" if use_head else "generate",
                    reason=f"manifest: {sel.adapter} ({sel.domain}, accuracy {sel.accuracy}){skipped}")
 

@@ -62,3 +62,19 @@ def test_a_manifest_without_questions_routes_by_task_type_as_before(tmp_path):
     route = resolve_route("count", 0.5, manifest, ServerCaps(frozenset({"fused_0", "fused_1"})),
                           question="How many vehicles are there?")
     assert route.head == "count_cars", "a domain that records no question may answer any"
+
+
+def test_a_route_carries_what_its_domain_was_trained_on(tmp_path):
+    order = [Domain("count_cars", "count", 0.7), Domain("count_vehicles", "count", 0.7)]
+    cars = FusedAdapter(0, "fused_0", ["count_cars"], {"count_cars": 0.8}, {"count_cars": 0.7}, True, None)
+    clips = FusedAdapter(1, "fused_1", ["count_vehicles"], {"count_vehicles": 0.9}, {"count_vehicles": 0.7}, True, None)
+    manifest = read_manifest(write_manifest(FusionResult([cars, clips], [], order), tmp_path,
+                                            media={"count_cars": "image", "count_vehicles": "clip"}))
+    caps = ServerCaps(frozenset({"fused_0", "fused_1"}))
+    route = resolve_route("count_cars", 0.5, manifest, caps)
+    assert (route.media, route.to_dict()["media"]) == ("image", "image")
+    assert resolve_route("count_vehicles", 0.5, manifest, caps).media == "clip"
+    generated = route.degrade("no head")
+    assert (generated.adapter, generated.media) == ("fused_0", "image"), "the same adapter: the same frames"
+    assert route.degrade("no head").degrade("gone").media is None, "the base model takes the whole chunk"
+    assert resolve_route("count_cars", 0.5, manifest, ServerCaps(frozenset())).media is None, "not served: base"

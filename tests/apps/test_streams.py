@@ -255,9 +255,9 @@ def test_video_analytics_command_reports_every_stream_and_task(tiny_zoo, tmp_pat
     assert "c1" in out.out and "accuracy" in out.out and "c0" in out.err
 
 
-def test_a_fused_adapter_with_several_heads_answers_each_task_with_its_own_head(server, tiny_zoo, tmp_path):
-    """A fused adapter holds one head per domain: the stream's head request names its task, so the
-    server picks that head instead of refusing an ambiguous request (and the route never degrades)."""
+def _fused_adapter(tiny_zoo, tmp_path, media: dict | None = None):
+    """A real PEFT adapter with a count and a yes/no head, and its manifest (`media`: domain -> what
+    the domain was trained on, recorded in the manifest when given)."""
     import torch
 
     from heads import HeadConfig, build_head, save_head
@@ -278,10 +278,18 @@ def test_a_fused_adapter_with_several_heads_answers_each_task_with_its_own_head(
                   "exists_bus": {"adapter": "fused_0", "head": "exists_bus", "task": "binary", "accuracy": 0.9,
                                  "requirement": 0.8, "met": True}},
         "order": ["count_vehicles", "exists_bus"], "created_by": "vlora fusion"}
+    for domain, kind in (media or {}).items():
+        manifest["tasks"][domain]["media"] = kind
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     from apps.video_analytics import load_manifest
 
-    with StreamManager(connector(server), manifest=load_manifest(str(tmp_path)), load_adapters=True) as m:
+    return load_manifest(str(tmp_path))
+
+
+def test_a_fused_adapter_with_several_heads_answers_each_task_with_its_own_head(server, tiny_zoo, tmp_path):
+    """A fused adapter holds one head per domain: the stream's head request names its task, so the
+    server picks that head instead of refusing an ambiguous request (and the route never degrades)."""
+    with StreamManager(connector(server), manifest=_fused_adapter(tiny_zoo, tmp_path), load_adapters=True) as m:
         runner = m.add(stream_from_dict(_synthetic("fused", 3, max_chunks=2,
                                                    tasks=[{"task": "count", "accuracy_target": 0.5}])))
         assert (runner.routes["count"].adapter, runner.routes["count"].output_mode) == ("fused_0", "head")
@@ -289,3 +297,38 @@ def test_a_fused_adapter_with_several_heads_answers_each_task_with_its_own_head(
         snap = m.snapshot()["fused"]
     assert snap["routes"]["count"]["output_mode"] == "head" and snap["tasks"]["count"]["mode_switches"] == 0
     assert snap["chunks_processed"] == 2 and snap["tasks"]["count"]["errors"] == 0
+
+
+@pytest.mark.parametrize("media", ["image", "clip", None])
+def test_a_head_trained_on_pictures_is_sent_the_chunks_middle_frame(server, tiny_zoo, tmp_path, media):
+    """The manifest records what each domain was trained on: a picture domain's head gets the
+    chunk's middle frame as a picture (the frame the chunk's truth describes); a clip domain's,
+    or one whose manifest does not say, gets the whole chunk as video."""
+    from serve.rpc import Client
+
+    sent = []
+
+    class Watched(Client):  # the real client, noting what each request carries
+        def submit_image(self, prompt, images, **kw):
+            sent.append(("image", np.asarray(images).shape))
+            return super().submit_image(prompt, images, **kw)
+
+        def submit_video(self, prompt, frames, **kw):
+            sent.append(("video", np.asarray(frames).shape))
+            return super().submit_video(prompt, frames, **kw)
+
+    manifest = _fused_adapter(tiny_zoo, tmp_path, {"count_vehicles": media} if media else None)
+    with StreamManager(lambda: Watched("127.0.0.1", server.port, TOKEN), manifest=manifest, load_adapters=True) as m:
+        runner = m.add(stream_from_dict(_synthetic("pictures", 3, max_chunks=2,
+                                                   tasks=[{"task": "count", "accuracy_target": 0.5}])))
+        assert runner.routes["count"].media == media and runner.routes["count"].output_mode == "head"
+        assert m.wait(timeout=60)
+        snap = m.snapshot()["pictures"]
+    assert snap["chunks_processed"] == 2 and snap["tasks"]["count"]["errors"] == 0
+    assert snap["tasks"]["count"]["head_answers"] == 2 and snap["routes"]["count"]["media"] == media
+    frames = FAST["height"], FAST["width"], 3
+    if media == "image":
+        assert sent == [("image", frames)] * 2
+    else:
+        assert [kind for kind, _ in sent] == ["video"] * 2 and all(shape[1:] == frames and shape[0] > 1
+                                                                for _, shape in sent)

@@ -46,8 +46,9 @@ def test_the_main_job_runs_end_to_end_and_reports_every_stream_and_task(vlora_ho
     # the manifest records the question each domain's head answers, for routing (apps.common.routing)
     manifest = json.loads((vlora_home / "adapters" / "fused" / "manifest.json").read_text())
     for name in ("exists_bus", "exists_truck"):
-        asked = json.loads((vlora_home / "datasets" / name / "domain.json").read_text())["question"]
-        assert asked and manifest["tasks"][name]["question"] == asked
+        info = json.loads((vlora_home / "datasets" / name / "domain.json").read_text())
+        assert info["question"] and manifest["tasks"][name]["question"] == info["question"]
+        assert manifest["tasks"][name]["media"] == info["media"] == "image"  # a stream sends it one frame
     # every configured stream and task is in the report, with numeric, plausible numbers
     assert {(r["stream"], r["task"]) for r in report["streams"]} == {("cam0", "count"), ("cam0", "direction"),
                                                                       ("cam1", "detect")}

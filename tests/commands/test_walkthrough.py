@@ -97,6 +97,7 @@ def test_bring_your_own_camera_teacher_and_checkpoint(tiny_zoo, tmp_path):
     report = json.loads((user / ".vlora/results/video_analytics/report.json").read_text())
     door = report["streams"]["door"]
     assert door["routes"]["count"]["adapter"] == "people" and door["chunks_processed"] == SECONDS
+    assert door["routes"]["count"]["media"] == "clip"  # trained on the app's chunks: sent whole chunks
     shadow = door["tasks"]["count"]["shadow"]
     assert shadow["compared"] == SECONDS and 0.0 <= shadow["agreement"] <= 1.0
     assert "agree" in log  # the printed report shows the shadow's agreement

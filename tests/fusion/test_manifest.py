@@ -194,3 +194,16 @@ def test_questions_are_recorded_and_validated(tmp_path):
     corrupt(tmp_path, edit)
     with pytest.raises(ManifestError, match=r"tasks\['car'\].question must be a string or null, got 3"):
         read_manifest(tmp_path)
+
+
+def test_media_is_recorded_selected_and_validated(tmp_path):
+    m = read_manifest(write_manifest(hand_result(), tmp_path, media={"plate": "image", "sign": "clip"}))
+    assert m["tasks"]["plate"]["media"] == "image" and "media" not in m["tasks"]["car"]
+    assert select_adapter(m, "sign", 0.0).media == "clip" and select_adapter(m, "car", 0.0).media is None
+
+    def edit(m):
+        m["tasks"]["car"]["media"] = "audio"
+
+    corrupt(tmp_path, edit)
+    with pytest.raises(ManifestError, match=r"tasks\['car'\].media must be 'image', 'clip' or null, got 'audio'"):
+        read_manifest(tmp_path)

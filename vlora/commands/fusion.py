@@ -154,9 +154,10 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
         raise
     base = base_identity(ref.path, ref.name, arch=trainer.vlm.arch)  # the server loads this base for them
     questions = {d.name: trainer.dataset(d.name).info.question for d in result.order}
+    media = {d.name: trainer.dataset(d.name).info.media for d in result.order}
     manifest_path = export_adapters(result, trainer, out, run=job.name,
                                     extra={"model": ref.name, "model_path": str(ref.path), "base": base},
-                                    questions=questions)
+                                    questions=questions, media=media)
     manifest = read_manifest(manifest_path)
     names = {e["index"]: e["name"] for e in manifest["adapters"]}
     seconds = time.perf_counter() - start

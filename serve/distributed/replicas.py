@@ -58,8 +58,19 @@ def start_serve(address: str | None = None, num_cpus: int | None = None, num_gpu
     # Ray waits 30 s for its control store (GCS) to start; on a busy two-core host, with a previous
     # cluster's processes still exiting, that was seen to run out. An operator's setting wins.
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
-    ray.init(address=address, num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
-             logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env})
+    for attempt in (1, 2):
+        try:
+            ray.init(address=address, num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                     logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env})
+            break
+        except RuntimeError as e:
+            # A local control store that never published its port (seen once on a loaded two-core
+            # host, with nothing in its logs) is started again once, in a new session; joining a
+            # cluster, or any other failure, is reported as it is.
+            if attempt == 2 or address is not None or "Timed out waiting for file" not in str(e):
+                raise
+            logging.getLogger(__name__).warning("Ray's control store did not start (%s); starting it again", e)
+            ray.shutdown()
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     serve.start(proxy_location="Disabled")
 

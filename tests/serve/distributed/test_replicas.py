@@ -198,3 +198,32 @@ def test_a_killed_replica_loses_no_request(cluster):
     assert engine.stats().retried > retried  # the victim had requests in flight: they were sent again
     assert set(got) == {r.request_id for r in requests}
     assert all(o.finish_reason == "length" and len(o.token_ids) == 256 for o in got.values())
+
+
+def test_a_control_store_that_never_starts_is_started_once_more(monkeypatch):
+    """Ray's local start timing out is retried once in a new session; other failures, and a
+    second time-out, reach the caller."""
+    from serve.distributed import replicas
+
+    calls, shutdowns = [], []
+    monkeypatch.setattr(replicas.ray, "shutdown", lambda: shutdowns.append(1))
+
+    def init(message):
+        def fail(**kw):
+            calls.append(kw)
+            raise RuntimeError(message)
+        return fail
+
+    monkeypatch.setattr(replicas.ray, "init", init("Timed out waiting for file /tmp/ray/session_x/gcs_server_port_y"))
+    with pytest.raises(RuntimeError, match="Timed out waiting"):
+        replicas.start_serve(num_cpus=1)
+    assert len(calls) == 2 and len(shutdowns) == 1
+    calls.clear()
+    with pytest.raises(RuntimeError, match="Timed out waiting"):
+        replicas.start_serve(address="10.0.0.1:6379")  # a cluster that is not there: no second try
+    assert len(calls) == 1
+    calls.clear()
+    monkeypatch.setattr(replicas.ray, "init", init("something else"))
+    with pytest.raises(RuntimeError, match="something else"):
+        replicas.start_serve(num_cpus=1)
+    assert len(calls) == 1

@@ -128,6 +128,9 @@ class DomainSpec:
         if self.labels is not None:
             self.labels = [str(v) for v in self.labels]
         self.labels = self.label_set(cfg)
+        if self.augment and self.target == "direction" and not set(self.labels or ()) <= set(DIRECTIONS):
+            raise DomainError(f"{where}: augment mirrors the directions {list(DIRECTIONS)}; labels {self.labels} "
+                              "name others, whose mirror image is unknown")
         if self.task == "count" and self.max_count is None and self.from_world:
             self.max_count = cfg.max_objects
         if self.task == "detect" and self.max_boxes is None and self.from_world:

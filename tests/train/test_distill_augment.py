@@ -60,6 +60,8 @@ def test_bad_augment_is_refused_when_the_domain_is_read():
         DomainSpec(name="c", task="count", target="count", teacher="truth", question="how many?", augment=["reverse"])
     with pytest.raises(DomainError, match="does not apply to target 'qa'"):
         DomainSpec(name="q", task="lm", target="qa", teacher="truth", augment=["hflip"])
+    with pytest.raises(DomainError, match=r"labels \['north', 'south'\] name others"):
+        spec(augment=["hflip"], labels=["north", "south"])
     assert spec(augment=["reverse", "hflip"]).augment == ["hflip", "reverse"]
     assert "augment" not in spec().to_dict(), "a domain without copies keeps the fingerprint it had"
 

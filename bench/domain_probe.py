@@ -10,7 +10,8 @@ batch costs in accuracy.
         --domains class_main count_cars --epochs 4 --batch-sizes 16 64 --seeds 0 1 --out /tmp/probe.csv
     ... --domains detect_car --copies with without    # an augmented domain with and without its copies
 
-The domains' sizes are the GPU profile's (conf/demo.yaml); already distilled datasets are kept.
+The domains are distilled as the GPU profile distils them (conf/demo.yaml); already distilled datasets
+are kept.
 Needs the teachers in $VLORA_HOME/teachers. Learning rates follow the square root of the batch
 from the profile's batch 16 (LoRA 1e-3, head 1e-2) unless given. Results on an H100:
 results/offline_gpu/. An experiment, printed; nothing passes or fails.
@@ -21,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -30,10 +32,17 @@ from train.pretrain import PretrainConfig, pretrain
 from train.trainer import TrainConfig
 from zoo import build_checkpoint
 
-# the profile's (conf/demo.yaml), so a profile run's datasets are kept; every other domain 1024 / 0.25
-SIZES = {"direction": "{size: 640, eval_fraction: 0.4}",
-         "detect_car": "{size: 1024, eval_fraction: 0.25, augment: [hflip]}"}
 NAME = "qwen2_vl_small"
+DEMO_CONF = Path(__file__).resolve().parents[1] / "conf" / "demo.yaml"
+
+
+def profile_domains() -> dict[str, str]:
+    """The GPU profile's `distill.domains.<name>={...}` overrides (conf/demo.yaml), by domain: read
+    from there, not copied, so the probe distils what a profile run did and keeps its datasets."""
+    from omegaconf import OmegaConf
+
+    overrides = OmegaConf.load(DEMO_CONF).demo.gpu.offline
+    return {o.split("=", 1)[0].rsplit(".", 1)[1]: o for o in overrides if o.startswith("distill.domains.")}
 
 
 def rates(batch: int, lr: float | None, head_lr: float | None) -> tuple[float, float]:
@@ -70,7 +79,11 @@ def main() -> None:
     args = ap.parse_args()
     home = os.environ.get("VLORA_HOME", ".vlora")
     t0 = time.time()
-    sizes = [f"distill.domains.{d}={SIZES.get(d, '{size: 1024, eval_fraction: 0.25}')}" for d in args.domains]
+    profile = profile_domains()
+    unknown = [d for d in args.domains if d not in profile]
+    if unknown:
+        ap.error(f"--domains {unknown}: the GPU profile distils {sorted(profile)}")
+    sizes = [profile[d] for d in args.domains]
     subprocess.run([sys.executable, "-m", "vlora", "distill", f"paths.home={home}/gpu", f"teachers.dir={home}/teachers",
                     f"model={NAME}", f"seed={args.world_seed}", f"distill.only=[{','.join(args.domains)}]", *sizes], check=True)
     print(f"distill {time.time() - t0:.0f} s", flush=True)

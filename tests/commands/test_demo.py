@@ -93,6 +93,9 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
     specs = {s.name: s for s in domain_specs(off)}  # every domain of the profile parses, copies included
     assert specs["detect_car"].augment == ["hflip"] and not specs["direction"].augment
     assert not any(s.augment for s in domain_specs(cpu)), "the CPU default's datasets keep their fingerprints"
+    from bench.domain_probe import profile_domains
+
+    assert set(profile_domains()) == set(off.distill.domains), "the probe distils each domain as the profile does"
     for stage in ("world", "serve", "video_analytics", "visual_retrieval"):
         c = compose(stage, demo.stage_overrides(d, "gpu", stage))
         assert c.paths.home == f"{tmp_path}/gpu", stage

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpreter import dot_nt, interpreted
+from .interpreter import dot_nt, gdc_wait, interpreted
 from .segments import SegmentMeta
 from .tiling import TileConfig
 
@@ -95,7 +95,7 @@ def _expand_kernel(
     stride_yt, stride_yn,
     stride_ranks_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    SLICES_MULT16: tl.constexpr, MIX: tl.constexpr,
+    SLICES_MULT16: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_m, pid_n, pid_i, seg_len, seg_start, slot, col_start, col_end, rank, mix, mix_rank = slice_program_meta(
         n_col_tiles, seg_len_ptr, seg_start_ptr, seg_slot_ptr, slice_offsets_ptr, ranks_ptr, mix_ptr, stride_ranks_i,
@@ -114,6 +114,8 @@ def _expand_kernel(
     y_ptrs = y_ptr + tokens[:, None] * stride_yt + offs_n[None, :] * stride_yn
     mask_y = mask_m[:, None] & mask_n[None, :]
     y = tl.load(y_ptrs, mask=mask_y, other=0.0)
+    if PDL:  # launched behind the shrink, which may still be running: everything above is
+        gdc_wait()  # independent of it (see `expand`); v is read only after it has finished
     v_base = v_ptr + pid_i * stride_vi + tokens[:, None] * stride_vt + offs_k[None, :] * stride_vr
     acc = _reduce_rank(v_base, b_ptr + tl.maximum(slot, 0).to(tl.int64) * stride_bs, offs_n, mask_n, mask_m, offs_k,
                        rank, n_splits, stride_vj, stride_vr, stride_bn, stride_br, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -161,7 +163,7 @@ def check_expand_inputs(y: torch.Tensor, lora_b: torch.Tensor, ranks: torch.Tens
 
 
 def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
-           scales: torch.Tensor, slices: tuple[int, ...], config: TileConfig) -> torch.Tensor:
+           scales: torch.Tensor, slices: tuple[int, ...], config: TileConfig, pdl: bool = False) -> torch.Tensor:
     """y[:, slice i] += scale * v[i] @ B[slot, slice i].T per segment, in place; returns y.
 
     y: [T, sum(slices)] fp16/bf16; v: float32 [splits, slices, T, R] from `shrink` ([..., 2R] for a
@@ -191,7 +193,7 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
         y.stride(0), y.stride(1),
         ranks.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, UPCAST_DOT=interpreted(),
-        SLICES_MULT16=all(w % 16 == 0 for w in slices), MIX=mix,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        SLICES_MULT16=all(w % 16 == 0 for w in slices), MIX=mix, PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}),
     )
     return y

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
+import torch
 import triton
 import triton.language as tl
+
+try:  # grid dependency control (programmatic dependent launch), in Triton since 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
 
 
 def interpreted() -> bool:
@@ -27,3 +34,20 @@ def dot_nt(acc, a, b, UPCAST_DOT: tl.constexpr):
     if UPCAST_DOT:
         return acc + tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
     return acc + tl.dot(a, tl.trans(b))
+
+
+def pdl_available(device: torch.device) -> bool:
+    """Whether kernels on `device` may use programmatic dependent launch (PDL).
+
+    With PDL a kernel launched right behind another is scheduled while the first still runs,
+    does the work that does not depend on it, then waits for it (`gdc_wait`). Hopper and
+    newer only; never in the interpreter (which cannot run the wait). VLORA_PDL=0 turns it off.
+    """
+    if device.type != "cuda" or interpreted() or gdc_wait is None or os.environ.get("VLORA_PDL", "1") == "0":
+        return False
+    return _capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]

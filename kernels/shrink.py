@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpreter import dot_nt, interpreted
+from .interpreter import dot_nt, gdc_launch_dependents, interpreted
 from .segments import SegmentMeta
 from .tiling import TileConfig
 
@@ -46,7 +46,10 @@ def _shrink_kernel(
     stride_ranks_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     UPCAST_DOT: tl.constexpr, K_MULT16: tl.constexpr, EVEN_K: tl.constexpr, PARTS: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
+    if LAUNCH_DEPENDENTS:  # the expand behind may be scheduled now; it waits for v itself (expand.py)
+        gdc_launch_dependents()
     pid_seg = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_z = tl.program_id(2)
@@ -119,7 +122,7 @@ def check_lora_inputs(x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor
 
 
 def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
-           config: TileConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+           config: TileConfig, out: torch.Tensor | None = None, launch_dependents: bool = False) -> torch.Tensor:
     """v = x @ A[slot].T per segment, as split-K partial sums: float32 [splits, slices, tokens, max_rank]
     ([..., 2 * max_rank] for a mixture batch: x @ A[mix].T in the second half).
 
@@ -127,6 +130,8 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torc
     multiple of 16, rows past each adapter's rank zero); ranks: int32 [slices, slots].
     Rows of v for tokens without LoRA are left unwritten.
     out: a preallocated v of that shape (reused across layers in the engine).
+    launch_dependents: let a kernel launched behind this one with programmatic dependent launch
+    start before this one ends (`expand(pdl=True)`; needs `interpreter.pdl_available`).
     """
     check_lora_inputs(x, lora_a, ranks)
     n_slices, _, max_rank, k = lora_a.shape
@@ -152,7 +157,7 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torc
         ranks.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
         UPCAST_DOT=interpreted(), K_MULT16=k % 16 == 0, EVEN_K=k % (config.block_k * config.split_k) == 0,
-        PARTS=2 if mix else 1,
+        PARTS=2 if mix else 1, LAUNCH_DEPENDENTS=launch_dependents,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -244,3 +244,53 @@ def test_mixture_graph_buffers_compute_what_the_step_metadata_computes():
         replayed = add_lora(y0.clone(), x, lora_a, lora_b, static.segments, ranks, scales, slices)
         assert torch.equal(replayed[:len(slots)], direct)
         assert torch.equal(replayed[len(slots):], y0[len(slots):]), "padding rows are untouched"
+
+
+def test_pdl_is_used_only_where_the_device_can(monkeypatch):
+    from kernels.interpreter import pdl_available
+
+    assert not pdl_available(torch.device("cpu"))
+    if torch.cuda.is_available():
+        monkeypatch.setenv("VLORA_PDL", "0")
+        assert not pdl_available(torch.device("cuda", 0)), "VLORA_PDL=0 turns it off"
+    # asked for where it cannot run, the op falls back to the plain launches and the same result
+    y0, ref, out, slot_ids = _run([0, 1, 1, -1, 0], (32,), 32, 16, 2, torch.float16, seed=2)
+    lora_a, lora_b, ranks, scales = make_pool(2, (32,), 32, 16, torch.float16, seed=2)
+    x, y1, meta = make_batch(5, 32, 32, [0, 1, 1, -1, 0], torch.float16, seed=2)
+    forced = add_lora(y1.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), pdl=True)
+    assert torch.equal(forced, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mix", ["distinct", "skewed", "identical"])
+@pytest.mark.parametrize("tokens", [1, 8, 64])
+def test_pdl_launch_gives_the_bits_of_the_plain_launches_in_a_cuda_graph(mix, tokens):
+    """The expand launched behind the running shrink (programmatic dependent launch), replayed in
+    a CUDA graph over fresh inputs: the same bits as the plain two launches, every replay."""
+    from kernels.interpreter import pdl_available
+    from kernels.workload import token_slots
+
+    if not pdl_available(torch.device("cuda", 0)):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    slices, k = (3584, 512, 512), 3584
+    slot_ids = token_slots(tokens, mix)
+    lora_a, lora_b, ranks, scales = make_pool(64, slices, k, 64, torch.bfloat16, seed=tokens, rank_choices=[16, 64])
+    x, y0, meta = make_batch(tokens, k, sum(slices), slot_ids, torch.bfloat16, seed=tokens)
+    y = y0.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, pdl=True)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):  # back to back: each shrink behind the previous expand, as in a model's layers
+            add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, pdl=True)
+    for seed in range(4):
+        x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x))
+        y.copy_(y0)
+        graph.replay()
+        want = y0.clone()
+        for _ in range(3):
+            add_lora(want, x, lora_a, lora_b, meta, ranks, scales, slices, pdl=False)
+        assert torch.equal(y, want), f"replay {seed}"

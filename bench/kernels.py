@@ -4,6 +4,8 @@ adapter mixes x ranks x hidden sizes, each beside its roofline floor from the de
 copy bandwidth and matmul rate. Each row holds the median call (`us`) and the p50/p90/p99 of the
 timed runs. Decode shapes (up to FUSED_MAX_TOKENS tokens) also time the fused one-launch kernel
 as `atmm_fused`, at the table's (or heuristic's) fused tiling, beside the two-launch `atmm`.
+On a device with programmatic dependent launch, `atmm` launches the expand behind the shrink
+with it (as the engine does) and `atmm_nopdl` is the same tiling without it.
 
 Writes kernels.csv, summary.json and kernels.png to the output folder and prints a summary.
 """
@@ -22,6 +24,7 @@ import torch
 
 from kernels.baselines import lora_mbgmv, lora_sgmv
 from kernels.fused import fused_add_lora
+from kernels.interpreter import pdl_available
 from kernels.lora import configs_for, default_table, pinned
 from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop
 from kernels.segments import build_segments
@@ -138,6 +141,8 @@ def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
         guess = configs_for(problems[0][1], problems[0][2], problems[0][4], shape.slices, heuristic)
         impls["atmm"] = pinned(*tuned)
         impls["atmm_heuristic"] = pinned(*guess)
+        if pdl_available(torch.device("cuda", 0)):
+            impls["atmm_nopdl"] = pinned(*tuned, pdl=False)
         fused = fused_impl(shape, table)
         for name, impl in {**impls, **({"atmm_fused": fused} if fused else {})}.items():
             args = _host_side(problems) if name == "loop" else problems

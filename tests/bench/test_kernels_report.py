@@ -24,6 +24,8 @@ def test_summary_applies_the_issue_targets():
     s = summarize(rows, merge, dict(device="GPU", date="d"))
     assert s["decode_shapes"] == 2 and s["decode_ok"] == 1, "12 us > max(10, 1.5 x 0.3) fails; 20 <= 24 passes"
     assert s["prefill_shapes"] == 1 and s["prefill_ok"] == 0, "70 / 40 = 1.75x floor"
+    assert (s["decode_target_ok"], s["prefill_target_ok"]) == (1, 0), "20 <= 1.3 x 16; 12 > 8; 1.75x > 1.3x"
+    assert s["pdl_geomean"] is None, "no run without programmatic dependent launch"
     assert s["table_vs_static_geomean"] == pytest.approx((1.5 * 1 * 1) ** (1 / 3), abs=1e-3)
     assert s["table_vs_static_min"] == 1.0
     assert s["merge"][0]["x_floor"] == 1.17
@@ -90,3 +92,41 @@ def test_search_covers_the_zoo_models_projection_layouts():
     assert {(k.k, k.n, k.slices) for k in keys} == {(3584, 4608, 3), (3584, 3584, 1), (3584, 37888, 2),
                                                     (18944, 3584, 1)}
     assert {k.rank for k in keys} == {16}, "rank 8 shares the 16-wide bucket"
+
+
+def test_summary_reads_the_pdl_speedup_and_skips_a_missing_pytorch_condition():
+    rows = [_row(1, "atmm", 5.0, 0.3), _row(1, "atmm_nopdl", 6.0, 0.3), _row(8, "atmm", 9.0, 2.0),
+            _row(8, "atmm_nopdl", 9.9, 2.0), _row(64, "atmm", 20.0, 16.0)]
+    s = summarize(rows, [], dict(device="GPU", date="d"))
+    assert [e.get("pdl_speedup") for e in s["decode"]] == [1.2, 1.1, None]
+    assert s["pdl_geomean"] == pytest.approx((1.2 * 1.1) ** 0.5, abs=1e-3) and s["pdl_range"] == [1.1, 1.2]
+    # no PyTorch baseline ran: the bound alone decides (5 and 9 us <= 10; 20 <= 1.5 x 16)
+    assert s["decode_ok"] == 3 and s["decode_target_ok"] == 2, "9 us > max(8, 1.3 x 2)"
+    assert s["decode_min_vs_torch"] is None and s["decode"][0]["vs_torch"] is None
+
+
+def test_search_ops_can_leave_out_the_fused_kernel():
+    keys = search_keys(SearchJob([8], ["distinct"], [16], [4096], ops=["shrink", "expand"]))
+    assert sorted(k.op for k in keys) == ["expand", "shrink"]
+    for bad in (["shrink"], ["fused", "expand"], ["gemm"]):
+        with pytest.raises(ValueError, match="tune.ops"):
+            search_keys(SearchJob([8], ["distinct"], [16], [4096], ops=bad))
+
+
+def test_compile_work_keeps_each_tiling_in_one_worker():
+    from kernels.search import compile_chunks
+    from kernels.tiling import TileConfig
+    from kernels.workload import LoRAShape
+
+    cfgs = [TileConfig(16, 16 << i, 64) for i in range(5)]
+    shapes = [LoRAShape(16, "distinct", r, k, sl) for r in (16, 64) for k, sl in ((4096, (4096,)), (3584, (3584, 512, 512)))]
+    work = [(op, c, s) for op in ("shrink", "expand") for c in cfgs for s in shapes]
+    chunks = compile_chunks(work, 3)
+    assert sorted(map(id, (i for c in chunks for i in c))) == sorted(map(id, work)), "every item once"
+    owner = {}
+    for n, chunk in enumerate(chunks):
+        for op, cfg, _ in chunk:
+            assert owner.setdefault((op, cfg), n) == n, "one (op, tiling) split across workers"
+        layouts = [(s.rank, s.k, s.slices) for _, _, s in chunk]
+        assert layouts == sorted(layouts)
+    assert len(chunks) == 3 and compile_chunks(work, 1) == [sorted(work, key=lambda i: (i[2].rank, i[2].k, i[2].slices))]

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 
-from .expand import expand
 from .fused import fused_add_lora
+from .lora import add_lora
 from .segments import build_segments
-from .shrink import shrink
 from .table import TABLE_DIR, TilingTable, device_slug
 from .tiling import FUSED_MAX_RANK, FUSED_MAX_TOKENS, TileConfig, config_space, shape_key
 from .timing import copy_bandwidth_gbs, time_op
@@ -48,6 +47,12 @@ class SearchJob:
     table: str | None = None  # default: kernels/tables/<gpu>.json
     log: str | None = None  # CSV of every timing taken
     layouts: list = field(default_factory=list)  # more (in_features, out slice widths) than hidden squares
+    # The ops searched; leaving out "fused" skips the one-launch kernel's large space (add_lora
+    # then keeps the two launches on those buckets, as on any bucket the table lacks).
+    ops: list = field(default_factory=lambda: list(OPS))
+
+
+OPS = ("shrink", "expand", "fused")
 
 
 def job_layouts(job: SearchJob) -> list[tuple[int, tuple[int, ...]]]:
@@ -61,6 +66,10 @@ def job_layouts(job: SearchJob) -> list[tuple[int, tuple[int, ...]]]:
 
 def search_keys(job: SearchJob) -> dict:
     """key -> representative shape, for every (op, bucket) the job's grid produces."""
+    unknown = set(job.ops) - set(OPS)
+    if unknown or not {"shrink", "expand"} <= set(job.ops) and {"shrink", "expand"} & set(job.ops):
+        raise ValueError(f"tune.ops {list(job.ops)}: choose from {list(OPS)}, shrink and expand together "
+                         "(each half is timed behind the other)")
     keys = {}
     for t in job.tokens:
         for mix in job.mixes:
@@ -68,19 +77,14 @@ def search_keys(job: SearchJob) -> dict:
             for r in job.ranks:
                 for k, slices in job_layouts(job):
                     fused = t <= FUSED_MAX_TOKENS and r <= FUSED_MAX_RANK
-                    for op in ("shrink", "expand", "fused") if fused else ("shrink", "expand"):
+                    for op in (o for o in OPS if o in job.ops and (fused or o != "fused")):
                         keys.setdefault(shape_key(op, t, seg, k, sum(slices), r, len(slices)),
                                         LoRAShape(t, mix, r, k, slices))
     return keys
 
 
-def _launch(op: str, cfg: TileConfig, problem, v=None):
-    y, x, lora_a, lora_b, meta, ranks, scales, slices = problem
-    if op == "shrink":
-        return shrink(x, lora_a, meta, ranks, cfg)
-    if op == "fused":
-        return fused_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, cfg)
-    return expand(y, v, lora_b, meta, ranks, scales, slices, cfg)
+def _fused_step(cfg: TileConfig, problem):
+    return fused_add_lora(*problem, cfg)
 
 
 def _problem(shape: LoRAShape, dtype, seed=0):
@@ -92,25 +96,45 @@ def _compile_chunk(args) -> int:
     """Worker: launch each (op, config) once on a small problem of the same shape class."""
     work, dtype_name = args
     dtype = DTYPES[dtype_name]
+    problem, layout = None, None
     for op, cfg, shape in work:
-        problem = _problem(LoRAShape(16, "distinct", shape.rank, shape.k, shape.slices), dtype)
-        if op in ("shrink", "fused"):
-            _launch(op, cfg, problem)
-        else:
-            v = _launch("shrink", TileConfig(16, min(128, max(16, shape.rank)), 64), problem)
-            _launch("expand", cfg, problem, v)
+        if (shape.rank, shape.k, shape.slices) != layout:  # items come sorted by layout: one problem each
+            layout = (shape.rank, shape.k, shape.slices)
+            problem = _problem(LoRAShape(16, "distinct", *layout), dtype)
+        # The halves through add_lora, so each compiles as add_lora launches it (with or without PDL).
+        partner = TileConfig(16, 64, 16) if op == "shrink" else TileConfig(16, min(128, max(16, shape.rank)), 64)
+        (_fused_step if op == "fused" else _coupled_step(op, partner))(cfg, problem)
     torch.cuda.synchronize()
     return len(work)
 
 
+def compile_chunks(work: list, workers: int) -> list[list]:
+    """The compile work split across `workers` processes.
+
+    Triton caches compiled kernels per process, and one (op, tiling) launched on another layout
+    mostly compiles to the same kernel (the specialization differs only where a divisibility
+    flag or the rank's power of two does). So every item of one (op, tiling) goes to the same
+    worker, where the later ones are cache hits, instead of several workers compiling the same
+    kernel at once; a worker's items are sorted by layout so that consecutive ones share a problem.
+    """
+    groups: dict[tuple, list] = {}
+    for item in work:
+        groups.setdefault((item[0], item[1]), []).append(item)
+    chunks: list[list] = [[] for _ in range(max(1, workers))]
+    for i, items in enumerate(groups.values()):
+        chunks[i % len(chunks)].extend(items)
+    for chunk in chunks:
+        chunk.sort(key=lambda item: (item[2].rank, item[2].k, item[2].slices))
+    return [c for c in chunks if c]
+
+
 def precompile(work: list, dtype_name: str, workers: int) -> None:
     if workers <= 1 or not work:
-        _compile_chunk((work, dtype_name))
+        _compile_chunk((sorted(work, key=lambda item: (item[2].rank, item[2].k, item[2].slices)), dtype_name))
         return
-    chunks = [work[i::workers] for i in range(workers)]
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         done = 0
-        for n in pool.map(_compile_chunk, [(c, dtype_name) for c in chunks if c]):
+        for n in pool.map(_compile_chunk, [(c, dtype_name) for c in compile_chunks(work, workers)]):
             done += n
             print(f"\rcompiled {done}/{len(work)} kernels", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -126,7 +150,7 @@ def _coupled_step(op: str, partner: TileConfig):
 
     def step(cfg: TileConfig, problem):
         shrink_cfg, expand_cfg = (cfg, partner) if op == "shrink" else (partner, cfg)
-        return _launch("expand", expand_cfg, problem, _launch("shrink", shrink_cfg, problem))
+        return add_lora(*problem, shrink_config=shrink_cfg, expand_config=expand_cfg)  # as the engine launches it
 
     return step
 
@@ -134,7 +158,7 @@ def _coupled_step(op: str, partner: TileConfig):
 def _step_for(key, table: TilingTable):
     """The timed step of `key`'s op: the fused kernel alone is the whole op."""
     if key.op == "fused":
-        return functools.partial(_launch, "fused")
+        return _fused_step
     return _coupled_step(key.op, table.lookup(replace(key, op="expand" if key.op == "shrink" else "shrink")))
 
 

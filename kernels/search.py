@@ -50,6 +50,7 @@ class SearchJob:
     # The ops searched; leaving out "fused" skips the one-launch kernel's large space (add_lora
     # then keeps the two launches on those buckets, as on any bucket the table lacks).
     ops: list = field(default_factory=lambda: list(OPS))
+    compile_batch: int = 12  # keys compiled ahead of their timing at a time (0: all before any is timed)
 
 
 OPS = ("shrink", "expand", "fused")
@@ -128,16 +129,43 @@ def compile_chunks(work: list, workers: int) -> list[list]:
     return [c for c in chunks if c]
 
 
-def precompile(work: list, dtype_name: str, workers: int) -> None:
+def precompile(work: list, dtype_name: str, workers: int, pool: ProcessPoolExecutor | None = None) -> None:
+    """Compiles `work` in `workers` processes (`pool`, kept across calls by `run_search`, or its own)."""
     if workers <= 1 or not work:
         _compile_chunk((sorted(work, key=lambda item: (item[2].rank, item[2].k, item[2].slices)), dtype_name))
         return
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+    own = pool is None
+    pool = pool or ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+    try:
         done = 0
         for n in pool.map(_compile_chunk, [(c, dtype_name) for c in compile_chunks(work, workers)]):
             done += n
             print(f"\rcompiled {done}/{len(work)} kernels", end="", file=sys.stderr, flush=True)
+    finally:
+        if own:
+            pool.shutdown()
     print(file=sys.stderr)
+
+
+def compile_batches(todo: dict, spaces: dict, batch: int) -> list[tuple[list, list]]:
+    """(keys, compile work) in search order, `batch` keys at a time (0: all at once). The work of a
+    batch is every (op, tiling, layout) its keys need that no earlier batch compiled, so a run
+    stopped part way has recorded the buckets it got to instead of still compiling."""
+    keys = list(todo)
+    batch = batch if batch > 0 else max(1, len(keys))
+    seen: set = set()
+    out = []
+    for start in range(0, len(keys), batch):
+        part, work = keys[start:start + batch], []
+        for key in part:
+            shape = todo[key]
+            for cfg in spaces[key]:
+                ident = (key.op, cfg, shape.rank, shape.k, shape.slices)
+                if ident not in seen:
+                    seen.add(ident)
+                    work.append((key.op, cfg, shape))
+        out.append((part, work))
+    return out
 
 
 def _coupled_step(op: str, partner: TileConfig):
@@ -171,38 +199,49 @@ def run_search(job: SearchJob) -> TilingTable:
     todo = {k: s for k, s in search_keys(job).items() if str(k) not in table.entries}
     print(f"{props.name}: {len(todo)} shapes to search ({len(table.entries)} already in {path})", file=sys.stderr)
     spaces = {k: config_space(k, max_smem) for k in todo}
-    unique = {}
-    for k, shape in todo.items():
-        for cfg in spaces[k]:
-            unique.setdefault((k.op, cfg, shape.rank, shape.slices), (k.op, cfg, shape))
-    start = time.perf_counter()
-    precompile(list(unique.values()), job.dtype, min(job.workers, os.cpu_count() or 1))
-    print(f"compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    workers = min(job.workers, os.cpu_count() or 1)
     gbs = copy_bandwidth_gbs()
     log = open(job.log, "a", newline="") if job.log else None
     writer = csv.writer(log) if log else None
-    for i, (key, shape) in enumerate(todo.items(), 1):
-        copies = copies_to_defeat_cache(shape, props.L2_cache_size)
-        problems = [_problem(shape, dtype, seed) for seed in range(copies)]
-        step = _step_for(key, table)
-        timed = []
-        for cfg in spaces[key]:  # a quick pass over the whole space ...
-            timed.append((time_op(Rotation(problems, functools.partial(step, cfg)), warmup=1, repeats=3), cfg))
-        best = (float("inf"), None)
-        for _, cfg in sorted(timed, key=lambda t: t[0])[:5]:  # ... then the front runners, timed properly
-            us = time_op(Rotation(problems, functools.partial(step, cfg)), warmup=job.warmup, repeats=job.repeats)
-            best = min(best, (us, cfg), key=lambda b: b[0])
-        if writer:
-            writer.writerows([props.name, str(key), *cfg.to_dict().values(), f"{us:.3f}"] for us, cfg in timed)
-        table.record(key, best[1], best[0])
-        table.save(path)
-        floor = floor_cost(shape)[1] / (gbs * 1e3)
-        print(f"[{i}/{len(todo)}] {key}: whole op {best[0]:.1f} us (memory floor {floor:.1f} us) {best[1]}",
-              file=sys.stderr, flush=True)
-        del problems
-    if log:
-        log.close()
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn")) if workers > 1 and todo else None
+    i = 0
+    try:
+        for keys, work in compile_batches(todo, spaces, job.compile_batch):
+            start = time.perf_counter()
+            precompile(work, job.dtype, workers, pool)
+            print(f"compiled {len(work)} kernels for {len(keys)} shapes in {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr)
+            for key in keys:
+                i += 1
+                shape = todo[key]
+                best, timed = _search_one(key, shape, spaces[key], table, dtype, props.L2_cache_size, job)
+                if writer:
+                    writer.writerows([props.name, str(key), *cfg.to_dict().values(), f"{us:.3f}"] for us, cfg in timed)
+                table.record(key, best[1], best[0])
+                table.save(path)
+                floor = floor_cost(shape)[1] / (gbs * 1e3)
+                print(f"[{i}/{len(todo)}] {key}: whole op {best[0]:.1f} us (memory floor {floor:.1f} us) {best[1]}",
+                      file=sys.stderr, flush=True)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        if log:
+            log.close()
     return table
+
+
+def _search_one(key, shape: LoRAShape, space: list, table: TilingTable, dtype, l2_bytes: int, job: SearchJob):
+    """((us, tiling) of the fastest, [(us, tiling)] of the quick pass) for one bucket."""
+    problems = [_problem(shape, dtype, seed) for seed in range(copies_to_defeat_cache(shape, l2_bytes))]
+    step = _step_for(key, table)
+    timed = []
+    for cfg in space:  # a quick pass over the whole space ...
+        timed.append((time_op(Rotation(problems, functools.partial(step, cfg)), warmup=1, repeats=3), cfg))
+    best = (float("inf"), None)
+    for _, cfg in sorted(timed, key=lambda t: t[0])[:5]:  # ... then the front runners, timed properly
+        us = time_op(Rotation(problems, functools.partial(step, cfg)), warmup=job.warmup, repeats=job.repeats)
+        best = min(best, (us, cfg), key=lambda b: b[0])
+    return best, timed
 
 
 __all__ = ["SearchJob", "run_search", "search_keys", "MIXES"]

@@ -130,3 +130,21 @@ def test_compile_work_keeps_each_tiling_in_one_worker():
         layouts = [(s.rank, s.k, s.slices) for _, _, s in chunk]
         assert layouts == sorted(layouts)
     assert len(chunks) == 3 and compile_chunks(work, 1) == [sorted(work, key=lambda i: (i[2].rank, i[2].k, i[2].slices))]
+
+
+def test_compile_batches_follow_the_search_order_and_compile_each_kernel_once():
+    from kernels.search import compile_batches
+    from kernels.tiling import config_space
+
+    keys = search_keys(SearchJob([8, 64], ["distinct"], [16], [4096], layouts=[(3584, (3584, 512, 512))]))
+    spaces = {k: config_space(k, 227 * 1024) for k in keys}
+    batches = compile_batches(keys, spaces, 4)
+    assert [k for part, _ in batches for k in part] == list(keys), "timed in the search order"
+    assert [len(part) for part, _ in batches] == [4, 4, 4]
+    idents = [(op, cfg, s.rank, s.k, s.slices) for _, work in batches for op, cfg, s in work]
+    assert len(idents) == len(set(idents)), "nothing compiled twice"
+    for part, work in batches:  # each batch compiles what its own keys time, unless an earlier one did
+        needed = {(k.op, cfg, keys[k].rank, keys[k].k, keys[k].slices) for k in part for cfg in spaces[k]}
+        assert {(op, cfg, s.rank, s.k, s.slices) for op, cfg, s in work} <= needed
+    assert set(idents) == {(k.op, cfg, s.rank, s.k, s.slices) for k, s in keys.items() for cfg in spaces[k]}
+    assert len(compile_batches(keys, spaces, 0)) == 1

@@ -4,6 +4,7 @@ Imports only torch and triton. The public API:
 
     meta = build_segments(slot_ids, device)            # once per forward, shared by every layer
     add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices)   # y += LoRA(x), many adapters
+    add_lora_beside(base, x, lora_a, ...)              # base(x) + LoRA(x), the shrink beside base
     shrink(...), expand(...)                           # the two halves, for callers that fuse
     fused_add_lora(..., config)                        # both in one launch (decode; add_lora picks it
                                                        # only where the table measured it faster)
@@ -25,7 +26,7 @@ baselines behind the same call signature.
 from .baselines import lora_mbgmv, lora_sgmv
 from .expand import expand
 from .fused import fused_add_lora
-from .lora import add_lora, configs_for, fused_config_for, pinned
+from .lora import add_lora, add_lora_beside, configs_for, fused_config_for, pinned
 from .merge import MergeGroup, merge_groups_, merge_lora_, merge_lora_ref_, unmerge_lora_
 from .reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
 from .segments import MIX_ONLY, NO_LORA, SegmentMeta, build_segments
@@ -34,7 +35,7 @@ from .table import TilingTable
 from .tiling import ShapeKey, TileConfig, config_space, heuristic_config, shape_key
 
 __all__ = [
-    "NO_LORA", "MIX_ONLY", "SegmentMeta", "build_segments", "add_lora", "configs_for", "fused_config_for", "pinned",
+    "NO_LORA", "MIX_ONLY", "SegmentMeta", "build_segments", "add_lora", "add_lora_beside", "configs_for", "fused_config_for", "pinned",
     "shrink", "expand", "fused_add_lora",
     "merge_lora_", "unmerge_lora_", "merge_lora_ref_", "merge_groups_", "MergeGroup",
     "lora_reference", "lora_loop", "lora_gather_bmm", "lora_einsum", "lora_sgmv", "lora_mbgmv",

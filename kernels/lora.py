@@ -1,17 +1,20 @@
 """The ATMM LoRA op: shrink then expand, tiled per shape from the device's tiling table.
 
     add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices)    # y += LoRA(x), in place
+    add_lora_beside(base, x, lora_a, ...)    # base(x) + LoRA(x), the shrink concurrent with base
 
 Same signature as the references in `reference.py`, so callers can swap implementations.
 Decode-sized batches take the fused one-launch kernel (`fused.py`) instead only where the
 device's table holds a fused entry measured faster than the two launches at that shape (it
 is opt-in: on an H100 it measured slower at every decode shape timed, at best 0.81x as fast;
 `tiling.py`); shapes the table never measured, and mixture batches, take the two launches.
+On Hopper and newer the expand follows the shrink by programmatic dependent launch (`expand`).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -93,3 +96,37 @@ def pinned(shrink_config: TileConfig, expand_config: TileConfig, pdl: bool | Non
                         shrink_config=shrink_config, expand_config=expand_config, pdl=pdl)
 
     return add_lora_static
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def add_lora_beside(base: Callable[[torch.Tensor], torch.Tensor], x, lora_a, lora_b, meta: SegmentMeta, ranks, scales,
+                    slices, table: TilingTable | None = None):
+    """base(x) with LoRA(x) added: what `add_lora(base(x), x, ...)` returns, but on a GPU the shrink
+    runs on a side stream while `base` (the projection's own matmul) runs.
+
+    The shrink needs only x, so it leaves the chain of dependent kernels: there a LoRA'd
+    projection is base, shrink, expand one after another; here it is base, expand, with the
+    shrink beside base. The expand needs both, so it waits for the two. It is launched without
+    programmatic dependent launch: the kernel before it is base's, which writes y.
+    On CPU, for a batch the table sends to the fused kernel, or an empty one: `add_lora` after `base`.
+    """
+    slices = tuple(int(w) for w in slices)
+    if x.device.type != "cuda" or meta.num_segments == 0 or meta.max_seg_len == 0 or \
+            fused_config_for(x, lora_a, meta, slices, table) is not None:
+        return add_lora(base(x), x, lora_a, lora_b, meta, ranks, scales, slices, table)
+    shrink_config, expand_config = configs_for(x, lora_a, meta, slices, table)
+    n_slices, _, max_rank, _ = lora_a.shape
+    # allocated on the main stream, where it is also freed (after the join below), so the
+    # allocator never hands it out while the side stream may still write it
+    v = torch.empty((shrink_config.split_k, n_slices, x.shape[0], max_rank * (1 if meta.mix_slot is None else 2)),
+                    dtype=torch.float32, device=x.device)
+    main = torch.cuda.current_stream(x.device)
+    side = _SIDE_STREAMS.setdefault(x.device.index or 0, torch.cuda.Stream(x.device))
+    side.wait_stream(main)  # x and the batch's metadata are written
+    with torch.cuda.stream(side):
+        shrink(x, lora_a, meta, ranks, shrink_config, out=v)
+    y = base(x)
+    main.wait_stream(side)
+    return expand(y, v, lora_b, meta, ranks, scales, slices, expand_config)

@@ -57,6 +57,9 @@ class EngineConfig:
     max_lora_rank: int = 64  # largest adapter rank; sets the pool's size with the slots and targets
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     lora_backend: str = "auto"  # "auto" (ATMM Triton kernels on GPU in fp16/bf16, PyTorch otherwise), "triton", "torch"
+    # GPU, triton backend: each LoRA'd projection's shrink runs on a side stream while its base
+    # matmul runs, leaving the chain of dependent kernels (kernels.add_lora_beside)
+    lora_overlap_shrink: bool = False
     adapters: tuple[str, ...] = ()  # PEFT directories loaded at start: "path" (named after its folder) or "name=path"
     adapter_manifest: str | None = None  # a fusion manifest (file or folder) whose adapters load at start
     pinned_adapters: tuple[str, ...] = ()  # names kept resident once loaded

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels import add_lora, add_lora_beside
 from serve.forward.context import peek_context
 
 from .pool import AdapterPool
@@ -26,10 +27,11 @@ from .pool import AdapterPool
 class LoRALinear(nn.Module):
     """A serve.models `Linear` with multi-adapter LoRA; x: [T, in] -> y: [T, sum(output_slices)]."""
 
-    def __init__(self, base: nn.Module, pool: AdapterPool, kind: str, layer_index: int):
+    def __init__(self, base: nn.Module, pool: AdapterPool, kind: str, layer_index: int, overlap_shrink: bool = False):
         super().__init__()
         self.base = base
         self.kind, self.layer_index = kind, layer_index
+        self.overlap_shrink = overlap_shrink  # with the ATMM op: the shrink beside the base matmul
         self.slices = tuple(base.output_slices)
         # plain attributes, not buffers: views into the pool, which owns (and never reallocates) them
         self.lora_a, self.lora_b, self.ranks, self.scales = pool.layer_views(kind, layer_index)
@@ -52,24 +54,27 @@ class LoRALinear(nn.Module):
         return self.base.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
         ctx = peek_context()
         batch = None if ctx is None else ctx.lora
         if batch is None:
-            return y
+            return self.base(x)
+        if self.overlap_shrink and batch.op is add_lora:
+            return add_lora_beside(self.base, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales,
+                                   self.slices)
+        y = self.base(x)
         return batch.op(y, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales, self.slices)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, layer={self.layer_index}, rank={self.lora_a.shape[2]}"
 
 
-def wrap_projections(language_model, pool: AdapterPool) -> list[LoRALinear]:
+def wrap_projections(language_model, pool: AdapterPool, overlap_shrink: bool = False) -> list[LoRALinear]:
     """Replaces every projection of a kind the pool holds by its LoRA-wrapped version."""
     wrapped = []
     for layer, kind, module in list(language_model.projections()):
         if kind not in pool.kinds or isinstance(module, LoRALinear):
             continue
-        lora = LoRALinear(module, pool, kind, layer)
+        lora = LoRALinear(module, pool, kind, layer, overlap_shrink)
         language_model.set_projection(layer, kind, lora)
         wrapped.append(lora)
     return wrapped

@@ -77,7 +77,7 @@ class AdapterManager:
         self.targets = tuple(config.targets)
         self.backend = self.configured_backend = resolve_backend(config.backend, device, dtype)
         self.pool = AdapterPool(self.num_layers, shapes, config.slots, config.max_rank, dtype, device)
-        self.layers = wrap_projections(lm, self.pool)
+        self.layers = wrap_projections(lm, self.pool, overlap_shrink=config.overlap_shrink)
         self.host = HostCache(config.host_cache, pin=device.type == "cuda")
         self.records: dict[str, AdapterRecord] = {}
         self.slots: list[str | None] = [None] * config.slots

@@ -36,6 +36,7 @@ class PoolConfig:
     max_rank: int = 64  # largest adapter rank served (the pool's R, rounded up to 16)
     targets: tuple[str, ...] = ALL_TARGETS  # modules adapters may adapt; other kinds get no pool
     backend: str = "auto"  # "triton" (ATMM kernels), "torch" (plain PyTorch), "auto": triton on GPU in fp16/bf16
+    overlap_shrink: bool = False  # triton on a GPU: the shrink beside the base matmul (kernels.add_lora_beside)
 
     def __post_init__(self) -> None:
         if self.slots < 1 or self.host_cache < 0 or self.max_rank < 1:

@@ -294,3 +294,59 @@ def test_pdl_launch_gives_the_bits_of_the_plain_launches_in_a_cuda_graph(mix, to
         for _ in range(3):
             add_lora(want, x, lora_a, lora_b, meta, ranks, scales, slices, pdl=False)
         assert torch.equal(y, want), f"replay {seed}"
+
+
+def _beside_case(tokens, mix, seed, device=None):
+    from kernels.workload import token_slots
+
+    slices, k = ((3584, 512, 512), 3584) if torch.cuda.is_available() else ((32, 16, 16), 48)
+    slot_ids = token_slots(tokens, mix)
+    lora_a, lora_b, ranks, scales = make_pool(8, slices, k, 16, torch.bfloat16, seed=seed)
+    x, _, meta = make_batch(tokens, k, sum(slices), slot_ids, torch.bfloat16, seed=seed)
+    weight = (torch.randn(sum(slices), k, generator=torch.Generator().manual_seed(seed)) / k**0.5).to(x)
+    return (lambda inp: torch.nn.functional.linear(inp, weight)), x, (lora_a, lora_b, meta, ranks, scales, slices)
+
+
+@pytest.mark.parametrize("mix", ["distinct", "identical"])
+def test_add_lora_beside_returns_what_add_lora_after_the_base_returns(mix):
+    """base(x) + LoRA(x) with the shrink beside the base matmul (a side stream on a GPU; add_lora
+    after base on CPU): the same bits as the plain order, and the same as the reference."""
+    from kernels.lora import add_lora_beside
+
+    base, x, (lora_a, lora_b, meta, ranks, scales, slices) = _beside_case(8, mix, seed=3)
+    plain = add_lora(base(x), x, lora_a, lora_b, meta, ranks, scales, slices)
+    beside = add_lora_beside(base, x, lora_a, lora_b, meta, ranks, scales, slices)
+    assert torch.equal(beside, plain)
+    ref = lora_reference(base(x), x, lora_a, lora_b, meta, ranks, scales, slices)
+    assert rel_err(beside - base(x), ref - base(x)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mix", ["distinct", "skewed", "identical"])
+def test_add_lora_beside_in_a_cuda_graph_gives_the_plain_bits(mix):
+    """Captured with its side stream (forked and joined per call) and replayed over fresh inputs:
+    every replay equals the plain order, eagerly."""
+    from kernels.lora import add_lora_beside
+
+    base, x, (lora_a, lora_b, meta, ranks, scales, slices) = _beside_case(32, mix, seed=4)
+
+    def layers(inp):  # three projections back to back, each feeding the next, as a model's layers do
+        for _ in range(3):
+            inp = add_lora_beside(base, inp, lora_a, lora_b, meta, ranks, scales, slices)[:, :inp.shape[1]]
+        return inp
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layers(x)  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layers(x)
+    for seed in range(3):
+        x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x))
+        graph.replay()
+        want = x
+        for _ in range(3):
+            want = add_lora(base(want), want, lora_a, lora_b, meta, ranks, scales, slices)[:, :x.shape[1]]
+        assert torch.equal(out, want), f"replay {seed}"

@@ -114,8 +114,10 @@ def test_the_triton_path_computes_what_the_torch_path_computes(tiny_zoo, adapter
     name = "qwen2_vl_tiny"
     outs = {}
     for backend in ("triton", "torch"):
+        # the triton engine also asks for the shrink beside the base matmul: on CPU that is the plain order
         engine = _engine(name, tiny_zoo, adapter_dirs, num_kv_blocks=64, adapter_slots=3, dtype="bfloat16",
-                         max_lora_rank=16, lora_backend=backend)
+                         max_lora_rank=16, lora_backend=backend, lora_overlap_shrink=backend == "triton")
+        assert {layer.overlap_shrink for layer in engine.lora.layers} == {backend == "triton"}
         requests = [Request(prompt_token_ids=[5 + i, 40, 41, 300 + 7 * i, 42, 43 + i], adapter=adapter,
                             sampling=SamplingParams(max_tokens=2, keep_logits=True))
                     for i, adapter in enumerate(("mix", None, "all16"))]
@@ -147,6 +149,28 @@ def test_lora_graph_decode_matches_eager_decode_on_gpu(tiny_zoo, adapter_dirs):
     for a, b in zip(outs[True], outs[False]):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_shrink_beside_the_base_matmul_decodes_the_same_tokens_on_gpu(tiny_zoo, adapter_dirs):
+    """lora_overlap_shrink: each shrink on a side stream while the base matmul runs, in the decode
+    graphs and in eager prefill: the same tokens and logits as the plain order."""
+    name, arch = "qwen2_vl_tiny", "qwen2_vl"
+    outs = {}
+    for overlap in (True, False):
+        engine = Engine(tiny_zoo[name], EngineConfig(device="cuda", dtype="bfloat16", num_kv_blocks=256,
+                                                     graph_batch_sizes=(1, 2, 4, 8), adapter_slots=3,
+                                                     lora_overlap_shrink=overlap))
+        for adapter, path in adapter_dirs[name].items():
+            engine.load_adapter(adapter, path)
+        requests = _requests(arch)
+        for r in requests:
+            r.sampling = SamplingParams(max_tokens=8, ignore_eos=True, keep_logits=True)
+        outs[overlap] = engine.generate(requests)
+        assert engine.stats().graph_steps > 0
+    for a, b in zip(outs[True], outs[False]):
+        assert a.token_ids == b.token_ids
+        assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits)), "the same kernels on the same inputs"
 
 
 @pytest.mark.gpu

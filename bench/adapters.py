@@ -188,9 +188,12 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
             adapter_bytes = sum(engine.lora.records[a].spec.nbytes for a in distinct)
             floor = _floor_ms(engine, mid, gbs) + adapter_bytes / (gbs * 1e9) * 1e3
             base_step = step if mix == "none" else base_step
+            # each LoRA'd projection of each layer is one LoRA op per step: what one op adds to the step
+            lora_ops = len(engine.lora.layers)
             row = dict(gpu=gpu, model=job.model, shape=shape, mix=mix, batch=b, distinct_adapters=len(distinct),
                        adapter_mb=adapter_bytes / 2**20, decode_step_ms=step, decode_floor_ms=floor,
                        step_over_floor=step / floor, step_over_no_adapter=step / base_step if base_step else math.nan,
+                       lora_ops=lora_ops, us_per_lora_op=(step - base_step) * 1e3 / lora_ops if base_step else math.nan,
                        decode_wall_ms=run["decode_wall_ms"], decode_tokens_per_s=b / (run["decode_wall_ms"] / 1e3),
                        e2e_tokens_per_s=run["tokens"] / run["total_s"], engine_load_s=load_s)
             rows.append(row)
@@ -216,7 +219,10 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+    from kernels.interpreter import pdl_available
+
     meta = dict(gpu=gpu, date=time.strftime("%Y-%m-%d"), copy_gbs=gbs, torch=torch.__version__,
+                pdl=pdl_available(torch.device(job.device)),
                 transformers=__import__("transformers").__version__, peft=__import__("peft").__version__,
                 triton=__import__("triton").__version__, job=dataclasses.asdict(job), **extra)
     _write(rows, meta, results_dir(job.out_dir, gpu))

@@ -182,5 +182,10 @@ def test_adapter_bench_smoke_on_gpu(tmp_path):
                           out_dir=str(tmp_path))
     rows, meta = run_adapter_bench(job)
     assert len(rows) == 8 and all(r["decode_step_ms"] > 0 and r["decode_floor_ms"] > 0 for r in rows)
+    from zoo import get_spec
+
+    layers = get_spec("qwen2_vl_tiny").text.num_layers
+    # r16_qkvo adapts q|k|v and o, r64_all also gate|up and down: one LoRA op each per layer
+    assert [r["lora_ops"] for r in rows] == [2 * layers] * 4 + [4 * layers] * 4
     assert meta["hf"] and meta["head"] and [r["adapter"] for r in meta["swap"]] == ["r64_qkvo", "r64_all"]
     assert list(tmp_path.glob("*/adapters.csv")) and list(tmp_path.glob("*/adapters.json"))

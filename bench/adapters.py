@@ -61,6 +61,7 @@ class AdapterBenchJob:
     swap_repeats: int = 10
     max_tokens_per_step: int = 8192
     overlap_shrink: bool = False  # the engine's lora_overlap_shrink
+    graph_seg_lens: tuple[int, ...] = ()  # the engine's lora_graph_seg_lens
     device: str = "cuda"  # "cpu" runs a smoke version on a tiny model (no device timings)
     seed: int = 0
     out_dir: str = "results/engine_adapters"
@@ -87,7 +88,7 @@ def _engine(job, workdir, hf, shape: str, slots: int, per_seq: int) -> Engine:
                           graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 32, job.batch_size})),
                           encoder_cache_items=0, enable_prefix_cache=False, seed=job.seed, adapter_slots=slots,
                           host_adapter_cache=slots + 4, max_lora_rank=rank, lora_targets=modules,
-                          lora_overlap_shrink=job.overlap_shrink)
+                          lora_overlap_shrink=job.overlap_shrink, lora_graph_seg_lens=tuple(job.graph_seg_lens))
     return Engine(workdir, config, weights=dict(hf.state_dict()))
 
 

@@ -42,6 +42,10 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's limit, capped by the cache size
     cuda_graphs: bool = True  # decode steps replay graphs captured per batch-size bucket (GPU)
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+    # decode graphs with adapters: besides each bucket's graph for any mix (tiled for one adapter
+    # across the batch), one per bound here below the bucket, replayed when no adapter of the step
+    # has more tokens than that and tiled for that mix (e.g. (1,): all adapters distinct)
+    lora_graph_seg_lens: tuple[int, ...] = ()
     policy: str = "fcfs"  # serve.orchestrator policy: fcfs | v_lora | merge_only | unmerge_only | dlora
     policy_params: dict | None = None  # fields of the policy's config dataclass
     profile: str = "assumed"  # cost profile: "assumed" (serve.orchestrator's default), "measure" (at start), or a JSON path
@@ -74,6 +78,9 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend {self.attention_backend!r} is not one of auto, torch, triton")
         self.graph_batch_sizes = tuple(sorted(set(int(b) for b in self.graph_batch_sizes)))
+        self.lora_graph_seg_lens = tuple(sorted(set(int(n) for n in self.lora_graph_seg_lens)))
+        if any(n < 1 for n in self.lora_graph_seg_lens):
+            raise ValueError(f"lora_graph_seg_lens must be >= 1 tokens, got {self.lora_graph_seg_lens}")
         if self.adapter_slots < 0:
             raise ValueError(f"adapter_slots must be >= 0 (0 = no adapters), got {self.adapter_slots}")
         if self.tensor_parallel_size < 1:
@@ -94,7 +101,7 @@ class EngineConfig:
             # a bare name (conf/serve.yaml's `policy: v_lora`) keeps the server on fcfs until the
             # serve entry point passes the policy group; give policy_params (or the group) to opt in
             kept.pop("policy")
-        for key in ("graph_batch_sizes", "lora_targets", "adapters", "pinned_adapters"):
+        for key in ("graph_batch_sizes", "lora_graph_seg_lens", "lora_targets", "adapters", "pinned_adapters"):
             if key in kept and not isinstance(kept[key], str):
                 kept[key] = tuple(kept[key])
         return cls(**kept)

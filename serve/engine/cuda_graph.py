@@ -9,7 +9,10 @@ Graphs need the "triton" attention backend (the torch path loops over host lists
 
 With adapters, each bucket has a second graph captured with the LoRA layers active over the
 fixed segment buffers of `serve.lora.LoraGraphBuffers` (the step's metadata is copied in before
-the replay); steps where no token uses an adapter replay the plain graph and pay nothing. With
+the replay); steps where no token uses an adapter replay the plain graph and pay nothing. That
+graph serves any mix, so its LoRA kernels are tiled as for one adapter over the whole batch;
+`lora_seg_lens` adds graphs for steps whose largest adapter has at most that many tokens, tiled
+(and gridded) for such a mix, and a step replays the tightest one that holds it. With
 modes enabled, a third graph per bucket holds a mixture step (each token's own adapter and deLoRA's
 negated merged adapter in one LoRA call, the merged slot read from a buffer:
 `serve.lora.MixtureGraphBuffers`), so decode steps in mixture mode replay too instead of running
@@ -21,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from serve.forward.context import StepContext, step_context
+from serve.lora.metadata import seg_len_bound
 from serve.lora.modes import MixtureBatch
 from .inputs import StepInputs
 from .kv_cache import KVCache
@@ -29,11 +33,12 @@ from .kv_cache import KVCache
 class DecodeGraphs:
     def __init__(self, model, kv_cache: KVCache, batch_sizes: tuple[int, ...], max_blocks_per_seq: int,
                  hidden_size: int, dtype: torch.dtype, device: torch.device, lora_buffers=None,
-                 mixture_buffers=None):
+                 mixture_buffers=None, lora_seg_lens: tuple[int, ...] = ()):
         self.model = model
         self.lora_buffers = lora_buffers  # serve.lora.LoraGraphBuffers, or None: LoRA steps run eagerly
         self.mixture_buffers = mixture_buffers  # serve.lora.MixtureGraphBuffers, or None: mixture runs eagerly
         self.batch_sizes = tuple(sorted(batch_sizes))
+        self.lora_seg_lens = tuple(sorted(set(lora_seg_lens)))
         self.max_blocks = max_blocks_per_seq
         self.max_len = max_blocks_per_seq * kv_cache.block_size
         b = self.batch_sizes[-1]
@@ -46,17 +51,24 @@ class DecodeGraphs:
         self.query_start = torch.arange(b + 1, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(b, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # no token uses an adapter
-        self.lora_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # LoRA layers over lora_buffers
+        # LoRA layers over lora_buffers, per (bucket, bound on the longest adapter segment)
+        self.lora_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.mixture_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # both deLoRA passes over mixture_buffers
         self.pool = None
 
-    def _context(self, bs: int, kind: str = "plain") -> StepContext:
+    def _context(self, bs: int, kind: str = "plain", seg_bound: int | None = None) -> StepContext:
         lora = {"plain": None, "lora": self.lora_buffers, "mixture": self.mixture_buffers}[kind]
+        static = None
+        if lora is not None:
+            static = lora.static_batch(bs, seg_bound) if kind == "lora" else lora.static_batch(bs)
         return StepContext(slot_mapping=self.slot_mapping[:bs], query_start=self.query_start[:bs + 1],
                            context_lens=self.context_lens[:bs], block_tables=self.block_tables[:bs],
                            max_query_len=1, max_context_len=self.max_len, decode_only=True,
-                           query_lens_list=[1] * bs,
-                           lora=lora.static_batch(bs) if lora is not None else None)
+                           query_lens_list=[1] * bs, lora=static)
+
+    def seg_bounds(self, bs: int) -> list[int]:
+        """The LoRA graphs of bucket bs: one per bound on the longest adapter segment, bs (any mix) last."""
+        return [n for n in self.lora_seg_lens if n < bs] + [bs]
 
     def _forward(self, bs: int) -> None:
         positions = self.positions[..., :bs]
@@ -65,12 +77,14 @@ class DecodeGraphs:
     @torch.no_grad()
     def capture(self) -> None:
         """Captures every bucket, largest first so smaller graphs reuse its memory pool."""
-        kinds = [("plain", self.graphs)]
-        kinds += [("lora", self.lora_graphs)] if self.lora_buffers is not None else []
-        kinds += [("mixture", self.mixture_graphs)] if self.mixture_buffers is not None else []
         for bs in reversed(self.batch_sizes):
-            for kind, graphs in kinds:
-                with step_context(self._context(bs, kind)):
+            variants = [("plain", None, self.graphs, bs)]
+            if self.lora_buffers is not None:
+                variants += [("lora", n, self.lora_graphs, (bs, n)) for n in self.seg_bounds(bs)]
+            if self.mixture_buffers is not None:
+                variants.append(("mixture", None, self.mixture_graphs, bs))
+            for kind, seg_bound, graphs, key in variants:
+                with step_context(self._context(bs, kind, seg_bound)):
                     self._forward(bs)  # warm-up: compiles the kernels outside the capture
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
@@ -78,7 +92,7 @@ class DecodeGraphs:
                         self._forward(bs)
                 if self.pool is None:
                     self.pool = graph.pool()
-                graphs[bs] = graph
+                graphs[key] = graph
         torch.cuda.synchronize()
 
     def release(self) -> None:
@@ -121,7 +135,7 @@ class DecodeGraphs:
             self.mixture_graphs[bs].replay()
         elif ctx.lora is not None:  # unmerged
             self.lora_buffers.load(ctx.lora.slot_ids, bs)
-            self.lora_graphs[bs].replay()
+            self.lora_graphs[bs, seg_len_bound(ctx.lora.slot_ids, self.lora_seg_lens, bs)].replay()
         else:
             self.graphs[bs].replay()
         return self.hidden[:b]

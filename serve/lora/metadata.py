@@ -83,11 +83,16 @@ class LoraGraphBuffers:
     def num_segments(self, bs: int) -> int:
         return min(bs, self.num_slots)
 
-    def static_batch(self, bs: int) -> LoraBatch:
-        """The LoraBatch a bucket-`bs` graph is captured with: views of the buffers, padded sizes."""
+    def static_batch(self, bs: int, max_seg_len: int | None = None) -> LoraBatch:
+        """The LoraBatch a bucket-`bs` graph is captured with: views of the buffers, padded sizes.
+
+        max_seg_len: the most tokens any one adapter of a replayed step may have (default bs: any
+        mix). It keys the tiling and sizes the grid along tokens, so a replay whose largest
+        segment is longer would leave tokens out: `seg_len_bound` picks the graph."""
         g = self.num_segments(bs)
+        bound = bs if max_seg_len is None else min(bs, max_seg_len)
         meta = SegmentMeta(self.token_order[:bs], self.seg_slot[:g], self.seg_start[:g], self.seg_len[:g],
-                           num_tokens=bs, num_segments=g, max_seg_len=bs, host_segments=())
+                           num_tokens=bs, num_segments=g, max_seg_len=bound, host_segments=())
         return LoraBatch((), self.token_order.device, self.op, meta)
 
     def load(self, slot_ids: tuple[int, ...], bs: int) -> None:
@@ -100,3 +105,18 @@ class LoraGraphBuffers:
         self.seg_slot[:g].copy_(meta.seg_slot, non_blocking=True)
         self.seg_start[:g].copy_(meta.seg_start, non_blocking=True)
         self.seg_len[:g].copy_(meta.seg_len, non_blocking=True)
+
+
+def longest_segment(slot_ids) -> int:
+    """Tokens of the adapter with the most tokens in a step (slot -1, no adapter, not counted)."""
+    counts: dict[int, int] = {}
+    for slot in slot_ids:
+        if slot != NO_LORA:
+            counts[slot] = counts.get(slot, 0) + 1
+    return max(counts.values(), default=0)
+
+
+def seg_len_bound(slot_ids, bounds: tuple[int, ...], bs: int) -> int:
+    """The smallest of `bounds` (plus bs, which admits any mix) that no adapter of the step exceeds."""
+    longest = longest_segment(slot_ids)
+    return min([b for b in bounds if longest <= b < bs] + [bs])

@@ -246,6 +246,38 @@ def test_mixture_graph_buffers_compute_what_the_step_metadata_computes():
         assert torch.equal(replayed[len(slots):], y0[len(slots):]), "padding rows are untouched"
 
 
+def test_seg_bounded_graph_buffers_compute_what_the_step_metadata_computes():
+    """A LoRA graph captured for steps whose adapters have at most n tokens each (serve.lora's
+    `static_batch(bs, n)`, tiled and gridded for that mix) gives the step's own result for every
+    step `seg_len_bound` sends to it; a step with a longer segment would lose tokens, so it goes
+    to a looser graph."""
+    from serve.lora.metadata import LoraGraphBuffers, longest_segment, seg_len_bound
+
+    n_slots, bs, slices = 6, 8, (32,)
+    lora_a, lora_b, ranks, scales = make_pool(n_slots, slices, 32, 16, torch.float16, seed=12)
+    buffers = LoraGraphBuffers(bs, n_slots, lora_a.device, "triton")
+    bounds = (1, 2)
+    static = {n: buffers.static_batch(bs, n) for n in (1, 2, bs)}
+    assert [static[n].segments.max_seg_len for n in (1, 2, bs)] == [1, 2, bs]
+    for slots in ([0, 1, 2, -1, 5], [3, 1, 3, -1, 4, 1], [2, 2, 2, 0, -1, 1, 2], [-1, 4]):
+        x, y0, meta = make_batch(bs, 32, 32, slots + [-1] * (bs - len(slots)), torch.float16, seed=len(slots))
+        direct = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+        buffers.load(tuple(slots), bs)
+        n = seg_len_bound(slots, bounds, bs)
+        assert n == min([b for b in bounds if b >= longest_segment(slots)] + [bs])
+        replayed = add_lora(y0.clone(), x, lora_a, lora_b, static[n].segments, ranks, scales, slices)
+        assert torch.equal(replayed, direct), (slots, n)
+    # the guard matters: an adapter with more tokens than one token tile (block_m >= 16) holds,
+    # replayed in the one-token graph, loses its last tokens
+    wide = LoraGraphBuffers(32, n_slots, lora_a.device, "triton")
+    slots = [2] * 20 + [0, 1, -1]
+    wide.load(tuple(slots), 32)
+    x, y0, meta = make_batch(32, 32, 32, slots + [-1] * 9, torch.float16, seed=7)
+    assert seg_len_bound(slots, bounds, 32) == 32
+    assert not torch.equal(add_lora(y0.clone(), x, lora_a, lora_b, wide.static_batch(32, 1).segments, ranks, scales,
+                                    slices), add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices))
+
+
 def test_pdl_is_used_only_where_the_device_can(monkeypatch):
     from kernels.interpreter import pdl_available
 

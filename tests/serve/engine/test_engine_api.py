@@ -128,6 +128,9 @@ def test_config_from_the_serve_yaml_block():
     assert config.max_batch_size == block["max_batch_size"] and config.policy == "fcfs"
     with pytest.raises(ValueError, match="attention_backend"):
         EngineConfig(attention_backend="flash")
+    assert EngineConfig.from_dict({"lora_graph_seg_lens": [4, 1, 4]}).lora_graph_seg_lens == (1, 4)
+    with pytest.raises(ValueError, match="lora_graph_seg_lens"):
+        EngineConfig(lora_graph_seg_lens=(0, 2))
 
 
 def test_chat_messages_and_raw_prompts_reach_the_same_tokens(engine):

@@ -151,23 +151,27 @@ def test_lora_graph_decode_matches_eager_decode_on_gpu(tiny_zoo, adapter_dirs):
         torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-2, rtol=2e-2)
 
 
+def _gpu_graph_run(tiny_zoo, adapter_dirs, **config):
+    """(engine, outputs) of the tiny Qwen2-VL with every test adapter, decoding from CUDA graphs."""
+    name, arch = "qwen2_vl_tiny", "qwen2_vl"
+    engine = Engine(tiny_zoo[name], EngineConfig(device="cuda", dtype="bfloat16", num_kv_blocks=256,
+                                                 graph_batch_sizes=(1, 2, 4, 8), adapter_slots=3, **config))
+    for adapter, path in adapter_dirs[name].items():
+        engine.load_adapter(adapter, path)
+    requests = _requests(arch)
+    for r in requests:
+        r.sampling = SamplingParams(max_tokens=8, ignore_eos=True, keep_logits=True)
+    outputs = engine.generate(requests)
+    assert engine.stats().graph_steps > 0
+    return engine, outputs
+
+
 @pytest.mark.gpu
 def test_shrink_beside_the_base_matmul_decodes_the_same_tokens_on_gpu(tiny_zoo, adapter_dirs):
     """lora_overlap_shrink: each shrink on a side stream while the base matmul runs, in the decode
     graphs and in eager prefill: the same tokens and logits as the plain order."""
-    name, arch = "qwen2_vl_tiny", "qwen2_vl"
-    outs = {}
-    for overlap in (True, False):
-        engine = Engine(tiny_zoo[name], EngineConfig(device="cuda", dtype="bfloat16", num_kv_blocks=256,
-                                                     graph_batch_sizes=(1, 2, 4, 8), adapter_slots=3,
-                                                     lora_overlap_shrink=overlap))
-        for adapter, path in adapter_dirs[name].items():
-            engine.load_adapter(adapter, path)
-        requests = _requests(arch)
-        for r in requests:
-            r.sampling = SamplingParams(max_tokens=8, ignore_eos=True, keep_logits=True)
-        outs[overlap] = engine.generate(requests)
-        assert engine.stats().graph_steps > 0
+    outs = {overlap: _gpu_graph_run(tiny_zoo, adapter_dirs, lora_overlap_shrink=overlap)[1]
+            for overlap in (True, False)}
     for a, b in zip(outs[True], outs[False]):
         assert a.token_ids == b.token_ids
         assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits)), "the same kernels on the same inputs"
@@ -178,21 +182,11 @@ def test_decode_graphs_for_short_adapter_segments_decode_the_same_tokens_on_gpu(
     """lora_graph_seg_lens: each bucket also holds LoRA graphs tiled for steps whose adapters have
     at most 1 or 2 tokens, replayed where they hold the step: the same tokens as the any-mix graphs
     (logits to rounding: another tiling sums v in another order)."""
-    name, arch = "qwen2_vl_tiny", "qwen2_vl"
     outs = {}
     for seg_lens in ((1, 2), ()):
-        engine = Engine(tiny_zoo[name], EngineConfig(device="cuda", dtype="bfloat16", num_kv_blocks=256,
-                                                     graph_batch_sizes=(1, 2, 4, 8), adapter_slots=3,
-                                                     lora_graph_seg_lens=seg_lens))
+        engine, outs[seg_lens] = _gpu_graph_run(tiny_zoo, adapter_dirs, lora_graph_seg_lens=seg_lens)
         graphs = engine.runner.graphs
         assert sorted(graphs.lora_graphs) == sorted((bs, n) for bs in (1, 2, 4, 8) for n in graphs.seg_bounds(bs))
-        for adapter, path in adapter_dirs[name].items():
-            engine.load_adapter(adapter, path)
-        requests = _requests(arch)
-        for r in requests:
-            r.sampling = SamplingParams(max_tokens=8, ignore_eos=True, keep_logits=True)
-        outs[seg_lens] = engine.generate(requests)
-        assert engine.stats().graph_steps > 0
     for a, b in zip(outs[(1, 2)], outs[()]):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-2, rtol=2e-2)

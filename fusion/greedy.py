@@ -11,10 +11,16 @@ the paper's heuristic is greedy with roll-back:
 
 Roll-back costs nothing because `Trainer.train` returns a new state and never touches S.
 
-A domain that misses its requirement even alone on a fresh adapter is kept in an adapter of
-its own, flagged `met=False` (event "alone_fails"); it is never dropped. The adapter that was
-rolled back for it did not lose it to a capacity limit, so that adapter is reopened and keeps
-taking domains instead of being closed for nothing.
+A domain that misses its requirement even alone on a fresh adapter is never dropped; where it
+goes depends on `place_missed`:
+- "alone" (the paper): it keeps an adapter of its own, flagged `met=False` (event "alone_fails").
+- "best" (default): if it was the only domain below its requirement in the adapter it was rolled
+  back from, and it scored there at least as high as alone, that joined state is kept instead (event
+  "fuse_missed"): the adapter it would have had to itself buys nothing. Its accuracy alone then
+  becomes its floor in that adapter: a later domain that pushes it below that floor rolls back,
+  as one that pushes a member below its requirement does. Otherwise it keeps its own adapter.
+Either way the adapter that was rolled back for it did not lose it to a capacity limit, so that
+adapter is reopened and keeps taking domains instead of being closed for nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from .journal import Journal, OpenAdapter, Progress, adapter_name
 from .spec import Domain, FusedAdapter, FusionEvent, FusionResult, Trainer, check_accuracy
 
 ORDERS = ("size_desc", "given", "seeded")
+PLACE_MISSED = ("best", "alone")
 
 
 def order_domains(domains: Iterable[Domain], order: str = "size_desc", seed: int = 0) -> list[Domain]:
@@ -72,22 +79,26 @@ def fuse(
     seed: int = 0,
     workdir: str | os.PathLike | None = None,
     progress: Callable[[FusionEvent], None] | None = None,
+    place_missed: str = "best",
 ) -> FusionResult:
     """Pack `domains` into the fewest adapters meeting every requirement (greedy, with roll-back).
 
     With `workdir`, each step is journaled with the trainer's checkpoints, and a later call with
     the same domains, order and workdir continues from there without training finished steps
     again (a finished journal just returns its result). `progress` gets each new event.
+    place_missed: where a domain that misses its requirement even alone goes (module docstring).
     """
+    if place_missed not in PLACE_MISSED:
+        raise ValueError(f"fuse: place_missed must be one of {PLACE_MISSED}, got {place_missed!r}")
     ordered = order_domains(domains, order, seed)
     _check_trainer(trainer, need_io=workdir is not None)
-    journal = Journal(workdir, ordered, order, seed, trainer) if workdir is not None else None
+    journal = Journal(workdir, ordered, order, seed, trainer, place_missed) if workdir is not None else None
     run = (journal.resume() if journal else None) or Progress()
     by_name = {d.name: d for d in ordered}
     while not run.done:
         event = None
         if run.pos < len(ordered):
-            event = _step(run, ordered[run.pos], trainer, by_name)
+            event = _step(run, ordered[run.pos], trainer, by_name, place_missed == "best")
         else:  # every domain placed: the open adapter is final
             if run.current is not None:
                 run.closed.append(run.current.closed(by_name))
@@ -103,7 +114,8 @@ def _evaluate(trainer: Trainer, state: object, domain: Domain) -> float:
     return check_accuracy(trainer.evaluate(state, domain), domain.name)
 
 
-def _step(run: Progress, domain: Domain, trainer: Trainer, by_name: dict[str, Domain]) -> FusionEvent:
+def _step(run: Progress, domain: Domain, trainer: Trainer, by_name: dict[str, Domain],
+          keep_joined: bool = True) -> FusionEvent:
     """One train call and its evaluations; updates `run` in place and returns the decision."""
     step, name, cur = len(run.events), domain.name, run.current
     if cur is None:
@@ -112,11 +124,18 @@ def _step(run: Progress, domain: Domain, trainer: Trainer, by_name: dict[str, Do
         state = trainer.train(trainer.new_adapter(index), domain)
         accs = {name: _evaluate(trainer, state, domain)}
         run.pos += 1
+        joined, run.joined = run.joined, None
         if domain.met_by(accs[name]):
             if run.parked is not None:  # its violator fits alone, so the rolled-back adapter is done
                 run.closed.append(run.parked.closed(by_name))
             run.current, run.parked = OpenAdapter(index, [name], accs, state), None
             return _log(run, FusionEvent(step, name, index, "open", accs))
+        if joined is not None and joined.accuracies[name] >= accs[name]:
+            # missed alone too, and did no worse beside the members: no adapter of its own
+            run.next_index -= 1  # the fresh adapter is dropped, its index unused
+            joined.floors[name] = accs[name]
+            run.current, run.parked = joined, None
+            return _log(run, FusionEvent(step, name, joined.index, "fuse_missed", accs, (name,)))
         run.closed.append(FusedAdapter(index, adapter_name(index), [name], accs, {name: domain.requirement},
                                        False, state))
         run.current, run.parked = run.parked, None
@@ -126,14 +145,17 @@ def _step(run: Progress, domain: Domain, trainer: Trainer, by_name: dict[str, Do
     members = [*cur.domains, name]
     # Every member is evaluated again: fusing d can cost accuracy on an earlier domain (Fig. 10).
     accs = {m: _evaluate(trainer, state, by_name[m]) for m in members}
-    violations = tuple(m for m in members if not by_name[m].met_by(accs[m]))
+    violations = tuple(m for m in members if not cur.holds(by_name[m], accs[m]))
     if not violations:
-        run.current = OpenAdapter(cur.index, members, accs, state)
+        run.current = OpenAdapter(cur.index, members, accs, state, floors=dict(cur.floors))
         run.pos += 1
         return _log(run, FusionEvent(step, name, cur.index, "fuse", accs))
-    # Roll back: `state` is dropped and `cur` (the pre-d state) is parked; pos stays on d, so
-    # the next step trains d alone on a fresh adapter.
+    # Roll back: `cur` (the pre-d state) is parked; pos stays on d, so the next step trains d
+    # alone on a fresh adapter. Where d was the only one below, the joined state is kept too,
+    # in case d misses alone as well (keep_joined: place_missed="best").
     run.current, run.parked = None, cur
+    if keep_joined and violations == (name,):
+        run.joined = OpenAdapter(cur.index, members, accs, state, floors=dict(cur.floors))
     return _log(run, FusionEvent(step, name, cur.index, "rollback", accs, violations))
 
 

@@ -1,7 +1,8 @@
 """Fusion progress and its journal on disk, so an interrupted fusion resumes where it stopped.
 
     workdir/journal.json   the progress after the last finished step (written atomically)
-    workdir/ckpt_<step>    trainer checkpoint of the open adapter (and of a rolled-back one)
+    workdir/ckpt_<step>    trainer checkpoint of the open adapter (and of a rolled-back one, and
+                           ckpt_<step>_joined of its joined state, kept while its violator is tried alone)
     workdir/adapter_<i>    trainer checkpoint of each closed adapter
 
 A step is committed by writing the journal, after the checkpoints it names: a crash before that
@@ -41,11 +42,19 @@ class OpenAdapter:
     accuracies: dict[str, float]
     state: Any
     checkpoint: str | None = None  # file name under workdir, once saved
+    # members that miss their requirement, fused because they did no worse here than alone
+    # (greedy's place_missed="best"): the accuracy they had alone, which they must keep instead
+    floors: dict[str, float] = field(default_factory=dict)
+
+    def holds(self, domain: Domain, accuracy: float) -> bool:
+        """Whether a member (or the joining domain) is where it must be: its floor, or its requirement."""
+        floor = self.floors.get(domain.name)
+        return domain.met_by(accuracy) if floor is None else accuracy >= floor
 
     def closed(self, by_name: dict[str, Domain]) -> FusedAdapter:
         reqs = {d: by_name[d].requirement for d in self.domains}
         return FusedAdapter(self.index, adapter_name(self.index), list(self.domains), dict(self.accuracies),
-                            reqs, True, self.state)
+                            reqs, all(by_name[d].met_by(self.accuracies[d]) for d in self.domains), self.state)
 
 
 @dataclass
@@ -54,6 +63,7 @@ class Progress:
     next_index: int = 0  # index the next new adapter gets
     current: OpenAdapter | None = None
     parked: OpenAdapter | None = None  # rolled back, kept until its violator is tried alone
+    joined: OpenAdapter | None = None  # parked with its violator fused, where that was the only one below
     closed: list[FusedAdapter] = field(default_factory=list)
     events: list[FusionEvent] = field(default_factory=list)
     done: bool = False
@@ -69,14 +79,15 @@ def _remove(path: Path) -> None:
 
 class Journal:
     def __init__(self, workdir: str | os.PathLike, ordered: list[Domain], order: str, seed: int,
-                 trainer: Trainer):
+                 trainer: Trainer, place_missed: str = "best"):
         self.dir = Path(workdir)
         self.path = self.dir / JOURNAL
         self.ordered, self.trainer = ordered, trainer
         self.header = {"version": VERSION, "order": order, "seed": seed if order == "seeded" else None,
                        "domains": [d.to_dict() for d in ordered],
                        # how the trainer trains (e.g. rehearsal): states trained otherwise must not mix
-                       "trainer": dict(getattr(trainer, "settings", None) or {})}
+                       "trainer": dict(getattr(trainer, "settings", None) or {}),
+                       "place_missed": place_missed}
 
     def resume(self) -> Progress | None:
         """The progress recorded in workdir, or None when there is no journal yet."""
@@ -88,7 +99,7 @@ class Journal:
             raise ValueError(f"fusion journal {self.path} is not valid JSON ({e}); delete it to start over") from e
         self._verify(data)
         run = Progress(data["pos"], data["next_index"], self._open(data["current"]), self._open(data["parked"]),
-                       done=data["done"])
+                       self._open(data.get("joined")), done=data["done"])
         for c in data["closed"]:
             state = self._load(c["path"])
             run.closed.append(FusedAdapter(c["index"], c["name"], c["domains"], c["accuracies"],
@@ -105,13 +116,13 @@ class Journal:
                 _remove(target)  # left by a crash before the journal that would have named it
                 self.trainer.save(a.state, str(target))
                 a.path = str(target)
-        for o in (run.current, run.parked):
+        for o in (run.current, run.parked, run.joined):
             if o is not None and o.checkpoint is None:
-                o.checkpoint = f"ckpt_{len(run.events)}"
+                o.checkpoint = f"ckpt_{len(run.events)}" + ("_joined" if o is run.joined else "")
                 _remove(self.dir / o.checkpoint)
                 self.trainer.save(o.state, str(self.dir / o.checkpoint))
         write_json_atomic(self.path, {**self.header, **self._progress_dict(run)})
-        keep = {o.checkpoint for o in (run.current, run.parked) if o is not None}
+        keep = {o.checkpoint for o in (run.current, run.parked, run.joined) if o is not None}
         for stale in self.dir.glob("ckpt_*"):
             if stale.name not in keep:
                 _remove(stale)
@@ -119,17 +130,19 @@ class Journal:
     def _progress_dict(self, run: Progress) -> dict[str, Any]:
         def open_dict(o: OpenAdapter | None) -> dict[str, Any] | None:
             return None if o is None else {"index": o.index, "domains": o.domains, "accuracies": o.accuracies,
-                                           "checkpoint": o.checkpoint}
+                                           "checkpoint": o.checkpoint, "floors": o.floors}
 
         closed = [{"index": a.index, "name": a.name, "domains": a.domains, "accuracies": a.accuracies,
                    "requirements": a.requirements, "met": a.met, "path": Path(a.path).name} for a in run.closed]
         return {"pos": run.pos, "next_index": run.next_index, "done": run.done, "current": open_dict(run.current),
-                "parked": open_dict(run.parked), "closed": closed, "events": [e.to_dict() for e in run.events]}
+                "parked": open_dict(run.parked), "joined": open_dict(run.joined), "closed": closed,
+                "events": [e.to_dict() for e in run.events]}
 
     def _open(self, d: dict[str, Any] | None) -> OpenAdapter | None:
         if d is None:
             return None
-        return OpenAdapter(d["index"], d["domains"], d["accuracies"], self._load(d["checkpoint"]), d["checkpoint"])
+        return OpenAdapter(d["index"], d["domains"], d["accuracies"], self._load(d["checkpoint"]), d["checkpoint"],
+                           dict(d.get("floors", {})))
 
     def _load(self, name: str) -> Any:
         path = self.dir / name
@@ -151,8 +164,9 @@ class Journal:
         changed = [f"{n}: journal {then[n]}, now {now[n]}" for n in now if then[n] != now[n]]
         if changed:
             raise ValueError(f"{where}: domains changed since it was written: " + "; ".join(changed))
-        for key in ("order", "seed", "trainer"):
-            if data.get(key, {} if key == "trainer" else None) != self.header[key]:
+        # a journal from before place_missed was recorded was made the paper's way: "alone"
+        for key, before in (("order", None), ("seed", None), ("trainer", {}), ("place_missed", "alone")):
+            if data.get(key, before) != self.header[key]:
                 raise ValueError(f"{where} was made with {key}={data.get(key)!r}, now {key}={self.header[key]!r}")
         names_then, names_now = list(then), list(now)
         if names_then != names_now:

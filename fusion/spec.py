@@ -12,7 +12,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 S = TypeVar("S")
 
-ACTIONS = ("open", "fuse", "rollback", "alone_fails")
+ACTIONS = ("open", "fuse", "rollback", "alone_fails", "fuse_missed")
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class FusionEvent:
     adapter: int  # index of the adapter it was trained into
     action: str  # one of ACTIONS
     accuracies: dict[str, float]  # every domain evaluated at this step
-    violations: tuple[str, ...] = ()  # domains below their requirement (rollback, alone_fails)
+    violations: tuple[str, ...] = ()  # domains below their requirement (rollback, alone_fails, fuse_missed)
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -105,7 +105,7 @@ class FusedAdapter(Generic[S]):
     domains: list[str]  # in the order they were fused
     accuracies: dict[str, float]  # measured on the final state of this adapter
     requirements: dict[str, float]
-    met: bool  # False only for a domain that misses its requirement even alone
+    met: bool  # False where a member misses its requirement (it missed alone too)
     state: S = field(repr=False)
     path: str | None = field(default=None, compare=False)  # checkpoint under workdir, if any
 

@@ -10,10 +10,11 @@ from fusion_fakes import FIG10, Interrupted, ScriptedTrainer, domains, fig10_scr
 from fusion import JOURNAL, Domain, fuse
 
 # (domains, script): the figure 10 case, and one whose journal holds a parked (rolled-back)
-# adapter while its violator is tried alone.
+# adapter and its joined state while its violator is tried alone, then a domain fused though it
+# misses (place_missed="best").
 SCENARIOS = {
     "fig10": (FIG10, fig10_script),
-    "alone_fails": (domains("a", "x", "b", "c"), lambda m, d: 0.3 if d == "x" else 0.9),
+    "missed": (domains("a", "x", "b", "c"), lambda m, d: 0.3 if d == "x" else 0.9),
 }
 
 
@@ -28,7 +29,7 @@ def reference(name):
     return snapshot(fuse(ds, trainer)), trainer.train_calls
 
 
-@pytest.mark.parametrize("name, calls", [("fig10", 7), ("alone_fails", 5)])
+@pytest.mark.parametrize("name, calls", [("fig10", 7), ("missed", 5)])
 def test_interrupt_at_every_train_call_then_resume(tmp_path, name, calls):
     expected, total = reference(name)
     assert total == calls
@@ -105,6 +106,12 @@ def test_resume_with_another_seed_or_given_order_is_refused(tmp_path):
     interrupted(tmp_path / "g", order="given")
     with pytest.raises(ValueError, match="domain order differs"):
         fuse(FIG10[::-1], ScriptedTrainer(fig10_script), order="given", workdir=tmp_path / "g")
+
+
+def test_resume_with_another_placement_of_missed_domains_is_refused(tmp_path):
+    interrupted(tmp_path)
+    with pytest.raises(ValueError, match="place_missed='best', now place_missed='alone'"):
+        fuse(FIG10, ScriptedTrainer(fig10_script), workdir=tmp_path, place_missed="alone")
 
 
 def test_resume_under_other_trainer_settings_is_refused(tmp_path):

@@ -85,8 +85,9 @@ def test_violation_on_the_new_domain_triggers_rollback():
 
 
 def test_domain_failing_alone_is_kept_flagged_and_its_rollback_adapter_reopens():
+    """The paper's placement (place_missed="alone"): a domain that misses alone too keeps an adapter of its own."""
     trainer = ScriptedTrainer(lambda m, d: 0.3 if d == "x" else 0.9)
-    result = fuse(domains("a", "x", "b"), trainer)
+    result = fuse(domains("a", "x", "b"), trainer, place_missed="alone")
     assert actions(result) == [(0, "open", "a", 0), (1, "rollback", "x", 0), (2, "alone_fails", "x", 1),
                                (3, "fuse", "b", 0)]
     assert packing(result) == [["a", "b"], ["x"]]
@@ -102,9 +103,48 @@ def test_domain_failing_alone_is_kept_flagged_and_its_rollback_adapter_reopens()
     (("x", "y"), [["x"], ["y"]]),
 ])
 def test_failing_alone_at_the_ends(names, expect):
-    result = fuse(domains(*names), ScriptedTrainer(lambda m, d: 0.3 if d in "xy" else 0.9))
+    result = fuse(domains(*names), ScriptedTrainer(lambda m, d: 0.3 if d in "xy" else 0.9), place_missed="alone")
     assert packing(result) == expect
     assert sorted(result.unmet) == sorted(n for n in names if n in "xy")
+
+
+def test_a_domain_missing_alone_too_stays_where_it_scored_no_lower():
+    """place_missed="best" (the default): x misses 0.8 alone (0.3) and beside a (0.3, the only
+    one below there), so the joined state is kept: no adapter of x's own, no index skipped."""
+    trainer = ScriptedTrainer(lambda m, d: 0.3 if d == "x" else 0.9)
+    result = fuse(domains("a", "x", "b"), trainer)
+    assert actions(result) == [(0, "open", "a", 0), (1, "rollback", "x", 0), (2, "fuse_missed", "x", 0),
+                               (3, "fuse", "b", 0)]
+    assert packing(result) == [["a", "x", "b"]] and result.adapters[0].index == 0
+    only = result.adapters[0]
+    assert not only.met and only.unmet == ["x"] and result.unmet == ["x"] and not result.all_met
+    assert result.events[2].accuracies == {"x": 0.3} and result.events[2].violations == ("x",)
+    assert trainer.trained_from[3] == FakeState(0, ("a", "x")), "b trains on top of the joined state"
+
+
+@pytest.mark.parametrize("script, why", [
+    (lambda m, d: {"x": 0.5 if m == {"x"} else 0.4}.get(d, 0.9), "x scores lower beside a than alone"),
+    (lambda m, d: 0.3 if d == "x" else (0.7 if "x" in m else 0.9), "x also pushed a below its requirement"),
+])
+def test_a_domain_missing_alone_keeps_its_own_adapter_where_joining_was_worse(script, why):
+    result = fuse(domains("a", "x", "b"), ScriptedTrainer(script))
+    assert [e.action for e in result.events] == ["open", "rollback", "alone_fails", "fuse"], why
+    assert packing(result) == [["a", "b"], ["x"]]
+
+
+def test_a_fused_missing_domain_keeps_its_accuracy_alone_as_its_floor():
+    """x (0.5 alone, 0.55 beside a) is fused; b would drop it to 0.45, below what x gets alone,
+    so b rolls back as if x had a requirement of 0.5; c leaves x at 0.55 and joins."""
+    def script(members, d):
+        if d != "x":
+            return 0.9
+        return 0.5 if members == {"x"} else (0.45 if "b" in members else 0.55)
+
+    result = fuse(domains("a", "x", "b", "c"), ScriptedTrainer(script))
+    assert [(e.action, e.domain, e.violations) for e in result.events] == [
+        ("open", "a", ()), ("rollback", "x", ("x",)), ("fuse_missed", "x", ("x",)), ("rollback", "b", ("x",)),
+        ("open", "b", ()), ("fuse", "c", ())]
+    assert packing(result) == [["a", "x"], ["b", "c"]]
 
 
 def test_requirement_boundary_is_inclusive():

@@ -65,12 +65,13 @@ def test_paths_outside_the_folder_are_kept(tmp_path, fig10_result):
         write_manifest(fig10_result, tmp_path, extra={"tasks": {}})
 
 
-def test_flagged_domain_is_recorded_as_not_met(tmp_path):
+@pytest.mark.parametrize("place_missed, adapters_met", [("alone", [True, False]), ("best", [False])])
+def test_flagged_domain_is_recorded_as_not_met(tmp_path, place_missed, adapters_met):
     result = fuse([Domain("a", "binary", 0.9, 2), Domain("x", "binary", 0.9, 1)],
-                  ScriptedTrainer(lambda m, d: 0.5 if d == "x" else 0.95))
+                  ScriptedTrainer(lambda m, d: 0.5 if d == "x" else 0.95), place_missed=place_missed)
     m = read_manifest(write_manifest(result, tmp_path))
     assert m["tasks"]["x"]["met"] is False and m["tasks"]["a"]["met"] is True
-    assert [a["met"] for a in m["adapters"]] == [True, False]
+    assert [a["met"] for a in m["adapters"]] == adapters_met  # x beside a ("best"): that adapter misses one
 
 
 def corrupt(tmp_path, edit):

@@ -40,6 +40,7 @@ class FusionJob:
     domains: dict
     only: list | dict | None = None  # fuse just these domains: names of `domains`, or name -> requirement
     order: str = "size_desc"
+    place_missed: str = "best"  # a domain that misses alone too: "best" placement or "alone" (fusion.greedy)
     seed: int = 0
     datasets_dir: str = ".vlora/datasets"
     out_dir: str = ".vlora/adapters/fused"
@@ -146,7 +147,8 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
                                  epochs)
     domains = domains_of(requirements, trainer)
     try:
-        result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event)
+        result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event,
+                      place_missed=job.place_missed)
     except ValueError as e:
         if "journal" in str(e):  # the domains or their requirements changed since the interrupted run
             raise SystemExit(f"vlora fusion: {e}\nrun with fusion.resume=false to start over, or with "
@@ -169,7 +171,8 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     print(format_table(rows))
     return {"manifest": str(manifest_path), "adapters": len(result.adapters), "result": result,
             "manifest_data": manifest, "seconds": seconds, "train_calls": trainer.train_calls, "model": ref,
-            "trainer": trainer, "order": job.order}
+            "trainer": trainer, "order": job.order,
+            "place_missed": job.place_missed}
 
 
 def run(cfg: DictConfig) -> dict:

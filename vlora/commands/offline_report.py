@@ -83,7 +83,8 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     result = fused["result"]
     order = [d for d in result.order]
     where = {d: a for a in result.adapters for d in a.domains}
-    alone = {e.domain: e.accuracies[e.domain] for e in result.events if e.action in ("open", "alone_fails")}
+    alone = {e.domain: e.accuracies[e.domain] for e in result.events
+             if e.action in ("open", "alone_fails", "fuse_missed")}  # the steps that trained a domain alone
     rows, per_domain, all_in_one = [], {}, {}
     if opts.per_domain:
         for i, d in enumerate(order):
@@ -117,7 +118,8 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     orders = [order_row(label(fused.get("order", "size_desc")), result, order)]
     for other in opts.get("other_orders") or []:  # the same domains fused again, tried in another order
         print(f"[report] fusing again in {label(other)} order", file=log, flush=True)
-        again = fuse(order, trainer, order=other, seed=int(cfg.seed), progress=print_event)
+        again = fuse(order, trainer, order=other, seed=int(cfg.seed), progress=print_event,
+                     place_missed=fused.get("place_missed", "best"))
         orders.append(order_row(label(other), again, order))
     comparison = None
     if opts.compare_lm_head and opts.compare_lm_head in {d.name for d in order}:

@@ -72,7 +72,7 @@ class FusionEvent:
 
     step: int  # 0-based; equals the number of train calls made before this one
     domain: str  # the domain that was trained
-    adapter: int  # index of the adapter it was trained into
+    adapter: int  # index of the adapter it was trained into (fuse_missed: the one it stays in instead)
     action: str  # one of ACTIONS
     accuracies: dict[str, float]  # every domain evaluated at this step
     violations: tuple[str, ...] = ()  # domains below their requirement (rollback, alone_fails, fuse_missed)

@@ -5,7 +5,10 @@ copy bandwidth and matmul rate. Each row holds the median call (`us`) and the p5
 timed runs. Decode shapes (up to FUSED_MAX_TOKENS tokens) also time the fused one-launch kernel
 as `atmm_fused`, at the table's (or heuristic's) fused tiling, beside the two-launch `atmm`.
 On a device with programmatic dependent launch, `atmm` launches the expand behind the shrink
-with it (as the engine does) and `atmm_nopdl` is the same tiling without it.
+with it (as the engine does) and `atmm_nopdl` is the same tiling without it. Decode shapes also
+time `atmm_anymix`: the batch's metadata padded as the engine's decode graph for any adapter mix
+pads it (segments bounded by the whole batch), with the tiling of that padding, which is what a
+step runs without `lora_graph_seg_lens`.
 
 Writes kernels.csv, summary.json and kernels.png to the output folder and prints a summary.
 """
@@ -59,11 +62,15 @@ def grid(job: BenchJob) -> list[LoRAShape]:
             for mix in job.mixes for t in job.tokens]
 
 
-def _problems(shape: LoRAShape, dtype, l2_bytes: int) -> list[tuple]:
+def _problems(shape: LoRAShape, dtype, l2_bytes: int, any_mix: bool = False) -> list[tuple]:
+    """The rotated problem copies of a shape. any_mix: each batch's metadata padded as in the
+    engine's decode graph for any adapter mix (one segment per adapter up to the batch size, every
+    segment bounded by the whole batch), so tiling and grid are those of one adapter over the batch."""
     out = []
     for seed in range(copies_to_defeat_cache(shape, l2_bytes)):
         y, x, lora_a, lora_b, slot_ids, ranks, scales = make_problem(shape, dtype, "cuda", seed)
-        meta = build_segments(slot_ids, "cuda")  # once per forward in the engine: not timed
+        pad = dict(max_segments=min(shape.tokens, lora_b.shape[0]), max_tokens=shape.tokens) if any_mix else {}
+        meta = build_segments(slot_ids, "cuda", **pad)  # once per forward in the engine: not timed
         out.append((y, x, lora_a, lora_b, meta, ranks, scales, shape.slices))
     return out
 
@@ -144,8 +151,14 @@ def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
         if pdl_available(torch.device("cuda", 0)):
             impls["atmm_nopdl"] = pinned(*tuned, pdl=False)
         fused = fused_impl(shape, table)
-        for name, impl in {**impls, **({"atmm_fused": fused} if fused else {})}.items():
-            args = _host_side(problems) if name == "loop" else problems
+        extra = {"atmm_fused": fused} if fused else {}
+        any_mix = None
+        if shape.tokens <= FUSED_MAX_TOKENS:  # decode: the engine's any-mix graph, tiled for that padding
+            any_mix = _problems(shape, dtype, props.L2_cache_size, any_mix=True)
+            extra["atmm_anymix"] = pinned(*configs_for(any_mix[0][1], any_mix[0][2], any_mix[0][4], shape.slices,
+                                                       table))
+        for name, impl in {**impls, **extra}.items():
+            args = any_mix if name == "atmm_anymix" else _host_side(problems) if name == "loop" else problems
             times = _time(args, impl, job)
             rows.append(dict(device=props.name, date=date, tokens=shape.tokens, mix=shape.mix, rank=shape.rank,
                              hidden=shape.k, impl=name, **{key: round(us, 3) for key, us in times.items()},

@@ -103,6 +103,10 @@ def test_summary_reads_the_pdl_speedup_and_skips_a_missing_pytorch_condition():
     # no PyTorch baseline ran: the bound alone decides (5 and 9 us <= 10; 20 <= 1.5 x 16)
     assert s["decode_ok"] == 3 and s["decode_target_ok"] == 2, "9 us > max(8, 1.3 x 2)"
     assert s["decode_min_vs_torch"] is None and s["decode"][0]["vs_torch"] is None
+    assert s["mix_keyed_geomean"] is None
+    rows += [_row(8, "atmm_anymix", 13.5, 2.0)]
+    s = summarize(rows, [], dict(device="GPU", date="d"))
+    assert s["decode"][1]["mix_keyed_speedup"] == 1.5 and s["mix_keyed_geomean"] == 1.5
 
 
 def test_search_ops_can_leave_out_the_fused_kernel():

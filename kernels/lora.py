@@ -127,6 +127,8 @@ def add_lora_beside(base: Callable[[torch.Tensor], torch.Tensor], x, lora_a, lor
     side.wait_stream(main)  # x and the batch's metadata are written
     with torch.cuda.stream(side):
         shrink(x, lora_a, meta, ranks, shrink_config, out=v)
-    y = base(x)
-    main.wait_stream(side)
+    try:
+        y = base(x)
+    finally:  # joined even if base raises: v must not be handed out again while the side stream writes it
+        main.wait_stream(side)
     return expand(y, v, lora_b, meta, ranks, scales, slices, expand_config)

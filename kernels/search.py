@@ -98,15 +98,21 @@ def _compile_chunk(args) -> int:
     work, dtype_name = args
     dtype = DTYPES[dtype_name]
     problem, layout = None, None
-    for op, cfg, shape in work:
-        if (shape.rank, shape.k, shape.slices) != layout:  # items come sorted by layout: one problem each
-            layout = (shape.rank, shape.k, shape.slices)
+    for item in work:
+        op, cfg, shape = item
+        if _layout(item) != layout:  # items come sorted by layout: one problem each
+            layout = _layout(item)
             problem = _problem(LoRAShape(16, "distinct", *layout), dtype)
         # The halves through add_lora, so each compiles as add_lora launches it (with or without PDL).
         partner = TileConfig(16, 64, 16) if op == "shrink" else TileConfig(16, min(128, max(16, shape.rank)), 64)
         (_fused_step if op == "fused" else _coupled_step(op, partner))(cfg, problem)
     torch.cuda.synchronize()
     return len(work)
+
+
+def _layout(item: tuple) -> tuple:
+    """(rank, in_features, slices) of a compile item (op, tiling, shape): what its problem needs."""
+    return item[2].rank, item[2].k, item[2].slices
 
 
 def compile_chunks(work: list, workers: int) -> list[list]:
@@ -125,25 +131,21 @@ def compile_chunks(work: list, workers: int) -> list[list]:
     for i, items in enumerate(groups.values()):
         chunks[i % len(chunks)].extend(items)
     for chunk in chunks:
-        chunk.sort(key=lambda item: (item[2].rank, item[2].k, item[2].slices))
+        chunk.sort(key=_layout)
     return [c for c in chunks if c]
 
 
-def precompile(work: list, dtype_name: str, workers: int, pool: ProcessPoolExecutor | None = None) -> None:
-    """Compiles `work` in `workers` processes (`pool`, kept across calls by `run_search`, or its own)."""
-    if workers <= 1 or not work:
-        _compile_chunk((sorted(work, key=lambda item: (item[2].rank, item[2].k, item[2].slices)), dtype_name))
+def precompile(work: list, dtype_name: str, workers: int, pool: ProcessPoolExecutor | None) -> None:
+    """Compiles `work` in the `workers` processes of `pool` (kept across calls by `run_search`), or
+    in this process without one."""
+    if pool is None:
+        for chunk in compile_chunks(work, 1):
+            _compile_chunk((chunk, dtype_name))
         return
-    own = pool is None
-    pool = pool or ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
-    try:
-        done = 0
-        for n in pool.map(_compile_chunk, [(c, dtype_name) for c in compile_chunks(work, workers)]):
-            done += n
-            print(f"\rcompiled {done}/{len(work)} kernels", end="", file=sys.stderr, flush=True)
-    finally:
-        if own:
-            pool.shutdown()
+    done = 0
+    for n in pool.map(_compile_chunk, [(c, dtype_name) for c in compile_chunks(work, workers)]):
+        done += n
+        print(f"\rcompiled {done}/{len(work)} kernels", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
 
 
@@ -160,10 +162,11 @@ def compile_batches(todo: dict, spaces: dict, batch: int) -> list[tuple[list, li
         for key in part:
             shape = todo[key]
             for cfg in spaces[key]:
-                ident = (key.op, cfg, shape.rank, shape.k, shape.slices)
+                item = (key.op, cfg, shape)
+                ident = (key.op, cfg, *_layout(item))
                 if ident not in seen:
                     seen.add(ident)
-                    work.append((key.op, cfg, shape))
+                    work.append(item)
         out.append((part, work))
     return out
 

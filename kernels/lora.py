@@ -22,7 +22,7 @@ from .expand import expand
 from .fused import fused_add_lora
 from .interpreter import pdl_available
 from .segments import SegmentMeta
-from .shrink import shrink
+from .shrink import shrink, v_shape
 from .table import TilingTable
 from .tiling import FUSED_MAX_RANK, TileConfig, shape_key
 
@@ -117,11 +117,9 @@ def add_lora_beside(base: Callable[[torch.Tensor], torch.Tensor], x, lora_a, lor
             fused_config_for(x, lora_a, meta, slices, table) is not None:
         return add_lora(base(x), x, lora_a, lora_b, meta, ranks, scales, slices, table)
     shrink_config, expand_config = configs_for(x, lora_a, meta, slices, table)
-    n_slices, _, max_rank, _ = lora_a.shape
     # allocated on the main stream, where it is also freed (after the join below), so the
     # allocator never hands it out while the side stream may still write it
-    v = torch.empty((shrink_config.split_k, n_slices, x.shape[0], max_rank * (1 if meta.mix_slot is None else 2)),
-                    dtype=torch.float32, device=x.device)
+    v = torch.empty(v_shape(x, lora_a, meta, shrink_config), dtype=torch.float32, device=x.device)
     main = torch.cuda.current_stream(x.device)
     side = _SIDE_STREAMS.setdefault(x.device.index or 0, torch.cuda.Stream(x.device))
     side.wait_stream(main)  # x and the batch's metadata are written

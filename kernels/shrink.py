@@ -121,6 +121,12 @@ def check_lora_inputs(x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor
         raise ValueError("x and lora_a need a contiguous last dimension")
 
 
+def v_shape(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, config: TileConfig) -> tuple[int, ...]:
+    """The shape of the v `shrink` writes: [splits, slices, tokens, max_rank (x2 for a mixture)]."""
+    n_slices, _, max_rank, _ = lora_a.shape
+    return config.split_k, n_slices, x.shape[0], max_rank * (1 if meta.mix_slot is None else 2)
+
+
 def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
            config: TileConfig, out: torch.Tensor | None = None, launch_dependents: bool = False) -> torch.Tensor:
     """v = x @ A[slot].T per segment, as split-K partial sums: float32 [splits, slices, tokens, max_rank]
@@ -136,7 +142,7 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torc
     check_lora_inputs(x, lora_a, ranks)
     n_slices, _, max_rank, k = lora_a.shape
     mix = meta.mix_slot is not None
-    shape = (config.split_k, n_slices, x.shape[0], max_rank * (2 if mix else 1))
+    shape = v_shape(x, lora_a, meta, config)
     if out is None:
         out = torch.empty(shape, dtype=torch.float32, device=x.device)
     elif tuple(out.shape) != shape or out.dtype != torch.float32:

@@ -100,8 +100,8 @@ def _replay_ms(engine: Engine, batch: int, context_lens: list[int], slot_ids: li
     if slot_ids is not None and any(s >= 0 for s in slot_ids):
         from serve.lora.metadata import seg_len_bound
 
-        graphs.lora_buffers.load(tuple(slot_ids), bs)
-        graph = graphs.lora_graphs[bs, seg_len_bound(slot_ids, graphs.lora_seg_lens, bs)]  # as the engine picks
+        longest = graphs.lora_buffers.load(tuple(slot_ids), bs)
+        graph = graphs.lora_graphs[bs, seg_len_bound(longest, graphs.lora_seg_lens, bs)]  # as the engine picks
 
     def step():
         graph.replay()

@@ -134,8 +134,8 @@ class DecodeGraphs:
             self.mixture_buffers.load(ctx.lora, bs)
             self.mixture_graphs[bs].replay()
         elif ctx.lora is not None:  # unmerged
-            self.lora_buffers.load(ctx.lora.slot_ids, bs)
-            self.lora_graphs[bs, seg_len_bound(ctx.lora.slot_ids, self.lora_seg_lens, bs)].replay()
+            longest = self.lora_buffers.load(ctx.lora.slot_ids, bs)
+            self.lora_graphs[bs, seg_len_bound(longest, self.lora_seg_lens, bs)].replay()
         else:
             self.graphs[bs].replay()
         return self.hidden[:b]

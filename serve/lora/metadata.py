@@ -95,10 +95,13 @@ class LoraGraphBuffers:
                            num_tokens=bs, num_segments=g, max_seg_len=bound, host_segments=())
         return LoraBatch((), self.token_order.device, self.op, meta)
 
-    def load(self, slot_ids: tuple[int, ...], bs: int) -> None:
-        """Writes the metadata of b = len(slot_ids) <= bs tokens into the bucket-`bs` buffers."""
+    def load(self, slot_ids: tuple[int, ...], bs: int) -> int:
+        """Writes the metadata of b = len(slot_ids) <= bs tokens into the bucket-`bs` buffers;
+        returns the step's longest segment (the most tokens of one adapter), for `seg_len_bound`."""
         g = self.num_segments(bs)
-        self.write(build_segments(slot_ids, "cpu", max_segments=g, max_tokens=bs), bs, g)
+        meta = build_segments(slot_ids, "cpu", max_segments=g, max_tokens=bs)
+        self.write(meta, bs, g)
+        return max((n for _, _, n in meta.host_segments), default=0)
 
     def write(self, meta: SegmentMeta, bs: int, g: int) -> None:
         self.token_order[:bs].copy_(meta.token_order, non_blocking=True)
@@ -107,16 +110,7 @@ class LoraGraphBuffers:
         self.seg_len[:g].copy_(meta.seg_len, non_blocking=True)
 
 
-def longest_segment(slot_ids) -> int:
-    """Tokens of the adapter with the most tokens in a step (slot -1, no adapter, not counted)."""
-    counts: dict[int, int] = {}
-    for slot in slot_ids:
-        if slot != NO_LORA:
-            counts[slot] = counts.get(slot, 0) + 1
-    return max(counts.values(), default=0)
-
-
-def seg_len_bound(slot_ids, bounds: tuple[int, ...], bs: int) -> int:
-    """The smallest of `bounds` (plus bs, which admits any mix) that no adapter of the step exceeds."""
-    longest = longest_segment(slot_ids)
+def seg_len_bound(longest: int, bounds: tuple[int, ...], bs: int) -> int:
+    """The smallest of `bounds` (plus bs, which admits any mix) that a step whose longest segment
+    has `longest` tokens (`LoraGraphBuffers.load`) does not exceed."""
     return min([b for b in bounds if longest <= b < bs] + [bs])

@@ -251,7 +251,9 @@ def test_seg_bounded_graph_buffers_compute_what_the_step_metadata_computes():
     `static_batch(bs, n)`, tiled and gridded for that mix) gives the step's own result for every
     step `seg_len_bound` sends to it; a step with a longer segment would lose tokens, so it goes
     to a looser graph."""
-    from serve.lora.metadata import LoraGraphBuffers, longest_segment, seg_len_bound
+    from collections import Counter
+
+    from serve.lora.metadata import LoraGraphBuffers, seg_len_bound
 
     n_slots, bs, slices = 6, 8, (32,)
     lora_a, lora_b, ranks, scales = make_pool(n_slots, slices, 32, 16, torch.float16, seed=12)
@@ -262,18 +264,18 @@ def test_seg_bounded_graph_buffers_compute_what_the_step_metadata_computes():
     for slots in ([0, 1, 2, -1, 5], [3, 1, 3, -1, 4, 1], [2, 2, 2, 0, -1, 1, 2], [-1, 4]):
         x, y0, meta = make_batch(bs, 32, 32, slots + [-1] * (bs - len(slots)), torch.float16, seed=len(slots))
         direct = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
-        buffers.load(tuple(slots), bs)
-        n = seg_len_bound(slots, bounds, bs)
-        assert n == min([b for b in bounds if b >= longest_segment(slots)] + [bs])
+        longest = buffers.load(tuple(slots), bs)
+        assert longest == max(Counter(s for s in slots if s >= 0).values())
+        n = seg_len_bound(longest, bounds, bs)
+        assert n == min([b for b in bounds if b >= longest] + [bs])
         replayed = add_lora(y0.clone(), x, lora_a, lora_b, static[n].segments, ranks, scales, slices)
         assert torch.equal(replayed, direct), (slots, n)
     # the guard matters: an adapter with more tokens than one token tile (block_m >= 16) holds,
     # replayed in the one-token graph, loses its last tokens
     wide = LoraGraphBuffers(32, n_slots, lora_a.device, "triton")
     slots = [2] * 20 + [0, 1, -1]
-    wide.load(tuple(slots), 32)
     x, y0, meta = make_batch(32, 32, 32, slots + [-1] * 9, torch.float16, seed=7)
-    assert seg_len_bound(slots, bounds, 32) == 32
+    assert seg_len_bound(wide.load(tuple(slots), 32), bounds, 32) == 32
     assert not torch.equal(add_lora(y0.clone(), x, lora_a, lora_b, wide.static_batch(32, 1).segments, ranks, scales,
                                     slices), add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices))
 

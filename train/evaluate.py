@@ -125,3 +125,8 @@ def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval"
     else:
         score = accuracy(preds, targets)
     return {"accuracy": float(score), "metric": METRICS[info.task], "n": n, "task": info.task, **extra}
+
+
+def at_default_note(metrics: dict) -> str:
+    """" (at 0.5: 0.612)" for a log line where evaluation also scored the default threshold, else ""."""
+    return f" (at {DEFAULT_SCORE_THRESHOLD:g}: {metrics['f1_at_0.5']:.3f})" if "f1_at_0.5" in metrics else ""

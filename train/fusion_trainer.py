@@ -25,7 +25,7 @@ from pathlib import Path
 from .adapter_io import AdapterState, HeadState, load_adapter, save_adapter
 from .calibrate import calibrate_threshold, describe
 from .data import DomainData, load_domain
-from .evaluate import evaluate
+from .evaluate import at_default_note, evaluate
 from .rehearsal import Part, refit_heads, rehearsal_parts, train_mixed
 from .trainer import TrainConfig, head_config_for, train_adapter
 from .vlm import VisionLM
@@ -146,9 +146,8 @@ class LoraTrainer:
         head = state.heads[name].build(self.vlm.device) if name in state.heads else None
         metrics = evaluate(self.vlm, head, data, "eval", self.cfg.eval_batch_size, self.cfg.max_new_tokens)
         state.accuracies[name] = metrics  # a memo of this state's score, not a change of its weights
-        at_default = f" (at 0.5: {metrics['f1_at_0.5']:.3f})" if "f1_at_0.5" in metrics else ""
-        print(f"[fusion eval] {name}: {metrics['metric']} {metrics['accuracy']:.3f}{at_default}", file=self.log,
-              flush=True)
+        print(f"[fusion eval] {name}: {metrics['metric']} {metrics['accuracy']:.3f}{at_default_note(metrics)}",
+              file=self.log, flush=True)
         return float(metrics["accuracy"])
 
     def save(self, state: AdapterState, path: str) -> None:

@@ -27,7 +27,7 @@ from heads import HeadConfig, TaskHead, build_head
 from .calibrate import calibrate_threshold, describe
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DomainData, DomainInfo, collate, head_target
-from .evaluate import evaluate
+from .evaluate import at_default_note, evaluate
 from .model import AdapterModule, maybe_compile
 from .vlm import VisionLM
 
@@ -206,8 +206,8 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
               file=log, flush=True)
     metrics = evaluate(vlm, head, domain, "eval", cfg.eval_batch_size, cfg.max_new_tokens) if evaluate_at_end else {}
     if metrics:
-        at_default = f" (at 0.5: {metrics['f1_at_0.5']:.3f})" if "f1_at_0.5" in metrics else ""
-        print(f"[train {info.name}] {total} steps, eval {metrics['metric']} {metrics['accuracy']:.3f}{at_default} "
+        print(f"[train {info.name}] {total} steps, eval {metrics['metric']} {metrics['accuracy']:.3f}"
+              f"{at_default_note(metrics)} "
               f"on {metrics['n']} items ({time.perf_counter() - start_time:.1f} s)", file=log, flush=True)
     acc.free_memory()  # drop the accelerator's references to this run's module and optimiser
     return TrainResult(vlm.lora_state(), head, metrics, step, time.perf_counter() - start_time, history)

@@ -34,7 +34,8 @@ from kernels.segments import build_segments
 from kernels.table import TilingTable
 from kernels.tiling import FUSED_MAX_RANK, FUSED_MAX_TOKENS, TileConfig, heuristic_config, shape_key
 from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op_tails
-from kernels.workload import DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
+from kernels.workload import (DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment,
+                              make_problem, token_slots)
 from .results import write_csv
 
 BASELINES = {"loop": lora_loop, "gather_bmm": lora_gather_bmm, "einsum": lora_einsum, "sgmv": lora_sgmv,
@@ -62,16 +63,24 @@ def grid(job: BenchJob) -> list[LoRAShape]:
             for mix in job.mixes for t in job.tokens]
 
 
-def _problems(shape: LoRAShape, dtype, l2_bytes: int, any_mix: bool = False) -> list[tuple]:
-    """The rotated problem copies of a shape. any_mix: each batch's metadata padded as in the
-    engine's decode graph for any adapter mix (one segment per adapter up to the batch size, every
-    segment bounded by the whole batch), so tiling and grid are those of one adapter over the batch."""
+def _problems(shape: LoRAShape, dtype, l2_bytes: int) -> list[tuple]:
     out = []
     for seed in range(copies_to_defeat_cache(shape, l2_bytes)):
         y, x, lora_a, lora_b, slot_ids, ranks, scales = make_problem(shape, dtype, "cuda", seed)
-        pad = dict(max_segments=min(shape.tokens, lora_b.shape[0]), max_tokens=shape.tokens) if any_mix else {}
-        meta = build_segments(slot_ids, "cuda", **pad)  # once per forward in the engine: not timed
+        meta = build_segments(slot_ids, "cuda")  # once per forward in the engine: not timed
         out.append((y, x, lora_a, lora_b, meta, ranks, scales, shape.slices))
+    return out
+
+
+def _any_mix(problems: list[tuple], shape: LoRAShape) -> list[tuple]:
+    """The same problems with each batch's metadata padded as the engine's decode graph for any
+    adapter mix pads it (one segment per adapter up to the batch size, every segment bounded by the
+    whole batch), so tiling and grid are those of one adapter over the batch."""
+    out = []
+    for seed, (y, x, lora_a, lora_b, _, ranks, scales, slices) in enumerate(problems):
+        meta = build_segments(token_slots(shape.tokens, shape.mix, seed), "cuda",  # the slots make_problem drew
+                              max_segments=min(shape.tokens, lora_b.shape[0]), max_tokens=shape.tokens)
+        out.append((y, x, lora_a, lora_b, meta, ranks, scales, slices))
     return out
 
 
@@ -154,7 +163,7 @@ def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
         extra = {"atmm_fused": fused} if fused else {}
         any_mix = None
         if shape.tokens <= FUSED_MAX_TOKENS:  # decode: the engine's any-mix graph, tiled for that padding
-            any_mix = _problems(shape, dtype, props.L2_cache_size, any_mix=True)
+            any_mix = _any_mix(problems, shape)
             extra["atmm_anymix"] = pinned(*configs_for(any_mix[0][1], any_mix[0][2], any_mix[0][4], shape.slices,
                                                        table))
         for name, impl in {**impls, **extra}.items():

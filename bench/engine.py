@@ -98,10 +98,10 @@ def _replay_ms(engine: Engine, batch: int, context_lens: list[int], slot_ids: li
     graphs.context_lens[:batch].copy_(torch.tensor(context_lens, dtype=torch.int32))
     graph, hidden = graphs.graphs[bs], graphs.hidden
     if slot_ids is not None and any(s >= 0 for s in slot_ids):
-        from serve.lora.metadata import seg_len_bound
+        from serve.lora.metadata import pick_variant
 
-        longest = graphs.lora_buffers.load(tuple(slot_ids), bs)
-        graph = graphs.lora_graphs[bs, seg_len_bound(longest, graphs.lora_seg_lens, bs)]  # as the engine picks
+        segments, longest = graphs.lora_buffers.load(tuple(slot_ids), bs)
+        graph = graphs.lora_graphs[(bs, *pick_variant(segments, longest, graphs.variants(bs)))]  # as the engine picks
 
     def step():
         graph.replay()

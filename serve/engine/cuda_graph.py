@@ -10,9 +10,11 @@ Graphs need the "triton" attention backend (the torch path loops over host lists
 With adapters, each bucket has a second graph captured with the LoRA layers active over the
 fixed segment buffers of `serve.lora.LoraGraphBuffers` (the step's metadata is copied in before
 the replay); steps where no token uses an adapter replay the plain graph and pay nothing. That
-graph serves any mix, so its LoRA kernels are tiled as for one adapter over the whole batch;
-`lora_seg_lens` adds graphs for steps whose largest adapter has at most that many tokens, tiled
-(and gridded) for such a mix, and a step replays the tightest one that holds it. With
+graph serves any mix, so its LoRA kernels are tiled as for one adapter over the whole batch and
+gridded for bs adapters of bs tokens each. `lora_segments` and `lora_seg_lens` add graphs for
+steps with at most s adapters and at most n tokens per adapter (every pair of bounds,
+`serve.lora.metadata.graph_variants`), gridded and tiled for such a mix, and a step replays the
+tightest one that holds it (`pick_variant`). With
 modes enabled, a third graph per bucket holds a mixture step (each token's own adapter and deLoRA's
 negated merged adapter in one LoRA call, the merged slot read from a buffer:
 `serve.lora.MixtureGraphBuffers`), so decode steps in mixture mode replay too instead of running
@@ -24,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from serve.forward.context import StepContext, step_context
-from serve.lora.metadata import seg_len_bound
+from serve.lora.metadata import graph_variants, pick_variant
 from serve.lora.modes import MixtureBatch
 from .inputs import StepInputs
 from .kv_cache import KVCache
@@ -33,11 +35,12 @@ from .kv_cache import KVCache
 class DecodeGraphs:
     def __init__(self, model, kv_cache: KVCache, batch_sizes: tuple[int, ...], max_blocks_per_seq: int,
                  hidden_size: int, dtype: torch.dtype, device: torch.device, lora_buffers=None,
-                 mixture_buffers=None, lora_seg_lens: tuple[int, ...] = ()):
+                 mixture_buffers=None, lora_segments: tuple[int, ...] = (), lora_seg_lens: tuple[int, ...] = ()):
         self.model = model
         self.lora_buffers = lora_buffers  # serve.lora.LoraGraphBuffers, or None: LoRA steps run eagerly
         self.mixture_buffers = mixture_buffers  # serve.lora.MixtureGraphBuffers, or None: mixture runs eagerly
         self.batch_sizes = tuple(sorted(batch_sizes))
+        self.lora_segments = tuple(sorted(set(lora_segments)))
         self.lora_seg_lens = tuple(sorted(set(lora_seg_lens)))
         self.max_blocks = max_blocks_per_seq
         self.max_len = max_blocks_per_seq * kv_cache.block_size
@@ -51,24 +54,24 @@ class DecodeGraphs:
         self.query_start = torch.arange(b + 1, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(b, hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # no token uses an adapter
-        # LoRA layers over lora_buffers, per (bucket, bound on the longest adapter segment)
-        self.lora_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # LoRA layers over lora_buffers, per (bucket, bound on the adapters, bound on the longest segment)
+        self.lora_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.mixture_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # both deLoRA passes over mixture_buffers
         self.pool = None
 
-    def _context(self, bs: int, kind: str = "plain", seg_bound: int | None = None) -> StepContext:
+    def _context(self, bs: int, kind: str = "plain", bounds: tuple[int, int] | None = None) -> StepContext:
         lora = {"plain": None, "lora": self.lora_buffers, "mixture": self.mixture_buffers}[kind]
         static = None
         if lora is not None:
-            static = lora.static_batch(bs, seg_bound) if kind == "lora" else lora.static_batch(bs)
+            static = lora.static_batch(bs, bounds[1], bounds[0]) if kind == "lora" else lora.static_batch(bs)
         return StepContext(slot_mapping=self.slot_mapping[:bs], query_start=self.query_start[:bs + 1],
                            context_lens=self.context_lens[:bs], block_tables=self.block_tables[:bs],
                            max_query_len=1, max_context_len=self.max_len, decode_only=True,
                            query_lens_list=[1] * bs, lora=static)
 
-    def seg_bounds(self, bs: int) -> list[int]:
-        """The LoRA graphs of bucket bs: one per bound on the longest adapter segment, bs (any mix) last."""
-        return [n for n in self.lora_seg_lens if n < bs] + [bs]
+    def variants(self, bs: int) -> list[tuple[int, int]]:
+        """The LoRA graphs of bucket bs as (adapters, tokens per adapter) bounds, the any-mix one last."""
+        return graph_variants(bs, self.lora_buffers.num_segments(bs), self.lora_segments, self.lora_seg_lens)
 
     def _forward(self, bs: int) -> None:
         positions = self.positions[..., :bs]
@@ -80,11 +83,11 @@ class DecodeGraphs:
         for bs in reversed(self.batch_sizes):
             variants = [("plain", None, self.graphs, bs)]
             if self.lora_buffers is not None:
-                variants += [("lora", n, self.lora_graphs, (bs, n)) for n in self.seg_bounds(bs)]
+                variants += [("lora", v, self.lora_graphs, (bs, *v)) for v in self.variants(bs)]
             if self.mixture_buffers is not None:
                 variants.append(("mixture", None, self.mixture_graphs, bs))
-            for kind, seg_bound, graphs, key in variants:
-                with step_context(self._context(bs, kind, seg_bound)):
+            for kind, bounds, graphs, key in variants:
+                with step_context(self._context(bs, kind, bounds)):
                     self._forward(bs)  # warm-up: compiles the kernels outside the capture
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
@@ -134,8 +137,8 @@ class DecodeGraphs:
             self.mixture_buffers.load(ctx.lora, bs)
             self.mixture_graphs[bs].replay()
         elif ctx.lora is not None:  # unmerged
-            longest = self.lora_buffers.load(ctx.lora.slot_ids, bs)
-            self.lora_graphs[bs, seg_len_bound(longest, self.lora_seg_lens, bs)].replay()
+            segments, longest = self.lora_buffers.load(ctx.lora.slot_ids, bs)
+            self.lora_graphs[(bs, *pick_variant(segments, longest, self.variants(bs)))].replay()
         else:
             self.graphs[bs].replay()
         return self.hidden[:b]

@@ -63,7 +63,7 @@ class ModelRunner:
             mixture_buffers = lora.mixture_graph_buffers(top) if lora is not None else None
             self.graphs = DecodeGraphs(model, self.kv_cache, config.graph_batch_sizes, max_blocks,
                                        args.hidden_size, dtype, device, lora_buffers, mixture_buffers,
-                                       config.lora_graph_seg_lens)
+                                       config.lora_graph_segments, config.lora_graph_seg_lens)
             self.graphs.capture()
 
     def release_graphs(self) -> None:

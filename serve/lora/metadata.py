@@ -19,6 +19,12 @@ CUDA-graph decode replays kernels whose arguments are fixed at capture, so `Lora
 holds the segment metadata in fixed-size device buffers: a batch of b tokens in the graph of
 bucket bs is padded to bs tokens and min(bs, slots) segments (padding segments have length
 0 and exit at once), and each replay first copies the step's metadata into the buffers.
+
+That padding sizes the kernels' grids for any mix (bs segments of up to bs tokens), so a bucket
+may also hold graphs for narrower mixes: at most s adapters (`segments`) and at most n tokens
+per adapter (`seg_len`). Such a graph launches s x ceil(n / block_m) token tiles instead of
+bs x ceil(bs / block_m), and its tiling is the table's for n tokens per adapter; `graph_variants`
+lists a bucket's graphs and `pick_variant` the tightest one that holds a step.
 """
 
 from __future__ import annotations
@@ -83,25 +89,28 @@ class LoraGraphBuffers:
     def num_segments(self, bs: int) -> int:
         return min(bs, self.num_slots)
 
-    def static_batch(self, bs: int, max_seg_len: int | None = None) -> LoraBatch:
+    def static_batch(self, bs: int, max_seg_len: int | None = None, max_segments: int | None = None) -> LoraBatch:
         """The LoraBatch a bucket-`bs` graph is captured with: views of the buffers, padded sizes.
 
         max_seg_len: the most tokens any one adapter of a replayed step may have (default bs: any
-        mix). It keys the tiling and sizes the grid along tokens, so a replay whose largest
-        segment is longer would leave tokens out: `seg_len_bound` picks the graph."""
+        mix). It keys the tiling and sizes the grid along tokens. max_segments: the most adapters
+        a replayed step may use (default min(bs, slots): any mix); it sizes the grid along
+        segments. A replay past either bound would leave tokens out: `pick_variant` picks the graph."""
         g = self.num_segments(bs)
+        g = g if max_segments is None else min(g, max_segments)
         bound = bs if max_seg_len is None else min(bs, max_seg_len)
         meta = SegmentMeta(self.token_order[:bs], self.seg_slot[:g], self.seg_start[:g], self.seg_len[:g],
                            num_tokens=bs, num_segments=g, max_seg_len=bound, host_segments=())
         return LoraBatch((), self.token_order.device, self.op, meta)
 
-    def load(self, slot_ids: tuple[int, ...], bs: int) -> int:
+    def load(self, slot_ids: tuple[int, ...], bs: int) -> tuple[int, int]:
         """Writes the metadata of b = len(slot_ids) <= bs tokens into the bucket-`bs` buffers;
-        returns the step's longest segment (the most tokens of one adapter), for `seg_len_bound`."""
+        returns the step's (adapters, longest segment) for `pick_variant`. The real segments come
+        first in the buffers, so a graph over the first s segments sees all of a step with <= s."""
         g = self.num_segments(bs)
         meta = build_segments(slot_ids, "cpu", max_segments=g, max_tokens=bs)
         self.write(meta, bs, g)
-        return max((n for _, _, n in meta.host_segments), default=0)
+        return len(meta.host_segments), max((n for _, _, n in meta.host_segments), default=0)
 
     def write(self, meta: SegmentMeta, bs: int, g: int) -> None:
         self.token_order[:bs].copy_(meta.token_order, non_blocking=True)
@@ -110,7 +119,19 @@ class LoraGraphBuffers:
         self.seg_len[:g].copy_(meta.seg_len, non_blocking=True)
 
 
-def seg_len_bound(longest: int, bounds: tuple[int, ...], bs: int) -> int:
-    """The smallest of `bounds` (plus bs, which admits any mix) that a step whose longest segment
-    has `longest` tokens (`LoraGraphBuffers.load`) does not exceed."""
-    return min([b for b in bounds if longest <= b < bs] + [bs])
+def graph_variants(bs: int, g: int, segments: tuple[int, ...] = (), seg_lens: tuple[int, ...] = ()
+                   ) -> list[tuple[int, int]]:
+    """The (adapters, tokens per adapter) bounds of bucket bs's LoRA graphs: every pair of a bound
+    from `segments` (below g, the bucket's padded segment count) or g, and one from `seg_lens`
+    (below bs) or bs. (g, bs), which admits any mix, is always there and comes last."""
+    ss = sorted({s for s in segments if 1 <= s < g}) + [g]
+    ns = sorted({n for n in seg_lens if 1 <= n < bs}) + [bs]
+    return [(s, n) for s in ss for n in ns if (s, n) != (g, bs)] + [(g, bs)]
+
+
+def pick_variant(segments: int, longest: int, variants: list[tuple[int, int]]) -> tuple[int, int]:
+    """The variant that holds a step of `segments` adapters, the largest with `longest` tokens,
+    and launches the fewest token tiles (s x n; on a tie the shorter segments, whose tiling was
+    searched for the narrower mix). The last variant admits any step of its bucket."""
+    fits = [(s, n) for s, n in variants if segments <= s and longest <= n]
+    return min(fits, key=lambda v: (v[0] * v[1], v[1]))

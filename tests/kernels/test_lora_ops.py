@@ -246,38 +246,46 @@ def test_mixture_graph_buffers_compute_what_the_step_metadata_computes():
         assert torch.equal(replayed[len(slots):], y0[len(slots):]), "padding rows are untouched"
 
 
-def test_seg_bounded_graph_buffers_compute_what_the_step_metadata_computes():
-    """A LoRA graph captured for steps whose adapters have at most n tokens each (serve.lora's
-    `static_batch(bs, n)`, tiled and gridded for that mix) gives the step's own result for every
-    step `seg_len_bound` sends to it; a step with a longer segment would lose tokens, so it goes
-    to a looser graph."""
+def test_mix_bounded_graph_buffers_compute_what_the_step_metadata_computes():
+    """A LoRA graph captured for steps of at most s adapters with at most n tokens each (serve.lora's
+    `static_batch(bs, n, s)`, gridded and tiled for that mix) gives the step's own result for every
+    step `pick_variant` sends to it; a step past either bound would lose tokens, so it goes to a
+    looser graph."""
     from collections import Counter
 
-    from serve.lora.metadata import LoraGraphBuffers, seg_len_bound
+    from serve.lora.metadata import LoraGraphBuffers, graph_variants, pick_variant
 
     n_slots, bs, slices = 6, 8, (32,)
     lora_a, lora_b, ranks, scales = make_pool(n_slots, slices, 32, 16, torch.float16, seed=12)
     buffers = LoraGraphBuffers(bs, n_slots, lora_a.device, "triton")
-    bounds = (1, 2)
-    static = {n: buffers.static_batch(bs, n) for n in (1, 2, bs)}
-    assert [static[n].segments.max_seg_len for n in (1, 2, bs)] == [1, 2, bs]
-    for slots in ([0, 1, 2, -1, 5], [3, 1, 3, -1, 4, 1], [2, 2, 2, 0, -1, 1, 2], [-1, 4]):
+    variants = graph_variants(bs, buffers.num_segments(bs), segments=(1, 3), seg_lens=(1, 2))
+    assert variants == [(1, 1), (1, 2), (1, 8), (3, 1), (3, 2), (3, 8), (6, 1), (6, 2), (6, 8)]
+    static = {v: buffers.static_batch(bs, v[1], v[0]) for v in variants}
+    assert all((b.segments.num_segments, b.segments.max_seg_len) == v for v, b in static.items())
+    picked = set()
+    for slots in ([0, 1, 2, -1, 5], [3, 1, 3, -1, 4, 1], [2, 2, 2, 0, -1, 1, 2], [-1, 4], [5, 5, 5, 5, 5],
+                  [1, 1, 0, 0], [0, 1, 2, 3, 4, 5, -1], [0, 1, 2], [0, 0, 1, 2, 3], [0, 0, 0, 1, 2, 3]):
         x, y0, meta = make_batch(bs, 32, 32, slots + [-1] * (bs - len(slots)), torch.float16, seed=len(slots))
         direct = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
-        longest = buffers.load(tuple(slots), bs)
-        assert longest == max(Counter(s for s in slots if s >= 0).values())
-        n = seg_len_bound(longest, bounds, bs)
-        assert n == min([b for b in bounds if b >= longest] + [bs])
-        replayed = add_lora(y0.clone(), x, lora_a, lora_b, static[n].segments, ranks, scales, slices)
-        assert torch.equal(replayed, direct), (slots, n)
-    # the guard matters: an adapter with more tokens than one token tile (block_m >= 16) holds,
-    # replayed in the one-token graph, loses its last tokens
+        counts = Counter(s for s in slots if s >= 0)
+        segments, longest = buffers.load(tuple(slots), bs)
+        assert (segments, longest) == (len(counts), max(counts.values()))
+        v = pick_variant(segments, longest, variants)
+        assert v == min(((s, n) for s, n in variants if s >= segments and n >= longest), key=lambda v: v[0] * v[1])
+        picked.add(v)
+        replayed = add_lora(y0.clone(), x, lora_a, lora_b, static[v].segments, ranks, scales, slices)
+        assert torch.equal(replayed, direct), (slots, v)
+    assert picked == {(1, 1), (1, 8), (3, 1), (3, 2), (3, 8), (6, 1), (6, 2), (6, 8)}
+    # the guards matter: an adapter with more tokens than one token tile (block_m >= 16) holds, or
+    # more adapters than the graph has segments, replayed in the narrower graph, loses tokens
     wide = LoraGraphBuffers(32, n_slots, lora_a.device, "triton")
-    slots = [2] * 20 + [0, 1, -1]
-    x, y0, meta = make_batch(32, 32, 32, slots + [-1] * 9, torch.float16, seed=7)
-    assert seg_len_bound(wide.load(tuple(slots), 32), bounds, 32) == 32
-    assert not torch.equal(add_lora(y0.clone(), x, lora_a, lora_b, wide.static_batch(32, 1).segments, ranks, scales,
-                                    slices), add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices))
+    for slots, narrow in (([2] * 20 + [0, 1, -1], (6, 1)), ([0, 1, 2, 3, -1], (3, 32))):
+        x, y0, meta = make_batch(32, 32, 32, slots + [-1] * (32 - len(slots)), torch.float16, seed=7)
+        wide_variants = graph_variants(32, wide.num_segments(32), segments=(3,), seg_lens=(1,))
+        assert narrow in wide_variants and pick_variant(*wide.load(tuple(slots), 32), wide_variants) != narrow
+        lost = add_lora(y0.clone(), x, lora_a, lora_b, wide.static_batch(32, narrow[1], narrow[0]).segments, ranks,
+                        scales, slices)
+        assert not torch.equal(lost, add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)), narrow
 
 
 def test_pdl_is_used_only_where_the_device_can(monkeypatch):

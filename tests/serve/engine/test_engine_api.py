@@ -129,8 +129,10 @@ def test_config_from_the_serve_yaml_block():
     with pytest.raises(ValueError, match="attention_backend"):
         EngineConfig(attention_backend="flash")
     assert EngineConfig.from_dict({"lora_graph_seg_lens": [4, 1, 4]}).lora_graph_seg_lens == (1, 4)
-    with pytest.raises(ValueError, match="lora_graph_seg_lens"):
-        EngineConfig(lora_graph_seg_lens=(0, 2))
+    assert EngineConfig.from_dict({"lora_graph_segments": [8, 2]}).lora_graph_segments == (2, 8)
+    for name in ("lora_graph_seg_lens", "lora_graph_segments"):
+        with pytest.raises(ValueError, match=name):
+            EngineConfig(**{name: (0, 2)})
 
 
 def test_chat_messages_and_raw_prompts_reach_the_same_tokens(engine):

@@ -178,15 +178,19 @@ def test_shrink_beside_the_base_matmul_decodes_the_same_tokens_on_gpu(tiny_zoo, 
 
 
 @pytest.mark.gpu
-def test_decode_graphs_for_short_adapter_segments_decode_the_same_tokens_on_gpu(tiny_zoo, adapter_dirs):
-    """lora_graph_seg_lens: each bucket also holds LoRA graphs tiled for steps whose adapters have
-    at most 1 or 2 tokens, replayed where they hold the step: the same tokens as the any-mix graphs
-    (logits to rounding: another tiling sums v in another order)."""
+def test_decode_graphs_for_narrow_adapter_mixes_decode_the_same_tokens_on_gpu(tiny_zoo, adapter_dirs):
+    """lora_graph_segments / lora_graph_seg_lens: each bucket also holds LoRA graphs for steps of
+    at most 1 or 2 adapters with at most 1 or 2 tokens each, replayed where they hold the step:
+    the same tokens as the any-mix graphs (logits to rounding: another tiling sums v in another
+    order)."""
     outs = {}
-    for seg_lens in ((1, 2), ()):
-        engine, outs[seg_lens] = _gpu_graph_run(tiny_zoo, adapter_dirs, lora_graph_seg_lens=seg_lens)
+    for bounds in ((1, 2), ()):
+        engine, outs[bounds] = _gpu_graph_run(tiny_zoo, adapter_dirs, lora_graph_segments=bounds,
+                                              lora_graph_seg_lens=bounds)
         graphs = engine.runner.graphs
-        assert sorted(graphs.lora_graphs) == sorted((bs, n) for bs in (1, 2, 4, 8) for n in graphs.seg_bounds(bs))
+        assert sorted(graphs.lora_graphs) == sorted((bs, *v) for bs in (1, 2, 4, 8) for v in graphs.variants(bs))
+        # bounds (1, 2) with 3 slots: buckets 1, 2, 4, 8 hold 1, 2x2, 3x3 and 3x3 LoRA graphs
+        assert len(graphs.lora_graphs) == (23 if bounds else 4)
     for a, b in zip(outs[(1, 2)], outs[()]):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-2, rtol=2e-2)

@@ -61,7 +61,8 @@ class AdapterBenchJob:
     swap_repeats: int = 10
     max_tokens_per_step: int = 8192
     overlap_shrink: bool = False  # the engine's lora_overlap_shrink
-    graph_seg_lens: tuple[int, ...] = ()  # the engine's lora_graph_seg_lens
+    graph_segments: tuple[int, ...] = (1, 8)  # the engine's lora_graph_segments
+    graph_seg_lens: tuple[int, ...] = (1, 8)  # the engine's lora_graph_seg_lens
     device: str = "cuda"  # "cpu" runs a smoke version on a tiny model (no device timings)
     seed: int = 0
     out_dir: str = "results/engine_adapters"
@@ -88,7 +89,8 @@ def _engine(job, workdir, hf, shape: str, slots: int, per_seq: int) -> Engine:
                           graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 32, job.batch_size})),
                           encoder_cache_items=0, enable_prefix_cache=False, seed=job.seed, adapter_slots=slots,
                           host_adapter_cache=slots + 4, max_lora_rank=rank, lora_targets=modules,
-                          lora_overlap_shrink=job.overlap_shrink, lora_graph_seg_lens=tuple(job.graph_seg_lens))
+                          lora_overlap_shrink=job.overlap_shrink,
+                          lora_graph_segments=tuple(job.graph_segments), lora_graph_seg_lens=tuple(job.graph_seg_lens))
     return Engine(workdir, config, weights=dict(hf.state_dict()))
 
 
@@ -158,6 +160,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
     hf, processor = build_random_model(job.model, job.seed, job.dtype, job.device, workdir)
     args = read_model_args(workdir)[0]
     count = _adapter_count(job.mixes)
+    slots = count + 1  # the mixes' adapters and the swap adapter; it sizes the any-mix graphs' grid
     b = job.batch_size
     prompt_len = _hf_inputs(processor, _prompts(job, processor.tokenizer, 1, 0))["input_ids"].shape[1]
     per_seq = prompt_len + job.output_tokens + 32
@@ -171,7 +174,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
         if shape == "r64_all":  # the swap target: rank 64 on q/k/v/o of the 7B shape
             dirs["swap_qkvo"] = write_peft_adapter(workdir / "adapters" / "swap_qkvo", args, 64, SHAPES["r16_qkvo"][1],
                                                    99, wdtype, job.device)
-        engine, load_s = timed(lambda: _engine(job, workdir, hf, shape, count + 1, per_seq))
+        engine, load_s = timed(lambda: _engine(job, workdir, hf, shape, slots, per_seq))
         for name, path in dirs.items():
             engine.load_adapter(name, path)
         names = [n for n in dirs if n.startswith(shape)]
@@ -223,7 +226,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
     from kernels.interpreter import pdl_available
 
     meta = dict(gpu=gpu, date=time.strftime("%Y-%m-%d"), copy_gbs=gbs, torch=torch.__version__,
-                pdl=pdl_available(torch.device(job.device)),
+                pdl=pdl_available(torch.device(job.device)), adapter_slots=slots,
                 transformers=__import__("transformers").__version__, peft=__import__("peft").__version__,
                 triton=__import__("triton").__version__, job=dataclasses.asdict(job), **extra)
     _write(rows, meta, results_dir(job.out_dir, gpu))

@@ -42,10 +42,14 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's limit, capped by the cache size
     cuda_graphs: bool = True  # decode steps replay graphs captured per batch-size bucket (GPU)
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-    # decode graphs with adapters: besides each bucket's graph for any mix (tiled for one adapter
-    # across the batch), one per bound here below the bucket, replayed when no adapter of the step
-    # has more tokens than that and tiled for that mix (e.g. (1,): all adapters distinct)
-    lora_graph_seg_lens: tuple[int, ...] = ()
+    # decode graphs with adapters: besides each bucket's graph for any mix (gridded for as many
+    # adapters as tokens, tiled for one adapter across the batch), one per pair of bounds here,
+    # replayed when the step uses at most that many adapters (segments) with at most that many
+    # tokens each (seg_lens), gridded and tiled for that mix (e.g. seg_lens (1,): all distinct).
+    # (1, 8) each: 1.16x against 1.25-1.28x the no-adapter step for one rank-64 adapter at batch
+    # 32, 1.74x against 1.98-2.07x for 32 distinct (results/kernels/mix_keyed_h100/); () turns it off
+    lora_graph_segments: tuple[int, ...] = (1, 8)
+    lora_graph_seg_lens: tuple[int, ...] = (1, 8)
     policy: str = "fcfs"  # serve.orchestrator policy: fcfs | v_lora | merge_only | unmerge_only | dlora
     policy_params: dict | None = None  # fields of the policy's config dataclass
     profile: str = "assumed"  # cost profile: "assumed" (serve.orchestrator's default), "measure" (at start), or a JSON path
@@ -62,7 +66,8 @@ class EngineConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     lora_backend: str = "auto"  # "auto" (ATMM Triton kernels on GPU in fp16/bf16, PyTorch otherwise), "triton", "torch"
     # GPU, triton backend: each LoRA'd projection's shrink runs on a side stream while its base
-    # matmul runs, leaving the chain of dependent kernels (kernels.add_lora_beside)
+    # matmul runs, leaving the chain of dependent kernels (kernels.add_lora_beside). Off: at batch
+    # 32 it measured within the run-to-run spread of the plain order (results/kernels/mix_keyed_h100/)
     lora_overlap_shrink: bool = False
     adapters: tuple[str, ...] = ()  # PEFT directories loaded at start: "path" (named after its folder) or "name=path"
     adapter_manifest: str | None = None  # a fusion manifest (file or folder) whose adapters load at start
@@ -78,9 +83,11 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend {self.attention_backend!r} is not one of auto, torch, triton")
         self.graph_batch_sizes = tuple(sorted(set(int(b) for b in self.graph_batch_sizes)))
-        self.lora_graph_seg_lens = tuple(sorted(set(int(n) for n in self.lora_graph_seg_lens)))
-        if any(n < 1 for n in self.lora_graph_seg_lens):
-            raise ValueError(f"lora_graph_seg_lens must be >= 1 tokens, got {self.lora_graph_seg_lens}")
+        for name in ("lora_graph_segments", "lora_graph_seg_lens"):
+            bounds = tuple(sorted(set(int(n) for n in getattr(self, name))))
+            if any(n < 1 for n in bounds):
+                raise ValueError(f"{name} must be bounds >= 1, got {bounds}")
+            setattr(self, name, bounds)
         if self.adapter_slots < 0:
             raise ValueError(f"adapter_slots must be >= 0 (0 = no adapters), got {self.adapter_slots}")
         if self.tensor_parallel_size < 1:
@@ -101,7 +108,7 @@ class EngineConfig:
             # a bare name (conf/serve.yaml's `policy: v_lora`) keeps the server on fcfs until the
             # serve entry point passes the policy group; give policy_params (or the group) to opt in
             kept.pop("policy")
-        for key in ("graph_batch_sizes", "lora_graph_seg_lens", "lora_targets", "adapters", "pinned_adapters"):
+        for key in ("graph_batch_sizes", "lora_graph_segments", "lora_graph_seg_lens", "lora_targets", "adapters", "pinned_adapters"):
             if key in kept and not isinstance(kept[key], str):
                 kept[key] = tuple(kept[key])
         return cls(**kept)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from bench.engine import _floor_ms, _hf_inputs, _prompts, _replay_ms, _run_engine, build_random_model
+from bench.engine import _floor_ms, _hf_inputs, _prompts, _replay_ms, _run_engine, build_random_model, replay_step
 from bench.adapter_parts import (SHAPES, assign, head_latency_ms, pinned_h2d_gbs, swap_ms, timed,
                                     write_peft_adapter)
 from serve.engine import Engine, EngineConfig
@@ -63,6 +63,9 @@ class AdapterBenchJob:
     overlap_shrink: bool = False  # the engine's lora_overlap_shrink
     graph_segments: tuple[int, ...] = (1, 8)  # the engine's lora_graph_segments
     graph_seg_lens: tuple[int, ...] = (1, 8)  # the engine's lora_graph_seg_lens
+    # GPU: each row's decode step broken down by kernel kind (profile.csv). The rows timed after the
+    # first profile ran slower (the profiler stays attached): time in a run without it
+    profile: bool = False
     device: str = "cuda"  # "cpu" runs a smoke version on a tiny model (no device timings)
     seed: int = 0
     out_dir: str = "results/engine_adapters"
@@ -164,7 +167,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
     b = job.batch_size
     prompt_len = _hf_inputs(processor, _prompts(job, processor.tokenizer, 1, 0))["input_ids"].shape[1]
     per_seq = prompt_len + job.output_tokens + 32
-    rows, extra = [], {"hf": [], "head": [], "swap": []}
+    rows, extra = [], {"hf": [], "head": [], "swap": [], "profile": []}
     wdtype = getattr(torch, job.dtype)
     for s, shape in enumerate(job.shapes):
         rank, modules = SHAPES[shape]
@@ -202,6 +205,8 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
                        e2e_tokens_per_s=run["tokens"] / run["total_s"], engine_load_s=load_s)
             rows.append(row)
             _print(row)
+            if cuda and job.profile:
+                extra["profile"] += _profile_rows(replay_step(engine, b, mid, slot_ids), row)
             if job.hf_baseline and shape == job.hf_shape and mix == job.hf_mix:
                 hf_tps = _hf_peft(hf, processor, job, prompts, adapters, dirs)
                 extra["hf"].append(dict(gpu=gpu, shape=shape, mix=mix, batch=b, hf_peft_tokens_per_s=hf_tps,
@@ -233,6 +238,20 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
     return rows, meta
 
 
+def _profile_rows(step, row: dict, top: int = 12) -> list[dict]:
+    """The step's device time by kernel kind, and its `top` longest kernels, as rows of profile.csv."""
+    from bench.step_profile import by_kind, profile_step
+
+    prof = profile_step(step)
+    key = dict(shape=row["shape"], mix=row["mix"], span_us=prof["span_us"], idle_share=prof["idle_share"])
+    out = [dict(key, group="kind", name=kind, launches=v["launches"], us=v["us"]) for kind, v in by_kind(prof).items()]
+    out += [dict(key, group="kernel", name=k["name"][:120], launches=k["launches"], us=k["us"])
+            for k in prof["kernels"][:top]]
+    for r in out[:len(by_kind(prof))]:
+        _print(r)
+    return out
+
+
 def _print(row: dict) -> None:
     print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
           file=sys.stderr, flush=True)
@@ -242,6 +261,8 @@ def _write(rows: list[dict], meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "adapters.csv", rows)
     write_json(out / "adapters.json", {"meta": meta, "rows": rows})
+    if meta.get("profile"):
+        write_csv(out / "profile.csv", meta["profile"])
     cols = ("shape", "mix", "distinct_adapters", "decode_step_ms", "decode_floor_ms", "step_over_floor",
             "step_over_no_adapter", "decode_tokens_per_s", "e2e_tokens_per_s")
     print(" | ".join(cols))

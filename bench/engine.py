@@ -92,6 +92,11 @@ def _replay_ms(engine: Engine, batch: int, context_lens: list[int], slot_ids: li
     slot_ids: the adapter pool slot of each sequence (-1 = none); given, the LoRA graph replays."""
     from kernels.timing import time_op
 
+    return time_op(replay_step(engine, batch, context_lens, slot_ids), warmup=3, repeats=20, use_graph=False) / 1e3
+
+
+def replay_step(engine: Engine, batch: int, context_lens: list[int], slot_ids: list[int] | None = None):
+    """The decode step `_replay_ms` times, as a callable: the graph the engine would pick, + LM head."""
     graphs = engine.runner.graphs
     bs = next(s for s in graphs.batch_sizes if s >= batch)
     graphs.slot_mapping.fill_(graphs.null_slot)  # timing must not write into cached blocks
@@ -107,7 +112,7 @@ def _replay_ms(engine: Engine, batch: int, context_lens: list[int], slot_ids: li
         graph.replay()
         engine.model.compute_logits(hidden[:batch]).argmax(-1)
 
-    return time_op(step, warmup=3, repeats=20, use_graph=False) / 1e3
+    return step
 
 
 def _run_engine(engine: Engine, job: EngineBenchJob, prompts, adapters: list[str | None] | None = None) -> dict:

@@ -108,7 +108,8 @@ class EngineConfig:
             # a bare name (conf/serve.yaml's `policy: v_lora`) keeps the server on fcfs until the
             # serve entry point passes the policy group; give policy_params (or the group) to opt in
             kept.pop("policy")
-        for key in ("graph_batch_sizes", "lora_graph_segments", "lora_graph_seg_lens", "lora_targets", "adapters", "pinned_adapters"):
+        for key in ("graph_batch_sizes", "lora_graph_segments", "lora_graph_seg_lens", "lora_targets", "adapters",
+                    "pinned_adapters"):
             if key in kept and not isinstance(kept[key], str):
                 kept[key] = tuple(kept[key])
         return cls(**kept)

@@ -47,7 +47,7 @@ class EngineConfig:
     # replayed when the step uses at most that many adapters (segments) with at most that many
     # tokens each (seg_lens), gridded and tiled for that mix (e.g. seg_lens (1,): all distinct).
     # (1, 8) each: 1.16x against 1.25-1.28x the no-adapter step for one rank-64 adapter at batch
-    # 32, 1.74x against 1.98-2.07x for 32 distinct (results/kernels/mix_keyed_h100/); () turns it off
+    # 32, 1.68-1.74x against 1.98-2.07x for 32 distinct (results/kernels/mix_keyed_h100/); () turns it off
     lora_graph_segments: tuple[int, ...] = (1, 8)
     lora_graph_seg_lens: tuple[int, ...] = (1, 8)
     policy: str = "fcfs"  # serve.orchestrator policy: fcfs | v_lora | merge_only | unmerge_only | dlora

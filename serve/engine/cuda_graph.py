@@ -40,8 +40,11 @@ class DecodeGraphs:
         self.lora_buffers = lora_buffers  # serve.lora.LoraGraphBuffers, or None: LoRA steps run eagerly
         self.mixture_buffers = mixture_buffers  # serve.lora.MixtureGraphBuffers, or None: mixture runs eagerly
         self.batch_sizes = tuple(sorted(batch_sizes))
-        self.lora_segments = tuple(sorted(set(lora_segments)))
-        self.lora_seg_lens = tuple(sorted(set(lora_seg_lens)))
+        # each bucket's LoRA graphs as (adapters, tokens per adapter) bounds, fixed here because
+        # every decode step picks among them
+        self._variants = {} if lora_buffers is None else {
+            bs: graph_variants(bs, lora_buffers.num_segments(bs), lora_segments, lora_seg_lens)
+            for bs in self.batch_sizes}
         self.max_blocks = max_blocks_per_seq
         self.max_len = max_blocks_per_seq * kv_cache.block_size
         b = self.batch_sizes[-1]
@@ -71,7 +74,7 @@ class DecodeGraphs:
 
     def variants(self, bs: int) -> list[tuple[int, int]]:
         """The LoRA graphs of bucket bs as (adapters, tokens per adapter) bounds, the any-mix one last."""
-        return graph_variants(bs, self.lora_buffers.num_segments(bs), self.lora_segments, self.lora_seg_lens)
+        return self._variants[bs]
 
     def _forward(self, bs: int) -> None:
         positions = self.positions[..., :bs]

@@ -22,6 +22,11 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
+def _spread(values: list[float]) -> tuple[float | None, list[float] | None]:
+    """(geometric mean to 3 places, [least, most]) of speedups, or (None, None) for none."""
+    return (round(_geomean(values), 3), [min(values), max(values)]) if values else (None, None)
+
+
 def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
     shapes = _by_shape(rows)
     decode, prefill, ratios = [], [], []
@@ -57,14 +62,13 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
     geo = _geomean(ratios)
     pdl = [e["pdl_speedup"] for e in decode + prefill if "pdl_speedup" in e]
     keyed = [e["mix_keyed_speedup"] for e in decode if "mix_keyed_speedup" in e]
+    (pdl_geo, pdl_range), (keyed_geo, keyed_range) = _spread(pdl), _spread(keyed)
     merge_ok = [m for m in merge_rows if m.get("impl") == "atmm_merge"]
     return dict(
         meta,
         decode_shapes=len(decode), decode_ok=sum(e["ok"] for e in decode),
         decode_target_ok=sum(e["target_ok"] for e in decode), prefill_target_ok=sum(e["target_ok"] for e in prefill),
-        pdl_geomean=round(_geomean(pdl), 3) if pdl else None, pdl_range=[min(pdl), max(pdl)] if pdl else None,
-        mix_keyed_geomean=round(_geomean(keyed), 3) if keyed else None,
-        mix_keyed_range=[min(keyed), max(keyed)] if keyed else None,
+        pdl_geomean=pdl_geo, pdl_range=pdl_range, mix_keyed_geomean=keyed_geo, mix_keyed_range=keyed_range,
         decode_worst_x_floor=max((e["x_floor"] for e in decode), default=None),
         decode_min_vs_torch=min((e["vs_torch"] for e in decode if e["vs_torch"] is not None), default=None),
         prefill_shapes=len(prefill), prefill_ok=sum(e["ok"] for e in prefill),

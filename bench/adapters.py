@@ -244,12 +244,11 @@ def _profile_rows(step, row: dict, top: int = 12) -> list[dict]:
 
     prof = profile_step(step)
     key = dict(shape=row["shape"], mix=row["mix"], span_us=prof["span_us"], idle_share=prof["idle_share"])
-    out = [dict(key, group="kind", name=kind, launches=v["launches"], us=v["us"]) for kind, v in by_kind(prof).items()]
-    out += [dict(key, group="kernel", name=k["name"][:120], launches=k["launches"], us=k["us"])
-            for k in prof["kernels"][:top]]
-    for r in out[:len(by_kind(prof))]:
+    kinds = [dict(key, group="kind", name=kind, launches=v["launches"], us=v["us"]) for kind, v in by_kind(prof).items()]
+    for r in kinds:
         _print(r)
-    return out
+    return kinds + [dict(key, group="kernel", name=k["name"][:120], launches=k["launches"], us=k["us"])
+                    for k in prof["kernels"][:top]]
 
 
 def _print(row: dict) -> None:

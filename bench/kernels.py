@@ -8,7 +8,7 @@ On a device with programmatic dependent launch, `atmm` launches the expand behin
 with it (as the engine does) and `atmm_nopdl` is the same tiling without it. Decode shapes also
 time `atmm_anymix`: the batch's metadata padded as the engine's decode graph for any adapter mix
 pads it (segments bounded by the whole batch), with the tiling of that padding, which is what a
-step runs without `lora_graph_seg_lens`.
+step runs when no graph of `lora_graph_segments` x `lora_graph_seg_lens` holds its mix.
 
 Writes kernels.csv, summary.json and kernels.png to the output folder and prints a summary.
 """

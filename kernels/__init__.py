@@ -35,7 +35,8 @@ from .table import TilingTable
 from .tiling import ShapeKey, TileConfig, config_space, heuristic_config, shape_key
 
 __all__ = [
-    "NO_LORA", "MIX_ONLY", "SegmentMeta", "build_segments", "add_lora", "add_lora_beside", "configs_for", "fused_config_for", "pinned",
+    "NO_LORA", "MIX_ONLY", "SegmentMeta", "build_segments", "add_lora", "add_lora_beside", "configs_for",
+    "fused_config_for", "pinned",
     "shrink", "expand", "fused_add_lora",
     "merge_lora_", "unmerge_lora_", "merge_lora_ref_", "merge_groups_", "MergeGroup",
     "lora_reference", "lora_loop", "lora_gather_bmm", "lora_einsum", "lora_sgmv", "lora_mbgmv",

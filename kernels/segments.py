@@ -90,3 +90,12 @@ def build_segments(slot_ids: Sequence[int] | np.ndarray | torch.Tensor, device: 
     mix = None if mix_slot is None else dev(np.array([mix_slot]))
     return SegmentMeta(dev(order), dev(slots), dev(starts), dev(lens), int(ids.size), n_seg, max_len,
                        host_segments, mix, NO_LORA if mix_slot is None else int(mix_slot))
+
+
+def check_slots(meta: SegmentMeta, n_slots: int) -> None:
+    """Every slot the batch names must be one of the pool's: a kernel would read another
+    adapter's memory, or past the pool, without a word. Host-side (the metadata keeps its
+    segments there), so it costs no sync."""
+    named = [slot for slot in meta.slots if slot >= 0] + ([meta.host_mix_slot] if meta.host_mix_slot >= 0 else [])
+    if named and max(named) >= n_slots:
+        raise ValueError(f"the batch names adapter slot {max(named)} but the pool has {n_slots} slots")

@@ -6,6 +6,7 @@ import pytest
 import torch
 from lora_cases import make_batch, make_pool, rel_err
 
+from kernels.expand import expand
 from kernels.lora import add_lora, configs_for
 from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
 from kernels.segments import build_segments
@@ -113,6 +114,15 @@ def test_bad_inputs_are_named():
         add_lora(y, x, lora_a, lora_b, meta, ranks.long(), scales, (32,))
     with pytest.raises(ValueError, match="slices"):
         add_lora(y, x, lora_a, lora_b, meta, ranks, scales, (16, 16))
+    past_pool = build_segments([0, 2, -1, 1], device=x.device)  # slot 2 of a 2-slot pool
+    with pytest.raises(ValueError, match="names adapter slot 2 but the pool has 2 slots"):
+        add_lora(y, x, lora_a, lora_b, past_pool, ranks, scales, (32,))
+    with pytest.raises(ValueError, match="names adapter slot 2"):
+        expand(y, torch.zeros(1, 1, 4, 16, device=x.device), lora_b, past_pool, ranks, scales, (32,),
+               TileConfig(16, 16, 16))
+    mixed_past = build_segments([0, 1, -2, 1], device=x.device, mix_slot=5)
+    with pytest.raises(ValueError, match="names adapter slot 5"):
+        add_lora(y, x, lora_a, lora_b, mixed_past, ranks, scales, (32,))
 
 
 def test_configs_come_from_the_table_or_the_heuristic():
@@ -343,7 +353,7 @@ def _beside_case(tokens, mix, seed, device=None):
 
     slices, k = ((3584, 512, 512), 3584) if torch.cuda.is_available() else ((32, 16, 16), 48)
     slot_ids = token_slots(tokens, mix)
-    lora_a, lora_b, ranks, scales = make_pool(8, slices, k, 16, torch.bfloat16, seed=seed)
+    lora_a, lora_b, ranks, scales = make_pool(max(slot_ids) + 1, slices, k, 16, torch.bfloat16, seed=seed)
     x, _, meta = make_batch(tokens, k, sum(slices), slot_ids, torch.bfloat16, seed=seed)
     weight = (torch.randn(sum(slices), k, generator=torch.Generator().manual_seed(seed)) / k**0.5).to(x)
     return (lambda inp: torch.nn.functional.linear(inp, weight)), x, (lora_a, lora_b, meta, ranks, scales, slices)

@@ -9,6 +9,8 @@ with it (as the engine does) and `atmm_nopdl` is the same tiling without it. Dec
 time `atmm_anymix`: the batch's metadata padded as the engine's decode graph for any adapter mix
 pads it (segments bounded by the whole batch), with the tiling of that padding, which is what a
 step runs when no graph of `lora_graph_segments` x `lora_graph_seg_lens` holds its mix.
+Shapes where either launch lays its token tiles on the flat grid (`kernels/token_tiles.py`)
+also time `atmm_grid2d`: the same tiling on the by-segment grid.
 
 Writes kernels.csv, summary.json and kernels.png to the output folder and prints a summary.
 """
@@ -33,6 +35,7 @@ from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop
 from kernels.segments import build_segments
 from kernels.table import TilingTable
 from kernels.tiling import FUSED_MAX_RANK, FUSED_MAX_TOKENS, TileConfig, heuristic_config, shape_key
+from kernels.token_tiles import seg_block
 from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op_tails
 from kernels.workload import (DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment,
                               make_problem, token_slots)
@@ -166,6 +169,9 @@ def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
             any_mix = _any_mix(problems, shape)
             extra["atmm_anymix"] = pinned(*configs_for(any_mix[0][1], any_mix[0][2], any_mix[0][4], shape.slices,
                                                        table))
+        meta = problems[0][4]
+        if any(seg_block(meta, cfg.block_m) for cfg in tuned):  # the flat token grid, against by segment
+            extra["atmm_grid2d"] = pinned(*tuned, flat=False)
         for name, impl in {**impls, **extra}.items():
             args = any_mix if name == "atmm_anymix" else _host_side(problems) if name == "loop" else problems
             times = _time(args, impl, job)

@@ -49,6 +49,8 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
             entry["pdl_speedup"] = round(impl["atmm_nopdl"]["us"] / atmm["us"], 3)
         if "atmm_anymix" in impl:  # metadata and tiling for this mix, against the any-mix graph's padding
             entry["mix_keyed_speedup"] = round(impl["atmm_anymix"]["us"] / atmm["us"], 3)
+        if "atmm_grid2d" in impl:  # the flat token grid against the by-segment grid, same tiling
+            entry["flat_grid_speedup"] = round(impl["atmm_grid2d"]["us"] / atmm["us"], 3)
         if t <= 64:
             # the PyTorch condition only where PyTorch baselines ran
             entry["ok"] = (atmm["us"] <= max(10.0, 1.5 * atmm["floor_us"])
@@ -62,13 +64,16 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
     geo = _geomean(ratios)
     pdl = [e["pdl_speedup"] for e in decode + prefill if "pdl_speedup" in e]
     keyed = [e["mix_keyed_speedup"] for e in decode if "mix_keyed_speedup" in e]
+    flat = [e["flat_grid_speedup"] for e in decode + prefill if "flat_grid_speedup" in e]
     (pdl_geo, pdl_range), (keyed_geo, keyed_range) = _spread(pdl), _spread(keyed)
+    flat_geo, flat_range = _spread(flat)
     merge_ok = [m for m in merge_rows if m.get("impl") == "atmm_merge"]
     return dict(
         meta,
         decode_shapes=len(decode), decode_ok=sum(e["ok"] for e in decode),
         decode_target_ok=sum(e["target_ok"] for e in decode), prefill_target_ok=sum(e["target_ok"] for e in prefill),
         pdl_geomean=pdl_geo, pdl_range=pdl_range, mix_keyed_geomean=keyed_geo, mix_keyed_range=keyed_range,
+        flat_grid_shapes=len(flat), flat_grid_geomean=flat_geo, flat_grid_range=flat_range,
         decode_worst_x_floor=max((e["x_floor"] for e in decode), default=None),
         decode_min_vs_torch=min((e["vs_torch"] for e in decode if e["vs_torch"] is not None), default=None),
         prefill_shapes=len(prefill), prefill_ok=sum(e["ok"] for e in prefill),
@@ -98,6 +103,10 @@ def print_summary(summary: dict) -> None:
         print(f"metadata and tiling keyed by the mix against the any-mix graph's padding: "
               f"{summary['mix_keyed_geomean']}x at the geometric mean ({summary['mix_keyed_range'][0]}-"
               f"{summary['mix_keyed_range'][1]}x)")
+    if summary.get("flat_grid_geomean") is not None:
+        print(f"flat token grid against the by-segment grid, on the {summary['flat_grid_shapes']} shapes that take "
+              f"it: {summary['flat_grid_geomean']}x at the geometric mean ({summary['flat_grid_range'][0]}-"
+              f"{summary['flat_grid_range'][1]}x)")
     if summary.get("pdl_geomean") is not None:
         print(f"programmatic dependent launch of the expand: {summary['pdl_geomean']}x at the geometric mean "
               f"({summary['pdl_range'][0]}-{summary['pdl_range'][1]}x)")

@@ -4,7 +4,8 @@
         for every token t of g:
             y[t, off[i]:off[i+1]] += scale[s] * sum_j(v[j, i, t, :r]) @ B[s, off[i]:off[i+1], :r].T
 
-Grid: (segments, token tiles, slices x column tiles). The reduction runs over the adapter's
+Grid: (segments, token tiles, slices x column tiles), or the token tiles of all segments on
+one axis (`token_tiles.py`) for long, uneven batches. The reduction runs over the adapter's
 real rank only; each (token, column) of y is read and written by exactly one program, so no
 atomics are needed and y is touched once. The shrink's split-K partial sums (j) are added here.
 
@@ -20,8 +21,9 @@ import triton
 import triton.language as tl
 
 from .interpreter import dot_nt, gdc_wait, interpreted
-from .segments import SegmentMeta
+from .segments import SegmentMeta, check_slots
 from .tiling import TileConfig
+from .token_tiles import seg_block, token_grid, token_tile
 
 
 @triton.jit
@@ -53,16 +55,16 @@ def _reduce_rank(v_base, b_base, offs_n, mask_n, mask_m, offs_k, rank, n_splits,
 
 @triton.jit
 def slice_program_meta(n_col_tiles, seg_len_ptr, seg_start_ptr, seg_slot_ptr, slice_offsets_ptr, ranks_ptr, mix_ptr,
-                       stride_ranks_i, SLICES_MULT16: tl.constexpr, MIX: tl.constexpr):
-    """What a program of the grid (segments, token tiles, slices x n_col_tiles) works on:
+                       stride_ranks_i, n_segments, SLICES_MULT16: tl.constexpr, MIX: tl.constexpr,
+                       BLOCK_M: tl.constexpr, SEG_BLOCK: tl.constexpr):
+    """What a program of the grid (token axes of `token_tiles`, slices x n_col_tiles) works on:
     (pid_m, pid_n, pid_i, seg_len, seg_start, slot, col_start, col_end, rank, mix, mix_rank), its
     token tile, column tile and slice, then its segment's and slice's metadata. The rank is 0
     where the slot has none of its own (slot -2, mixture); mix / mix_rank are 0 outside a mixture.
 
     All the loads are issued before the caller's one exit test (see the shrink kernel).
     """
-    pid_seg = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    pid_seg, pid_m = token_tile(seg_len_ptr, n_segments, BLOCK_M, SEG_BLOCK)
     pid_z = tl.program_id(2)
     pid_n = pid_z % n_col_tiles
     pid_i = pid_z // n_col_tiles
@@ -89,17 +91,17 @@ def slice_program_meta(n_col_tiles, seg_len_ptr, seg_start_ptr, seg_slot_ptr, sl
 def _expand_kernel(
     v_ptr, b_ptr, y_ptr,
     token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, scales_ptr, slice_offsets_ptr, mix_ptr,
-    n_col_tiles, n_splits, max_rank,
+    n_col_tiles, n_splits, max_rank, n_segments,
     stride_vj, stride_vi, stride_vt, stride_vr,
     stride_bs, stride_bn, stride_br,
     stride_yt, stride_yn,
     stride_ranks_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    SLICES_MULT16: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr,
+    SLICES_MULT16: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr, SEG_BLOCK: tl.constexpr,
 ):
     pid_m, pid_n, pid_i, seg_len, seg_start, slot, col_start, col_end, rank, mix, mix_rank = slice_program_meta(
         n_col_tiles, seg_len_ptr, seg_start_ptr, seg_slot_ptr, slice_offsets_ptr, ranks_ptr, mix_ptr, stride_ranks_i,
-        SLICES_MULT16, MIX)
+        n_segments, SLICES_MULT16, MIX, BLOCK_M, SEG_BLOCK)
     if (pid_m * BLOCK_M >= seg_len) | (rank + mix_rank == 0) | (col_start + pid_n * BLOCK_N >= col_end):
         return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -163,15 +165,19 @@ def check_expand_inputs(y: torch.Tensor, lora_b: torch.Tensor, ranks: torch.Tens
 
 
 def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
-           scales: torch.Tensor, slices: tuple[int, ...], config: TileConfig, pdl: bool = False) -> torch.Tensor:
+           scales: torch.Tensor, slices: tuple[int, ...], config: TileConfig, pdl: bool = False,
+           flat: bool | None = None) -> torch.Tensor:
     """y[:, slice i] += scale * v[i] @ B[slot, slice i].T per segment, in place; returns y.
 
     y: [T, sum(slices)] fp16/bf16; v: float32 [splits, slices, T, R] from `shrink` ([..., 2R] for a
     mixture batch, whose `meta.mix_slot` is then subtracted too);
     lora_b: [slots, sum(slices), R] (PEFT's lora_B layout, slices stacked); ranks: int32
     [slices, slots]; scales: float32 [slots]; slices: output width of each slice (host ints).
+    flat: the token tiles' layout on the grid (`token_tiles.seg_block`; None: the one that
+    launches fewer programs).
     """
     check_expand_inputs(y, lora_b, ranks, scales, slices)
+    check_slots(meta, lora_b.shape[0])
     mix = meta.mix_slot is not None
     v_cols = lora_b.shape[2] * (2 if mix else 1)
     if v.dtype != torch.float32 or v.dim() != 4 or tuple(v.shape[1:]) != (len(slices), y.shape[0], v_cols):
@@ -183,17 +189,18 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
     block_k = config.block_k
     while lora_b.shape[2] % block_k:  # the reduction step must divide the pool's rank (see kernel)
         block_k //= 2
-    grid = (meta.num_segments, triton.cdiv(meta.max_seg_len, config.block_m), len(slices) * n_col_tiles)
+    block = seg_block(meta, config.block_m, flat)
+    grid = (*token_grid(meta, config.block_m, block), len(slices) * n_col_tiles)
     _expand_kernel[grid](
         v, lora_b, y, meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks, scales,
         slice_offsets(slices, y.device), meta.mix_slot if mix else meta.seg_slot,  # unread without MIX
-        n_col_tiles, v.shape[0], lora_b.shape[2],
+        n_col_tiles, v.shape[0], lora_b.shape[2], meta.num_segments,
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
         y.stride(0), y.stride(1),
         ranks.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, UPCAST_DOT=interpreted(),
-        SLICES_MULT16=all(w % 16 == 0 for w in slices), MIX=mix, PDL=pdl,
+        SLICES_MULT16=all(w % 16 == 0 for w in slices), MIX=mix, PDL=pdl, SEG_BLOCK=block,
         num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}),
     )
     return y

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .expand import check_expand_inputs, slice_offsets, slice_program_meta
 from .interpreter import dot_nt, interpreted
-from .segments import SegmentMeta
+from .segments import SegmentMeta, check_slots
 from .shrink import check_lora_inputs, k_step
 from .tiling import FUSED_MAX_RANK, TileConfig, next_pow2
 
@@ -53,7 +53,7 @@ def _expand_part(v, b_base, offs_n, mask_n, offs_r, rank, scale, stride_bn, stri
 def _fused_kernel(
     x_ptr, a_ptr, b_ptr, y_ptr,
     token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, scales_ptr, slice_offsets_ptr, mix_ptr,
-    K, n_col_groups,
+    K, n_col_groups, n_segments,
     stride_xt, stride_xk,
     stride_ai, stride_as, stride_ar, stride_ak,
     stride_bs, stride_bn, stride_br,
@@ -65,7 +65,7 @@ def _fused_kernel(
 ):
     pid_m, pid_c, pid_i, seg_len, seg_start, slot, col_start, col_end, rank, mix, mix_rank = slice_program_meta(
         n_col_groups, seg_len_ptr, seg_start_ptr, seg_slot_ptr, slice_offsets_ptr, ranks_ptr, mix_ptr, stride_ranks_i,
-        SLICES_MULT16, MIX)
+        n_segments, SLICES_MULT16, MIX, BLOCK_M, 0)  # decode only: the by-segment grid (token_tiles.py)
     first_col = col_start + pid_c * (COL_TILES * BLOCK_N)  # a multiple of 16 when col_start is (SLICES_MULT16)
     if (pid_m * BLOCK_M >= seg_len) | (rank + mix_rank == 0) | (first_col >= col_end):
         return
@@ -128,6 +128,7 @@ def fused_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_
         raise ValueError(f"slices {slices} name {len(slices)} output slices but lora_a has {lora_a.shape[0]}")
     check_lora_inputs(x, lora_a, ranks)
     check_expand_inputs(y, lora_b, ranks, scales, slices)
+    check_slots(meta, lora_b.shape[0])
     if y.shape[0] != x.shape[0] or meta.num_tokens != x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} tokens, y {y.shape[0]}, the segment metadata {meta.num_tokens}: "
                          "they must agree")
@@ -150,7 +151,7 @@ def fused_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_
     _fused_kernel[grid](
         x, lora_a, lora_b, y, meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks, scales,
         slice_offsets(slices, y.device), meta.mix_slot if mix else meta.seg_slot,  # unread without MIX
-        k, n_col_groups,
+        k, n_col_groups, meta.num_segments,
         x.stride(0), x.stride(1),
         lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3),
         lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),

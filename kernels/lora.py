@@ -63,13 +63,15 @@ def fused_config_for(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, s
 
 def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, table: TilingTable | None = None,
              shrink_config: TileConfig | None = None, expand_config: TileConfig | None = None,
-             fused_config: TileConfig | None = None, pdl: bool | None = None):
+             fused_config: TileConfig | None = None, pdl: bool | None = None, flat: bool | None = None):
     """y[:, slice i] += scales[s] * (x @ A[i, s].T) @ B[s, slice i].T for each token's slot s.
 
     Given configs pin the kernels: `fused_config` the one-launch kernel, `shrink_config` /
     `expand_config` the two launches; without any, the table chooses (`fused_config_for`).
     pdl: the expand launched behind the shrink with programmatic dependent launch, so that its
     launch overlaps the shrink (None: wherever the device supports it, `pdl_available`).
+    flat: the token tiles' layout on both grids (`token_tiles.seg_block`; None: per launch, the
+    one with fewer programs).
     """
     slices = tuple(int(w) for w in slices)
     if len(slices) != lora_a.shape[0]:
@@ -84,16 +86,16 @@ def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, tab
         looked_up = configs_for(x, lora_a, meta, slices, table)
         shrink_config, expand_config = shrink_config or looked_up[0], expand_config or looked_up[1]
     pdl = pdl_available(x.device) if pdl is None else pdl and pdl_available(x.device)
-    v = shrink(x, lora_a, meta, ranks, shrink_config, launch_dependents=pdl)  # allocates v: no kernel between
-    return expand(y, v, lora_b, meta, ranks, scales, slices, expand_config, pdl=pdl)
+    v = shrink(x, lora_a, meta, ranks, shrink_config, launch_dependents=pdl, flat=flat)  # allocates v: no kernel
+    return expand(y, v, lora_b, meta, ranks, scales, slices, expand_config, pdl=pdl, flat=flat)  # between them
 
 
-def pinned(shrink_config: TileConfig, expand_config: TileConfig, pdl: bool | None = None):
+def pinned(shrink_config: TileConfig, expand_config: TileConfig, pdl: bool | None = None, flat: bool | None = None):
     """The ATMM op pinned to one static tiling for every shape (the fixed-tiling baseline)."""
 
     def add_lora_static(y, x, lora_a, lora_b, meta, ranks, scales, slices):
         return add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices,
-                        shrink_config=shrink_config, expand_config=expand_config, pdl=pdl)
+                        shrink_config=shrink_config, expand_config=expand_config, pdl=pdl, flat=flat)
 
     return add_lora_static
 

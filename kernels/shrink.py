@@ -4,7 +4,8 @@
         for every token t of g, every K split j:
             v[j, i, t, :r] = x[t, kj] @ A[i, s, :r, kj].T      (fp32 accumulation)
 
-Grid: (segments, token tiles, slices x rank tiles x K splits). Programs past a segment's
+Grid: (segments, token tiles, slices x rank tiles x K splits), or the token tiles of all
+segments on one axis (`token_tiles.py`) for long, uneven batches. Programs past a segment's
 length or a slice's rank exit at once, so padding segments, untargeted slices and unused
 rank columns cost nothing. Split-K partial sums go to their own plane of v and the expand
 adds them up as it reads v: no zeroed buffer, no atomics, and the same bits on every run.
@@ -22,8 +23,9 @@ import triton
 import triton.language as tl
 
 from .interpreter import dot_nt, gdc_launch_dependents, interpreted
-from .segments import SegmentMeta
+from .segments import SegmentMeta, check_slots
 from .tiling import TileConfig
+from .token_tiles import seg_block, token_grid, token_tile
 
 
 @triton.jit
@@ -39,19 +41,18 @@ def k_step(ptrs, mask_rows, offs_k, k_end, EVEN_K: tl.constexpr):
 def _shrink_kernel(
     x_ptr, a_ptr, v_ptr,
     token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, mix_ptr,
-    K, k_per_split, n_rank_tiles, max_rank,
+    K, k_per_split, n_rank_tiles, max_rank, n_segments,
     stride_xt, stride_xk,
     stride_ai, stride_as, stride_ar, stride_ak,
     stride_vj, stride_vi, stride_vt, stride_vr,
     stride_ranks_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     UPCAST_DOT: tl.constexpr, K_MULT16: tl.constexpr, EVEN_K: tl.constexpr, PARTS: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr, SEG_BLOCK: tl.constexpr,
 ):
     if LAUNCH_DEPENDENTS:  # the expand behind may be scheduled now; it waits for v itself (expand.py)
         gdc_launch_dependents()
-    pid_seg = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    pid_seg, pid_m = token_tile(seg_len_ptr, n_segments, BLOCK_M, SEG_BLOCK)
     pid_z = tl.program_id(2)
     pid_k = pid_z % SPLIT_K
     pid_n = (pid_z // SPLIT_K) % (n_rank_tiles * PARTS)
@@ -128,7 +129,8 @@ def v_shape(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, config: Ti
 
 
 def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torch.Tensor,
-           config: TileConfig, out: torch.Tensor | None = None, launch_dependents: bool = False) -> torch.Tensor:
+           config: TileConfig, out: torch.Tensor | None = None, launch_dependents: bool = False,
+           flat: bool | None = None) -> torch.Tensor:
     """v = x @ A[slot].T per segment, as split-K partial sums: float32 [splits, slices, tokens, max_rank]
     ([..., 2 * max_rank] for a mixture batch: x @ A[mix].T in the second half).
 
@@ -138,8 +140,11 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torc
     out: a preallocated v of that shape (reused across layers in the engine).
     launch_dependents: let a kernel launched behind this one with programmatic dependent launch
     start before this one ends (`expand(pdl=True)`; needs `interpreter.pdl_available`).
+    flat: the token tiles' layout on the grid (`token_tiles.seg_block`; None: the one that
+    launches fewer programs).
     """
     check_lora_inputs(x, lora_a, ranks)
+    check_slots(meta, lora_a.shape[1])
     n_slices, _, max_rank, k = lora_a.shape
     mix = meta.mix_slot is not None
     shape = v_shape(x, lora_a, meta, config)
@@ -151,19 +156,19 @@ def shrink(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, ranks: torc
         return out
     n_rank_tiles = triton.cdiv(max_rank, config.block_n)
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
-    grid = (meta.num_segments, triton.cdiv(meta.max_seg_len, config.block_m),
-            n_slices * n_rank_tiles * (2 if mix else 1) * config.split_k)
+    block = seg_block(meta, config.block_m, flat)
+    grid = (*token_grid(meta, config.block_m, block), n_slices * n_rank_tiles * (2 if mix else 1) * config.split_k)
     _shrink_kernel[grid](
         x, lora_a, out, meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks,
         meta.mix_slot if mix else meta.seg_slot,  # unread without MIX
-        k, k_per_split, n_rank_tiles, max_rank,
+        k, k_per_split, n_rank_tiles, max_rank, meta.num_segments,
         x.stride(0), x.stride(1),
         lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3),
         out.stride(0), out.stride(1), out.stride(2), out.stride(3),
         ranks.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
         UPCAST_DOT=interpreted(), K_MULT16=k % 16 == 0, EVEN_K=k % (config.block_k * config.split_k) == 0,
-        PARTS=2 if mix else 1, LAUNCH_DEPENDENTS=launch_dependents,
+        PARTS=2 if mix else 1, LAUNCH_DEPENDENTS=launch_dependents, SEG_BLOCK=block,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -107,6 +107,11 @@ def test_summary_reads_the_pdl_speedup_and_skips_a_missing_pytorch_condition():
     rows += [_row(8, "atmm_anymix", 13.5, 2.0)]
     s = summarize(rows, [], dict(device="GPU", date="d"))
     assert s["decode"][1]["mix_keyed_speedup"] == 1.5 and s["mix_keyed_geomean"] == 1.5
+    assert s["flat_grid_geomean"] is None and s["flat_grid_shapes"] == 0
+    rows += [_row(4096, "atmm", 50.0, 40.0), _row(4096, "atmm_grid2d", 60.0, 40.0)]
+    s = summarize(rows, [], dict(device="GPU", date="d"))
+    assert s["prefill"][0]["flat_grid_speedup"] == 1.2 and s["flat_grid_shapes"] == 1
+    assert s["flat_grid_geomean"] == 1.2 and s["flat_grid_range"] == [1.2, 1.2]
 
 
 def test_search_ops_can_leave_out_the_fused_kernel():

@@ -1,0 +1,123 @@
+"""Which eval items a trained binary (exists) head gets wrong, against the world's truth: the size
+of the class's largest instance in each item and how much of it other objects cover. Answers
+whether a domain's ceiling is the model's view of small or hidden objects, or its training.
+
+    python -m bench.binary_misses --adapter $VLORA_HOME/adapters/fused/fused_0 --domain exists_bus
+
+Reads the base model, the domain's dataset and its world from the adapter's meta.json (a
+world-distilled domain).
+An experiment, printed; nothing passes or fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from train import LoraSpec, VisionLM
+from train.adapter_io import load_adapter
+from train.data import load_domain
+from train.evaluate import head_outputs
+from world.io import load_world
+
+
+def _area(box) -> int:
+    x1, y1, x2, y2 = box
+    return max(0, x2 - x1) * max(0, y2 - y1)
+
+
+def _covered(box, others) -> float:
+    """Share of `box` under the union of `others` (objects drawn later may hide it; an upper bound)."""
+    x1, y1, x2, y2 = box
+    if x2 <= x1 or y2 <= y1:
+        return 0.0
+    mask = np.zeros((y2 - y1, x2 - x1), bool)
+    for ox1, oy1, ox2, oy2 in others:
+        mask[max(oy1, y1) - y1:max(min(oy2, y2) - y1, 0), max(ox1, x1) - x1:max(min(ox2, x2) - x1, 0)] = True
+    return float(mask.mean())
+
+
+def item_view(truth, cls: str) -> tuple[int, float]:
+    """(pixels of the class's largest instance, the share of it other objects overlap); (0, 0) if absent."""
+    objs = truth.objects
+    mine = [o for o in objs if o.cls == cls]
+    if not mine:
+        return 0, 0.0
+    big = max(mine, key=lambda o: _area(o.box))
+    return _area(big.box), _covered(big.box, [o.box for o in objs if o is not big])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--adapter", required=True)
+    ap.add_argument("--domain", required=True)
+    ap.add_argument("--model", default=None, help="the base checkpoint (default: the one meta.json records)")
+    ap.add_argument("--out", default=None, help="per-item rows as JSON lines")
+    args = ap.parse_args()
+
+    state = load_adapter(args.adapter)
+    meta = json.loads((Path(args.adapter) / "meta.json").read_text())
+    rec = state.domains[args.domain]
+    domain = load_domain(rec["dataset"])
+    info = domain.info
+    if info.task != "binary":
+        raise SystemExit(f"domain {args.domain!r} is a {info.task} domain; this probe reads binary heads")
+    cls = json.loads((Path(rec["dataset"]) / "domain.json").read_text())["classes"][0]
+    world = load_world(json.loads((Path(rec["dataset"]) / "domain.json").read_text())["source"]["dir"])
+    truth = {f"{it.kind}-{it.index:06d}": it.truth for it in world.items}
+
+    from train.model import ModelRef
+
+    lora = meta.get("lora", {})
+    vlm = VisionLM(ModelRef(name="base", path=args.model or meta["base_model"]["path"]),
+                   LoraSpec(rank=int(lora.get("rank", 16)), alpha=int(lora.get("alpha", 32)), dropout=0.0,
+                            target_modules=list(lora.get("target_modules", LoraSpec().target_modules))),
+                   device="cpu")
+    vlm.load_lora_state(state.lora)
+    head = state.heads[args.domain].build(vlm.device)
+    n = domain.size("eval")
+    rows, preds = [], []
+    for outputs, targets in head_outputs(vlm, head, domain, "eval", n, 32):
+        preds += [r.answer for r in head.decode(outputs)]
+        rows += targets
+    ids = [domain.rows("eval", [i], vlm.encoder)[0]["id"] for i in range(n)]
+    items = []
+    for pid, pred, target in zip(ids, preds, rows):
+        area, covered = item_view(truth[pid], cls)
+        items.append({"id": pid, "target": target, "pred": pred, "area": area, "covered": round(covered, 3)})
+    right = [it for it in items if it["pred"] == it["target"]]
+    print(f"{args.domain}: {len(right)}/{n} right ({len(right) / n:.3f}); {cls} present in "
+          f"{sum(it['area'] > 0 for it in items)} items")
+    for label, sel in (("false negatives", lambda it: it["area"] > 0 and it["pred"] != it["target"]),
+                       ("true positives", lambda it: it["area"] > 0 and it["pred"] == it["target"])):
+        group = [it for it in items if sel(it)]
+        if group:
+            areas = np.array([it["area"] for it in group])
+            cov = np.array([it["covered"] for it in group])
+            print(f"  {label}: {len(group)}; largest {cls} {np.median(areas):.0f} px median "
+                  f"({np.percentile(areas, 25):.0f}-{np.percentile(areas, 75):.0f}), overlapped "
+                  f"{np.median(cov):.2f} median, >= 0.5 overlapped in {int((cov >= 0.5).sum())}")
+    fp = [it for it in items if it["area"] == 0 and it["pred"] != it["target"]]
+    print(f"  false positives: {len(fp)} of {sum(it['area'] == 0 for it in items)} items without a {cls}")
+    # What else is in the picture: a head that answers from clutter or a look-alike class
+    # says "yes" on busy scenes and "no" on sparse ones whatever the class itself shows.
+    others = sorted({o.cls for t in truth.values() for o in t.objects} - {cls})
+    print(f"  {'group':<16}{'items':>6}{'objects/item':>14}" + "".join(f"{'with ' + c:>14}" for c in others))
+    for label, present, correct in (("true positives", True, True), ("false negatives", True, False),
+                                    ("true negatives", False, True), ("false positives", False, False)):
+        group = [it for it in items if (it["area"] > 0) == present and (it["pred"] == it["target"]) == correct]
+        if not group:
+            continue
+        objs = [truth[it["id"]].objects for it in group]
+        share = {c: np.mean([any(o.cls == c for o in ob) for ob in objs]) for c in others}
+        print(f"  {label:<16}{len(group):>6}{np.mean([len(ob) for ob in objs]):>14.2f}"
+              + "".join(f"{share[c]:>14.2f}" for c in others))
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(it) + "\n" for it in items))
+
+
+if __name__ == "__main__":
+    main()

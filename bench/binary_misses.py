@@ -21,6 +21,7 @@ from train import LoraSpec, VisionLM
 from train.adapter_io import load_adapter
 from train.data import load_domain
 from train.evaluate import head_outputs
+from train.model import ModelRef
 from world.io import load_world
 
 
@@ -62,58 +63,56 @@ def main() -> None:
     meta = json.loads((Path(args.adapter) / "meta.json").read_text())
     rec = state.domains[args.domain]
     domain = load_domain(rec["dataset"])
-    info = domain.info
-    if info.task != "binary":
-        raise SystemExit(f"domain {args.domain!r} is a {info.task} domain; this probe reads binary heads")
-    cls = json.loads((Path(rec["dataset"]) / "domain.json").read_text())["classes"][0]
-    world = load_world(json.loads((Path(rec["dataset"]) / "domain.json").read_text())["source"]["dir"])
-    truth = {f"{it.kind}-{it.index:06d}": it.truth for it in world.items}
+    if domain.info.task != "binary":
+        raise SystemExit(f"domain {args.domain!r} is a {domain.info.task} domain; this probe reads binary heads")
+    record = json.loads((domain.path / "domain.json").read_text())  # the class and world DomainInfo leaves out
+    cls = record["classes"][0]
+    truth = {f"{it.kind}-{it.index:06d}": it.truth for it in load_world(record["source"]["dir"]).items}
 
-    from train.model import ModelRef
-
-    lora = meta.get("lora", {})
+    lora = meta["lora"]
     vlm = VisionLM(ModelRef(name="base", path=args.model or meta["base_model"]["path"]),
-                   LoraSpec(rank=int(lora.get("rank", 16)), alpha=int(lora.get("alpha", 32)), dropout=0.0,
-                            target_modules=list(lora.get("target_modules", LoraSpec().target_modules))),
+                   LoraSpec(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
+                            target_modules=lora["target_modules"]),
                    device="cpu")
     vlm.load_lora_state(state.lora)
     head = state.heads[args.domain].build(vlm.device)
+    vlm.model.eval()  # as train.evaluate scores it: no LoRA or head dropout
+    head.eval()
     n = domain.size("eval")
-    rows, preds = [], []
-    for outputs, targets in head_outputs(vlm, head, domain, "eval", n, 32):
+    targets, preds = [], []
+    for outputs, batch_targets in head_outputs(vlm, head, domain, "eval", n, 32):
         preds += [r.answer for r in head.decode(outputs)]
-        rows += targets
-    ids = [domain.rows("eval", [i], vlm.encoder)[0]["id"] for i in range(n)]
+        targets += batch_targets
     items = []
-    for pid, pred, target in zip(ids, preds, rows):
+    for pid, pred, target in zip(domain.splits["eval"]["id"][:n], preds, targets):
         area, covered = item_view(truth[pid], cls)
         items.append({"id": pid, "target": target, "pred": pred, "area": area, "covered": round(covered, 3)})
-    right = [it for it in items if it["pred"] == it["target"]]
-    print(f"{args.domain}: {len(right)}/{n} right ({len(right) / n:.3f}); {cls} present in "
+    groups = {(present, correct): [it for it in items if (it["area"] > 0) == present
+                                   and (it["pred"] == it["target"]) == correct]
+              for present in (True, False) for correct in (True, False)}
+    print(f"{args.domain}: {sum(it['pred'] == it['target'] for it in items)}/{n} right "
+          f"({sum(it['pred'] == it['target'] for it in items) / n:.3f}); {cls} present in "
           f"{sum(it['area'] > 0 for it in items)} items")
-    for label, sel in (("false negatives", lambda it: it["area"] > 0 and it["pred"] != it["target"]),
-                       ("true positives", lambda it: it["area"] > 0 and it["pred"] == it["target"])):
-        group = [it for it in items if sel(it)]
-        if group:
-            areas = np.array([it["area"] for it in group])
-            cov = np.array([it["covered"] for it in group])
-            print(f"  {label}: {len(group)}; largest {cls} {np.median(areas):.0f} px median "
+    for label, key in (("false negatives", (True, False)), ("true positives", (True, True))):
+        if groups[key]:
+            areas = np.array([it["area"] for it in groups[key]])
+            cov = np.array([it["covered"] for it in groups[key]])
+            print(f"  {label}: {len(groups[key])}; largest {cls} {np.median(areas):.0f} px median "
                   f"({np.percentile(areas, 25):.0f}-{np.percentile(areas, 75):.0f}), overlapped "
                   f"{np.median(cov):.2f} median, >= 0.5 overlapped in {int((cov >= 0.5).sum())}")
-    fp = [it for it in items if it["area"] == 0 and it["pred"] != it["target"]]
-    print(f"  false positives: {len(fp)} of {sum(it['area'] == 0 for it in items)} items without a {cls}")
+    print(f"  false positives: {len(groups[False, False])} of "
+          f"{len(groups[False, True]) + len(groups[False, False])} items without a {cls}")
     # What else is in the picture: a head that answers from clutter or a look-alike class
     # says "yes" on busy scenes and "no" on sparse ones whatever the class itself shows.
     others = sorted({o.cls for t in truth.values() for o in t.objects} - {cls})
     print(f"  {'group':<16}{'items':>6}{'objects/item':>14}" + "".join(f"{'with ' + c:>14}" for c in others))
-    for label, present, correct in (("true positives", True, True), ("false negatives", True, False),
-                                    ("true negatives", False, True), ("false positives", False, False)):
-        group = [it for it in items if (it["area"] > 0) == present and (it["pred"] == it["target"]) == correct]
-        if not group:
+    for label, key in (("true positives", (True, True)), ("false negatives", (True, False)),
+                       ("true negatives", (False, True)), ("false positives", (False, False))):
+        if not groups[key]:
             continue
-        objs = [truth[it["id"]].objects for it in group]
+        objs = [truth[it["id"]].objects for it in groups[key]]
         share = {c: np.mean([any(o.cls == c for o in ob) for ob in objs]) for c in others}
-        print(f"  {label:<16}{len(group):>6}{np.mean([len(ob) for ob in objs]):>14.2f}"
+        print(f"  {label:<16}{len(objs):>6}{np.mean([len(ob) for ob in objs]):>14.2f}"
               + "".join(f"{share[c]:>14.2f}" for c in others))
     if args.out:
         Path(args.out).write_text("".join(json.dumps(it) + "\n" for it in items))

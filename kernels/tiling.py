@@ -158,9 +158,10 @@ def config_space(key: ShapeKey, max_smem: int = 227 * 1024, elem_bytes: int = 2)
     Pruned by what cannot help: a token tile taller than twice the longest segment only
     computes padding; the rank is never split (each x row is then read once, and no tile is
     wider than the rank); split-K only pays while the grid is too small to fill the GPU
-    (decode-sized token counts); the expand's reduction is the rank, a handful of steps, so
-    deep pipelines buy nothing there. The fused op's K step streams the whole padded rank of A,
-    and a program never spans more columns than the projection has.
+    (decode sizes, and batches of up to 2048 tokens: `_shrink_splits`); the expand's reduction
+    is the rank, a handful of steps, so deep pipelines buy nothing there. The fused op's K step
+    streams the whole padded rank of A, and a program never spans more columns than the
+    projection has.
     """
     m_cap = max(16, min(128, 2 * key.seg_len))
     block_ms = [m for m in (16, 32, 64, 128) if m <= m_cap]
@@ -168,7 +169,7 @@ def config_space(key: ShapeKey, max_smem: int = 227 * 1024, elem_bytes: int = 2)
         return _fused_space(key, block_ms, max_smem, elem_bytes)
     if key.op == "shrink":
         block_ns, block_ks = (min(key.rank, 128),), (64, 128, 256)
-        splits, stages = ((1, 2, 4, 8, 16) if key.tokens <= 256 else (1, 2)), (2, 3, 4)
+        splits, stages = _shrink_splits(key), (2, 3, 4)
     else:
         block_ns, block_ks, splits, stages = (32, 64, 128, 256), (min(key.rank, 64),), (1,), (2, 3)
     out = []
@@ -179,6 +180,17 @@ def config_space(key: ShapeKey, max_smem: int = 227 * 1024, elem_bytes: int = 2)
         if cfg.smem_bytes(elem_bytes) <= max_smem:
             out.append(cfg)
     return out
+
+
+def _shrink_splits(key: ShapeKey) -> tuple[int, ...]:
+    """Split-K factors worth timing: deep splits at decode sizes; at prefill sizes up to 2048
+    tokens still up to 8, since one 1024-token segment cut into 16-row tiles gives 64 programs,
+    fewer than an H100 has SMs (measured there: the shrink alone at 2.9x its floor, 8.2 us
+    against 2.9 us, at split 2; results/kernels/prefill_h100/parts/); longer batches fill the
+    GPU with token tiles."""
+    if key.tokens <= 256:
+        return 1, 2, 4, 8, 16
+    return (1, 2, 4, 8) if key.tokens <= 2048 else (1, 2)
 
 
 def _fused_space(key: ShapeKey, block_ms: list[int], max_smem: int, elem_bytes: int) -> list[TileConfig]:

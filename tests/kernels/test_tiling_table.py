@@ -104,3 +104,11 @@ def test_floor_counts_each_distinct_adapter_once():
     one = floor_cost(LoRAShape(64, "identical", 64, 4096, (4096,)))[1]
     many = floor_cost(LoRAShape(64, "distinct", 64, 4096, (4096,)))[1]
     assert many - one == pytest.approx(63 * 64 * (4096 + 4096) * 2)
+
+
+def test_shrink_split_space_follows_the_grid():
+    """Deep K splits at decode sizes, up to 8 at 1024 tokens (a segment of 16-row tiles is
+    fewer programs than the SMs), at most 2 once token tiles fill the GPU."""
+    def splits(tokens):
+        return {c.split_k for c in config_space(shape_key("shrink", tokens, tokens, 4096, 4096, 16, 1))}
+    assert splits(64) == {1, 2, 4, 8, 16} and splits(1024) == {1, 2, 4, 8} and splits(8192) == {1, 2}

@@ -4,8 +4,10 @@
         for every token t of g:
             y[t, off[i]:off[i+1]] += scale[s] * sum_j(v[j, i, t, :r]) @ B[s, off[i]:off[i+1], :r].T
 
-Grid: (segments, token tiles, slices x column tiles), or the token tiles of all segments on
-one axis (`token_tiles.py`) for long, uneven batches. The reduction runs over the adapter's
+Grid: (segments, token tiles, slices x column groups), or the token tiles of all segments on
+one axis (`token_tiles.py`) for long, uneven batches. A column group is `col_tiles` column
+tiles that one program covers in a loop with its tokens' v read once (`_expand_columns`);
+with one tile per group (the default) the program reduces the rank in BLOCK_K steps instead. The reduction runs over the adapter's
 real rank only; each (token, column) of y is read and written by exactly one program, so no
 atomics are needed and y is touched once. The shrink's split-K partial sums (j) are added here.
 
@@ -22,8 +24,19 @@ import triton.language as tl
 
 from .interpreter import dot_nt, gdc_wait, interpreted
 from .segments import SegmentMeta, check_slots
-from .tiling import TileConfig
+from .tiling import TileConfig, next_pow2
 from .token_tiles import seg_block, token_grid, token_tile
+
+
+@triton.jit
+def expand_part(v, b_base, offs_n, mask_n, offs_r, rank, scale, stride_bn, stride_br, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """scale * v @ B[:, :rank].T over one column tile, fp32, with v [BLOCK_M, BLOCK_R] held whole
+    and zero past the rank (B is read to the next multiple of 16: 16-byte loads)."""
+    rank16 = tl.multiple_of((rank + 15) // 16 * 16, 16)  # a bound of known divisibility: 16-byte loads
+    b_ptrs = b_base + offs_n[:, None].to(tl.int64) * stride_bn + offs_r[None, :] * stride_br  # rows of B
+    b = tl.load(b_ptrs, mask=mask_n[:, None] & (offs_r < rank16)[None, :], other=0.0)
+    return dot_nt(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), v, b, UPCAST_DOT) * scale
 
 
 @triton.jit
@@ -88,27 +101,74 @@ def slice_program_meta(n_col_tiles, seg_len_ptr, seg_start_ptr, seg_slot_ptr, sl
 
 
 @triton.jit
+def _expand_columns(v_ptr, b_ptr, y_ptr, tokens, mask_m, offs_n, col_end, pid_i, slot, rank, scales_ptr, n_splits,
+                    stride_vj, stride_vi, stride_vt, stride_vr, stride_bs, stride_bn, stride_br, stride_yt, stride_yn,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, COL_TILES: tl.constexpr,
+                    UPCAST_DOT: tl.constexpr, PDL: tl.constexpr):
+    """One token tile over COL_TILES column tiles, from `offs_n` on, with the tile's v read once.
+
+    With one column tile per program, every program re-reads its tokens' v (fp32, the rank
+    wide, summed over the K splits), so v is read once per column tile of the projection: at
+    rank 64 and 8192 tokens that is 2 MB of v read 16-32 times, beside y's 128 MB. Here v is
+    summed, rounded to the weights' dtype (as `_reduce_rank` rounds it) and kept in registers,
+    and each column tile costs only its B rows and its y tile. The next y tile is loaded before
+    the current one's product is stored, so its latency overlaps the store.
+    """
+    rank16 = tl.multiple_of((rank + 15) // 16 * 16, 16)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_y = mask_m[:, None] & (offs_n < col_end)[None, :]
+    y_ptrs = y_ptr + tokens[:, None] * stride_yt + offs_n[None, :] * stride_yn
+    y = tl.load(y_ptrs, mask=mask_y, other=0.0)  # the first y tile does not depend on the shrink
+    if PDL:
+        gdc_wait()
+    v_ptrs = v_ptr + pid_i * stride_vi + tokens[:, None] * stride_vt + offs_r[None, :] * stride_vr
+    mask_v = mask_m[:, None] & (offs_r < rank16)[None, :]  # v past rank16 was never written
+    v = tl.load(v_ptrs, mask=mask_v, other=0.0)
+    for j in range(1, n_splits):
+        v += tl.load(v_ptrs + j * stride_vj, mask=mask_v, other=0.0)
+    v = v.to(b_ptr.dtype.element_ty)
+    scale = tl.load(scales_ptr + slot)
+    b_base = b_ptr + slot.to(tl.int64) * stride_bs
+    for c in range(COL_TILES):
+        mask_n = offs_n < col_end
+        acc = expand_part(v, b_base, offs_n, mask_n, offs_r, rank, scale, stride_bn, stride_br, BLOCK_M, BLOCK_N,
+                          UPCAST_DOT)
+        out = (y.to(tl.float32) + acc).to(y.dtype)
+        next_n = offs_n + BLOCK_N
+        mask_next = mask_m[:, None] & ((next_n < col_end) & (c + 1 < COL_TILES))[None, :]
+        y_next = tl.load(y_ptrs + BLOCK_N * stride_yn, mask=mask_next, other=0.0)
+        tl.store(y_ptrs, out, mask=mask_y)
+        y, y_ptrs, mask_y, offs_n = y_next, y_ptrs + BLOCK_N * stride_yn, mask_next, next_n
+
+
+@triton.jit
 def _expand_kernel(
     v_ptr, b_ptr, y_ptr,
     token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, scales_ptr, slice_offsets_ptr, mix_ptr,
-    n_col_tiles, n_splits, max_rank, n_segments,
+    n_col_groups, n_splits, max_rank, n_segments,
     stride_vj, stride_vi, stride_vt, stride_vr,
     stride_bs, stride_bn, stride_br,
     stride_yt, stride_yn,
     stride_ranks_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
     SLICES_MULT16: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr, SEG_BLOCK: tl.constexpr,
+    COL_TILES: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     pid_m, pid_n, pid_i, seg_len, seg_start, slot, col_start, col_end, rank, mix, mix_rank = slice_program_meta(
-        n_col_tiles, seg_len_ptr, seg_start_ptr, seg_slot_ptr, slice_offsets_ptr, ranks_ptr, mix_ptr, stride_ranks_i,
-        n_segments, SLICES_MULT16, MIX, BLOCK_M, SEG_BLOCK)
-    if (pid_m * BLOCK_M >= seg_len) | (rank + mix_rank == 0) | (col_start + pid_n * BLOCK_N >= col_end):
+        n_col_groups, seg_len_ptr, seg_start_ptr, seg_slot_ptr, slice_offsets_ptr, ranks_ptr, mix_ptr,
+        stride_ranks_i, n_segments, SLICES_MULT16, MIX, BLOCK_M, SEG_BLOCK)
+    if (pid_m * BLOCK_M >= seg_len) | (rank + mix_rank == 0) | (col_start + pid_n * (BLOCK_N * COL_TILES) >= col_end):
         return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < seg_len
     tokens = tl.load(token_order_ptr + seg_start + offs_m, mask=mask_m, other=0).to(tl.int64)
-    offs_n = col_start + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = col_start + pid_n * (BLOCK_N * COL_TILES) + tl.arange(0, BLOCK_N)
     mask_n = offs_n < col_end
+    if COL_TILES > 1:  # v held across a group of column tiles (never a mixture: see `expand`)
+        _expand_columns(v_ptr, b_ptr, y_ptr, tokens, mask_m, offs_n, col_end, pid_i, slot, rank, scales_ptr,
+                        n_splits, stride_vj, stride_vi, stride_vt, stride_vr, stride_bs, stride_bn, stride_br,
+                        stride_yt, stride_yn, BLOCK_M, BLOCK_N, BLOCK_R, COL_TILES, UPCAST_DOT, PDL)
+        return
     offs_k = tl.arange(0, BLOCK_K)
 
     # y is the bulk of the traffic: its load is issued before the reduction so that its
@@ -185,22 +245,26 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
                          f"got {v.dtype} {tuple(v.shape)}")
     if meta.num_segments == 0 or meta.max_seg_len == 0:
         return y
-    n_col_tiles = triton.cdiv(max(slices), config.block_n)
+    # A mixture keeps one column tile per program: its second v stretch would double the v
+    # held in registers, and the tilings are searched on plain batches.
+    col_tiles = 1 if mix else config.col_tiles
+    n_col_groups = triton.cdiv(max(slices), config.block_n * col_tiles)
     block_k = config.block_k
     while lora_b.shape[2] % block_k:  # the reduction step must divide the pool's rank (see kernel)
         block_k //= 2
     block = seg_block(meta, config.block_m, flat)
-    grid = (*token_grid(meta, config.block_m, block), len(slices) * n_col_tiles)
+    grid = (*token_grid(meta, config.block_m, block), len(slices) * n_col_groups)
     _expand_kernel[grid](
         v, lora_b, y, meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks, scales,
         slice_offsets(slices, y.device), meta.mix_slot if mix else meta.seg_slot,  # unread without MIX
-        n_col_tiles, v.shape[0], lora_b.shape[2], meta.num_segments,
+        n_col_groups, v.shape[0], lora_b.shape[2], meta.num_segments,
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
         y.stride(0), y.stride(1),
         ranks.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, UPCAST_DOT=interpreted(),
         SLICES_MULT16=all(w % 16 == 0 for w in slices), MIX=mix, PDL=pdl, SEG_BLOCK=block,
+        COL_TILES=col_tiles, BLOCK_R=max(16, next_pow2(lora_b.shape[2])),
         num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}),
     )
     return y

@@ -32,21 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .expand import check_expand_inputs, slice_offsets, slice_program_meta
+from .expand import check_expand_inputs, expand_part, slice_offsets, slice_program_meta
 from .interpreter import dot_nt, interpreted
 from .segments import SegmentMeta, check_slots
 from .shrink import check_lora_inputs, k_step
 from .tiling import FUSED_MAX_RANK, TileConfig, next_pow2
-
-
-@triton.jit
-def _expand_part(v, b_base, offs_n, mask_n, offs_r, rank, scale, stride_bn, stride_br, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """scale * v @ B[:, :rank].T over one column tile, fp32; v is zero past the rank."""
-    rank16 = tl.multiple_of((rank + 15) // 16 * 16, 16)  # a bound of known divisibility: 16-byte loads
-    b_ptrs = b_base + offs_n[:, None].to(tl.int64) * stride_bn + offs_r[None, :] * stride_br  # rows of B
-    b = tl.load(b_ptrs, mask=mask_n[:, None] & (offs_r < rank16)[None, :], other=0.0)
-    return dot_nt(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), v, b, UPCAST_DOT) * scale
 
 
 @triton.jit
@@ -111,10 +101,10 @@ def _fused_kernel(
         y_ptrs = y_ptr + tokens[:, None] * stride_yt + offs_n[None, :] * stride_yn
         mask_y = mask_m[:, None] & mask_n[None, :]
         y = tl.load(y_ptrs, mask=mask_y, other=0.0)  # issued first: its latency overlaps B's
-        acc = _expand_part(v, b_ptr + own * stride_bs, offs_n, mask_n, offs_r, rank, scale, stride_bn, stride_br,
+        acc = expand_part(v, b_ptr + own * stride_bs, offs_n, mask_n, offs_r, rank, scale, stride_bn, stride_br,
                            BLOCK_M, BLOCK_N, UPCAST_DOT)
         if MIX:
-            acc += _expand_part(v_mix, b_ptr + mix.to(tl.int64) * stride_bs, offs_n, mask_n, offs_r, mix_rank,
+            acc += expand_part(v_mix, b_ptr + mix.to(tl.int64) * stride_bs, offs_n, mask_n, offs_r, mix_rank,
                                 mix_scale, stride_bn, stride_br, BLOCK_M, BLOCK_N, UPCAST_DOT)
         tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask_y)
 

@@ -51,6 +51,9 @@ class SearchJob:
     # then keeps the two launches on those buckets, as on any bucket the table lacks).
     ops: list = field(default_factory=lambda: list(OPS))
     compile_batch: int = 12  # keys compiled ahead of their timing at a time (0: all before any is timed)
+    # Ops whose buckets are searched again though the table has them (after their space grew);
+    # each keeps its old entry until the new search of it is recorded, so a stopped run loses nothing.
+    redo: list = field(default_factory=list)
 
 
 OPS = ("shrink", "expand", "fused")
@@ -82,6 +85,13 @@ def search_keys(job: SearchJob) -> dict:
                         keys.setdefault(shape_key(op, t, seg, k, sum(slices), r, len(slices)),
                                         LoRAShape(t, mix, r, k, slices))
     return keys
+
+
+def pending_keys(job: SearchJob, table: TilingTable) -> dict:
+    """The job's keys still to search: those the table lacks, and every key of a `redo` op."""
+    if set(job.redo) - set(job.ops):
+        raise ValueError(f"tune.redo {list(job.redo)}: only ops the run searches ({list(job.ops)})")
+    return {k: s for k, s in search_keys(job).items() if str(k) not in table.entries or k.op in job.redo}
 
 
 def _fused_step(cfg: TileConfig, problem):
@@ -199,8 +209,9 @@ def run_search(job: SearchJob) -> TilingTable:
     table = TilingTable.load(path) if path.exists() else TilingTable(props.name, {}, props.multi_processor_count)
     dtype = DTYPES[job.dtype]
     max_smem = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
-    todo = {k: s for k, s in search_keys(job).items() if str(k) not in table.entries}
-    print(f"{props.name}: {len(todo)} shapes to search ({len(table.entries)} already in {path})", file=sys.stderr)
+    todo = pending_keys(job, table)
+    print(f"{props.name}: {len(todo)} shapes to search ({len(table.entries)} in {path}, "
+          f"redo: {list(job.redo) or 'none'})", file=sys.stderr)
     spaces = {k: config_space(k, max_smem) for k in todo}
     workers = min(job.workers, os.cpu_count() or 1)
     gbs = copy_bandwidth_gbs()

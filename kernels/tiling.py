@@ -27,8 +27,8 @@ class TileConfig:
     # that the expand adds up as it reads (no atomics)
     num_warps: int = 4
     num_stages: int = 2
-    col_tiles: int = 1  # fused only: output column tiles one program loops over, reusing the v it computed
-    # (tables written before the fused op lack it: the default keeps them loading)
+    col_tiles: int = 1  # fused and expand: output column tiles one program loops over, reusing the v it
+    # computed (fused) or read (expand) (tables written before these variants lack it: the default keeps them loading)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -177,6 +177,25 @@ def config_space(key: ShapeKey, max_smem: int = 227 * 1024, elem_bytes: int = 2)
         if key.op == "shrink" and s * k > key.k:
             continue  # a split would get no work
         cfg = TileConfig(m, n, k, s, w, st)
+        if cfg.smem_bytes(elem_bytes) <= max_smem:
+            out.append(cfg)
+    if key.op == "expand":
+        out += _expand_column_groups(key, block_ms, max_smem, elem_bytes)
+    return out
+
+
+def _expand_column_groups(key: ShapeKey, block_ms: list[int], max_smem: int, elem_bytes: int) -> list[TileConfig]:
+    """Expand tilings whose programs loop over 2-8 column tiles with the token tile's v held
+    (`expand._expand_columns`): for prefill-sized batches, where v is otherwise re-read once per
+    column tile. Their K step is the whole rank (v is held whole), so the shared-memory bound
+    counts B tiles the rank wide."""
+    if key.tokens <= FUSED_MAX_TOKENS:
+        return []  # decode batches want more programs, not fewer
+    out = []
+    for m, n, cols, w, st in itertools.product(block_ms, (64, 128), (2, 4, 8), (4, 8), (2, 3)):
+        if n * cols > max(n, next_pow2(-(-key.n // key.slices))):
+            continue  # column tiles of pure padding
+        cfg = TileConfig(m, n, key.rank, 1, w, st, cols)
         if cfg.smem_bytes(elem_bytes) <= max_smem:
             out.append(cfg)
     return out

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench.kernels_report import summarize
-from kernels.search import SearchJob, search_keys
+from kernels.search import SearchJob, pending_keys, search_keys
+from kernels.table import TilingTable
+from kernels.tiling import TileConfig
 
 
 def _row(tokens, impl, us, floor):
@@ -120,6 +122,19 @@ def test_search_ops_can_leave_out_the_fused_kernel():
     for bad in (["shrink"], ["fused", "expand"], ["gemm"]):
         with pytest.raises(ValueError, match="tune.ops"):
             search_keys(SearchJob([8], ["distinct"], [16], [4096], ops=bad))
+
+
+def test_redo_searches_again_only_the_named_ops_buckets():
+    job = SearchJob([1024], ["identical"], [64], [4096], ops=["shrink", "expand"])
+    table = TilingTable("GPU", num_sms=132)
+    for key in search_keys(job):
+        table.record(key, TileConfig(16, 64, 64), 10.0)
+    assert pending_keys(job, table) == {}, "a resumed run skips what the table has"
+    job.redo = ["expand"]
+    assert [k.op for k in pending_keys(job, table)] == ["expand"]
+    job.redo = ["fused"]
+    with pytest.raises(ValueError, match="tune.redo"):
+        pending_keys(job, table)
 
 
 def test_compile_work_keeps_each_tiling_in_one_worker():

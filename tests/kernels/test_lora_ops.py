@@ -402,3 +402,37 @@ def test_add_lora_beside_in_a_cuda_graph_gives_the_plain_bits(mix):
         for _ in range(3):
             want = add_lora(base(want), want, lora_a, lora_b, meta, ranks, scales, slices)[:, :x.shape[1]]
         assert torch.equal(out, want), f"replay {seed}"
+
+
+# The expand's column groups (`col_tiles` > 1): one program loops over several column tiles with
+# its tokens' v held. Odd widths end a group part way and slices end between tiles of a group.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k, slices", [(64, (48,)), (33, (32, 16, 16)), (96, (40, 24)), (40, (100,))])
+@pytest.mark.parametrize("split_k, col_tiles", [(1, 2), (4, 2), (1, 4)])
+def test_expand_column_groups_match_reference(dtype, k, slices, split_k, col_tiles):
+    g = torch.Generator().manual_seed(k + split_k + col_tiles)
+    slot_ids = torch.randint(-1, 5, (23,), generator=g).tolist()
+    cfgs = (TileConfig(16, 16, 16, split_k), TileConfig(16, 16, 16, col_tiles=col_tiles))
+    _check(*_run(slot_ids, slices, k, 16, 5, dtype, seed=k, shrink_cfg=cfgs[0], expand_cfg=cfgs[1]), dtype)
+
+
+def test_expand_column_groups_over_ranks_1_to_128():
+    ranks = [1, 7, 8, 16, 33, 64, 100, 128]
+    slot_ids = [i % len(ranks) for i in range(40)]
+    out = _run(slot_ids, (32, 48), 48, 128, len(ranks), torch.bfloat16, seed=3, rank_choices=ranks,
+               shrink_cfg=TileConfig(16, 64, 16, 2), expand_cfg=TileConfig(32, 16, 128, col_tiles=2))
+    _check(*out, torch.bfloat16)
+
+
+def test_expand_column_groups_write_each_column_once():
+    """Every column of every LoRA token gets its update once: y starts as NaN-free random, and a
+    group past the slice's end or a repeated tile would double or skip a column's update."""
+    slot_ids = [0, 0, 1, -1, 2, 2, 2, 1]
+    lora_a, lora_b, ranks, scales = make_pool(3, (80, 16), 32, 16, torch.float16, seed=2)
+    x, y0, meta = make_batch(len(slot_ids), 32, 96, slot_ids, torch.float16, seed=2)
+    one = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (80, 16),
+                   shrink_config=TileConfig(16, 16, 16), expand_config=TileConfig(16, 16, 16))
+    for cols in (2, 4, 8):
+        grouped = add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (80, 16),
+                           shrink_config=TileConfig(16, 16, 16), expand_config=TileConfig(16, 16, 16, col_tiles=cols))
+        assert torch.allclose(grouped.float(), one.float(), atol=2e-3, rtol=0), cols

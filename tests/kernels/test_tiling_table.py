@@ -112,3 +112,14 @@ def test_shrink_split_space_follows_the_grid():
     def splits(tokens):
         return {c.split_k for c in config_space(shape_key("shrink", tokens, tokens, 4096, 4096, 16, 1))}
     assert splits(64) == {1, 2, 4, 8, 16} and splits(1024) == {1, 2, 4, 8} and splits(8192) == {1, 2}
+
+
+def test_expand_column_groups_only_at_prefill_and_within_the_slice():
+    decode = config_space(shape_key("expand", 64, 64, 4096, 4096, 64, 1))
+    prefill = config_space(shape_key("expand", 1024, 1024, 4096, 4096, 64, 1))
+    narrow = config_space(shape_key("expand", 1024, 1024, 4096, 3 * 128, 16, 3))  # three 128-wide slices
+    assert all(c.col_tiles == 1 for c in decode)
+    groups = [c for c in prefill if c.col_tiles > 1]
+    assert groups and all(c.block_k == 64 for c in groups), "a group holds the whole rank of v"
+    assert all(c.block_n * c.col_tiles <= 128 for c in narrow if c.col_tiles > 1) and \
+        not any(c.col_tiles > 1 and c.block_n == 128 for c in narrow)

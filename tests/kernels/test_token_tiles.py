@@ -37,12 +37,12 @@ def _both(slot_ids, slices, k, dtype, seed, shrink_cfg, expand_cfg, mix_slot=Non
     return y0, ref, runs, meta
 
 
-@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("split_k, col_tiles", [(1, 1), (2, 1), (2, 2)])
 @pytest.mark.parametrize("k, slices", [(48, (32,)), (33, (16, 16, 32))])
-def test_flat_grid_gives_the_bits_of_the_by_segment_grid(split_k, k, slices):
+def test_flat_grid_gives_the_bits_of_the_by_segment_grid(split_k, col_tiles, k, slices):
     slot_ids = _skewed(150, seed=k + split_k)
     y0, ref, (flat, by_seg), meta = _both(slot_ids, slices, k, torch.float16, k, TileConfig(16, 32, 16, split_k),
-                                          TileConfig(32, 16, 16))
+                                          TileConfig(32, 16, 16, col_tiles=col_tiles))
     assert seg_block(meta, 16) > 0, "this batch is one the flat grid is picked for"
     assert torch.equal(flat, by_seg)
     lora = torch.tensor(slot_ids, device=flat.device) >= 0

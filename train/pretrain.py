@@ -166,12 +166,41 @@ def cached_pretrained(base: str | Path, out: str | Path, cfg: PretrainConfig) ->
     return Path(out) if ok else None
 
 
+def pretrained_dir_for(base: str | Path, out: str | Path, cfg: PretrainConfig) -> Path:
+    """Where the pretraining of `base` under `cfg` goes: `out`, unless `out` already holds a
+    finished pretraining of another base or config. That one stays where it is (adapters trained
+    on it name its path in their meta.json, and replacing it would silently change what they
+    run on); this one goes beside it, named by its config and base, where a later run with the
+    same settings finds it again."""
+    out = Path(out)
+    if not (out / RECORD).is_file() or cached_pretrained(base, out, cfg) is not None:
+        return out
+    key = json.dumps({"config": cfg.key(), "base_digest": _base_digest(Path(base))}, sort_keys=True)
+    return out.with_name(f"{out.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}")
+
+
+def _differences(out: Path, base: Path, cfg: PretrainConfig) -> str:
+    """What differs between `out`'s record and this run, for the log: settings, or the base."""
+    rec = json.loads((out / RECORD).read_text())
+    theirs, ours = rec.get("config") or {}, json.loads(json.dumps(cfg.key()))
+    changed = [f"{k} {ours.get(k)!r} (there {theirs.get(k)!r})" for k in sorted(set(theirs) | set(ours))
+               if theirs.get(k) != ours.get(k)]
+    if rec.get("base_digest") != _base_digest(base):
+        changed.append("another base checkpoint")
+    return ", ".join(changed) or "same settings"
+
+
 def pretrain(base: str | Path, out: str | Path, cfg: PretrainConfig, log=None, force: bool = False) -> Path:
-    """Full fine-tune of the checkpoint at `base` on the synthetic world; writes checkpoint `out`."""
+    """Full fine-tune of the checkpoint at `base` on the synthetic world; writes checkpoint `out`
+    (or a sibling of it, `pretrained_dir_for`) and returns its path."""
     from zoo import load_pretrained
 
     log = log or sys.stderr
-    base, out = Path(base), Path(out)
+    base, asked = Path(base), Path(out)
+    out = pretrained_dir_for(base, asked, cfg)
+    if out != asked:
+        print(f"[pretrain] {asked} holds a pretraining with other settings or another base; it stays, "
+              f"and this one ({_differences(asked, base, cfg)}) is {out}", file=log, flush=True)
     if not force and cached_pretrained(base, out, cfg) is not None:
         print(f"[pretrain] kept {out} (same base and config)", file=log, flush=True)
         return out

@@ -81,6 +81,24 @@ def test_pretrain_writes_a_loadable_cached_checkpoint(tiny_zoo, tmp_path):
     assert cached_pretrained(tiny_zoo["qwen2_vl_tiny"], out, PretrainConfig(**{**TINY, "lr": 1e-3})) is None
 
 
+def test_a_pretraining_with_other_settings_goes_beside_the_cached_one(tiny_zoo, tmp_path):
+    """The base another run built stays where adapters recorded it; a run with another seed
+    builds its own beside it, and each is found again by a run with its settings."""
+    first_cfg, other_cfg = PretrainConfig(**TINY), PretrainConfig(**{**TINY, "seed": 1})
+    first = pretrain(tiny_zoo["qwen2_vl_tiny"], tmp_path / "pre", first_cfg, log=io.StringIO())
+    mtime = (first / "model.safetensors").stat().st_mtime_ns
+    log = io.StringIO()
+    other = pretrain(tiny_zoo["qwen2_vl_tiny"], tmp_path / "pre", other_cfg, log=log)
+    assert other != first and other.parent == first.parent and other.name.startswith("pre-")
+    assert "seed 1 (there 0)" in log.getvalue() and f"is {other}" in log.getvalue()
+    assert (first / "model.safetensors").stat().st_mtime_ns == mtime, "the first base is untouched"
+    assert json.loads((other / "pretrain.json").read_text())["config"]["seed"] == 1
+    for cfg, where in ((other_cfg, other), (first_cfg, first)):
+        again = io.StringIO()
+        assert pretrain(tiny_zoo["qwen2_vl_tiny"], tmp_path / "pre", cfg, log=again) == where
+        assert "kept" in again.getvalue()
+
+
 class Preempted(RuntimeError):
     pass
 

@@ -246,8 +246,9 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
     if meta.num_segments == 0 or meta.max_seg_len == 0:
         return y
     # A mixture keeps one column tile per program: its second v stretch would double the v
-    # held in registers, and the tilings are searched on plain batches.
-    col_tiles = 1 if mix else config.col_tiles
+    # held in registers, and the tilings are searched on plain batches. A group is never wider
+    # than the widest slice (a nearest-shape table entry may come from a wider projection).
+    col_tiles = 1 if mix else min(config.col_tiles, next_pow2(triton.cdiv(max(slices), config.block_n)))
     n_col_groups = triton.cdiv(max(slices), config.block_n * col_tiles)
     block_k = config.block_k
     while lora_b.shape[2] % block_k:  # the reduction step must divide the pool's rank (see kernel)

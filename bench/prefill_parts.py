@@ -3,12 +3,13 @@ two together, and the one-launch fused kernel over a small tiling space beside t
 
     python -m bench.prefill_parts --tokens 1024 2048 --ranks 16 64 --out DIR
 
-The whole op's floor is the roofline of its bytes (x read, y read and written, the weights);
-the shrink's is x and A, the expand's y twice and B. A whole op far above the sum of its halves'
-times is launch and ramp overhead between the two; halves far above their own floors are the
-kernels. The fused kernel answers whether one launch, which recomputes v per column group,
-beats two at these sizes (it was measured only at decode sizes before). Hidden 4096, fp16, the
-table's tilings for the two launches, CUDA-graph medians with L2-cold rotation as `vlora bench`.
+The whole op's floor is the roofline of its bytes (x read, y read and written, the weights, v
+written and read); each launch's is its share of them (`workload.floor_cost`). A whole op far
+above the sum of its halves' times is launch and ramp overhead between the two; halves far above
+their own floors are the kernels. The fused kernel answers whether one launch, which recomputes
+v per column group, beats two at these sizes (it was measured only at decode sizes before).
+Hidden 4096, fp16, the table's tilings for the two launches, CUDA-graph medians with L2-cold
+rotation as `vlora bench`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from kernels.search import precompile
 from kernels.shrink import shrink
 from kernels.tiling import TileConfig
 from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op
-from kernels.workload import MIXES, LoRAShape, Rotation, floor_cost, token_slots
+from kernels.workload import MIXES, LoRAShape, Rotation, floor_cost
 
 from .kernels import _problems
 from .results import write_csv
@@ -48,15 +49,6 @@ def fused_space(rank: int) -> list[TileConfig]:
         if cfg.smem_bytes(2, rank=max(16, rank)) <= 227 * 1024 and n * cols >= 512:
             out.append(cfg)
     return out
-
-
-def halves_floors(shape: LoRAShape, tflops: float, gbs: float) -> tuple[float, float]:
-    """(shrink, expand) roofline floors in microseconds: x and the used A rows; y twice and B."""
-    t, k, n, r = shape.tokens, shape.k, shape.n, shape.rank
-    adapters = len(set(token_slots(t, shape.mix)))
-    shrink_bytes = 2 * (t * k + adapters * r * k) + 4 * t * r
-    expand_bytes = 2 * (2 * t * n + adapters * r * n) + 4 * t * r
-    return (roofline_us(2 * t * k * r, shrink_bytes, tflops, gbs), roofline_us(2 * t * n * r, expand_bytes, tflops, gbs))
 
 
 def measure(shape: LoRAShape, l2_bytes: int, tflops: float, gbs: float, fused_configs: int | None,
@@ -77,7 +69,8 @@ def measure(shape: LoRAShape, l2_bytes: int, tflops: float, gbs: float, fused_co
                expand_us=round(timed(Rotation(list(zip(problems, vs)), lambda pv: expand(
                    pv[0][0], pv[1], pv[0][3], pv[0][4], pv[0][5], pv[0][6], pv[0][7], e_cfg))), 2),
                shrink_config=str(s_cfg), expand_config=str(e_cfg))
-    row["shrink_floor_us"], row["expand_floor_us"] = (round(f, 2) for f in halves_floors(shape, tflops, gbs))
+    for half in ("shrink", "expand"):
+        row[f"{half}_floor_us"] = round(roofline_us(*floor_cost(shape, half), tflops, gbs), 2)
     if fused_configs != 0 and shape.rank <= 128:
         space = fused_space(shape.rank)[:fused_configs or None]
         quick = [(time_op(Rotation(problems, lambda p, c=c: fused_add_lora(*p, c)), warmup=1, repeats=3), c)

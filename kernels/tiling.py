@@ -27,8 +27,9 @@ class TileConfig:
     # that the expand adds up as it reads (no atomics)
     num_warps: int = 4
     num_stages: int = 2
-    col_tiles: int = 1  # fused and expand: output column tiles one program loops over, reusing the v it
-    # computed (fused) or read (expand) (tables written before these variants lack it: the default keeps them loading)
+    col_tiles: int = 1  # fused and expand: output column tiles one program loops over, reusing the v
+    # it computed (fused) or read (expand); tables written before these variants lack it, and the
+    # default keeps them loading
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):

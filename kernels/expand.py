@@ -9,7 +9,8 @@ one axis (`token_tiles.py`) for long, uneven batches. A column group is `col_til
 tiles that one program covers in a loop with its tokens' v read once (`_expand_columns`);
 with one tile per group (the default) the program reduces the rank in BLOCK_K steps instead.
 The reduction runs over the adapter's real rank only; each (token, column) of y is read and
-written by exactly one program, so no atomics are needed and y is touched once. The shrink's split-K partial sums (j) are added here.
+written by exactly one program, so no atomics are needed and y is touched once. The shrink's
+split-K partial sums (j) are added here.
 
 Mixture batches (`meta.mix_slot` = m) reduce a second stretch in the same program: the
 columns of v past the pool's rank against B[m], with m's scale negated, so each token adds

@@ -30,7 +30,7 @@ from kernels.fused import fused_add_lora
 from kernels.lora import add_lora, configs_for, default_table
 from kernels.search import precompile
 from kernels.shrink import shrink
-from kernels.tiling import TileConfig
+from kernels.tiling import TileConfig, config_space, shape_key
 from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op
 from kernels.workload import MIXES, LoRAShape, Rotation, floor_cost
 
@@ -41,14 +41,12 @@ HIDDEN = 4096
 
 
 def fused_space(rank: int) -> list[TileConfig]:
-    """Tilings of the fused kernel worth trying at prefill sizes: short token tiles (many
-    programs, each recomputing v for its rows), column groups of 512-2048 columns."""
-    out = []
-    for m, n, k, cols, w, st in itertools.product((16, 32), (64, 128), (128, 256), (4, 8, 16), (4, 8), (2, 3)):
-        cfg = TileConfig(m, n, k, 1, w, st, cols)
-        if cfg.smem_bytes(2, rank=max(16, rank)) <= 227 * 1024 and n * cols >= 512:
-            out.append(cfg)
-    return out
+    """The fused kernel's search space (`tiling.config_space`) cut to what is worth trying at
+    prefill sizes: short token tiles (many programs, each recomputing v for its rows), K steps of
+    128-256, and column groups of 512-2048 columns."""
+    key = shape_key("fused", 1024, 1024, HIDDEN, HIDDEN, rank, 1)
+    return [c for c in config_space(key) if c.block_m <= 32 and c.block_n >= 64 and c.block_k >= 128
+            and c.col_tiles >= 4 and c.block_n * c.col_tiles >= 512]
 
 
 def measure(shape: LoRAShape, l2_bytes: int, tflops: float, gbs: float, fused_configs: int | None,

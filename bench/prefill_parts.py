@@ -10,6 +10,10 @@ their own floors are the kernels. The fused kernel answers whether one launch, w
 v per column group, beats two at these sizes (it was measured only at decode sizes before).
 Hidden 4096, fp16, the table's tilings for the two launches, CUDA-graph medians with L2-cold
 rotation as `vlora bench`.
+
+For one adapter (the `identical` mix) it also times the same op as two dense cuBLAS calls,
+`v = x @ A.T` then `y += scale * v @ B.T` (no segments, no token order, v in fp16): what the
+vendor's matmuls reach on the same bytes, a practical floor beside the roofline one.
 """
 
 from __future__ import annotations
@@ -76,8 +80,40 @@ def measure(shape: LoRAShape, l2_bytes: int, tflops: float, gbs: float, fused_co
         best = min(((timed(Rotation(problems, lambda p, c=c: fused_add_lora(*p, c))), c)
                     for _, c in sorted(quick, key=lambda q: q[0])[:4]), key=lambda b: b[0])
         row.update(fused_us=round(best[0], 2), fused_config=str(best[1]), fused_tried=len(space))
+    if shape.mix == "identical":
+        row.update(dense_times(problems, timed))
     row["x_floor"] = round(row["atmm_us"] / row["floor_us"], 2)
     return row
+
+
+def dense_problem(p: tuple) -> tuple:
+    """One problem of one adapter as (y, x, A (r, k), B (n, r), scale, v): the adapter is the slot
+    of the first segment; v is an fp16 buffer for x @ A.T."""
+    y, x, lora_a, lora_b, meta, _, scales, _ = p
+    slot = meta.host_segments[0][0]
+    v = torch.empty(x.shape[0], lora_a.shape[2], dtype=x.dtype, device=x.device)
+    return y, x, lora_a[0, slot], lora_b[slot], float(scales[slot]), v
+
+
+def dense_shrink(d: tuple) -> None:
+    torch.mm(d[1], d[2].t(), out=d[5])
+
+
+def dense_expand(d: tuple) -> None:
+    d[0].addmm_(d[5], d[3].t(), alpha=d[4])
+
+
+def dense_op(d: tuple) -> None:
+    dense_shrink(d)
+    dense_expand(d)
+
+
+def dense_times(problems: list[tuple], timed) -> dict:
+    """The one-adapter op as cuBLAS calls on the adapter's own weights, whole and by half."""
+    dense = [dense_problem(p) for p in problems]
+    return dict(dense_us=round(timed(Rotation(dense, dense_op)), 2),
+                dense_shrink_us=round(timed(Rotation(dense, dense_shrink)), 2),
+                dense_expand_us=round(timed(Rotation(dense, dense_expand)), 2))
 
 
 def main(argv=None) -> int:

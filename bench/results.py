@@ -35,12 +35,13 @@ def results_dir(out_dir: str | Path, device_name: str) -> Path:
 
 def write_csv(path: str | Path, rows: Iterable[dict], columns: Iterable[str] | None = None,
               drop_extra: bool = False) -> Path:
-    """rows as CSV with a header: `columns` in order, else the first row's keys. A key outside the
-    columns is an error unless drop_extra (a summary table of wider rows)."""
+    """rows as CSV with a header: `columns` in order, else every row's keys in the order first seen
+    (a row without one leaves its cell empty). A key outside given columns is an error unless
+    drop_extra (a summary table of wider rows)."""
     rows = list(rows)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(columns) if columns is not None else list(rows[0]) if rows else []
+    fields = list(columns) if columns is not None else list(dict.fromkeys(k for row in rows for k in row))
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore" if drop_extra else "raise")
         writer.writeheader()

@@ -109,10 +109,11 @@ def _fused_kernel(
         tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask_y)
 
 
-def fused_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta,
-                   ranks: torch.Tensor, scales: torch.Tensor, slices, config: TileConfig) -> torch.Tensor:
-    """`add_lora` in one launch (same arguments and result, y updated in place and returned),
-    for pools of max rank <= 128; `config` as `heuristic_config` / the table give it for op "fused"."""
+def check_one_launch_inputs(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                            meta: SegmentMeta, ranks: torch.Tensor, scales: torch.Tensor, slices) -> tuple[int, ...]:
+    """The checks of a one-launch ATMM kernel (this one, `handoff.py`), before any work: the two
+    launches' input checks, their agreement, and a pool rank a program can hold whole in
+    registers. Returns the slices as a tuple of ints."""
     slices = tuple(int(w) for w in slices)
     if len(slices) != lora_a.shape[0]:
         raise ValueError(f"slices {slices} name {len(slices)} output slices but lora_a has {lora_a.shape[0]}")
@@ -125,13 +126,21 @@ def fused_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_
     if lora_b.shape[2] != lora_a.shape[2]:
         raise ValueError(f"lora_a's max_rank ({lora_a.shape[2]}) differs from lora_b's ({lora_b.shape[2]})")
     if lora_a.shape[2] > FUSED_MAX_RANK:
-        raise ValueError(f"the fused kernel holds the whole rank in registers: the pool's max_rank "
+        raise ValueError(f"a one-launch kernel holds the whole rank in registers: the pool's max_rank "
                          f"({lora_a.shape[2]}) must be <= {FUSED_MAX_RANK}; use add_lora's two launches")
-    if config.split_k != 1:
-        raise ValueError(f"the fused kernel reduces the whole K in each program: split_k must be 1, got {config}")
     for name, t in (("y", y), ("lora_b", lora_b), ("scales", scales)):
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    return slices
+
+
+def fused_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta,
+                   ranks: torch.Tensor, scales: torch.Tensor, slices, config: TileConfig) -> torch.Tensor:
+    """`add_lora` in one launch (same arguments and result, y updated in place and returned),
+    for pools of max rank <= 128; `config` as `heuristic_config` / the table give it for op "fused"."""
+    slices = check_one_launch_inputs(y, x, lora_a, lora_b, meta, ranks, scales, slices)
+    if config.split_k != 1:
+        raise ValueError(f"the fused kernel reduces the whole K in each program: split_k must be 1, got {config}")
     if meta.num_segments == 0 or meta.max_seg_len == 0:
         return y
     mix = meta.mix_slot is not None

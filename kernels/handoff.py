@@ -1,0 +1,270 @@
+"""ATMM in one launch for decode-sized batches, with the shrink handing v to the expand in-launch.
+
+    one launch of S + E programs; each takes a ticket from a counter as it starts:
+        tickets 0 .. S-1:  a shrink work item (segment, token tile, slice, K split):
+                           v[j, i, tokens, :r] = x[tokens, kj] @ A[i, s, :r, kj].T, then `done` += 1
+        tickets S .. S+E-1: an expand work item (segment, token tile, slice, column group):
+                           wait until `done` == S, then y[tokens, group] += scale[s] * sum_j(v[j]) @ B[s].T
+
+At decode the two-launch op (`lora.py`) costs two dependent kernels even with programmatic
+dependent launch (5.1-6.0 us at one token on an H100, against a floor of well under 1 us), and
+the fused kernel (`fused.py`), which saves the second launch by having every program recompute
+v over the whole K alone, lost at every decode shape timed. Here the work is split as in the two
+launches (split-K shrink programs, column-group expand programs) and only the launch boundary is
+replaced by a counter in global memory.
+
+Why it cannot deadlock: programs take tickets in the order they start running, so every shrink
+ticket belongs to a program that is already resident, and shrink programs never wait. An expand
+program waits only for those. (Indexing work by program id instead would let expand programs
+fill the GPU while shrink programs they wait for are still unscheduled.) In Triton's interpreter
+programs run one after another in ticket order, so the wait is always already satisfied there.
+
+The handoff: a shrink program stores its v tile, synchronizes its threads, and increments
+`done` with release semantics; an expand program spins on `done` with acquire semantics, then
+reads v through L2 (`.cg`: never a stale L1 line of a v buffer reused across layers). The last
+expand program to finish resets the three counters to zero, so the next launch on the stream
+starts from zero (launches on one stream run one after another; nothing here triggers an early
+dependent launch). A launch that dies part way leaves them non-zero: `reset_counters` clears them.
+
+v is the two launches' layout, float32 [splits, slices, tokens, max_rank], written by exactly one
+program per (split, slice, token, rank column < rank16): no zeroing and no atomics on data. A's
+rows are masked at the exact rank, so v is zero past it and B's columns past the rank (read to
+rank16) only meet zeros. Mixture batches are refused (as `fused.py`, never sent here by
+`add_lora`).
+
+The wait itself cannot be exercised by the interpreter's one-program-at-a-time order; the GPU
+tests run the kernel compiled, where shrink and expand programs do run side by side.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .expand import expand_part, slice_offsets
+from .fused import check_one_launch_inputs
+from .interpreter import dot_nt, interpreted
+from .segments import SegmentMeta
+from .shrink import k_step
+from .tiling import TileConfig, next_pow2
+
+HANDOFF_MAX_TOKENS = 64  # decode sizes: every program of the launch fits on the GPU at once there
+
+
+@triton.jit
+def _item(item, inner, n_slices, n_m_tiles, token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr,
+          stride_ranks_i, BLOCK_M: tl.constexpr):
+    """Work item `item` of (segment, token tile, slice, inner), inner fastest: (inner index,
+    slice, tokens, mask_m, slot, rank, live). rank is 0 for padding segments; live when the
+    tile holds tokens of an adapter with a rank."""
+    j = item % inner
+    rest = item // inner
+    i = rest % n_slices
+    rest = rest // n_slices
+    seg = rest // n_m_tiles
+    m = rest % n_m_tiles
+    seg_len = tl.load(seg_len_ptr + seg)
+    seg_start = tl.load(seg_start_ptr + seg)
+    slot = tl.load(seg_slot_ptr + seg)
+    rank = tl.load(ranks_ptr + i * stride_ranks_i + tl.maximum(slot, 0))
+    rank = tl.where(slot >= 0, rank, 0)
+    offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < seg_len
+    tokens = tl.load(token_order_ptr + seg_start + offs_m, mask=mask_m, other=0).to(tl.int64)
+    return j, i, tokens, mask_m, tl.maximum(slot, 0), rank, (m * BLOCK_M < seg_len) & (rank > 0)
+
+
+@triton.jit
+def _handoff_kernel(
+    x_ptr, a_ptr, b_ptr, y_ptr, v_ptr, counters_ptr,
+    token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr, scales_ptr, slice_offsets_ptr,
+    K, k_per_split, n_m_tiles, n_slices, n_col_groups, n_shrink, n_expand,
+    stride_xt, stride_xk,
+    stride_ai, stride_as, stride_ar, stride_ak,
+    stride_bs, stride_bn, stride_br,
+    stride_yt, stride_yn,
+    stride_vj, stride_vi, stride_vt, stride_vr,
+    stride_ranks_i,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    SPLIT_K: tl.constexpr, COL_TILES: tl.constexpr, UPCAST_DOT: tl.constexpr, EVEN_K: tl.constexpr,
+    SLICES_MULT16: tl.constexpr, SPIN_LIMIT: tl.constexpr,
+):
+    ticket = tl.atomic_add(counters_ptr, 1)  # counters: [tickets, shrink items done, expand items done]
+    offs_r = tl.arange(0, BLOCK_R)
+    if ticket < n_shrink:
+        j, i, tokens, mask_m, slot, rank, live = _item(ticket, SPLIT_K, n_slices, n_m_tiles, token_order_ptr,
+                                                       seg_slot_ptr, seg_start_ptr, seg_len_ptr, ranks_ptr,
+                                                       stride_ranks_i, BLOCK_M)
+        if live:
+            # Rows of A are masked at the exact rank, so v is exactly zero past it whatever the
+            # pool holds there; v is stored up to rank16, the bound the expand reads it to.
+            mask_a = offs_r < rank
+            mask_r = offs_r < (rank + 15) // 16 * 16
+            k_start = j * k_per_split
+            k_end = tl.minimum(K, k_start + k_per_split)
+            offs_k = tl.arange(0, BLOCK_K)
+            x_ptrs = x_ptr + tokens[:, None] * stride_xt + (k_start + offs_k)[None, :] * stride_xk
+            a_ptrs = (a_ptr + i.to(tl.int64) * stride_ai + slot.to(tl.int64) * stride_as
+                      + offs_r[:, None] * stride_ar + (k_start + offs_k)[None, :] * stride_ak)
+            acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            for k in range(k_start, k_end, BLOCK_K):
+                x = k_step(x_ptrs, mask_m, k + offs_k, k_end, EVEN_K)
+                acc = dot_nt(acc, x, k_step(a_ptrs, mask_a, k + offs_k, k_end, EVEN_K), UPCAST_DOT)
+                x_ptrs += BLOCK_K * stride_xk
+                a_ptrs += BLOCK_K * stride_ak
+            v_ptrs = v_ptr + j * stride_vj + i * stride_vi + tokens[:, None] * stride_vt + offs_r[None, :] * stride_vr
+            tl.store(v_ptrs, acc, mask=mask_m[:, None] & mask_r[None, :])
+        tl.debug_barrier()  # every thread's v stores are issued before the one release below
+        tl.atomic_add(counters_ptr + 1, 1, sem="release")
+    else:
+        c, i, tokens, mask_m, slot, rank, live = _item(ticket - n_shrink, n_col_groups, n_slices, n_m_tiles,
+                                                       token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr,
+                                                       ranks_ptr, stride_ranks_i, BLOCK_M)
+        col_start = tl.load(slice_offsets_ptr + i)
+        col_end = tl.load(slice_offsets_ptr + i + 1)
+        if SLICES_MULT16:
+            col_start = tl.multiple_of(col_start, 16)
+            col_end = tl.multiple_of(col_end, 16)
+        first = col_start + c * (BLOCK_N * COL_TILES)
+        if live & (first < col_end):
+            offs_n = first + tl.arange(0, BLOCK_N)
+            y_ptrs = y_ptr + tokens[:, None] * stride_yt + offs_n[None, :] * stride_yn
+            mask_y = mask_m[:, None] & (offs_n < col_end)[None, :]
+            y = tl.load(y_ptrs, mask=mask_y, other=0.0)  # independent of v: loaded before the wait
+            scale = tl.load(scales_ptr + slot)
+            spins = 0
+            while (tl.atomic_add(counters_ptr + 1, 0, sem="acquire") < n_shrink) & ((SPIN_LIMIT == 0) |
+                                                                                   (spins < SPIN_LIMIT)):
+                spins += 1
+            if SPIN_LIMIT > 0:  # the interpreter: a wait that is not already over would never end
+                tl.device_assert(spins < SPIN_LIMIT, "an expand item ran before every shrink item had finished")
+            rank16 = (rank + 15) // 16 * 16
+            v_ptrs = v_ptr + i * stride_vi + tokens[:, None] * stride_vt + offs_r[None, :] * stride_vr
+            mask_v = mask_m[:, None] & (offs_r < rank16)[None, :]
+            v = tl.load(v_ptrs, mask=mask_v, other=0.0, cache_modifier=".cg")
+            for jj in range(1, SPLIT_K):
+                v += tl.load(v_ptrs + jj * stride_vj, mask=mask_v, other=0.0, cache_modifier=".cg")
+            v = v.to(b_ptr.dtype.element_ty)  # rounded to the weights' dtype, as the two launches do
+            b_base = b_ptr + slot.to(tl.int64) * stride_bs
+            for t in range(COL_TILES):
+                mask_n = offs_n < col_end
+                acc = expand_part(v, b_base, offs_n, mask_n, offs_r, rank, scale, stride_bn, stride_br, BLOCK_M,
+                                  BLOCK_N, UPCAST_DOT)
+                out = (y.to(tl.float32) + acc).to(y.dtype)
+                next_n = offs_n + BLOCK_N
+                mask_next = mask_m[:, None] & ((next_n < col_end) & (t + 1 < COL_TILES))[None, :]
+                y_next = tl.load(y_ptrs + BLOCK_N * stride_yn, mask=mask_next, other=0.0)
+                tl.store(y_ptrs, out, mask=mask_y)
+                y, y_ptrs, mask_y, offs_n = y_next, y_ptrs + BLOCK_N * stride_yn, mask_next, next_n
+        tl.debug_barrier()  # this program's y stores are issued before it counts itself done
+        if tl.atomic_add(counters_ptr + 2, 1, sem="acq_rel") == n_expand - 1:
+            # The last expand item: every ticket is taken and every shrink item has counted
+            # itself, so nothing else touches the counters in this launch.
+            tl.atomic_xchg(counters_ptr, 0)
+            tl.atomic_xchg(counters_ptr + 1, 0)
+            tl.atomic_xchg(counters_ptr + 2, 0)
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+_V: dict[tuple, torch.Tensor] = {}
+
+
+def counters(device: torch.device) -> torch.Tensor:
+    """The launch's int32 [3] counters on `device` for the current stream, zeroed once and left
+    zero by every launch that completes. Per stream, so launches on two streams never share
+    them; cached, so CUDA-graph capture never allocates and a graph keeps one address."""
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+    key = (str(device), stream)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(3, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
+def reset_counters() -> None:
+    """Zero every cached counter (after a launch that failed part way)."""
+    for t in _COUNTERS.values():
+        t.zero_()
+
+
+def _workspace(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    key = (shape, str(device))
+    if key not in _V:
+        _V[key] = torch.empty(shape, dtype=torch.float32, device=device)
+    return _V[key]
+
+
+def handoff_grid(meta: SegmentMeta, n_slices: int, max_slice: int, k: int,
+                 config: TileConfig) -> tuple[int, int, int, int, int]:
+    """(shrink items, expand items, K per split, column tiles per group, column groups) of one
+    launch. A group is never wider than the widest slice (as in `expand`)."""
+    col_tiles = min(config.col_tiles, next_pow2(triton.cdiv(max_slice, config.block_n)))
+    n_col_groups = triton.cdiv(max_slice, config.block_n * col_tiles)
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    items = meta.num_segments * triton.cdiv(meta.max_seg_len, config.block_m) * n_slices
+    return items * config.split_k, items * n_col_groups, k_per_split, col_tiles, n_col_groups
+
+
+def handoff_space(tokens: int, n_segments: int, seg_len: int, k: int, max_slice: int, n_slices: int,
+                  num_sms: int = 132) -> list[TileConfig]:
+    """Tilings worth timing for one decode batch: token tiles that fit the longest segment,
+    K steps of 128-256 split so that the shrink items number about one to two per SM, and
+    expand column tiles of 64-128 in groups of 1-4."""
+    out = []
+    for block_m in sorted({16, min(64, next_pow2(max(16, seg_len)))}):
+        items = n_segments * -(-seg_len // block_m) * n_slices
+        for block_k in (128, 256):
+            most = max(1, k // block_k)
+            for split in sorted({min(most, next_pow2(max(1, num_sms // items))),
+                                 min(most, next_pow2(max(1, 2 * num_sms // items)))}):
+                for block_n, col_tiles in ((64, 1), (64, 2), (128, 1), (128, 2), (64, 4)):
+                    if block_n * col_tiles <= max(64, next_pow2(max_slice)):
+                        out.append(TileConfig(block_m, block_n, block_k, split_k=split, col_tiles=col_tiles,
+                                              num_warps=4, num_stages=2))
+    return list(dict.fromkeys(out))
+
+
+def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta,
+                     ranks: torch.Tensor, scales: torch.Tensor, slices, config: TileConfig,
+                     v: torch.Tensor | None = None) -> torch.Tensor:
+    """`add_lora` in one launch (same arguments and result, y updated in place and returned) for
+    decode-sized, plain (non-mixture) batches and pools of max rank <= 128.
+
+    config: block_m tokens per tile, block_k the shrink's K step, split_k its K splits, block_n
+    and col_tiles the expand's column tile and tiles per program. v: a float32 workspace of
+    [split_k, slices, tokens, max_rank] (default: one cached per shape and device).
+    """
+    slices = check_one_launch_inputs(y, x, lora_a, lora_b, meta, ranks, scales, slices)
+    if meta.mix_slot is not None:
+        raise ValueError("handoff_add_lora takes plain batches; a mixture batch goes to add_lora's two launches")
+    if meta.num_tokens > HANDOFF_MAX_TOKENS:
+        # Past decode sizes the launch may hold more programs than fit on the GPU at once; the
+        # tickets keep it correct, but it is neither tuned nor measured there.
+        raise ValueError(f"handoff_add_lora is for decode batches of <= {HANDOFF_MAX_TOKENS} tokens, "
+                         f"got {meta.num_tokens}")
+    if meta.num_segments == 0 or meta.max_seg_len == 0:
+        return y
+    k = x.shape[1]
+    v_shape = (config.split_k, len(slices), x.shape[0], lora_a.shape[2])
+    if v is None:
+        v = _workspace(v_shape, x.device)
+    elif v.dtype != torch.float32 or tuple(v.shape) != v_shape or v.device != x.device:
+        raise ValueError(f"v must be float32 {v_shape} on {x.device}, got {v.dtype} {tuple(v.shape)} on {v.device}")
+    n_shrink, n_expand, k_per_split, col_tiles, n_col_groups = handoff_grid(meta, len(slices), max(slices), k, config)
+    _handoff_kernel[(n_shrink + n_expand,)](
+        x, lora_a, lora_b, y, v, counters(x.device),
+        meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks, scales, slice_offsets(slices, y.device),
+        k, k_per_split, triton.cdiv(meta.max_seg_len, config.block_m), len(slices), n_col_groups, n_shrink, n_expand,
+        x.stride(0), x.stride(1),
+        lora_a.stride(0), lora_a.stride(1), lora_a.stride(2), lora_a.stride(3),
+        lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
+        y.stride(0), y.stride(1),
+        v.stride(0), v.stride(1), v.stride(2), v.stride(3),
+        ranks.stride(0),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_R=max(16, next_pow2(lora_a.shape[2])), SPLIT_K=config.split_k, COL_TILES=col_tiles,
+        UPCAST_DOT=interpreted(), EVEN_K=k % config.block_k == 0 and k_per_split % config.block_k == 0,
+        SLICES_MULT16=all(w % 16 == 0 for w in slices), SPIN_LIMIT=1 if interpreted() else 0,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return y

@@ -1,0 +1,136 @@
+"""The one-launch handoff ATMM kernel (`kernels/handoff.py`) against the fp32 reference (CPU:
+through the Triton interpreter; on a GPU compiled, where its shrink and expand programs run side
+by side and the in-launch wait is real)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lora_cases import make_batch, make_pool, rel_err
+from test_fused import _check, _junk_past_ranks, _slots
+
+from kernels import handoff
+from kernels.handoff import counters, handoff_add_lora, handoff_grid
+from kernels.reference import lora_reference
+from kernels.tiling import TileConfig
+
+# Small tiles, so the little test shapes take several K steps per split, several column groups
+# per slice and a last group shorter than col_tiles.
+CFG = TileConfig(16, 16, 16, split_k=2, col_tiles=2)
+
+
+def _run(slot_ids, slices, k, max_rank, n_slots, dtype, seed, config=CFG, junk=False, **pool_kw):
+    """(y before, the fp32 reference, the kernel's y): y starts random, never zero."""
+    lora_a, lora_b, ranks, scales = make_pool(n_slots, slices, k, max_rank, dtype, seed, **pool_kw)
+    x, y0, meta = make_batch(len(slot_ids), k, sum(slices), slot_ids, dtype, seed)
+    ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)  # reads ranks' rows only
+    if junk:
+        _junk_past_ranks(lora_a, lora_b, ranks, slices, seed)
+    y = y0.clone()
+    out = handoff_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, config)
+    assert out is y, "y is updated in place and returned"
+    assert counters(x.device).tolist() == [0, 0, 0], "the launch leaves its counters at zero for the next"
+    return y0, ref, out
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 16, 33])
+@pytest.mark.parametrize("mix", ["one", "distinct", "skewed", "no_lora_interleaved"])
+def test_matches_reference_over_token_counts_and_adapter_mixes(tokens, mix):
+    slot_ids = _slots(mix, tokens)
+    dtype = torch.bfloat16 if tokens % 2 else torch.float16
+    _check(*_run(slot_ids, (48,), 64, 16, 40, dtype, seed=tokens), slot_ids, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k, slices", [(33, (48, 16, 16)), (40, (40, 24)), (64, (16,))])
+@pytest.mark.parametrize("config", [CFG, TileConfig(16, 32, 16, split_k=4, col_tiles=1),
+                                    TileConfig(32, 16, 32, split_k=1, col_tiles=4, num_warps=8)],
+                         ids=["split2_cols2", "split4_cols1", "split1_cols4"])
+def test_slices_odd_k_untargeted_slices_and_splits(dtype, k, slices, config):
+    """Odd K ends a split part way through a K step (and, with 4 splits of K 33, leaves a split
+    with no K at all); a 40-wide slice ends a column group part way."""
+    slot_ids = [2, 0, -1, 2, 1, 3, -1, 0, 2, 2, 2]
+    _check(*_run(slot_ids, slices, k, 32, 4, dtype, seed=k, config=config, untargeted=0.3), slot_ids, dtype)
+
+
+def test_ranks_1_to_128_in_one_batch_ignore_junk_past_each_rank():
+    ranks = [1, 7, 8, 16, 33, 64, 100, 128]
+    slot_ids = [i % len(ranks) if i % 5 != 4 else -1 for i in range(20)]
+    out = _run(slot_ids, (32, 16), 40, 128, len(ranks), torch.bfloat16, seed=3, rank_choices=ranks, junk=True,
+               config=TileConfig(16, 16, 16, split_k=2, col_tiles=1))
+    _check(*out, slot_ids, torch.bfloat16)
+
+
+def test_launches_in_a_row_each_start_from_zeroed_counters():
+    """The second launch (another batch, another grid) is right only if the first reset the
+    counters: with tickets left over, its programs would take the wrong roles."""
+    lora_a, lora_b, ranks, scales = make_pool(4, (32,), 48, 16, torch.float16, seed=7)
+    for tokens, slot_ids in ((5, [0, 1, 1, 3, 0]), (9, [2] * 9), (3, [3, -1, 1])):
+        x, y0, meta = make_batch(tokens, 48, 32, slot_ids, torch.float16, seed=tokens)
+        ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,))
+        out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), CFG)
+        _check(y0, ref, out, slot_ids, torch.float16)
+        assert counters(x.device).tolist() == [0, 0, 0]
+
+
+def test_padded_graph_metadata_and_empty_batches():
+    slot_ids, slices = [2, 0, 2, -1, 1], (32,)
+    lora_a, lora_b, ranks, scales = make_pool(4, slices, 32, 16, torch.float16, seed=5)
+    x, y0, meta = make_batch(5, 32, 32, slot_ids, torch.float16, seed=5)
+    _, _, padded = make_batch(5, 32, 32, slot_ids, torch.float16, seed=5, max_segments=4, max_tokens=8)
+    a = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices, CFG)
+    b = handoff_add_lora(y0.clone(), x, lora_a, lora_b, padded, ranks, scales, slices, CFG)
+    assert torch.equal(a, b), "padding segments and tiles add nothing"
+    _, _, none = make_batch(5, 32, 32, [-1] * 5, torch.float16, seed=5)
+    assert torch.equal(handoff_add_lora(y0.clone(), x, lora_a, lora_b, none, ranks, scales, slices, CFG), y0)
+    assert counters(x.device).tolist() == [0, 0, 0]
+
+
+def test_a_given_workspace_is_used_and_checked():
+    slot_ids, slices = [1, 0, 1], (32, 16)
+    lora_a, lora_b, ranks, scales = make_pool(2, slices, 32, 16, torch.float16, seed=9)
+    x, y0, meta = make_batch(3, 32, 48, slot_ids, torch.float16, seed=9)
+    v = torch.full((2, 2, 3, 16), float("nan"))  # every cell read is written first
+    out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices, CFG, v=v)
+    _check(y0, lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices), out, slot_ids,
+           torch.float16)
+    with pytest.raises(ValueError, match=r"v must be float32 \(2, 2, 3, 16\)"):
+        handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices, CFG, v=v[:1])
+
+
+def test_grid_counts_and_group_width():
+    _, _, meta = make_batch(10, 32, 32, [0] * 6 + [1] * 4, torch.float16, seed=0)  # 2 segments of <= 6
+    n_shrink, n_expand, k_per_split, col_tiles, groups = handoff_grid(
+        meta, 3, 100, 200, TileConfig(16, 16, 32, split_k=4, col_tiles=16))
+    assert (n_shrink, k_per_split) == (2 * 1 * 3 * 4, 64)  # segments x token tiles x slices x splits
+    assert col_tiles == 8 and groups == 1, "a group is never wider than the widest slice (100 -> 7 tiles of 16)"
+    assert n_expand == 2 * 3 * groups
+
+
+def test_bad_inputs_are_named():
+    lora_a, lora_b, ranks, scales = make_pool(2, (32,), 32, 16, torch.float16, seed=0)
+    x, y, meta = make_batch(4, 32, 32, [0, 1, 0, 1], torch.float16, seed=0)
+    _, _, mixture = make_batch(4, 32, 32, [0, 1, 0, 1], torch.float16, seed=0, mix_slot=1)
+    with pytest.raises(ValueError, match="mixture batch goes to add_lora's two launches"):
+        handoff_add_lora(y, x, lora_a, lora_b, mixture, ranks, scales, (32,), CFG)
+    with pytest.raises(TypeError, match="x must be float16 or bfloat16"):
+        handoff_add_lora(y, x.float(), lora_a, lora_b, meta, ranks, scales, (32,), CFG)
+    with pytest.raises(ValueError, match="x has 3 tokens, y 4"):
+        handoff_add_lora(y, x[:3], lora_a, lora_b, meta, ranks, scales, (32,), CFG)
+    wide_a, wide_b, wide_ranks, wide_scales = make_pool(2, (32,), 32, 144, torch.float16, seed=0)
+    with pytest.raises(ValueError, match=r"max_rank \(144\) must be <= 128"):
+        handoff_add_lora(y, x, wide_a, wide_b, meta, wide_ranks, wide_scales, (32,), CFG)
+    big_x, big_y, big = make_batch(65, 32, 32, [0] * 65, torch.float16, seed=0)
+    with pytest.raises(ValueError, match="<= 64 tokens, got 65"):
+        handoff_add_lora(big_y, big_x, lora_a, lora_b, big, ranks, scales, (32,), CFG)
+    assert counters(x.device).tolist() == [0, 0, 0], "refused before any launch"
+
+
+def test_reset_counters_recovers_from_a_launch_that_died(monkeypatch):
+    lora_a, lora_b, ranks, scales = make_pool(2, (32,), 32, 16, torch.float16, seed=1)
+    x, y0, meta = make_batch(4, 32, 32, [0, 1, 0, 1], torch.float16, seed=1)
+    counters(x.device).fill_(7)  # as a launch stopped part way would leave them
+    handoff.reset_counters()
+    out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), CFG)
+    _check(y0, lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,)), out, [0, 1, 0, 1],
+           torch.float16)

@@ -21,8 +21,9 @@ programs run one after another in ticket order, so the wait is always already sa
 
 The handoff: a shrink program stores its v tile, synchronizes its threads, and increments
 `done` with release semantics; an expand program spins on `done` with acquire semantics, then
-reads v through L2 (`.cg`: never a stale L1 line of a v buffer reused across layers). The last
-expand program to finish resets the three counters to zero, so the next launch on the stream
+reads v through L2 (`.cg`: never a stale L1 line of a v buffer reused across layers). An expand
+item issues its y, B and scale loads before the wait. The last expand program to finish resets
+the three counters to zero, so the next launch on the stream
 starts from zero (launches on one stream run one after another; nothing here triggers an early
 dependent launch). A launch that dies part way leaves them non-zero: `reset_counters` clears them.
 
@@ -42,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .expand import expand_part, slice_offsets
+from .expand import slice_offsets
 from .fused import check_one_launch_inputs
 from .interpreter import dot_nt, interpreted
 from .segments import SegmentMeta
@@ -73,6 +74,18 @@ def _item(item, inner, n_slices, n_m_tiles, token_order_ptr, seg_slot_ptr, seg_s
     mask_m = offs_m < seg_len
     tokens = tl.load(token_order_ptr + seg_start + offs_m, mask=mask_m, other=0).to(tl.int64)
     return j, i, tokens, mask_m, tl.maximum(slot, 0), rank, (m * BLOCK_M < seg_len) & (rank > 0)
+
+
+@triton.jit
+def _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT: tl.constexpr):
+    """Spin until every shrink item has counted itself done (acquire: its v stores are then
+    visible). SPIN_LIMIT > 0 bounds the spin (the interpreter, where a wait that is not already
+    over would never end)."""
+    spins = 0
+    while (tl.atomic_add(counters_ptr + 1, 0, sem="acquire") < n_shrink) & ((SPIN_LIMIT == 0) | (spins < SPIN_LIMIT)):
+        spins += 1
+    if SPIN_LIMIT > 0:
+        tl.device_assert(spins < SPIN_LIMIT, "an expand item ran before every shrink item had finished")
 
 
 @triton.jit
@@ -131,14 +144,15 @@ def _handoff_kernel(
             offs_n = first + tl.arange(0, BLOCK_N)
             y_ptrs = y_ptr + tokens[:, None] * stride_yt + offs_n[None, :] * stride_yn
             mask_y = mask_m[:, None] & (offs_n < col_end)[None, :]
-            y = tl.load(y_ptrs, mask=mask_y, other=0.0)  # independent of v: loaded before the wait
+            # y, B and the scale do not depend on v: their loads are issued before the wait, so
+            # after it only v's load stands between the handoff and the product.
+            y = tl.load(y_ptrs, mask=mask_y, other=0.0)
             scale = tl.load(scales_ptr + slot)
-            spins = 0
-            while (tl.atomic_add(counters_ptr + 1, 0, sem="acquire") < n_shrink) & ((SPIN_LIMIT == 0) |
-                                                                                   (spins < SPIN_LIMIT)):
-                spins += 1
-            if SPIN_LIMIT > 0:  # the interpreter: a wait that is not already over would never end
-                tl.device_assert(spins < SPIN_LIMIT, "an expand item ran before every shrink item had finished")
+            b_ptrs = (b_ptr + slot.to(tl.int64) * stride_bs + offs_n[:, None].to(tl.int64) * stride_bn
+                      + offs_r[None, :] * stride_br)  # rows of B, read to rank16 (zeros past the rank in v)
+            mask_b_r = (offs_r < (rank + 15) // 16 * 16)[None, :]
+            b = tl.load(b_ptrs, mask=(offs_n < col_end)[:, None] & mask_b_r, other=0.0)
+            _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT)
             rank16 = (rank + 15) // 16 * 16
             v_ptrs = v_ptr + i * stride_vi + tokens[:, None] * stride_vt + offs_r[None, :] * stride_vr
             mask_v = mask_m[:, None] & (offs_r < rank16)[None, :]
@@ -146,24 +160,27 @@ def _handoff_kernel(
             for jj in range(1, SPLIT_K):
                 v += tl.load(v_ptrs + jj * stride_vj, mask=mask_v, other=0.0, cache_modifier=".cg")
             v = v.to(b_ptr.dtype.element_ty)  # rounded to the weights' dtype, as the two launches do
-            b_base = b_ptr + slot.to(tl.int64) * stride_bs
-            for t in range(COL_TILES):
-                mask_n = offs_n < col_end
-                acc = expand_part(v, b_base, offs_n, mask_n, offs_r, rank, scale, stride_bn, stride_br, BLOCK_M,
-                                  BLOCK_N, UPCAST_DOT)
+            for t in range(COL_TILES):  # each tile's y and B loaded one step ahead of its product
+                acc = dot_nt(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), v, b, UPCAST_DOT) * scale
                 out = (y.to(tl.float32) + acc).to(y.dtype)
                 next_n = offs_n + BLOCK_N
-                mask_next = mask_m[:, None] & ((next_n < col_end) & (t + 1 < COL_TILES))[None, :]
+                more = (next_n < col_end) & (t + 1 < COL_TILES)
+                mask_next = mask_m[:, None] & more[None, :]
                 y_next = tl.load(y_ptrs + BLOCK_N * stride_yn, mask=mask_next, other=0.0)
+                b = tl.load(b_ptrs + BLOCK_N * stride_bn, mask=more[:, None] & mask_b_r, other=0.0)
                 tl.store(y_ptrs, out, mask=mask_y)
-                y, y_ptrs, mask_y, offs_n = y_next, y_ptrs + BLOCK_N * stride_yn, mask_next, next_n
+                y, y_ptrs, mask_y, offs_n, b_ptrs = y_next, y_ptrs + BLOCK_N * stride_yn, mask_next, next_n, \
+                    b_ptrs + BLOCK_N * stride_bn
         tl.debug_barrier()  # this program's y stores are issued before it counts itself done
         if tl.atomic_add(counters_ptr + 2, 1, sem="acq_rel") == n_expand - 1:
-            # The last expand item: every ticket is taken and every shrink item has counted
-            # itself, so nothing else touches the counters in this launch.
-            tl.atomic_xchg(counters_ptr, 0)
-            tl.atomic_xchg(counters_ptr + 1, 0)
-            tl.atomic_xchg(counters_ptr + 2, 0)
+            # The last expand item: every ticket is taken. Every shrink item has counted itself
+            # too once this wait is over (expand items with nothing to do, such as those of an
+            # untargeted slice, do not wait, so all of them may end before a shrink item counts);
+            # then nothing else touches the counters in this launch.
+            _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT)
+            # Plain stores: no program of this launch reads them again, and the next launch on
+            # the stream starts only after this one has ended, when they are visible.
+            tl.store(counters_ptr + tl.arange(0, 4), tl.zeros((4,), dtype=tl.int32), mask=tl.arange(0, 4) < 3)
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}

@@ -86,6 +86,16 @@ def test_padded_graph_metadata_and_empty_batches():
     assert counters(x.device).tolist() == [0, 0, 0]
 
 
+def test_a_batch_whose_adapters_leave_every_slice_untargeted_changes_nothing():
+    """No expand item has work, so none waits; the launch still ends with its counters at zero."""
+    lora_a, lora_b, ranks, scales = make_pool(3, (32, 16), 32, 16, torch.float16, seed=4)
+    ranks.zero_()
+    x, y0, meta = make_batch(4, 32, 48, [0, 1, 2, 1], torch.float16, seed=4)
+    out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32, 16), CFG)
+    assert torch.equal(out, y0)
+    assert counters(x.device).tolist() == [0, 0, 0]
+
+
 def test_a_given_workspace_is_used_and_checked():
     slot_ids, slices = [1, 0, 1], (32, 16)
     lora_a, lora_b, ranks, scales = make_pool(2, slices, 32, 16, torch.float16, seed=9)

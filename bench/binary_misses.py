@@ -7,6 +7,11 @@ whether a domain's ceiling is the model's view of small or hidden objects, or it
 Reads the base model, the domain's dataset and its world from the adapter's meta.json (a
 world-distilled domain).
 An experiment, printed; nothing passes or fails.
+
+With --thresholds it also scores the head's logit at three thresholds: 0 (what it answers), the
+one with the best accuracy on the train split (a calibration that could be shipped), and the best
+on the eval split itself (an upper bound no calibration reaches). Answers whether a domain below
+its requirement is a threshold away from it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,31 @@ from train.data import load_domain
 from train.evaluate import head_outputs
 from train.model import ModelRef
 from world.io import load_world
+
+
+def threshold_accuracies(train_scores, train_labels, eval_scores, eval_labels) -> dict:
+    """Accuracy of "yes when the score is above t" at t = 0, at the train split's best t and at
+    the eval split's best t (ties: the lowest). Labels are 0 / 1."""
+    def acc(scores, labels, t):
+        return float(((np.asarray(scores) > t) == (np.asarray(labels) == 1)).mean())
+
+    def best(scores, labels):
+        candidates = np.unique(np.concatenate([np.asarray(scores, float), [0.0]]))
+        return max(candidates, key=lambda t: (acc(scores, labels, t), -t))
+
+    t_train, t_eval = best(train_scores, train_labels), best(eval_scores, eval_labels)
+    return dict(train_at_0=acc(train_scores, train_labels, 0.0), eval_at_0=acc(eval_scores, eval_labels, 0.0),
+                train_threshold=float(t_train), train_at_train_threshold=acc(train_scores, train_labels, t_train),
+                eval_at_train_threshold=acc(eval_scores, eval_labels, t_train),
+                eval_threshold=float(t_eval), eval_at_eval_threshold=acc(eval_scores, eval_labels, t_eval))
+
+
+def _scores(vlm, head, domain, split: str) -> tuple[list[float], list[int]]:
+    scores, labels = [], []
+    for outputs, targets in head_outputs(vlm, head, domain, split, domain.size(split), 32):
+        scores += outputs["logits"].float().reshape(-1).tolist()
+        labels += [1 if t == "yes" else 0 for t in targets]
+    return scores, labels
 
 
 def _area(box) -> int:
@@ -57,6 +87,7 @@ def main() -> None:
     ap.add_argument("--domain", required=True)
     ap.add_argument("--model", default=None, help="the base checkpoint (default: the one meta.json records)")
     ap.add_argument("--out", default=None, help="per-item rows as JSON lines")
+    ap.add_argument("--thresholds", action="store_true", help="accuracy at the train- and eval-best thresholds too")
     args = ap.parse_args()
 
     state = load_adapter(args.adapter)
@@ -114,6 +145,12 @@ def main() -> None:
         share = {c: np.mean([any(o.cls == c for o in ob) for ob in objs]) for c in others}
         print(f"  {label:<16}{len(objs):>6}{np.mean([len(ob) for ob in objs]):>14.2f}"
               + "".join(f"{share[c]:>14.2f}" for c in others))
+    if args.thresholds:
+        r = threshold_accuracies(*_scores(vlm, head, domain, "train"), *_scores(vlm, head, domain, "eval"))
+        print(f"  thresholds: at 0 train {r['train_at_0']:.3f}, eval {r['eval_at_0']:.3f}; at the train split's "
+              f"best ({r['train_threshold']:.3f}) train {r['train_at_train_threshold']:.3f}, eval "
+              f"{r['eval_at_train_threshold']:.3f}; at the eval split's own best ({r['eval_threshold']:.3f}) "
+              f"eval {r['eval_at_eval_threshold']:.3f}")
     if args.out:
         Path(args.out).write_text("".join(json.dumps(it) + "\n" for it in items))
 

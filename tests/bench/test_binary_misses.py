@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.binary_misses import _covered, item_view
+from bench.binary_misses import _covered, item_view, threshold_accuracies
 from world.scene import ImageTruth, ObjectTruth
 
 
@@ -30,3 +30,15 @@ def test_item_view_takes_the_largest_instance_and_only_other_objects_cover_it():
     assert item_view(truth, "bus") == (200, pytest.approx(0.5))  # the truck covers half the big bus
     assert item_view(truth, "person") == (0, 0.0)
     assert item_view(_truth(("car", (0, 0, 4, 4))), "car") == (16, 0.0)
+
+
+def test_threshold_accuracies_calibrate_on_train_and_bound_with_eval():
+    # train: yes above 1.0; eval: yes above -1.0 (a shifted score), so the train threshold
+    # transfers badly and only the eval split's own threshold is perfect
+    train_scores, train_labels = [-2.0, 0.5, 0.8, 1.5, 2.0], [0, 0, 0, 1, 1]
+    eval_scores, eval_labels = [-2.0, -0.5, 0.5, 1.5], [0, 1, 1, 1]
+    r = threshold_accuracies(train_scores, train_labels, eval_scores, eval_labels)
+    assert r["train_at_0"] == pytest.approx(0.6) and r["eval_at_0"] == pytest.approx(0.75)
+    assert r["train_threshold"] == 0.8 and r["train_at_train_threshold"] == 1.0
+    assert r["eval_at_train_threshold"] == pytest.approx(0.5)
+    assert r["eval_threshold"] == -2.0 and r["eval_at_eval_threshold"] == 1.0

@@ -5,9 +5,10 @@
 For each shape (hidden 4096, fp16, 64 adapter slots, the kernel benchmark's adapter mixes), the
 two launches at the device table's tiling (`add_lora`, with programmatic dependent launch where
 the GPU has it, as the engine runs them) and the handoff kernel over `handoff_space`'s tilings:
-a quick pass over all, then the four fastest timed again. Before timing, the handoff kernel's
-result is checked against the two launches' on the same inputs. CUDA-graph medians with L2-cold
-rotation, as `vlora bench`. Writes handoff.csv.
+a quick pass over all, then the four fastest timed again; the fastest is also timed with roles
+by program id instead of tickets (`handoff_by_id_us`, `handoff_add_lora(tickets=False)`). Before
+timing, both forms' results are checked against the two launches' on the same inputs. CUDA-graph
+medians with L2-cold rotation, as `vlora bench`. Writes handoff.csv.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from .results import write_csv
 HIDDEN = 4096
 
 
-def check(problem: tuple, config) -> float:
+def check(problem: tuple, config, tickets: bool = True) -> float:
     """Relative error of the handoff kernel against the two launches on one problem."""
     y, rest = problem[0], problem[1:]
     want = add_lora(y.clone(), *rest)
-    got = handoff_add_lora(y.clone(), *rest, config)
+    got = handoff_add_lora(y.clone(), *rest, config, tickets=tickets)
     return float((got.double() - want.double()).norm() / (want.double() - y.double()).norm().clamp_min(1e-12))
 
 
@@ -46,17 +47,19 @@ def measure(shape: LoRAShape, l2_bytes: int, num_sms: int, tflops: float, gbs: f
     space = handoff_space(shape.tokens, meta.num_segments, longest_segment(shape.tokens, shape.mix), HIDDEN, max(shape.slices),
                           len(shape.slices), num_sms)
     timed = functools.partial(time_op, warmup=warmup, repeats=repeats)
-    err = max(check(problems[0], c) for c in space)
+    err = max(check(problems[0], c, tickets) for c in space for tickets in (True, False))
     if err > 1e-2:
         raise SystemExit(f"{shape}: the handoff kernel differs from the two launches (relative error {err:.3g})")
     quick = sorted(((time_op(Rotation(problems, lambda p, c=c: handoff_add_lora(*p, c)), warmup=1, repeats=3), c)
                     for c in space), key=lambda q: q[0])
     best = min(((timed(Rotation(problems, lambda p, c=c: handoff_add_lora(*p, c))), c) for _, c in quick[:4]),
                key=lambda b: b[0])
+    by_id = timed(Rotation(problems, lambda p: handoff_add_lora(*p, best[1], tickets=False)))
     atmm = timed(Rotation(problems, lambda p: add_lora(*p)))
     return dict(tokens=shape.tokens, mix=shape.mix, rank=shape.rank,
                 floor_us=round(roofline_us(*floor_cost(shape), tflops, gbs), 2), atmm_us=round(atmm, 2),
-                handoff_us=round(best[0], 2), handoff_speedup=round(atmm / best[0], 3), max_rel_err=f"{err:.2e}",
+                handoff_us=round(best[0], 2), handoff_speedup=round(atmm / best[0], 3), handoff_by_id_us=round(by_id, 2),
+                max_rel_err=f"{err:.2e}",
                 tried=len(space), handoff_config=str(best[1]))
 
 

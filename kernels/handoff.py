@@ -101,9 +101,13 @@ def _handoff_kernel(
     stride_ranks_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     SPLIT_K: tl.constexpr, COL_TILES: tl.constexpr, UPCAST_DOT: tl.constexpr, EVEN_K: tl.constexpr,
-    SLICES_MULT16: tl.constexpr, SPIN_LIMIT: tl.constexpr,
+    SLICES_MULT16: tl.constexpr, SPIN_LIMIT: tl.constexpr, TICKETS: tl.constexpr,
 ):
-    ticket = tl.atomic_add(counters_ptr, 1)  # counters: [tickets, shrink items done, expand items done]
+    # counters: [tickets, shrink items done, expand items done]
+    if TICKETS:
+        ticket = tl.atomic_add(counters_ptr, 1)
+    else:  # roles by program id: see `handoff_add_lora`'s `tickets`
+        ticket = tl.program_id(0)
     offs_r = tl.arange(0, BLOCK_R)
     if ticket < n_shrink:
         j, i, tokens, mask_m, slot, rank, live = _item(ticket, SPLIT_K, n_slices, n_m_tiles, token_order_ptr,
@@ -243,13 +247,19 @@ def handoff_space(tokens: int, n_segments: int, seg_len: int, k: int, max_slice:
 
 def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta,
                      ranks: torch.Tensor, scales: torch.Tensor, slices, config: TileConfig,
-                     v: torch.Tensor | None = None) -> torch.Tensor:
+                     v: torch.Tensor | None = None, tickets: bool = True) -> torch.Tensor:
     """`add_lora` in one launch (same arguments and result, y updated in place and returned) for
     decode-sized, plain (non-mixture) batches and pools of max rank <= 128.
 
     config: block_m tokens per tile, block_k the shrink's K step, split_k its K splits, block_n
     and col_tiles the expand's column tile and tiles per program. v: a float32 workspace of
     [split_k, slices, tokens, max_rank] (default: one cached per shape and device).
+
+    tickets=False gives programs their roles by program id instead (shrink items the lowest ids),
+    which saves the atomic round trip every program starts with. It is deadlock-free only while
+    the GPU dispatches a grid's programs in id order, as NVIDIA GPUs do in practice but do not
+    promise: an expand program then waits only for programs dispatched before it. For timing
+    that saving; the default keeps the guarantee.
     """
     slices = check_one_launch_inputs(y, x, lora_a, lora_b, meta, ranks, scales, slices)
     if meta.mix_slot is not None:
@@ -282,6 +292,7 @@ def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lor
         BLOCK_R=max(16, next_pow2(lora_a.shape[2])), SPLIT_K=config.split_k, COL_TILES=col_tiles,
         UPCAST_DOT=interpreted(), EVEN_K=k % config.block_k == 0 and k_per_split % config.block_k == 0,
         SLICES_MULT16=all(w % 16 == 0 for w in slices), SPIN_LIMIT=1 if interpreted() else 0,
+        TICKETS=tickets,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y

@@ -23,9 +23,9 @@ def _problem(tokens: int, mix: str):
 def test_check_agrees_with_the_two_launches_and_catches_a_wrong_kernel(tokens, mix, monkeypatch):
     problem = _problem(tokens, mix)
     cfg = TileConfig(16, 16, 16, split_k=2, col_tiles=2)
-    assert check(problem, cfg) < 1e-2
+    assert check(problem, cfg) < 1e-2 and check(problem, cfg, tickets=False) < 1e-2
     real = bench.handoff.handoff_add_lora
-    monkeypatch.setattr(bench.handoff, "handoff_add_lora", lambda y, *a: real(real(y, *a), *a))  # adds twice
+    monkeypatch.setattr(bench.handoff, "handoff_add_lora", lambda y, *a, **kw: real(real(y, *a, **kw), *a, **kw))  # adds twice
     assert check(problem, cfg) > 0.5
 
 

@@ -19,7 +19,7 @@ from kernels.tiling import TileConfig
 CFG = TileConfig(16, 16, 16, split_k=2, col_tiles=2)
 
 
-def _run(slot_ids, slices, k, max_rank, n_slots, dtype, seed, config=CFG, junk=False, **pool_kw):
+def _run(slot_ids, slices, k, max_rank, n_slots, dtype, seed, config=CFG, junk=False, tickets=True, **pool_kw):
     """(y before, the fp32 reference, the kernel's y): y starts random, never zero."""
     lora_a, lora_b, ranks, scales = make_pool(n_slots, slices, k, max_rank, dtype, seed, **pool_kw)
     x, y0, meta = make_batch(len(slot_ids), k, sum(slices), slot_ids, dtype, seed)
@@ -27,7 +27,7 @@ def _run(slot_ids, slices, k, max_rank, n_slots, dtype, seed, config=CFG, junk=F
     if junk:
         _junk_past_ranks(lora_a, lora_b, ranks, slices, seed)
     y = y0.clone()
-    out = handoff_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, config)
+    out = handoff_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, config, tickets=tickets)
     assert out is y, "y is updated in place and returned"
     assert counters(x.device).tolist() == [0, 0, 0], "the launch leaves its counters at zero for the next"
     return y0, ref, out
@@ -39,6 +39,13 @@ def test_matches_reference_over_token_counts_and_adapter_mixes(tokens, mix):
     slot_ids = _slots(mix, tokens)
     dtype = torch.bfloat16 if tokens % 2 else torch.float16
     _check(*_run(slot_ids, (48,), 64, 16, 40, dtype, seed=tokens), slot_ids, dtype)
+
+
+@pytest.mark.parametrize("mix", ["distinct", "no_lora_interleaved"])
+def test_roles_by_program_id_match_the_reference_too(mix):
+    slot_ids = _slots(mix, 13)
+    out = _run(slot_ids, (48, 16), 40, 32, 40, torch.float16, seed=13, tickets=False, untargeted=0.2)
+    _check(*out, slot_ids, torch.float16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

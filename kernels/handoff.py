@@ -191,14 +191,26 @@ _COUNTERS: dict[tuple, torch.Tensor] = {}
 _V: dict[tuple, torch.Tensor] = {}
 
 
+def _stream(device: torch.device) -> tuple:
+    return str(device), torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+
+
+def _created(device: torch.device, what: str, make):
+    """A new cache entry, outside CUDA-graph capture: made inside, its memory would belong to the
+    graph's private pool. A launch on the capturing stream before capture creates it."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"handoff_add_lora: no {what} for this stream yet, and it is being captured into a "
+                           "CUDA graph; run one launch on the capturing stream before capture")
+    return make()
+
+
 def counters(device: torch.device) -> torch.Tensor:
     """The launch's int32 [3] counters on `device` for the current stream, zeroed once and left
     zero by every launch that completes. Per stream, so launches on two streams never share
-    them; cached, so CUDA-graph capture never allocates and a graph keeps one address."""
-    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-    key = (str(device), stream)
+    them; cached, so a CUDA graph keeps one address."""
+    key = _stream(device)
     if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(3, dtype=torch.int32, device=device)
+        _COUNTERS[key] = _created(device, "counters", lambda: torch.zeros(3, dtype=torch.int32, device=device))
     return _COUNTERS[key]
 
 
@@ -209,9 +221,11 @@ def reset_counters() -> None:
 
 
 def _workspace(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    key = (shape, str(device))
+    """The float32 v of one shape for the current stream (per stream, as the counters: two
+    streams' launches never write one v)."""
+    key = (shape, *_stream(device))
     if key not in _V:
-        _V[key] = torch.empty(shape, dtype=torch.float32, device=device)
+        _V[key] = _created(device, "v workspace", lambda: torch.empty(shape, dtype=torch.float32, device=device))
     return _V[key]
 
 

@@ -151,3 +151,13 @@ def test_reset_counters_recovers_from_a_launch_that_died(monkeypatch):
     out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), CFG)
     _check(y0, lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,)), out, [0, 1, 0, 1],
            torch.float16)
+
+
+def test_no_cache_entry_is_created_inside_graph_capture(monkeypatch):
+    """Made during capture, the counters' memory would belong to the graph's private pool."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="run one launch on the capturing stream before capture"):
+        handoff._created(cuda, "counters", lambda: pytest.fail("nothing is made during capture"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert handoff._created(cuda, "counters", lambda: "made") == "made"

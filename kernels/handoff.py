@@ -50,6 +50,7 @@ from .segments import SegmentMeta
 from .shrink import k_step
 from .tiling import TileConfig, next_pow2
 
+LINE = 32  # int32 per 128-byte cache line: the counters' spacing
 HANDOFF_MAX_TOKENS = 64  # decode sizes: every program of the launch fits on the GPU at once there
 
 
@@ -77,12 +78,12 @@ def _item(item, inner, n_slices, n_m_tiles, token_order_ptr, seg_slot_ptr, seg_s
 
 
 @triton.jit
-def _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT: tl.constexpr):
+def _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT: tl.constexpr, LINE: tl.constexpr):
     """Spin until every shrink item has counted itself done (acquire: its v stores are then
     visible). SPIN_LIMIT > 0 bounds the spin (the interpreter, where a wait that is not already
     over would never end)."""
     spins = 0
-    while (tl.atomic_add(counters_ptr + 1, 0, sem="acquire") < n_shrink) & ((SPIN_LIMIT == 0) | (spins < SPIN_LIMIT)):
+    while (tl.atomic_add(counters_ptr + LINE, 0, sem="acquire") < n_shrink) & ((SPIN_LIMIT == 0) | (spins < SPIN_LIMIT)):
         spins += 1
     if SPIN_LIMIT > 0:
         tl.device_assert(spins < SPIN_LIMIT, "an expand item ran before every shrink item had finished")
@@ -101,9 +102,9 @@ def _handoff_kernel(
     stride_ranks_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
     SPLIT_K: tl.constexpr, COL_TILES: tl.constexpr, UPCAST_DOT: tl.constexpr, EVEN_K: tl.constexpr,
-    SLICES_MULT16: tl.constexpr, SPIN_LIMIT: tl.constexpr, TICKETS: tl.constexpr,
+    SLICES_MULT16: tl.constexpr, SPIN_LIMIT: tl.constexpr, TICKETS: tl.constexpr, LINE: tl.constexpr,
 ):
-    # counters: [tickets, shrink items done, expand items done]
+    # counters: tickets, shrink items done, expand items done, LINE int32 apart (`counters`)
     if TICKETS:
         ticket = tl.atomic_add(counters_ptr, 1)
     else:  # roles by program id: see `handoff_add_lora`'s `tickets`
@@ -133,7 +134,7 @@ def _handoff_kernel(
             v_ptrs = v_ptr + j * stride_vj + i * stride_vi + tokens[:, None] * stride_vt + offs_r[None, :] * stride_vr
             tl.store(v_ptrs, acc, mask=mask_m[:, None] & mask_r[None, :])
         tl.debug_barrier()  # every thread's v stores are issued before the one release below
-        tl.atomic_add(counters_ptr + 1, 1, sem="release")
+        tl.atomic_add(counters_ptr + LINE, 1, sem="release")
     else:
         c, i, tokens, mask_m, slot, rank, live = _item(ticket - n_shrink, n_col_groups, n_slices, n_m_tiles,
                                                        token_order_ptr, seg_slot_ptr, seg_start_ptr, seg_len_ptr,
@@ -156,7 +157,7 @@ def _handoff_kernel(
                       + offs_r[None, :] * stride_br)  # rows of B, read to rank16 (zeros past the rank in v)
             mask_b_r = (offs_r < (rank + 15) // 16 * 16)[None, :]
             b = tl.load(b_ptrs, mask=(offs_n < col_end)[:, None] & mask_b_r, other=0.0)
-            _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT)
+            _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT, LINE)
             rank16 = (rank + 15) // 16 * 16
             v_ptrs = v_ptr + i * stride_vi + tokens[:, None] * stride_vt + offs_r[None, :] * stride_vr
             mask_v = mask_m[:, None] & (offs_r < rank16)[None, :]
@@ -176,15 +177,15 @@ def _handoff_kernel(
                 y, y_ptrs, mask_y, offs_n, b_ptrs = y_next, y_ptrs + BLOCK_N * stride_yn, mask_next, next_n, \
                     b_ptrs + BLOCK_N * stride_bn
         tl.debug_barrier()  # this program's y stores are issued before it counts itself done
-        if tl.atomic_add(counters_ptr + 2, 1, sem="acq_rel") == n_expand - 1:
+        if tl.atomic_add(counters_ptr + 2 * LINE, 1, sem="acq_rel") == n_expand - 1:
             # The last expand item: every ticket is taken. Every shrink item has counted itself
             # too once this wait is over (expand items with nothing to do, such as those of an
             # untargeted slice, do not wait, so all of them may end before a shrink item counts);
             # then nothing else touches the counters in this launch.
-            _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT)
+            _wait_for_shrinks(counters_ptr, n_shrink, SPIN_LIMIT, LINE)
             # Plain stores: no program of this launch reads them again, and the next launch on
             # the stream starts only after this one has ended, when they are visible.
-            tl.store(counters_ptr + tl.arange(0, 4), tl.zeros((4,), dtype=tl.int32), mask=tl.arange(0, 4) < 3)
+            tl.store(counters_ptr + tl.arange(0, 4) * LINE, tl.zeros((4,), dtype=tl.int32), mask=tl.arange(0, 4) < 3)
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
@@ -205,12 +206,14 @@ def _created(device: torch.device, what: str, make):
 
 
 def counters(device: torch.device) -> torch.Tensor:
-    """The launch's int32 [3] counters on `device` for the current stream, zeroed once and left
-    zero by every launch that completes. Per stream, so launches on two streams never share
+    """The launch's three counters on `device` for the current stream, int32 [3, LINE] (each in
+    column 0 of its own 128-byte line: every program's ticket, every shrink item's release and
+    every waiting expand item's polls would otherwise all queue on one L2 line), zeroed once and
+    left zero by every launch that completes. Per stream, so launches on two streams never share
     them; cached, so a CUDA graph keeps one address."""
     key = _stream(device)
     if key not in _COUNTERS:
-        _COUNTERS[key] = _created(device, "counters", lambda: torch.zeros(3, dtype=torch.int32, device=device))
+        _COUNTERS[key] = _created(device, "counters", lambda: torch.zeros(3, LINE, dtype=torch.int32, device=device))
     return _COUNTERS[key]
 
 
@@ -306,7 +309,7 @@ def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lor
         BLOCK_R=max(16, next_pow2(lora_a.shape[2])), SPLIT_K=config.split_k, COL_TILES=col_tiles,
         UPCAST_DOT=interpreted(), EVEN_K=k % config.block_k == 0 and k_per_split % config.block_k == 0,
         SLICES_MULT16=all(w % 16 == 0 for w in slices), SPIN_LIMIT=1 if interpreted() else 0,
-        TICKETS=tickets,
+        TICKETS=tickets, LINE=LINE,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y

@@ -29,7 +29,7 @@ def _run(slot_ids, slices, k, max_rank, n_slots, dtype, seed, config=CFG, junk=F
     y = y0.clone()
     out = handoff_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, config, tickets=tickets)
     assert out is y, "y is updated in place and returned"
-    assert counters(x.device).tolist() == [0, 0, 0], "the launch leaves its counters at zero for the next"
+    assert not counters(x.device).any(), "the launch leaves its counters at zero for the next"
     return y0, ref, out
 
 
@@ -77,7 +77,7 @@ def test_launches_in_a_row_each_start_from_zeroed_counters():
         ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,))
         out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), CFG)
         _check(y0, ref, out, slot_ids, torch.float16)
-        assert counters(x.device).tolist() == [0, 0, 0]
+        assert not counters(x.device).any()
 
 
 def test_padded_graph_metadata_and_empty_batches():
@@ -90,7 +90,7 @@ def test_padded_graph_metadata_and_empty_batches():
     assert torch.equal(a, b), "padding segments and tiles add nothing"
     _, _, none = make_batch(5, 32, 32, [-1] * 5, torch.float16, seed=5)
     assert torch.equal(handoff_add_lora(y0.clone(), x, lora_a, lora_b, none, ranks, scales, slices, CFG), y0)
-    assert counters(x.device).tolist() == [0, 0, 0]
+    assert not counters(x.device).any()
 
 
 def test_a_batch_whose_adapters_leave_every_slice_untargeted_changes_nothing():
@@ -100,7 +100,7 @@ def test_a_batch_whose_adapters_leave_every_slice_untargeted_changes_nothing():
     x, y0, meta = make_batch(4, 32, 48, [0, 1, 2, 1], torch.float16, seed=4)
     out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32, 16), CFG)
     assert torch.equal(out, y0)
-    assert counters(x.device).tolist() == [0, 0, 0]
+    assert not counters(x.device).any()
 
 
 def test_a_given_workspace_is_used_and_checked():
@@ -140,13 +140,13 @@ def test_bad_inputs_are_named():
     big_x, big_y, big = make_batch(65, 32, 32, [0] * 65, torch.float16, seed=0)
     with pytest.raises(ValueError, match="<= 64 tokens, got 65"):
         handoff_add_lora(big_y, big_x, lora_a, lora_b, big, ranks, scales, (32,), CFG)
-    assert counters(x.device).tolist() == [0, 0, 0], "refused before any launch"
+    assert not counters(x.device).any(), "refused before any launch"
 
 
 def test_reset_counters_recovers_from_a_launch_that_died(monkeypatch):
     lora_a, lora_b, ranks, scales = make_pool(2, (32,), 32, 16, torch.float16, seed=1)
     x, y0, meta = make_batch(4, 32, 32, [0, 1, 0, 1], torch.float16, seed=1)
-    counters(x.device).fill_(7)  # as a launch stopped part way would leave them
+    counters(x.device)[:, 0] = 7  # as a launch stopped part way would leave them
     handoff.reset_counters()
     out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), CFG)
     _check(y0, lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,)), out, [0, 1, 0, 1],

@@ -24,7 +24,7 @@ pointers = dict(x_ptr="*fp16", a_ptr="*fp16", b_ptr="*fp16", y_ptr="*fp16", v_pt
                 counters_ptr="*i32", token_order_ptr="*i32", seg_slot_ptr="*i32", seg_start_ptr="*i32",
                 seg_len_ptr="*i32", ranks_ptr="*i32", slice_offsets_ptr="*i32")
 consts = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, BLOCK_R=16, SPLIT_K=4, COL_TILES=2, UPCAST_DOT=False,
-              EVEN_K=True, SLICES_MULT16=True, SPIN_LIMIT=0, TICKETS=True)
+              EVEN_K=True, SLICES_MULT16=True, SPIN_LIMIT=0, TICKETS=True, LINE=32)
 names = _handoff_kernel.arg_names
 signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
 source = ASTSource(fn=_handoff_kernel, signature=signature, constexprs={(names.index(n),): v for n, v in consts.items()})

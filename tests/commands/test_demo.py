@@ -42,6 +42,10 @@ def test_the_main_job_runs_end_to_end_and_reports_every_stream_and_task(vlora_ho
     assert (vlora_home / "results" / "demo" / "report.png").stat().st_size > 0
     # offline: both domains fused into adapters that the server loaded
     assert {d["domain"] for d in report["domains"]} == {"exists_bus", "exists_truck"}
+    for d in report["domains"]:  # each fused score with its interval over the eval split it was scored on
+        lo, hi = map(float, d["fused_95"].split("-"))
+        sizes = json.loads((vlora_home / "datasets" / d["domain"] / "domain.json").read_text())["sizes"]
+        assert d["eval_items"] == sizes["eval"] > 0 and lo <= d["fused"] <= hi
     assert report["engine"]["adapters"] == report["offline"]["adapters"]["fused"] >= 1
     # the manifest records the question each domain's head answers, for routing (apps.common.routing)
     manifest = json.loads((vlora_home / "adapters" / "fused" / "manifest.json").read_text())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -77,6 +78,24 @@ def order_row(name: str, result, domains) -> dict:
             "all_met": not missed, "missed": ", ".join(missed) or "-"}
 
 
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% at z = 1.96) of a share `p` of `n` items."""
+    if n <= 0:
+        raise ValueError(f"an interval needs at least one item, got n={n}")
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def fused_interval(task: str, accuracy: float, n: int) -> str | None:
+    """The fused score's 95% interval over its eval items, as "lo-hi"; None for detect, whose F1
+    is no share of items (no binomial interval)."""
+    if task == "detect" or n <= 0:
+        return None
+    lo, hi = wilson(accuracy, n)
+    return f"{lo:.3f}-{hi:.3f}"
+
+
 def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     log = log or sys.stderr
     opts = cfg.offline
@@ -108,7 +127,9 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
                      "teacher_vs_truth": teacher, "base_zero_shot": None if base is None else round(base, 3),
                      "one_adapter_per_domain": round(per_domain[d.name], 3) if per_domain else None,
                      "one_adapter_for_all": round(all_in_one[d.name], 3) if all_in_one else None,
-                     "fused": round(adapter.accuracies[d.name], 3), "fused_adapter": adapter.name,
+                     "fused": round(adapter.accuracies[d.name], 3), "eval_items": data.size("eval"),
+                     "fused_95": fused_interval(d.task, adapter.accuracies[d.name], data.size("eval")),
+                     "fused_adapter": adapter.name,
                      # the fused adapter's agreement with its teacher, over the teacher's with the truth
                      "fused_of_teacher": round(adapter.accuracies[d.name] / teacher, 3) if teacher else None,
                      "meets_requirement": adapter.accuracies[d.name] >= d.requirement})
@@ -133,7 +154,8 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         "one_adapter_for_all": None if opts.all_in_one else
         "no single adapter for all domains was trained for comparison (offline.all_in_one=false)",
         "teacher_vs_truth": "the domain's dataset records no teacher-vs-truth agreement (its data has no ground truth)",
-        "fused_of_teacher": "no teacher-vs-truth agreement to compare with"}
+        "fused_of_teacher": "no teacher-vs-truth agreement to compare with",
+        "fused_95": "detect scores F1, which is no share of items: no binomial interval"}
     return {"model": fused["model"].name, "domains": rows, "adapters": counts, "orders": orders,
             "head_vs_lm_head": comparison,
             "train_calls": trainer.train_calls, "manifest": fused["manifest"],
@@ -176,6 +198,12 @@ def domain_lines(report: dict) -> list[str]:
                      "to the next adapter that meets it, else the base model")
     if not missed:
         lines.append(f"Every domain meets its requirement ({len(rows)} domains).")
+    for r in rows:  # a verdict that another draw of the eval items could turn
+        lo_hi = r.get("fused_95")
+        if lo_hi and float(lo_hi.split("-")[0]) < r["requirement"] <= float(lo_hi.split("-")[1]):
+            lines.append(f"NEAR: {r['domain']} fused {r['fused']}, 95% interval {lo_hi} over {r['eval_items']} eval "
+                         f"items, holds its requirement {r['requirement']}: another draw of eval items could turn "
+                         f"the verdict ({'met' if r.get('meets_requirement') else 'missed'} here)")
     return lines + notes
 
 

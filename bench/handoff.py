@@ -8,7 +8,8 @@ the GPU has it, as the engine runs them) and the handoff kernel over `handoff_sp
 a quick pass over all, then the four fastest timed again; the fastest is also timed with roles
 by program id instead of tickets (`handoff_by_id_us`, `handoff_add_lora(tickets=False)`). Before
 timing, both forms' results are checked against the two launches' on the same inputs. CUDA-graph
-medians with L2-cold rotation, as `vlora bench`. Writes handoff.csv.
+medians with L2-cold rotation, as `vlora bench`; `launch_us` is one one-element add timed the same
+way, what any launch costs on this GPU. Writes handoff.csv.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def measure(shape: LoRAShape, l2_bytes: int, num_sms: int, tflops: float, gbs: f
             repeats: int) -> dict:
     problems = _problems(shape, torch.float16, l2_bytes)
     meta = problems[0][4]
-    space = handoff_space(shape.tokens, meta.num_segments, longest_segment(shape.tokens, shape.mix), HIDDEN, max(shape.slices),
-                          len(shape.slices), num_sms)
+    space = handoff_space(shape.tokens, meta.num_segments, longest_segment(shape.tokens, shape.mix), HIDDEN,
+                          max(shape.slices), len(shape.slices), num_sms)
     timed = functools.partial(time_op, warmup=warmup, repeats=repeats)
     err = max(check(problems[0], c, tickets) for c in space for tickets in (True, False))
     if err > 1e-2:
@@ -56,10 +57,12 @@ def measure(shape: LoRAShape, l2_bytes: int, num_sms: int, tflops: float, gbs: f
                key=lambda b: b[0])
     by_id = timed(Rotation(problems, lambda p: handoff_add_lora(*p, best[1], tickets=False)))
     atmm = timed(Rotation(problems, lambda p: add_lora(*p)))
+    one = torch.zeros(1, device=problems[0][0].device)
+    launch = timed(lambda: one.add_(1))  # one tiny kernel: what any launch costs here, the lower bound
     return dict(tokens=shape.tokens, mix=shape.mix, rank=shape.rank,
                 floor_us=round(roofline_us(*floor_cost(shape), tflops, gbs), 2), atmm_us=round(atmm, 2),
                 handoff_us=round(best[0], 2), handoff_speedup=round(atmm / best[0], 3), handoff_by_id_us=round(by_id, 2),
-                max_rel_err=f"{err:.2e}",
+                launch_us=round(launch, 2), max_rel_err=f"{err:.2e}",
                 tried=len(space), handoff_config=str(best[1]))
 
 

@@ -6,10 +6,11 @@ For each shape (hidden 4096, fp16, 64 adapter slots, the kernel benchmark's adap
 two launches at the device table's tiling (`add_lora`, with programmatic dependent launch where
 the GPU has it, as the engine runs them) and the handoff kernel over `handoff_space`'s tilings:
 a quick pass over all, then the four fastest timed again; the fastest is also timed with roles
-by program id instead of tickets (`handoff_by_id_us`, `handoff_add_lora(tickets=False)`). Before
-timing, both forms' results are checked against the two launches' on the same inputs. CUDA-graph
-medians with L2-cold rotation, as `vlora bench`; `launch_us` is one one-element add timed the same
-way, what any launch costs on this GPU. Writes handoff.csv.
+by program id instead of tickets (`handoff_by_id_us`, `handoff_add_lora(tickets=False)`).
+Before timing, every tiling's result, and the roles-by-id form's at the fastest tiling, is
+checked against the two launches' on the same inputs. CUDA-graph medians with L2-cold rotation,
+as `vlora bench`; `launch_us` is one one-element add timed the same way, what any launch costs
+on this GPU. Writes handoff.csv.
 """
 
 from __future__ import annotations
@@ -48,13 +49,19 @@ def measure(shape: LoRAShape, l2_bytes: int, num_sms: int, tflops: float, gbs: f
     space = handoff_space(shape.tokens, meta.num_segments, longest_segment(shape.tokens, shape.mix), HIDDEN,
                           max(shape.slices), len(shape.slices), num_sms)
     timed = functools.partial(time_op, warmup=warmup, repeats=repeats)
-    err = max(check(problems[0], c, tickets) for c in space for tickets in (True, False))
-    if err > 1e-2:
-        raise SystemExit(f"{shape}: the handoff kernel differs from the two launches (relative error {err:.3g})")
+    def checked(configs, tickets=True) -> float:
+        err = max(check(problems[0], c, tickets) for c in configs)
+        if err > 1e-2:
+            raise SystemExit(f"{shape}: the handoff kernel (tickets={tickets}) differs from the two launches "
+                             f"(relative error {err:.3g})")
+        return err
+
+    err = checked(space)
     quick = sorted(((time_op(Rotation(problems, lambda p, c=c: handoff_add_lora(*p, c)), warmup=1, repeats=3), c)
                     for c in space), key=lambda q: q[0])
     best = min(((timed(Rotation(problems, lambda p, c=c: handoff_add_lora(*p, c))), c) for _, c in quick[:4]),
                key=lambda b: b[0])
+    err = max(err, checked([best[1]], tickets=False))  # roles by id: the best tiling only (each form compiles apart)
     by_id = timed(Rotation(problems, lambda p: handoff_add_lora(*p, best[1], tickets=False)))
     atmm = timed(Rotation(problems, lambda p: add_lora(*p)))
     one = torch.zeros(1, device=problems[0][0].device)

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from fusion.confidence import requirement_within
+
 
 def run_seed(root: Path, seed: int, extra: list[str]) -> dict:
     home = root / f"seed{seed}"
@@ -43,7 +45,8 @@ def seed_rows(reports: dict[int, dict]) -> list[dict]:
         row = {"seed": seed, "adapters": rep["adapters"]["fused"],
                "domains_per_adapter": round(len(doms) / rep["adapters"]["fused"], 2),
                "all_met": all(d["meets_requirement"] for d in doms)}
-        row.update({d["domain"]: f"{d['fused']:.3f}/{d['requirement']}" for d in doms})
+        row.update({d["domain"]: f"{d['fused']:.3f}/{d['requirement']}"
+                    + ("*" if requirement_within(d.get("fused_95"), d["requirement"]) else "") for d in doms})
         for key in ("one_adapter_for_all", "one_adapter_per_domain"):
             if all(d.get(key) is not None for d in doms):
                 row[f"{key}_met"] = sum(d[key] >= d["requirement"] for d in doms)
@@ -74,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     met = sum(r["all_met"] for r in rows)
     lines = ["# Offline stage, fresh runs by seed", "", f"command: `python -m bench.offline_seeds {' '.join(argv)}`", "",
              "```", table, "```", "", f"Every requirement met in {met} of {len(rows)} runs; domains per adapter "
-             f"{', '.join(str(r['domains_per_adapter']) for r in rows)}. Cells: fused accuracy / requirement."]
+             f"{', '.join(str(r['domains_per_adapter']) for r in rows)}. Cells: fused accuracy / requirement; * the "
+             "requirement lies inside the score's 95% interval over its eval items (reports that record one), so "
+             "another draw of eval items could turn that verdict."]
     (out / "seeds.md").write_text("\n".join(lines) + "\n")
     print(table)
 

@@ -4,13 +4,15 @@ missed requirement in any seed shows in its row and in the count of runs that me
 from __future__ import annotations
 
 import json
+import re
 
 from bench.offline_seeds import main
 
 
-def _report(root, seed, fused, total=1.0):
+def _report(root, seed, fused, total=1.0, intervals=None):
     rows = [{"domain": d, "requirement": req, "fused": acc, "meets_requirement": acc >= req,
-             "one_adapter_for_all": acc - 0.1, "one_adapter_per_domain": acc}
+             "one_adapter_for_all": acc - 0.1, "one_adapter_per_domain": acc,
+             **({"fused_95": intervals[d]} if intervals and d in intervals else {})}
             for d, (req, acc) in fused.items()]
     path = root / f"seed{seed}" / "results" / "offline"
     path.mkdir(parents=True)
@@ -28,3 +30,13 @@ def test_seeds_table_from_existing_reports(tmp_path):
     saved = json.loads((tmp_path / "out" / "seeds.json").read_text())
     assert set(saved["reports"]) == {"0", "1"} and saved["extra_args"] == []
     assert not (tmp_path / "seed0.log").exists(), "a seed with a report is not run again"
+
+
+def test_a_verdict_inside_the_scores_interval_is_starred(tmp_path):
+    _report(tmp_path, 0, {"bus": (0.8, 0.77), "color": (0.7, 0.83)},
+            intervals={"bus": "0.715-0.817", "color": "0.780-0.870"})
+    _report(tmp_path, 1, {"bus": (0.8, 0.85)})  # an older report without intervals: no star
+    main(["--root", str(tmp_path), "--seeds", "0", "1", "--out", str(tmp_path / "out")])
+    md = (tmp_path / "out" / "seeds.md").read_text()
+    assert "0.770/0.8*" in md and re.search(r"0\.830/0\.7(?!\*)", md) and re.search(r"0\.850/0\.8(?!\*)", md)
+    assert "* the requirement lies inside" in md

@@ -79,22 +79,23 @@ def test_the_offline_report_compares_fusion_orders(tmp_path):
 
 
 def test_wilson_intervals_and_the_near_line_for_a_verdict_within_the_noise():
-    from vlora.commands.offline_report import domain_lines, fused_interval, wilson
+    from fusion.confidence import score_interval, wilson
+    from vlora.commands.offline_report import domain_lines
 
     lo, hi = wilson(0.5, 100)
     assert (round(lo, 3), round(hi, 3)) == (0.404, 0.596)
     lo, hi = wilson(0.77, 256)  # seed 1's exists_bus: 0.8 lies inside
     assert lo < 0.8 < hi and round(hi - lo, 2) == 0.10
     assert wilson(1.0, 256)[1] == 1.0 and wilson(0.0, 10)[0] == 0.0
-    assert fused_interval("detect", 0.7, 256) is None, "F1 is no share of items"
+    assert score_interval("detect", 0.7, 256) is None, "F1 is no share of items"
     row = {"task": "binary", "teacher_vs_truth": 1.0, "base_zero_shot": 0.69, "one_adapter_per_domain": 0.77,
            "one_adapter_for_all": 0.78, "fused_adapter": "fused_0", "eval_items": 256}
     rows = [{"domain": "exists_bus", **row, "requirement": 0.8, "fused": 0.77,
-             "fused_95": fused_interval("binary", 0.77, 256), "meets_requirement": False},
+             "fused_95": score_interval("binary", 0.77, 256), "meets_requirement": False},
             {"domain": "color_main", **row, "requirement": 0.7, "fused": 0.83,
-             "fused_95": fused_interval("classify", 0.83, 256), "meets_requirement": True},
+             "fused_95": score_interval("classify", 0.83, 256), "meets_requirement": True},
             {"domain": "detect_car", **row, "requirement": 0.7, "fused": 0.72, "task": "detect",
-             "fused_95": fused_interval("detect", 0.72, 256), "meets_requirement": True}]
+             "fused_95": score_interval("detect", 0.72, 256), "meets_requirement": True}]
     text = "\n".join(domain_lines({"domains": rows, "not_measured": {
         "fused_95": "detect scores F1, which is no share of items: no binomial interval"}}))
     near = [line for line in text.splitlines() if line.startswith("NEAR:")]

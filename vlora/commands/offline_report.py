@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import sys
 from pathlib import Path
 
 from fusion import fuse
+from fusion.confidence import requirement_within, score_interval
 from train.data import teacher_agreement
 
 from .fusion import print_event
@@ -78,24 +78,6 @@ def order_row(name: str, result, domains) -> dict:
             "all_met": not missed, "missed": ", ".join(missed) or "-"}
 
 
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95% at z = 1.96) of a share `p` of `n` items."""
-    if n <= 0:
-        raise ValueError(f"an interval needs at least one item, got n={n}")
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def fused_interval(task: str, accuracy: float, n: int) -> str | None:
-    """The fused score's 95% interval over its eval items, as "lo-hi"; None for detect, whose F1
-    is no share of items (no binomial interval)."""
-    if task == "detect" or n <= 0:
-        return None
-    lo, hi = wilson(accuracy, n)
-    return f"{lo:.3f}-{hi:.3f}"
-
-
 def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     log = log or sys.stderr
     opts = cfg.offline
@@ -128,7 +110,7 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
                      "one_adapter_per_domain": round(per_domain[d.name], 3) if per_domain else None,
                      "one_adapter_for_all": round(all_in_one[d.name], 3) if all_in_one else None,
                      "fused": round(adapter.accuracies[d.name], 3), "eval_items": data.size("eval"),
-                     "fused_95": fused_interval(d.task, adapter.accuracies[d.name], data.size("eval")),
+                     "fused_95": score_interval(d.task, adapter.accuracies[d.name], data.size("eval")),
                      "fused_adapter": adapter.name,
                      # the fused adapter's agreement with its teacher, over the teacher's with the truth
                      "fused_of_teacher": round(adapter.accuracies[d.name] / teacher, 3) if teacher else None,
@@ -200,7 +182,7 @@ def domain_lines(report: dict) -> list[str]:
         lines.append(f"Every domain meets its requirement ({len(rows)} domains).")
     for r in rows:  # a verdict that another draw of the eval items could turn
         lo_hi = r.get("fused_95")
-        if lo_hi and float(lo_hi.split("-")[0]) < r["requirement"] <= float(lo_hi.split("-")[1]):
+        if requirement_within(lo_hi, r["requirement"]):
             lines.append(f"NEAR: {r['domain']} fused {r['fused']}, 95% interval {lo_hi} over {r['eval_items']} eval "
                          f"items, holds its requirement {r['requirement']}: another draw of eval items could turn "
                          f"the verdict ({'met' if r.get('meets_requirement') else 'missed'} here)")

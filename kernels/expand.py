@@ -206,6 +206,14 @@ def slice_offsets(widths: tuple[int, ...], device: torch.device) -> torch.Tensor
     return _OFFSETS[key]
 
 
+def column_groups(widest: int, block_n: int, col_tiles: int) -> tuple[int, int]:
+    """(column tiles per group, groups per slice) for slices at most `widest` wide. A group is
+    never wider than the widest slice: a nearest-shape table entry may come from a wider
+    projection, and tiles past the output would be loops of pure padding."""
+    col_tiles = min(col_tiles, next_pow2(triton.cdiv(widest, block_n)))
+    return col_tiles, triton.cdiv(widest, block_n * col_tiles)
+
+
 def check_expand_inputs(y: torch.Tensor, lora_b: torch.Tensor, ranks: torch.Tensor, scales: torch.Tensor,
                         slices: tuple[int, ...]) -> None:
     n_total = sum(slices)
@@ -247,10 +255,8 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
     if meta.num_segments == 0 or meta.max_seg_len == 0:
         return y
     # A mixture keeps one column tile per program: its second v stretch would double the v
-    # held in registers, and the tilings are searched on plain batches. A group is never wider
-    # than the widest slice (a nearest-shape table entry may come from a wider projection).
-    col_tiles = 1 if mix else min(config.col_tiles, next_pow2(triton.cdiv(max(slices), config.block_n)))
-    n_col_groups = triton.cdiv(max(slices), config.block_n * col_tiles)
+    # held in registers, and the tilings are searched on plain batches.
+    col_tiles, n_col_groups = column_groups(max(slices), config.block_n, 1 if mix else config.col_tiles)
     block_k = config.block_k
     while lora_b.shape[2] % block_k:  # the reduction step must divide the pool's rank (see kernel)
         block_k //= 2

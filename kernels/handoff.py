@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .expand import slice_offsets
+from .expand import column_groups, slice_offsets
 from .fused import check_one_launch_inputs
 from .interpreter import dot_nt, interpreted
 from .segments import SegmentMeta
@@ -235,9 +235,8 @@ def _workspace(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
 def handoff_grid(meta: SegmentMeta, n_slices: int, max_slice: int, k: int,
                  config: TileConfig) -> tuple[int, int, int, int, int]:
     """(shrink items, expand items, K per split, column tiles per group, column groups) of one
-    launch. A group is never wider than the widest slice (as in `expand`)."""
-    col_tiles = min(config.col_tiles, next_pow2(triton.cdiv(max_slice, config.block_n)))
-    n_col_groups = triton.cdiv(max_slice, config.block_n * col_tiles)
+    launch, the column groups as `expand` forms them."""
+    col_tiles, n_col_groups = column_groups(max_slice, config.block_n, config.col_tiles)
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
     items = meta.num_segments * triton.cdiv(meta.max_seg_len, config.block_m) * n_slices
     return items * config.split_k, items * n_col_groups, k_per_split, col_tiles, n_col_groups

@@ -65,10 +65,10 @@ def _run_times_us(fn: Callable[[], object], warmup: int, repeats: int, use_graph
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            fn()  # warm the side stream's allocator pool before capture
+            fn()  # warm the capture stream first: its allocator pool, and any per-stream state an op keeps
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):
             for _ in range(inner):
                 fn()
         runner, per_run = graph.replay, inner

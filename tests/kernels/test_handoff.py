@@ -107,7 +107,7 @@ def test_a_given_workspace_is_used_and_checked():
     slot_ids, slices = [1, 0, 1], (32, 16)
     lora_a, lora_b, ranks, scales = make_pool(2, slices, 32, 16, torch.float16, seed=9)
     x, y0, meta = make_batch(3, 32, 48, slot_ids, torch.float16, seed=9)
-    v = torch.full((2, 2, 3, 16), float("nan"))  # every cell read is written first
+    v = torch.full((2, 2, 3, 16), float("nan"), device=x.device)  # every cell read is written first
     out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices, CFG, v=v)
     _check(y0, lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, slices), out, slot_ids,
            torch.float16)

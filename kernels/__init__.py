@@ -9,7 +9,7 @@ Imports only torch and triton. The public API:
     fused_add_lora(..., config)                        # both in one launch (decode; add_lora picks it
                                                        # only where the table measured it faster)
     handoff_add_lora(..., config)                      # one launch, the shrink handing v to the expand
-                                                       # in-launch (decode; nothing picks it yet)
+                                                       # in-launch (decode; picked as fused_add_lora is)
     merge_lora_(weight, lora_a, lora_b, slot, ...)     # W += scale * B @ A, all layers, in place
     unmerge_lora_(...)                                 # and back (also the deLoRA subtraction)
 
@@ -29,7 +29,7 @@ from .baselines import lora_mbgmv, lora_sgmv
 from .expand import expand
 from .fused import fused_add_lora
 from .handoff import handoff_add_lora
-from .lora import add_lora, add_lora_beside, configs_for, fused_config_for, pinned
+from .lora import add_lora, add_lora_beside, configs_for, one_launch_for, pinned
 from .merge import MergeGroup, merge_groups_, merge_lora_, merge_lora_ref_, unmerge_lora_
 from .reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
 from .segments import MIX_ONLY, NO_LORA, SegmentMeta, build_segments
@@ -39,7 +39,7 @@ from .tiling import ShapeKey, TileConfig, config_space, heuristic_config, shape_
 
 __all__ = [
     "NO_LORA", "MIX_ONLY", "SegmentMeta", "build_segments", "add_lora", "add_lora_beside", "configs_for",
-    "fused_config_for", "pinned",
+    "one_launch_for", "pinned",
     "shrink", "expand", "fused_add_lora", "handoff_add_lora",
     "merge_lora_", "unmerge_lora_", "merge_lora_ref_", "merge_groups_", "MergeGroup",
     "lora_reference", "lora_loop", "lora_gather_bmm", "lora_einsum", "lora_sgmv", "lora_mbgmv",

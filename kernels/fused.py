@@ -21,7 +21,7 @@ there add exact zeros. (The two launches rely on the pool's contract instead: ze
 Mixture batches (`meta.mix_slot` = m) take the same shape as in the two-launch op: each
 program also computes v_mix = x @ A[m].T in the same K loop (one x read for both) and
 subtracts scale[m] * v_mix @ B[m].T, in the same rounding into y. Slot -2 segments have no
-part of their own. `add_lora` never sends a mixture here (see `lora.fused_config_for`); its
+part of their own. `add_lora` never sends a mixture here (see `lora.one_launch_for`); its
 tilings are searched on plain batches, and a mixture's second A tile per K step may not fit
 the shared memory of a tiling chosen near the limit.
 """

@@ -16,7 +16,8 @@ replaced by a counter in global memory.
 Why it cannot deadlock: programs take tickets in the order they start running, so every shrink
 ticket belongs to a program that is already resident, and shrink programs never wait. An expand
 program waits only for those. (Indexing work by program id instead would let expand programs
-fill the GPU while shrink programs they wait for are still unscheduled.) In Triton's interpreter
+fill the GPU while shrink programs they wait for are still unscheduled, unless the whole grid
+fits on the GPU at once: `roles_by_id`, where the launch does so.) In Triton's interpreter
 programs run one after another in ticket order, so the wait is always already satisfied there.
 
 The handoff: a shrink program stores its v tile, synchronizes its threads, and increments
@@ -39,6 +40,8 @@ tests run the kernel compiled, where shrink and expand programs do run side by s
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -48,10 +51,9 @@ from .fused import check_one_launch_inputs
 from .interpreter import dot_nt, interpreted
 from .segments import SegmentMeta
 from .shrink import k_step
-from .tiling import TileConfig, next_pow2
+from .tiling import HANDOFF_MAX_TOKENS, TileConfig, next_pow2
 
 LINE = 32  # int32 per 128-byte cache line: the counters' spacing
-HANDOFF_MAX_TOKENS = 64  # decode sizes: every program of the launch fits on the GPU at once there
 
 
 @triton.jit
@@ -232,6 +234,27 @@ def _workspace(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return _V[key]
 
 
+def roles_by_id(n_programs: int, num_sms: int) -> bool:
+    """Whether programs may take their roles by id without any risk of deadlock: when the grid
+    has at most one program per SM. Every SM can hold at least one program of any kernel it can
+    launch, so then all of them are resident together once whatever else runs on the GPU has
+    ended, whatever order they were dispatched in, and the shrink items an expand item waits
+    for always get to run."""
+    return n_programs <= num_sms
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """SMs of `device` (the interpreter: an H100's 132, so that CPU runs take the GPU's paths)."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def handoff_grid(meta: SegmentMeta, n_slices: int, max_slice: int, k: int,
                  config: TileConfig) -> tuple[int, int, int, int, int]:
     """(shrink items, expand items, K per split, column tiles per group, column groups) of one
@@ -242,28 +265,9 @@ def handoff_grid(meta: SegmentMeta, n_slices: int, max_slice: int, k: int,
     return items * config.split_k, items * n_col_groups, k_per_split, col_tiles, n_col_groups
 
 
-def handoff_space(tokens: int, n_segments: int, seg_len: int, k: int, max_slice: int, n_slices: int,
-                  num_sms: int = 132) -> list[TileConfig]:
-    """Tilings worth timing for one decode batch: token tiles that fit the longest segment,
-    K steps of 128-256 split so that the shrink items number about one to two per SM, and
-    expand column tiles of 64-128 in groups of 1-4."""
-    out = []
-    for block_m in sorted({16, min(64, next_pow2(max(16, seg_len)))}):
-        items = n_segments * -(-seg_len // block_m) * n_slices
-        for block_k in (128, 256):
-            most = max(1, k // block_k)
-            for split in sorted({min(most, next_pow2(max(1, num_sms // items))),
-                                 min(most, next_pow2(max(1, 2 * num_sms // items)))}):
-                for block_n, col_tiles in ((64, 1), (64, 2), (128, 1), (128, 2), (64, 4)):
-                    if block_n * col_tiles <= max(64, next_pow2(max_slice)):
-                        out.append(TileConfig(block_m, block_n, block_k, split_k=split, col_tiles=col_tiles,
-                                              num_warps=4, num_stages=2))
-    return list(dict.fromkeys(out))
-
-
 def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, meta: SegmentMeta,
                      ranks: torch.Tensor, scales: torch.Tensor, slices, config: TileConfig,
-                     v: torch.Tensor | None = None, tickets: bool = True) -> torch.Tensor:
+                     v: torch.Tensor | None = None, tickets: bool | None = None) -> torch.Tensor:
     """`add_lora` in one launch (same arguments and result, y updated in place and returned) for
     decode-sized, plain (non-mixture) batches and pools of max rank <= 128.
 
@@ -271,11 +275,13 @@ def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lor
     and col_tiles the expand's column tile and tiles per program. v: a float32 workspace of
     [split_k, slices, tokens, max_rank] (default: one cached per shape and device).
 
-    tickets=False gives programs their roles by program id instead (shrink items the lowest ids),
-    which saves the atomic round trip every program starts with. It is deadlock-free only while
-    the GPU dispatches a grid's programs in id order, as NVIDIA GPUs do in practice but do not
-    promise: an expand program then waits only for programs dispatched before it. For timing
-    that saving; the default keeps the guarantee.
+    tickets: how programs get their roles. True: from the ticket counter (deadlock-free by
+    construction, see above). False: by program id (shrink items the lowest ids), which saves
+    the atomic round trip every program starts with, but is deadlock-free only if an expand
+    program never occupies the place a shrink program it waits for needs: always true when the
+    whole grid fits on the GPU at once, otherwise only while the GPU dispatches programs in id
+    order, as NVIDIA GPUs do in practice without promising it. None (the default): by program
+    id where the grid has no more programs than the GPU has SMs (`roles_by_id`), tickets otherwise.
     """
     slices = check_one_launch_inputs(y, x, lora_a, lora_b, meta, ranks, scales, slices)
     if meta.mix_slot is not None:
@@ -294,6 +300,8 @@ def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lor
     elif v.dtype != torch.float32 or tuple(v.shape) != v_shape or v.device != x.device:
         raise ValueError(f"v must be float32 {v_shape} on {x.device}, got {v.dtype} {tuple(v.shape)} on {v.device}")
     n_shrink, n_expand, k_per_split, col_tiles, n_col_groups = handoff_grid(meta, len(slices), max(slices), k, config)
+    if tickets is None:
+        tickets = not roles_by_id(n_shrink + n_expand, _sm_count(x.device))
     _handoff_kernel[(n_shrink + n_expand,)](
         x, lora_a, lora_b, y, v, counters(x.device),
         meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks, scales, slice_offsets(slices, y.device),

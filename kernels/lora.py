@@ -4,10 +4,10 @@
     add_lora_beside(base, x, lora_a, ...)    # base(x) + LoRA(x), the shrink concurrent with base
 
 Same signature as the references in `reference.py`, so callers can swap implementations.
-Decode-sized batches take the fused one-launch kernel (`fused.py`) instead only where the
-device's table holds a fused entry measured faster than the two launches at that shape (it
-is opt-in: on an H100 it measured slower at every decode shape timed, at best 0.81x as fast;
-`tiling.py`); shapes the table never measured, and mixture batches, take the two launches.
+Decode-sized batches take a one-launch kernel instead (`fused.py`, or `handoff.py`, where the
+shrink hands v to the expand inside the launch) only where the device's table holds an entry of
+it measured faster than the two launches at that shape (`TilingTable.one_launch`); shapes the
+table never measured, and mixture batches, take the two launches.
 On Hopper and newer the expand follows the shrink by programmatic dependent launch (`expand`).
 """
 
@@ -20,11 +20,12 @@ import torch
 
 from .expand import expand
 from .fused import fused_add_lora
+from .handoff import handoff_add_lora
 from .interpreter import pdl_available
 from .segments import SegmentMeta
 from .shrink import shrink, v_shape
 from .table import TilingTable
-from .tiling import FUSED_MAX_RANK, TileConfig, shape_key
+from .tiling import FUSED_MAX_RANK, HANDOFF_MAX_TOKENS, TileConfig, shape_key
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,28 +47,32 @@ def configs_for(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, slices
             table.lookup(shape_key("expand", *common, k, n, rank, n_slices)))
 
 
-def fused_config_for(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, slices: tuple[int, ...],
-                     table: TilingTable | None = None) -> TileConfig | None:
-    """The fused kernel's tiling if one launch should serve this batch and layer, else None:
-    only where the table measured it faster than the two launches (`TilingTable.fused`).
+def one_launch_for(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, slices: tuple[int, ...],
+                   table: TilingTable | None = None) -> tuple[str, TileConfig] | None:
+    """(op, tiling) of the one-launch kernel that should serve this batch and layer ("fused" or
+    "handoff"), else None: only where the table measured it faster than the two launches.
 
-    Never for a mixture batch: the table's fused timings are of plain batches, and a mixture
-    doubles the fused kernel's redundant shrink, so it stays on two launches until measured.
+    Never for a mixture batch: the table's one-launch timings are of plain batches, and neither
+    kernel takes the mixture's extra segment, so those stay on two launches.
     """
-    if meta.mix_slot is not None or lora_a.shape[2] > FUSED_MAX_RANK or meta.num_segments == 0:
+    if meta.mix_slot is not None or lora_a.shape[2] > FUSED_MAX_RANK or meta.num_segments == 0 or \
+            meta.num_tokens > HANDOFF_MAX_TOKENS:
         return None
     table = table or default_table(x.device.index or 0)
     n_slices, _, rank, k = lora_a.shape
-    return table.fused(shape_key("fused", meta.num_tokens, max(1, meta.max_seg_len), k, sum(slices), rank, n_slices))
+    return table.one_launch(shape_key("fused", meta.num_tokens, max(1, meta.max_seg_len), k, sum(slices), rank,
+                                      n_slices))
 
 
 def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, table: TilingTable | None = None,
              shrink_config: TileConfig | None = None, expand_config: TileConfig | None = None,
-             fused_config: TileConfig | None = None, pdl: bool | None = None, flat: bool | None = None):
+             fused_config: TileConfig | None = None, pdl: bool | None = None, flat: bool | None = None,
+             handoff_config: TileConfig | None = None):
     """y[:, slice i] += scales[s] * (x @ A[i, s].T) @ B[s, slice i].T for each token's slot s.
 
-    Given configs pin the kernels: `fused_config` the one-launch kernel, `shrink_config` /
-    `expand_config` the two launches; without any, the table chooses (`fused_config_for`).
+    Given configs pin the kernels: `fused_config` or `handoff_config` a one-launch kernel,
+    `shrink_config` / `expand_config` the two launches; without any, the table chooses
+    (`one_launch_for`).
     pdl: the expand launched behind the shrink with programmatic dependent launch, so that its
     launch overlaps the shrink (None: wherever the device supports it, `pdl_available`).
     flat: the token tiles' layout on both grids (`token_tiles.seg_block`; None: per launch, the
@@ -76,12 +81,18 @@ def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, tab
     slices = tuple(int(w) for w in slices)
     if len(slices) != lora_a.shape[0]:
         raise ValueError(f"slices {slices} name {len(slices)} output slices but lora_a has {lora_a.shape[0]}")
-    if fused_config is not None and (shrink_config is not None or expand_config is not None):
-        raise ValueError("give add_lora either fused_config or shrink_config / expand_config, not both")
-    if fused_config is None and shrink_config is None and expand_config is None:
-        fused_config = fused_config_for(x, lora_a, meta, slices, table)
+    pinned_ops = [name for name, c in (("fused_config", fused_config), ("handoff_config", handoff_config),
+                                       ("shrink_config / expand_config", shrink_config or expand_config)) if c]
+    if len(pinned_ops) > 1:
+        raise ValueError(f"give add_lora one of fused_config, handoff_config or shrink_config / expand_config, "
+                         f"got {' and '.join(pinned_ops)}")
+    if not pinned_ops:
+        op, config = one_launch_for(x, lora_a, meta, slices, table) or (None, None)
+        fused_config, handoff_config = (config, None) if op == "fused" else (None, config)
     if fused_config is not None:
         return fused_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, fused_config)
+    if handoff_config is not None:
+        return handoff_add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, handoff_config)
     if shrink_config is None or expand_config is None:
         looked_up = configs_for(x, lora_a, meta, slices, table)
         shrink_config, expand_config = shrink_config or looked_up[0], expand_config or looked_up[1]
@@ -112,11 +123,11 @@ def add_lora_beside(base: Callable[[torch.Tensor], torch.Tensor], x, lora_a, lor
     projection is base, shrink, expand one after another; here it is base, expand, with the
     shrink beside base. The expand needs both, so it waits for the two. It is launched without
     programmatic dependent launch: the kernel before it is base's, which writes y.
-    On CPU, for a batch the table sends to the fused kernel, or an empty one: `add_lora` after `base`.
+    On CPU, for a batch the table sends to a one-launch kernel, or an empty one: `add_lora` after `base`.
     """
     slices = tuple(int(w) for w in slices)
     if x.device.type != "cuda" or meta.num_segments == 0 or meta.max_seg_len == 0 or \
-            fused_config_for(x, lora_a, meta, slices, table) is not None:
+            one_launch_for(x, lora_a, meta, slices, table) is not None:
         return add_lora(base(x), x, lora_a, lora_b, meta, ranks, scales, slices, table)
     shrink_config, expand_config = configs_for(x, lora_a, meta, slices, table)
     # allocated on the main stream, where it is also freed (after the join below), so the

@@ -2,9 +2,10 @@
 occurs and record the fastest in the GPU's table (`kernels/tables/<gpu>.json`).
 
 Each tiling is judged by the time of the whole op (shrink + expand) with the other half at
-the table's choice. Decode-sized shapes (up to FUSED_MAX_TOKENS tokens) also search the fused
-one-launch kernel, searched after both halves, so its entry's time and theirs are of the same
-whole op and the table can tell which wins (`TilingTable.fused`). Resumable: the table is saved
+the table's choice. Decode-sized shapes (up to FUSED_MAX_TOKENS tokens) also search the two
+one-launch kernels ("fused", "handoff"), after both halves; each of their entries also records
+the two launches at the table's tilings timed in the same run ("two_launch_us"), so the table
+can tell which wins from times of one run (`TilingTable.one_launch`). Resumable: the table is saved
 after each shape, and a rerun skips the shapes already in it.
 Compilation of the candidate kernels runs first, in parallel worker processes that fill
 Triton's on-disk cache, so profiling then measures only run time.
@@ -25,10 +26,12 @@ from pathlib import Path
 import torch
 
 from .fused import fused_add_lora
+from .handoff import handoff_add_lora
 from .lora import add_lora
 from .segments import build_segments
 from .table import TABLE_DIR, TilingTable, device_slug
-from .tiling import FUSED_MAX_RANK, FUSED_MAX_TOKENS, TileConfig, config_space, shape_key
+from .tiling import (FUSED_MAX_RANK, FUSED_MAX_TOKENS, HANDOFF_MAX_TOKENS, ONE_LAUNCH_OPS, TileConfig,
+                     config_space, shape_key)
 from .timing import copy_bandwidth_gbs, time_op
 from .workload import DTYPES, MIXES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment, make_problem
 
@@ -47,8 +50,10 @@ class SearchJob:
     table: str | None = None  # default: kernels/tables/<gpu>.json
     log: str | None = None  # CSV of every timing taken
     layouts: list = field(default_factory=list)  # more (in_features, out slice widths) than hidden squares
-    # The ops searched; leaving out "fused" skips the one-launch kernel's large space (add_lora
-    # then keeps the two launches on those buckets, as on any bucket the table lacks).
+    # The ops searched; leaving out "fused" skips that one-launch kernel's large space (add_lora
+    # then keeps the two launches on those buckets, as on any bucket the table lacks, unless
+    # another one-launch op's entry wins there). ["handoff"] alone adds that op to a table that
+    # has the halves already.
     ops: list = field(default_factory=lambda: list(OPS))
     compile_batch: int = 12  # keys compiled ahead of their timing at a time (0: all before any is timed)
     # Ops whose buckets are searched again though the table has them (after their space grew);
@@ -56,7 +61,7 @@ class SearchJob:
     redo: list = field(default_factory=list)
 
 
-OPS = ("shrink", "expand", "fused")
+OPS = ("shrink", "expand", "fused", "handoff")
 
 
 def job_layouts(job: SearchJob) -> list[tuple[int, tuple[int, ...]]]:
@@ -80,8 +85,9 @@ def search_keys(job: SearchJob) -> dict:
             seg = longest_segment(t, mix)
             for r in job.ranks:
                 for k, slices in job_layouts(job):
-                    fused = t <= FUSED_MAX_TOKENS and r <= FUSED_MAX_RANK
-                    for op in (o for o in OPS if o in job.ops and (fused or o != "fused")):
+                    limits = {"fused": t <= FUSED_MAX_TOKENS and r <= FUSED_MAX_RANK,
+                              "handoff": t <= HANDOFF_MAX_TOKENS and r <= FUSED_MAX_RANK}
+                    for op in (o for o in OPS if o in job.ops and limits.get(o, True)):
                         keys.setdefault(shape_key(op, t, seg, k, sum(slices), r, len(slices)),
                                         LoRAShape(t, mix, r, k, slices))
     return keys
@@ -96,6 +102,13 @@ def pending_keys(job: SearchJob, table: TilingTable) -> dict:
 
 def _fused_step(cfg: TileConfig, problem):
     return fused_add_lora(*problem, cfg)
+
+
+def _handoff_step(cfg: TileConfig, problem):
+    return handoff_add_lora(*problem, cfg)  # roles as the engine's launches take them (`roles_by_id`)
+
+
+ONE_LAUNCH_STEPS = {"fused": _fused_step, "handoff": _handoff_step}
 
 
 def _problem(shape: LoRAShape, dtype, seed=0):
@@ -115,7 +128,7 @@ def _compile_chunk(args) -> int:
             problem = _problem(LoRAShape(16, "distinct", *layout), dtype)
         # The halves through add_lora, so each compiles as add_lora launches it (with or without PDL).
         partner = TileConfig(16, 64, 16) if op == "shrink" else TileConfig(16, min(128, max(16, shape.rank)), 64)
-        (_fused_step if op == "fused" else _coupled_step(op, partner))(cfg, problem)
+        (ONE_LAUNCH_STEPS[op] if op in ONE_LAUNCH_STEPS else _coupled_step(op, partner))(cfg, problem)
     torch.cuda.synchronize()
     return len(work)
 
@@ -197,9 +210,9 @@ def _coupled_step(op: str, partner: TileConfig):
 
 
 def _step_for(key, table: TilingTable):
-    """The timed step of `key`'s op: the fused kernel alone is the whole op."""
-    if key.op == "fused":
-        return _fused_step
+    """The timed step of `key`'s op: a one-launch kernel alone is the whole op."""
+    if key.op in ONE_LAUNCH_STEPS:
+        return ONE_LAUNCH_STEPS[key.op]
     return _coupled_step(key.op, table.lookup(replace(key, op="expand" if key.op == "shrink" else "shrink")))
 
 
@@ -228,14 +241,15 @@ def run_search(job: SearchJob) -> TilingTable:
             for key in keys:
                 i += 1
                 shape = todo[key]
-                best, timed = _search_one(key, shape, spaces[key], table, dtype, props.L2_cache_size, job)
+                best, timed, two = _search_one(key, shape, spaces[key], table, dtype, props.L2_cache_size, job)
                 if writer:
                     writer.writerows([props.name, str(key), *cfg.to_dict().values(), f"{us:.3f}"] for us, cfg in timed)
-                table.record(key, best[1], best[0])
+                table.record(key, best[1], best[0], two_launch_us=two)
                 table.save(path)
                 floor = floor_cost(shape)[1] / (gbs * 1e3)
-                print(f"[{i}/{len(todo)}] {key}: whole op {best[0]:.1f} us (memory floor {floor:.1f} us) {best[1]}",
-                      file=sys.stderr, flush=True)
+                versus = "" if two is None else f", two launches {two:.1f} us"
+                print(f"[{i}/{len(todo)}] {key}: whole op {best[0]:.1f} us{versus} (memory floor {floor:.1f} us) "
+                      f"{best[1]}", file=sys.stderr, flush=True)
     finally:
         if pool is not None:
             pool.shutdown()
@@ -245,7 +259,8 @@ def run_search(job: SearchJob) -> TilingTable:
 
 
 def _search_one(key, shape: LoRAShape, space: list, table: TilingTable, dtype, l2_bytes: int, job: SearchJob):
-    """((us, tiling) of the fastest, [(us, tiling)] of the quick pass) for one bucket."""
+    """((us, tiling) of the fastest, [(us, tiling)] of the quick pass, the two launches' us at the
+    table's tilings for a one-launch op, else None) for one bucket."""
     problems = [_problem(shape, dtype, seed) for seed in range(copies_to_defeat_cache(shape, l2_bytes))]
     step = _step_for(key, table)
     timed = []
@@ -255,7 +270,12 @@ def _search_one(key, shape: LoRAShape, space: list, table: TilingTable, dtype, l
     for _, cfg in sorted(timed, key=lambda t: t[0])[:5]:  # ... then the front runners, timed properly
         us = time_op(Rotation(problems, functools.partial(step, cfg)), warmup=job.warmup, repeats=job.repeats)
         best = min(best, (us, cfg), key=lambda b: b[0])
-    return best, timed
+    two = None
+    if key.op in ONE_LAUNCH_OPS:  # what it must beat, timed now, beside it (`TilingTable.one_launch`)
+        pair = [table.lookup(replace(key, op=op)) for op in ("shrink", "expand")]
+        two = time_op(Rotation(problems, lambda p: add_lora(*p, shrink_config=pair[0], expand_config=pair[1])),
+                      warmup=job.warmup, repeats=job.repeats)
+    return best, timed, two
 
 
 __all__ = ["SearchJob", "run_search", "search_keys", "MIXES"]

@@ -7,11 +7,14 @@ Lookup is a dict access. A shape missing from the table takes the entry of the n
 model dimensions with the same op, token and rank buckets; a GPU without a table, or a
 bucket nobody searched, takes the heuristic.
 
-Whether a batch takes the fused one-launch op (`fused.py`) rather than shrink + expand is the
-table's call alone (`fused`): every entry's "us" is the time of the whole LoRA op, so a fused
-entry is used where it beats the two-launch entries measured at the same shape, and a bucket
-without a fused entry keeps the two launches. The fused op is opt-in that way because it
-measured slower on an H100 at every decode shape timed (at best 0.81x as fast; `tiling.py`).
+Whether a batch takes a one-launch op (`fused.py`, `handoff.py`) rather than shrink + expand
+is the table's call alone (`one_launch`): a one-launch entry is used where it beat the two
+launches measured at the same shape, and a bucket without one keeps the two launches. Each
+one-launch entry's "us" is the time of the whole LoRA op; where the search also timed the two
+launches at the table's tilings in the same run, the entry holds that as "two_launch_us" and
+the comparison uses it (times from one run, not from two machines or days). The one-launch ops
+are opt-in that way because each is faster only at some decode shapes (the fused op at none
+timed on an H100, at best 0.81x as fast; `tiling.py`).
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from .tiling import ShapeKey, TileConfig, heuristic_config
+from .tiling import ONE_LAUNCH_OPS, ShapeKey, TileConfig, heuristic_config
 
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
-# The fused op replaces the two launches only where it was faster by more than this share. Each
+# A one-launch op replaces the two launches only where it was faster by more than this share. Each
 # entry is one median from one tuning run, so a closer finish is not a measured win (the H100
 # table's 64-token, rank-64 bucket recorded fused 32.4 us against 32.6 us for the two launches).
 FUSED_MARGIN = 0.05
@@ -41,7 +44,7 @@ class TilingTable:
         self.entries: dict[str, dict] = dict(entries or {})
         self._configs: dict[ShapeKey, TileConfig] = {}
         self._by_bucket: dict[tuple, list[ShapeKey]] = {}
-        self._fused: dict[ShapeKey, TileConfig | None] = {}
+        self._one_launch: dict[ShapeKey, tuple[str, TileConfig] | None] = {}
         for text, entry in self.entries.items():
             key = ShapeKey.parse(text)
             self._configs[key] = TileConfig.from_dict(entry)
@@ -70,32 +73,41 @@ class TilingTable:
         dist = lambda c: abs(math.log2(c.k / key.k)) + abs(math.log2(c.n / key.n))  # noqa: E731
         return min(candidates, key=dist)
 
-    def fused(self, key: ShapeKey) -> TileConfig | None:
-        """The fused op's tiling where one launch should serve `key` (op "fused"), else None.
+    def one_launch(self, key: ShapeKey) -> tuple[str, TileConfig] | None:
+        """(op, tiling) of the one-launch op that should serve `key`'s bucket (any op in the key),
+        else None: two launches.
 
-        Measured bucket: the fused entry nearest in model dimensions, used only if it beat the
-        two-launch op recorded at its own shape by more than FUSED_MARGIN (no two-launch record
-        there: no comparison, so two launches). A bucket without fused entries: two launches (no heuristic sends a batch
-        here; see the note on the fused op in `tiling.py`).
+        For each op of ONE_LAUNCH_OPS: its entry nearest in model dimensions, a candidate only if
+        it beat the two-launch op timed at its own shape by more than FUSED_MARGIN (no two-launch
+        time there: no comparison, so two launches). Of the candidates, the fastest. A bucket
+        without one-launch entries: two launches (no heuristic sends a batch to these ops).
         """
-        if key.op != "fused":
-            raise ValueError(f"TilingTable.fused takes a 'fused' shape key, got {key}")
-        if key not in self._fused:
-            measured, faster = self._nearest_key(key), False
-            if measured is not None:
-                fused_us = self.entries[str(measured)].get("us", math.inf)
-                two = [self.entries.get(str(replace(measured, op=op)), {}).get("us") for op in ("shrink", "expand")]
-                two = [us for us in two if us is not None]
-                faster = bool(two) and fused_us < (1.0 - FUSED_MARGIN) * min(two)
-            self._fused[key] = self._configs[measured] if faster else None
-        return self._fused[key]
+        key = replace(key, op=ONE_LAUNCH_OPS[0])
+        if key not in self._one_launch:
+            best = None
+            for op in ONE_LAUNCH_OPS:
+                measured = self._nearest_key(replace(key, op=op))
+                if measured is None:
+                    continue
+                entry = self.entries[str(measured)]
+                us, two = entry.get("us", math.inf), entry.get("two_launch_us")
+                if two is None:
+                    halves = [self.entries.get(str(replace(measured, op=o)), {}).get("us") for o in ("shrink", "expand")]
+                    two = min((h for h in halves if h is not None), default=None)
+                if two is not None and us < (1.0 - FUSED_MARGIN) * two and (best is None or us < best[0]):
+                    best = (us, op, self._configs[measured])
+            self._one_launch[key] = None if best is None else best[1:]
+        return self._one_launch[key]
 
-    def record(self, key: ShapeKey, cfg: TileConfig, us: float) -> None:
+    def record(self, key: ShapeKey, cfg: TileConfig, us: float, two_launch_us: float | None = None) -> None:
+        """Records `key`'s fastest tiling and its time; two_launch_us: for a one-launch op, the
+        two launches timed at the table's tilings in the same run."""
         if str(key) not in self.entries:
             self._by_bucket.setdefault(self._bucket(key), []).append(key)
-        self.entries[str(key)] = {**cfg.to_dict(), "us": round(us, 3)}
+        extra = {} if two_launch_us is None else {"two_launch_us": round(two_launch_us, 3)}
+        self.entries[str(key)] = {**cfg.to_dict(), "us": round(us, 3), **extra}
         self._configs[key] = cfg
-        self._fused.clear()  # a new measurement may change which op wins
+        self._one_launch.clear()  # a new measurement may change which op wins
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

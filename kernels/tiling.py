@@ -2,10 +2,10 @@
 hardware constraints that prune it, the shape key a table is indexed by, and the heuristic
 used where no table entry exists.
 
-Three ops are tiled: the two launches of the ATMM op ("shrink", "expand") and the one-launch
-variant for decode-sized batches ("fused", `fused.py`). The heuristic gives every op a tiling,
-but only a table entry that measured the fused op faster than the two launches sends a batch
-to it (`TilingTable.fused`; see the note on the fused op below).
+Four ops are tiled: the two launches of the ATMM op ("shrink", "expand") and two one-launch
+variants for decode-sized batches ("fused", `fused.py`; "handoff", `handoff.py`). The heuristic
+gives every op a tiling, but only a table entry that measured a one-launch op faster than the two
+launches sends a batch to it (`TilingTable.one_launch`; see the note on the fused op below).
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass
 
-OPS = ("shrink", "expand", "fused")
+OPS = ("shrink", "expand", "fused", "handoff")
+ONE_LAUNCH_OPS = ("fused", "handoff")  # each is the whole LoRA op in one kernel
 FUSED_MAX_TOKENS = 64  # the fused op is searched and benchmarked up to this many tokens (decode)
-FUSED_MAX_RANK = 128  # it holds a token tile's whole rank in registers
+FUSED_MAX_RANK = 128  # it holds a token tile's whole rank in registers (the handoff op too)
+HANDOFF_MAX_TOKENS = 64  # decode sizes: the handoff op is searched and run up to this many tokens
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ def heuristic_config(key: ShapeKey, num_sms: int = 132) -> TileConfig:
         return TileConfig(block_m, min(128, key.rank), 128 if key.seg_len <= 64 else 64, split_k, 4, 3)
     if key.op == "fused":
         return TileConfig(block_m, 64, 128, 1, 4, 3, _fused_col_tiles(key, block_m, 64, num_sms))
+    if key.op == "handoff":
+        return _handoff_key_space(key, num_sms)[0]
     return TileConfig(block_m, 128 if block_m <= 32 else 64, min(64, key.rank), 1, 4, 2)
 
 
@@ -168,6 +172,8 @@ def config_space(key: ShapeKey, max_smem: int = 227 * 1024, elem_bytes: int = 2)
     block_ms = [m for m in (16, 32, 64, 128) if m <= m_cap]
     if key.op == "fused":
         return _fused_space(key, block_ms, max_smem, elem_bytes)
+    if key.op == "handoff":
+        return _handoff_key_space(key)
     if key.op == "shrink":
         block_ns, block_ks = (min(key.rank, 128),), (64, 128, 256)
         splits, stages = _shrink_splits(key), (2, 3, 4)
@@ -223,3 +229,28 @@ def _fused_space(key: ShapeKey, block_ms: list[int], max_smem: int, elem_bytes: 
         if cfg.smem_bytes(elem_bytes, rank=key.rank) <= max_smem:
             out.append(cfg)
     return out
+
+
+def handoff_space(tokens: int, n_segments: int, seg_len: int, k: int, max_slice: int, n_slices: int,
+                  num_sms: int = 132) -> list[TileConfig]:
+    """Tilings worth timing for one decode batch of the handoff op: token tiles that fit the
+    longest segment, K steps of 128-256 split so that the shrink items number about one to two
+    per SM, and expand column tiles of 64-128 in groups of 1-4."""
+    out = []
+    for block_m in sorted({16, min(64, next_pow2(max(16, seg_len)))}):
+        items = n_segments * -(-seg_len // block_m) * n_slices
+        for block_k in (128, 256):
+            most = 1 << (max(1, k // block_k).bit_length() - 1)  # splits are powers of two (K 3584: 14 steps -> 8)
+            for split in sorted({min(most, next_pow2(max(1, num_sms // items))),
+                                 min(most, next_pow2(max(1, 2 * num_sms // items)))}):
+                for block_n, col_tiles in ((64, 1), (64, 2), (128, 1), (128, 2), (64, 4)):
+                    if block_n * col_tiles <= max(64, next_pow2(max_slice)):
+                        out.append(TileConfig(block_m, block_n, block_k, split_k=split, col_tiles=col_tiles,
+                                              num_warps=4, num_stages=2))
+    return list(dict.fromkeys(out))
+
+
+def _handoff_key_space(key: ShapeKey, num_sms: int = 132) -> list[TileConfig]:
+    """`handoff_space` for a table bucket: about tokens / seg_len segments, slices of the mean width."""
+    return handoff_space(key.tokens, max(1, key.tokens // key.seg_len), key.seg_len, key.k,
+                         -(-key.n // key.slices), key.slices, num_sms)

@@ -7,7 +7,7 @@ import torch
 
 import bench.handoff
 from bench.handoff import check, main
-from kernels.handoff import handoff_space
+from kernels.tiling import handoff_space
 from kernels.segments import build_segments
 from kernels.tiling import TileConfig
 from kernels.workload import LoRAShape, make_problem

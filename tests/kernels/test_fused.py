@@ -11,7 +11,7 @@ from lora_cases import make_batch, make_pool, rel_err
 
 import kernels.lora
 from kernels.fused import fused_add_lora
-from kernels.lora import add_lora, fused_config_for
+from kernels.lora import add_lora, one_launch_for
 from kernels.reference import lora_reference
 from kernels.table import TilingTable
 from kernels.tiling import MAX_FUSED_GROUPS, TileConfig, config_space, heuristic_config, shape_key
@@ -153,7 +153,7 @@ def test_bad_inputs_are_named():
     wide_a, wide_b, wide_ranks, wide_scales = make_pool(2, (32,), 32, 144, torch.float16, seed=0)
     with pytest.raises(ValueError, match=r"max_rank \(144\) must be <= 128"):
         fused_add_lora(y, x, wide_a, wide_b, meta, wide_ranks, wide_scales, (32,), CFG)
-    with pytest.raises(ValueError, match="either fused_config or shrink_config"):
+    with pytest.raises(ValueError, match="one of fused_config, handoff_config or shrink_config"):
         add_lora(y, x, lora_a, lora_b, meta, ranks, scales, (32,), fused_config=CFG, shrink_config=CFG)
 
 
@@ -188,9 +188,8 @@ def test_an_empty_table_never_picks_the_fused_kernel():
     a batch to it, however small the batch or short the adapter."""
     empty = TilingTable("GPU")
     for key in (ONE_TOKEN, shape_key("fused", 16, 16, 3584, 4608, 16, 3), shape_key("fused", 64, 1, 4096, 4096, 64, 1)):
-        assert empty.fused(key) is None
-    with pytest.raises(ValueError, match="'fused' shape key"):
-        empty.fused(_op(ONE_TOKEN, "shrink"))
+        assert empty.one_launch(key) is None
+    assert empty.one_launch(_op(ONE_TOKEN, "shrink")) is None, "any op's key names the bucket"
 
 
 @pytest.mark.parametrize("fused_us, picked", [(7.5, True), (7.7, False), (8.0, False), (9.0, False), (10.9, False)])
@@ -203,7 +202,7 @@ def test_the_table_picks_the_fused_kernel_only_where_it_measured_it_faster_than_
     table.record(_op(ONE_TOKEN, "expand"), CFG, 8.0)
     cfg = TileConfig(16, 64, 128, col_tiles=2)
     table.record(ONE_TOKEN, cfg, fused_us)
-    assert table.fused(ONE_TOKEN) == (cfg if picked else None)
+    assert table.one_launch(ONE_TOKEN) == (("fused", cfg) if picked else None)
 
 
 # ---- dispatch ---------------------------------------------------------------------------------
@@ -244,9 +243,9 @@ def test_add_lora_takes_two_launches_where_the_table_measured_no_fused_kernel(fu
     add_lora(*_small([0, 1]), table=empty, shrink_config=CFG, expand_config=CFG)  # pinned two launches
     assert len(fused_calls) == 1
     _, x, lora_a, _, meta, *_ = _small([0, 1, -2], mix=2)
-    assert fused_config_for(x, lora_a, meta, (32, 16), empty) is None
+    assert one_launch_for(x, lora_a, meta, (32, 16), empty) is None
     _, x, lora_a, _, meta, *_ = _small([0, 1], max_rank=144)
-    assert fused_config_for(x, lora_a, meta, (32, 16), empty) is None, "more rank than the kernel holds"
+    assert one_launch_for(x, lora_a, meta, (32, 16), empty) is None, "more rank than the kernel holds"
 
 
 def test_add_lora_follows_the_table_measurement(fused_calls):
@@ -257,17 +256,17 @@ def test_add_lora_follows_the_table_measurement(fused_calls):
     table.record(_op(key, "expand"), CFG, 5.0)
     slow = TileConfig(16, 32, 64, col_tiles=4)
     table.record(key, slow, 5.5)  # measured slower than the two launches (faster than the shrink's record)
-    assert table.fused(key) is None
+    assert table.one_launch(key) is None
     add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, table=table)
     assert fused_calls == []
     table.record(key, slow, 4.0)
     add_lora(y, x, lora_a, lora_b, meta, ranks, scales, slices, table=table)
     assert fused_calls == [slow]
     wider = shape_key("fused", 3, 1, 64, 96, 16, 2)  # unmeasured model size: the nearest measured shape decides
-    assert table.fused(wider) == slow
+    assert table.one_launch(wider) == ("fused", slow)
     alone = TilingTable("GPU")
     alone.record(key, slow, 4.0)
-    assert alone.fused(key) is None, "no two-launch time recorded at that shape: no comparison, two launches"
+    assert alone.one_launch(key) is None, "no two-launch time recorded at that shape: no comparison, two launches"
 
 
 def test_tables_written_before_the_fused_op_still_load():
@@ -281,8 +280,8 @@ def test_tables_written_before_the_fused_op_still_load():
     assert h200.entries and not any(k.startswith("fused") for k in h200.entries)
     assert h200.lookup(shape_key("shrink", 1, 1, 4096, 4096, 64, 1)).col_tiles == 1
     # no fused measurement on that GPU yet: two launches everywhere
-    assert h200.fused(ONE_TOKEN) is None
-    assert h200.fused(shape_key("fused", 1, 1, 4096, 4096, 64, 1)) is None
+    assert h200.one_launch(ONE_TOKEN) is None
+    assert h200.one_launch(shape_key("fused", 1, 1, 4096, 4096, 64, 1)) is None
 
 
 @pytest.mark.gpu

@@ -4,15 +4,21 @@ by side and the in-launch wait is real)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from lora_cases import make_batch, make_pool, rel_err
 from test_fused import _check, _junk_past_ranks, _slots
 
+import kernels.lora
 from kernels import handoff
 from kernels.handoff import counters, handoff_add_lora, handoff_grid
+from kernels.lora import add_lora, one_launch_for
 from kernels.reference import lora_reference
-from kernels.tiling import TileConfig
+from kernels.search import SearchJob, search_keys
+from kernels.table import TilingTable
+from kernels.tiling import TileConfig, config_space, heuristic_config, next_pow2, shape_key
 
 # Small tiles, so the little test shapes take several K steps per split, several column groups
 # per slice and a last group shorter than col_tiles.
@@ -33,12 +39,13 @@ def _run(slot_ids, slices, k, max_rank, n_slots, dtype, seed, config=CFG, junk=F
     return y0, ref, out
 
 
+@pytest.mark.parametrize("tickets", [True, None], ids=["tickets", "default"])
 @pytest.mark.parametrize("tokens", [1, 3, 16, 33])
 @pytest.mark.parametrize("mix", ["one", "distinct", "skewed", "no_lora_interleaved"])
-def test_matches_reference_over_token_counts_and_adapter_mixes(tokens, mix):
+def test_matches_reference_over_token_counts_and_adapter_mixes(tokens, mix, tickets):
     slot_ids = _slots(mix, tokens)
     dtype = torch.bfloat16 if tokens % 2 else torch.float16
-    _check(*_run(slot_ids, (48,), 64, 16, 40, dtype, seed=tokens), slot_ids, dtype)
+    _check(*_run(slot_ids, (48,), 64, 16, 40, dtype, seed=tokens, tickets=tickets), slot_ids, dtype)
 
 
 @pytest.mark.parametrize("mix", ["distinct", "no_lora_interleaved"])
@@ -75,7 +82,7 @@ def test_launches_in_a_row_each_start_from_zeroed_counters():
     for tokens, slot_ids in ((5, [0, 1, 1, 3, 0]), (9, [2] * 9), (3, [3, -1, 1])):
         x, y0, meta = make_batch(tokens, 48, 32, slot_ids, torch.float16, seed=tokens)
         ref = lora_reference(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,))
-        out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), CFG)
+        out = handoff_add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), CFG, tickets=True)
         _check(y0, ref, out, slot_ids, torch.float16)
         assert not counters(x.device).any()
 
@@ -161,3 +168,85 @@ def test_no_cache_entry_is_created_inside_graph_capture(monkeypatch):
         handoff._created(cuda, "counters", lambda: pytest.fail("nothing is made during capture"))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert handoff._created(cuda, "counters", lambda: "made") == "made"
+
+
+# ---- roles by program id where the grid fits; the table's choice and add_lora's dispatch --------
+def test_roles_by_id_only_where_every_program_fits_on_the_gpu_at_once():
+    assert handoff.roles_by_id(132, 132) and handoff.roles_by_id(1, 132)
+    assert not handoff.roles_by_id(133, 132)
+
+
+def test_the_default_form_follows_the_grid_size(monkeypatch):
+    """By program id on a grid of at most one program per SM, tickets on a larger one; both right."""
+    seen = []
+    real = handoff.roles_by_id
+    monkeypatch.setattr(handoff, "roles_by_id", lambda n, sms: seen.append((n, sms, real(n, sms))) or real(n, sms))
+    slot_ids = _slots("distinct", 9)
+    _check(*_run(slot_ids, (48,), 64, 16, 40, torch.float16, seed=2, tickets=None), slot_ids, torch.float16)
+    monkeypatch.setattr(handoff, "_sm_count", lambda device: 4)  # a GPU too small for the grid
+    _check(*_run(slot_ids, (48,), 64, 16, 40, torch.float16, seed=2, tickets=None), slot_ids, torch.float16)
+    n = handoff_grid(make_batch(9, 64, 48, slot_ids, torch.float16, seed=2)[2], 1, 48, 64, CFG)
+    assert seen == [(n[0] + n[1], 132, True), (n[0] + n[1], 4, False)]
+
+
+KEY = shape_key("handoff", 3, 1, 32, 48, 16, 2)  # the bucket of _small below
+
+
+def _small(slot_ids):
+    lora_a, lora_b, ranks, scales = make_pool(4, (32, 16), 32, 16, torch.float16, seed=1)
+    x, y, meta = make_batch(len(slot_ids), 32, 48, slot_ids, torch.float16, seed=1)
+    return y, x, lora_a, lora_b, meta, ranks, scales, (32, 16)
+
+
+def _table(handoff_us, two_launch_us=None, fused_us=None):
+    table = TilingTable("GPU")
+    for op in ("shrink", "expand"):
+        table.record(replace(KEY, op=op), CFG, 6.0)
+    table.record(KEY, CFG, handoff_us, two_launch_us=two_launch_us)
+    if fused_us is not None:
+        table.record(replace(KEY, op="fused"), TileConfig(16, 16, 32), fused_us)
+    return table
+
+
+@pytest.mark.parametrize("handoff_us, two_launch_us, fused_us, picked", [
+    (5.0, None, None, "handoff"),   # faster than the halves' records by more than the margin
+    (5.8, None, None, None),        # 3% faster: within the margin
+    (5.0, 5.1, None, None),         # the two launches timed in the same run decide, not the halves' records
+    (6.5, 7.0, None, "handoff"),    # ... either way
+    (5.0, None, 4.5, "fused"),      # both one-launch ops beat two launches: the faster one
+    (4.5, None, 5.0, "handoff"),
+])
+def test_the_table_picks_the_fastest_one_launch_op_that_beat_two_launches(handoff_us, two_launch_us, fused_us, picked):
+    choice = _table(handoff_us, two_launch_us, fused_us).one_launch(KEY)
+    assert (choice[0] if choice else None) == picked
+    assert _table(handoff_us, two_launch_us).entries[str(KEY)].get("two_launch_us") == two_launch_us
+
+
+def test_add_lora_runs_the_handoff_kernel_where_the_table_picks_it(monkeypatch):
+    calls = []
+    real = kernels.lora.handoff_add_lora
+    monkeypatch.setattr(kernels.lora, "handoff_add_lora", lambda *a: calls.append(a[-1]) or real(*a))
+    y, x, lora_a, lora_b, meta, ranks, scales, slices = _small([0, 1, 2])
+    ref = lora_reference(y.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
+    out = add_lora(y.clone(), x, lora_a, lora_b, meta, ranks, scales, slices, table=_table(5.8))
+    assert calls == [], "not measured faster by the margin: two launches"
+    out = add_lora(y.clone(), x, lora_a, lora_b, meta, ranks, scales, slices, table=_table(5.0))
+    assert calls == [CFG]
+    _check(y, ref, out, [0, 1, 2], torch.float16)
+    assert one_launch_for(x, lora_a, meta, slices, _table(5.0)) == ("handoff", CFG)
+    mixed = make_batch(3, 32, 48, [0, 1, -2], torch.float16, seed=1, mix_slot=2)[2]
+    assert one_launch_for(x, lora_a, mixed, slices, _table(5.0)) is None, "mixtures keep the two launches"
+    _, x65, a65, _, meta65, *_ = _small([i % 4 for i in range(65)])
+    assert one_launch_for(x65, a65, meta65, slices, _table(5.0)) is None, "past decode sizes: two launches"
+
+
+def test_the_search_covers_the_handoff_op_at_decode_sizes_only():
+    job = SearchJob([1, 64, 256], ["distinct"], [16, 256], [3584], layouts=[(3584, (3584, 512, 512))], ops=["handoff"])
+    keys = search_keys(job)
+    assert keys and all(k.op == "handoff" and k.tokens <= 64 and k.rank <= 128 for k in keys)
+    for key in keys:
+        space = config_space(key)
+        assert space and space[0] == heuristic_config(key)
+        for c in space:
+            assert c.split_k & (c.split_k - 1) == 0 and c.split_k * c.block_k <= key.k, "every split gets K"
+            assert c.block_n * c.col_tiles <= max(64, next_pow2(-(-key.n // key.slices)))

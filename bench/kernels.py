@@ -2,10 +2,12 @@
 PyTorch baselines and the Triton SGMV (Punica) and MBGMV (S-LoRA) kernels over token counts x
 adapter mixes x ranks x hidden sizes, each beside its roofline floor from the device's measured
 copy bandwidth and matmul rate. Each row holds the median call (`us`) and the p50/p90/p99 of the
-timed runs. Decode shapes (up to FUSED_MAX_TOKENS tokens) also time the fused one-launch kernel
-as `atmm_fused`, at the table's (or heuristic's) fused tiling, beside the two-launch `atmm`.
-On a device with programmatic dependent launch, `atmm` launches the expand behind the shrink
-with it (as the engine does) and `atmm_nopdl` is the same tiling without it. Decode shapes also
+timed runs. `atmm` is what the engine runs: the table's one-launch op where the table picks one
+(`TilingTable.one_launch`; the two launches are then also timed as `atmm_two_launch`), else the
+two launches at the table's tilings. Decode shapes (up to FUSED_MAX_TOKENS tokens) also time both
+one-launch kernels pinned, as `atmm_fused` and `atmm_handoff`, at the table's (or heuristic's)
+tiling of each. On a device with programmatic dependent launch, the two launches run the expand
+behind the shrink with it (as the engine does) and `atmm_nopdl` is the same tiling without it. Decode shapes also
 time `atmm_anymix`: the batch's metadata padded as the engine's decode graph for any adapter mix
 pads it (segments bounded by the whole batch), with the tiling of that padding, which is what a
 step runs when no graph of `lora_graph_segments` x `lora_graph_seg_lens` holds its mix.
@@ -28,13 +30,13 @@ from pathlib import Path
 import torch
 
 from kernels.baselines import lora_mbgmv, lora_sgmv
-from kernels.fused import fused_add_lora
 from kernels.interpreter import pdl_available
-from kernels.lora import configs_for, default_table, pinned
+from kernels.lora import add_lora, configs_for, default_table, one_launch_for, pinned
 from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop
 from kernels.segments import build_segments
 from kernels.table import TilingTable
-from kernels.tiling import FUSED_MAX_RANK, FUSED_MAX_TOKENS, TileConfig, heuristic_config, shape_key
+from kernels.tiling import (FUSED_MAX_RANK, FUSED_MAX_TOKENS, ONE_LAUNCH_OPS, TileConfig, heuristic_config,
+                            shape_key)
 from kernels.token_tiles import seg_block
 from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op_tails
 from kernels.workload import (DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment,
@@ -103,7 +105,7 @@ def pick_static(shapes, dtype, l2_bytes, table: TilingTable, job: BenchJob) -> t
     winners = {"shrink": Counter(), "expand": Counter()}
     for key_text, entry in table.entries.items():
         op = key_text.split("|")[0]
-        if op in winners:  # the fused op's entries are no tiling of the two launches
+        if op in winners:  # one-launch entries are no tiling of the two launches
             winners[op][TileConfig.from_dict(entry)] += 1
     # The configurations that win most often in the table, plus the heuristic's: a static
     # tiling outside that set would lose on nearly every shape.
@@ -128,16 +130,17 @@ def pick_static(shapes, dtype, l2_bytes, table: TilingTable, job: BenchJob) -> t
     return best["shrink"], best["expand"]
 
 
-def fused_impl(shape: LoRAShape, table: TilingTable):
-    """The fused one-launch kernel pinned to the table's tiling of `shape` (the heuristic's where
-    the table has none), or None where it is not timed: past decode sizes or its largest rank.
-    Pinned, not chosen: it is timed whether or not the table would send the batch to it
-    (`TilingTable.fused`), so the row shows what the table's choice gains or would cost."""
+def one_launch_impl(shape: LoRAShape, table: TilingTable, op: str):
+    """The one-launch kernel `op` ("fused" or "handoff") pinned to the table's tiling of `shape`
+    (the heuristic's where the table has none), or None where it is not timed: past decode sizes
+    or its largest rank. Pinned, not chosen: it is timed whether or not the table would send the
+    batch to it (`TilingTable.one_launch`), so the row shows what the table's choice gains or
+    would cost."""
     if shape.tokens > FUSED_MAX_TOKENS or shape.rank > FUSED_MAX_RANK:
         return None
-    key = shape_key("fused", shape.tokens, longest_segment(shape.tokens, shape.mix), shape.k, shape.n, shape.rank,
+    key = shape_key(op, shape.tokens, longest_segment(shape.tokens, shape.mix), shape.k, shape.n, shape.rank,
                     len(shape.slices))
-    return functools.partial(fused_add_lora, config=table.lookup(key))
+    return functools.partial(add_lora, **{f"{op}_config": table.lookup(key)})
 
 
 def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
@@ -158,12 +161,15 @@ def run_kernel_bench(job: BenchJob) -> tuple[list[dict], dict]:
         floor = roofline_us(flops, n_bytes, tflops, gbs)
         tuned = configs_for(problems[0][1], problems[0][2], problems[0][4], shape.slices, table)
         guess = configs_for(problems[0][1], problems[0][2], problems[0][4], shape.slices, heuristic)
-        impls["atmm"] = pinned(*tuned)
+        # atmm: what the engine runs, the table's one-launch op where it picks one, else its two launches
+        one = one_launch_for(problems[0][1], problems[0][2], problems[0][4], shape.slices, table)
+        impls["atmm"] = pinned(*tuned) if one is None else functools.partial(add_lora, table=table)
         impls["atmm_heuristic"] = pinned(*guess)
         if pdl_available(torch.device("cuda", 0)):
             impls["atmm_nopdl"] = pinned(*tuned, pdl=False)
-        fused = fused_impl(shape, table)
-        extra = {"atmm_fused": fused} if fused else {}
+        extra = {f"atmm_{op}": impl for op in ONE_LAUNCH_OPS if (impl := one_launch_impl(shape, table, op))}
+        if one is not None:
+            extra["atmm_two_launch"] = pinned(*tuned)
         any_mix = None
         if shape.tokens <= FUSED_MAX_TOKENS:  # decode: the engine's any-mix graph, tiled for that padding
             any_mix = _any_mix(problems, shape)

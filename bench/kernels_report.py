@@ -42,9 +42,13 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
                 entry[f"vs_{b}"] = round(impl[b]["us"] / atmm["us"], 2)
         if atmm.get("p99_us") is not None:
             entry["p99_us"] = atmm["p99_us"]
-        if "atmm_fused" in impl:  # the one-launch kernel: how many times faster than the two launches
-            entry["fused_us"] = impl["atmm_fused"]["us"]
-            entry["fused_speedup"] = round(atmm["us"] / impl["atmm_fused"]["us"], 2)
+        two = impl.get("atmm_two_launch", atmm)  # atmm is the two launches unless the table picked one
+        if "atmm_two_launch" in impl:  # the table's one-launch pick: how many times faster than two
+            entry["one_launch_gain"] = round(two["us"] / atmm["us"], 3)
+        for op in ("fused", "handoff"):  # each one-launch kernel, pinned: how many times faster than two
+            if f"atmm_{op}" in impl:
+                entry[f"{op}_us"] = impl[f"atmm_{op}"]["us"]
+                entry[f"{op}_speedup"] = round(two["us"] / impl[f"atmm_{op}"]["us"], 2)
         if "atmm_nopdl" in impl:  # the expand's programmatic dependent launch: how many times faster with it
             entry["pdl_speedup"] = round(impl["atmm_nopdl"]["us"] / atmm["us"], 3)
         if "atmm_anymix" in impl:  # metadata and tiling for this mix, against the any-mix graph's padding
@@ -79,8 +83,11 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
         prefill_shapes=len(prefill), prefill_ok=sum(e["ok"] for e in prefill),
         prefill_worst_x_floor=max((e["x_floor"] for e in prefill), default=None),
         table_vs_static_geomean=round(geo, 3), table_vs_static_min=round(min(ratios), 3) if ratios else None,
-        fused_shapes=sum("fused_us" in e for e in decode),
-        fused_faster=sum(e.get("fused_speedup", 0) > 1 for e in decode),
+        **{f"{op}_{what}": sum(test(e) for e in decode) for op in ("fused", "handoff")
+           for what, test in (("shapes", lambda e, op=op: f"{op}_us" in e),
+                              ("faster", lambda e, op=op: e.get(f"{op}_speedup", 0) > 1))},
+        one_launch_picked=sum("one_launch_gain" in e for e in decode),
+        one_launch_gain_range=_spread([e["one_launch_gain"] for e in decode if "one_launch_gain" in e])[1],
         merge=[{k: m[k] for k in ("model", "modules", "rank", "us", "floor_us", "x_floor")} for m in merge_ok],
         **{f"min_vs_{b}": min((e[f"vs_{b}"] for e in decode + prefill if f"vs_{b}" in e), default=None)
            for b in SERVING_BASELINES},
@@ -113,10 +120,15 @@ def print_summary(summary: dict) -> None:
     for b in SERVING_BASELINES:
         if summary.get(f"min_vs_{b}") is not None:
             print(f"against {b}: ATMM at least {summary[f'min_vs_{b}']}x as fast on every decode and prefill shape")
-    if summary.get("fused_shapes"):
-        best = max(e.get("fused_speedup", 0) for e in summary["decode"])
-        print(f"fused one-launch kernel: faster than the two launches on {summary['fused_faster']}/"
-              f"{summary['fused_shapes']} decode shapes (at best {best}x)")
+    for op in ("fused", "handoff"):
+        if summary.get(f"{op}_shapes"):
+            best = max(e.get(f"{op}_speedup", 0) for e in summary["decode"])
+            print(f"{op} one-launch kernel (pinned): faster than the two launches on {summary[f'{op}_faster']}/"
+                  f"{summary[f'{op}_shapes']} decode shapes (at best {best}x)")
+    if summary.get("one_launch_picked"):
+        low, high = summary["one_launch_gain_range"]
+        print(f"the table sends {summary['one_launch_picked']} decode shapes to a one-launch kernel: "
+              f"{low}-{high}x the two launches there")
     print(f"searched table vs best static tiling: geomean {summary['table_vs_static_geomean']}x, "
           f"worst shape {summary['table_vs_static_min']}x")
     for m in summary["merge"]:

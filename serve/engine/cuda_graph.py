@@ -82,7 +82,19 @@ class DecodeGraphs:
 
     @torch.no_grad()
     def capture(self) -> None:
-        """Captures every bucket, largest first so smaller graphs reuse its memory pool."""
+        """Captures every bucket, largest first so smaller graphs reuse its memory pool.
+
+        Each warm-up runs on the stream the capture then runs on: kernels that keep state per
+        stream (the handoff kernel's counters and workspace, `kernels/handoff.py`) create it
+        there, outside the capture, as they must."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._capture_all(stream)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+
+    def _capture_all(self, stream: torch.cuda.Stream) -> None:
         for bs in reversed(self.batch_sizes):
             variants = [("plain", None, self.graphs, bs)]
             if self.lora_buffers is not None:
@@ -94,12 +106,11 @@ class DecodeGraphs:
                     self._forward(bs)  # warm-up: compiles the kernels outside the capture
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self.pool):
+                    with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                         self._forward(bs)
                 if self.pool is None:
                     self.pool = graph.pool()
                 graphs[key] = graph
-        torch.cuda.synchronize()
 
     def release(self) -> None:
         """Frees every graph and their memory pool. Graphs that captured NCCL collectives (tensor

@@ -8,8 +8,9 @@ of the step, with one signature for both implementations:
     op(y, x, lora_a, lora_b, segments, ranks, scales, slices)      # y += LoRA(x), in place
 
     "triton": kernels.add_lora (ATMM: two launches per projection whatever the adapter mix, or
-              one fused launch for small decode batches only where the tiling table measured it
-              faster; needs fp16/bf16 activations; on CPU it runs in the Triton interpreter)
+              one launch (fused or handoff) for small decode batches only where the tiling table
+              measured it faster; needs fp16/bf16 activations; on CPU it runs in the Triton
+              interpreter)
     "torch":  kernels.lora_reference (per segment and slice in fp32, rounded once into y:
               PEFT's arithmetic; the CPU engine's path)
     "einsum": kernels.lora_einsum (dLoRA's operator: every token's adapter gathered, contracted

@@ -45,9 +45,10 @@ def test_search_buckets_each_shape_once_per_op():
     buckets = [(1, 1), (64, 1), (64, 64), (256, 4), (256, 256)]
     assert sorted(str(k) for k in keys) == sorted(
         [f"{op}|t{t}|m{m}|k4096|n4096|r16|s1" for op in ("shrink", "expand") for t, m in buckets]
-        + [f"fused|t{t}|m{m}|k4096|n4096|r16|s1" for t, m in buckets if t <= 64])  # the fused op: decode only
+        + [f"{op}|t{t}|m{m}|k4096|n4096|r16|s1" for op in ("fused", "handoff") for t, m in buckets
+           if t <= 64])  # the one-launch ops: decode only
     ops = [k.op for k in keys if (k.tokens, k.seg_len) == (64, 1)]
-    assert ops == ["shrink", "expand", "fused"], "fused is timed after both halves of the same shape"
+    assert ops == ["shrink", "expand", "fused", "handoff"], "one-launch ops are timed after both halves"
 
 
 def test_summary_sets_the_fused_kernel_beside_the_two_launches():
@@ -63,26 +64,28 @@ def test_summary_sets_the_fused_kernel_beside_the_two_launches():
 def test_bench_times_the_fused_kernel_at_decode_sizes_only():
     import dataclasses
 
-    from bench.kernels import fused_impl
-    from kernels.fused import fused_add_lora
+    from bench.kernels import one_launch_impl
+    from kernels.lora import add_lora
     from kernels.table import TilingTable
     from kernels.tiling import TileConfig, heuristic_config, shape_key
     from kernels.workload import LoRAShape
 
     table = TilingTable("GPU")
     key = shape_key("fused", 8, 1, 4096, 4096, 64, 1)
-    impl = fused_impl(LoRAShape(8, "distinct", 64, 4096, (4096,)), table)
-    assert impl.func is fused_add_lora and impl.keywords["config"] == heuristic_config(key)
-    assert table.fused(key) is None, "timed although add_lora would not pick it"
-    assert fused_impl(LoRAShape(256, "distinct", 64, 4096, (4096,)), table) is None
-    assert fused_impl(LoRAShape(8, "distinct", 256, 4096, (4096,)), table) is None
+    impl = one_launch_impl(LoRAShape(8, "distinct", 64, 4096, (4096,)), table, "fused")
+    assert impl.func is add_lora and impl.keywords["fused_config"] == heuristic_config(key)
+    handoff = one_launch_impl(LoRAShape(8, "distinct", 64, 4096, (4096,)), table, "handoff")
+    assert handoff.keywords["handoff_config"] == heuristic_config(dataclasses.replace(key, op="handoff"))
+    assert table.one_launch(key) is None, "timed although add_lora would not pick it"
+    assert one_launch_impl(LoRAShape(256, "distinct", 64, 4096, (4096,)), table, "fused") is None
+    assert one_launch_impl(LoRAShape(8, "distinct", 256, 4096, (4096,)), table, "handoff") is None
     # a table entry measured slower than the two launches: add_lora keeps them, the bench still times its tiling
     slow = TileConfig(16, 32, 64, col_tiles=4)
     for op, cfg, us in (("shrink", heuristic_config(key), 20.0), ("expand", heuristic_config(key), 20.0),
                         ("fused", slow, 30.0)):
         table.record(dataclasses.replace(key, op=op), cfg, us)
-    assert table.fused(key) is None
-    assert fused_impl(LoRAShape(8, "distinct", 64, 4096, (4096,)), table).keywords["config"] == slow
+    assert table.one_launch(key) is None
+    assert one_launch_impl(LoRAShape(8, "distinct", 64, 4096, (4096,)), table, "fused").keywords["fused_config"] == slow
 
 
 def test_search_covers_the_zoo_models_projection_layouts():
@@ -164,7 +167,7 @@ def test_compile_batches_follow_the_search_order_and_compile_each_kernel_once():
     spaces = {k: config_space(k, 227 * 1024) for k in keys}
     batches = compile_batches(keys, spaces, 4)
     assert [k for part, _ in batches for k in part] == list(keys), "timed in the search order"
-    assert [len(part) for part, _ in batches] == [4, 4, 4]
+    assert [len(part) for part, _ in batches] == [4, 4, 4, 4]
     idents = [(op, cfg, s.rank, s.k, s.slices) for _, work in batches for op, cfg, s in work]
     assert len(idents) == len(set(idents)), "nothing compiled twice"
     for part, work in batches:  # each batch compiles what its own keys time, unless an earlier one did

@@ -77,8 +77,17 @@ def _run_times_us(fn: Callable[[], object], warmup: int, repeats: int, use_graph
     return [_event_time_us(runner) / per_run for _ in range(repeats)]
 
 
+# GPU cycles of busy work queued ahead of each timed run (about 1 ms at Hopper clocks). The run is
+# enqueued while the GPU is still on it, so a host stall of up to that long between the start
+# event and the run's launch is not timed. Without it, runs on an H100 now and then read
+# 250-330 us for a 5-10 us op, a whole measurement at a time; the cause was not found, and a
+# host stall is one that would read so.
+HOST_SLACK_CYCLES = 2_000_000
+
+
 def _event_time_us(fn: Callable[[], object]) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(HOST_SLACK_CYCLES)
     start.record()
     fn()
     end.record()

@@ -17,7 +17,7 @@ Why it cannot deadlock: programs take tickets in the order they start running, s
 ticket belongs to a program that is already resident, and shrink programs never wait. An expand
 program waits only for those. (Indexing work by program id instead would let expand programs
 fill the GPU while shrink programs they wait for are still unscheduled, unless the whole grid
-fits on the GPU at once: `roles_by_id`, where the launch does so.) In Triton's interpreter
+fits on the GPU at once: `roles_by_id`, where the launch does so by default.) In Triton's interpreter
 programs run one after another in ticket order, so the wait is always already satisfied there.
 
 The handoff: a shrink program stores its v tile, synchronizes its threads, and increments
@@ -234,25 +234,57 @@ def _workspace(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return _V[key]
 
 
-def roles_by_id(n_programs: int, num_sms: int) -> bool:
-    """Whether programs may take their roles by id without any risk of deadlock: when the grid
-    has at most one program per SM. Every SM can hold at least one program of any kernel it can
-    launch, so then all of them are resident together once whatever else runs on the GPU has
-    ended, whatever order they were dispatched in, and the shrink items an expand item waits
-    for always get to run."""
-    return n_programs <= num_sms
+def roles_by_id(n_programs: int, num_sms: int, per_sm: int = 1) -> bool:
+    """Whether programs may take their roles by id without any risk of deadlock: when every
+    program of the grid fits on the GPU at once, `per_sm` programs on each SM (a lower bound on
+    what an idle SM holds, `resident_per_sm`). Then all of them are resident together once
+    whatever else runs on the GPU has ended, whatever order they were dispatched in, and the
+    shrink items an expand item waits for always get to run."""
+    return n_programs <= num_sms * max(1, per_sm)
+
+
+# What an SM has, where the device does not say (torch builds before these properties, and the
+# interpreter, which then takes an H100's paths): registers, shared memory, threads.
+H100_SM = {"regs_per_multiprocessor": 65536, "shared_memory_per_multiprocessor": 233472,
+           "max_threads_per_multi_processor": 2048, "multi_processor_count": 132}
+
+
+def smem_bound(config: TileConfig, block_r: int, elem_bytes: int = 2) -> int:
+    """An upper bound on the shared memory of one handoff program: the shrink's pipelined x and A
+    tiles, the expand's v and its pipelined B and y tiles, and an fp32 tile of the wider product
+    for layout conversions, as though none of them shared memory with another (Triton reuses it
+    by liveness, so the kernel takes less; the GPU tests check it against the compiled kernels)."""
+    stages, m, n = config.num_stages, config.block_m, config.block_n
+    shrink = stages * (m + block_r) * config.block_k * elem_bytes
+    expand = (m * block_r + stages * (n * block_r + m * n)) * elem_bytes
+    return shrink + expand + m * max(block_r, n) * 4
+
+
+def resident_per_sm(config: TileConfig, block_r: int, sm: dict, elem_bytes: int = 2) -> int:
+    """Programs of one handoff launch that an idle SM holds at once, at least: by registers at
+    the most any thread can have (255, allocated per warp in units of 256), by shared memory at
+    `smem_bound` plus the 1 KiB the driver keeps per program, and by threads."""
+    warps = config.num_warps
+    by_regs = sm["regs_per_multiprocessor"] // (256 * 32 * warps)
+    by_smem = sm["shared_memory_per_multiprocessor"] // (smem_bound(config, block_r, elem_bytes) + 1024)
+    by_threads = sm["max_threads_per_multi_processor"] // (32 * warps)
+    return max(1, min(by_regs, by_smem, by_threads))
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _sm_of(index: int) -> dict:
+    props = torch.cuda.get_device_properties(index)
+    known = {name: getattr(props, name, None) for name in H100_SM}
+    if None in known.values():  # an older torch: one program per SM, which holds on any GPU
+        return dict(H100_SM, regs_per_multiprocessor=0, multi_processor_count=props.multi_processor_count)
+    return known
 
 
-def _sm_count(device: torch.device) -> int:
-    """SMs of `device` (the interpreter: an H100's 132, so that CPU runs take the GPU's paths)."""
+def _sm(device: torch.device) -> dict:
+    """The SM of `device` (the interpreter: an H100's, so that CPU runs take the GPU's paths)."""
     if device.type != "cuda":
-        return 132
-    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+        return H100_SM
+    return _sm_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def handoff_grid(meta: SegmentMeta, n_slices: int, max_slice: int, k: int,
@@ -281,7 +313,8 @@ def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lor
     program never occupies the place a shrink program it waits for needs: always true when the
     whole grid fits on the GPU at once, otherwise only while the GPU dispatches programs in id
     order, as NVIDIA GPUs do in practice without promising it. None (the default): by program
-    id where the grid has no more programs than the GPU has SMs (`roles_by_id`), tickets otherwise.
+    id where the whole grid fits on the GPU at once (`roles_by_id`, `resident_per_sm`), tickets
+    otherwise.
     """
     slices = check_one_launch_inputs(y, x, lora_a, lora_b, meta, ranks, scales, slices)
     if meta.mix_slot is not None:
@@ -300,10 +333,13 @@ def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lor
     elif v.dtype != torch.float32 or tuple(v.shape) != v_shape or v.device != x.device:
         raise ValueError(f"v must be float32 {v_shape} on {x.device}, got {v.dtype} {tuple(v.shape)} on {v.device}")
     n_shrink, n_expand, k_per_split, col_tiles, n_col_groups = handoff_grid(meta, len(slices), max(slices), k, config)
+    block_r = max(16, next_pow2(lora_a.shape[2]))
     if tickets is None:
-        tickets = not roles_by_id(n_shrink + n_expand, _sm_count(x.device))
-    _handoff_kernel[(n_shrink + n_expand,)](
-        x, lora_a, lora_b, y, v, counters(x.device),
+        sm = _sm(x.device)
+        per_sm = resident_per_sm(config, block_r, sm, x.element_size())
+        tickets = not roles_by_id(n_shrink + n_expand, sm["multi_processor_count"], per_sm)
+    _launch(
+        tickets, (n_shrink + n_expand,), x, lora_a, lora_b, y, v, counters(x.device),
         meta.token_order, meta.seg_slot, meta.seg_start, meta.seg_len, ranks, scales, slice_offsets(slices, y.device),
         k, k_per_split, triton.cdiv(meta.max_seg_len, config.block_m), len(slices), n_col_groups, n_shrink, n_expand,
         x.stride(0), x.stride(1),
@@ -313,10 +349,15 @@ def handoff_add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lor
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         ranks.stride(0),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        BLOCK_R=max(16, next_pow2(lora_a.shape[2])), SPLIT_K=config.split_k, COL_TILES=col_tiles,
+        BLOCK_R=block_r, SPLIT_K=config.split_k, COL_TILES=col_tiles,
         UPCAST_DOT=interpreted(), EVEN_K=k % config.block_k == 0 and k_per_split % config.block_k == 0,
         SLICES_MULT16=all(w % 16 == 0 for w in slices), SPIN_LIMIT=1 if interpreted() else 0,
-        TICKETS=tickets, LINE=LINE,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        LINE=LINE, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y
+
+
+def _launch(tickets: bool, grid: tuple, *args, **meta):
+    """One launch of the kernel; returns Triton's compiled kernel (the GPU tests read its
+    shared memory from it)."""
+    return _handoff_kernel[grid](*args, TICKETS=tickets, **meta)

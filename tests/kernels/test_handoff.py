@@ -18,7 +18,7 @@ from kernels.lora import add_lora, one_launch_for
 from kernels.reference import lora_reference
 from kernels.search import SearchJob, search_keys
 from kernels.table import TilingTable
-from kernels.tiling import TileConfig, config_space, heuristic_config, next_pow2, shape_key
+from kernels.tiling import TileConfig, config_space, handoff_space, heuristic_config, next_pow2, shape_key
 
 # Small tiles, so the little test shapes take several K steps per split, several column groups
 # per slice and a last group shorter than col_tiles.
@@ -172,21 +172,55 @@ def test_no_cache_entry_is_created_inside_graph_capture(monkeypatch):
 
 # ---- roles by program id where the grid fits; the table's choice and add_lora's dispatch --------
 def test_roles_by_id_only_where_every_program_fits_on_the_gpu_at_once():
-    assert handoff.roles_by_id(132, 132) and handoff.roles_by_id(1, 132)
-    assert not handoff.roles_by_id(133, 132)
+    assert handoff.roles_by_id(132, 132) and handoff.roles_by_id(264, 132, per_sm=2)
+    assert not handoff.roles_by_id(133, 132) and not handoff.roles_by_id(265, 132, per_sm=2)
+
+
+def test_programs_per_sm_are_bounded_by_registers_shared_memory_and_threads():
+    sm = handoff.H100_SM
+    r16 = TileConfig(16, 128, 256, split_k=16, num_warps=4, num_stages=2)
+    assert handoff.resident_per_sm(r16, 16, sm) == 2, "4 warps at 255 registers a thread: 2 per SM"
+    assert handoff.resident_per_sm(replace(r16, num_warps=8), 16, sm) == 1
+    # rank 128, 64-token tiles: ~260 KiB of bound, more than an SM has: still 1 (it launched, so it fits)
+    assert handoff.smem_bound(TileConfig(64, 128, 256, num_stages=2), 128) > sm["shared_memory_per_multiprocessor"]
+    assert handoff.resident_per_sm(TileConfig(64, 128, 256, num_stages=2), 128, sm) == 1
+    assert handoff.resident_per_sm(r16, 16, dict(sm, shared_memory_per_multiprocessor=48 * 1024)) == 1
+    assert handoff.resident_per_sm(r16, 16, dict(sm, max_threads_per_multi_processor=128)) == 1
+    assert handoff.resident_per_sm(r16, 16, dict(sm, regs_per_multiprocessor=0)) == 1, "unknown: one per SM"
 
 
 def test_the_default_form_follows_the_grid_size(monkeypatch):
-    """By program id on a grid of at most one program per SM, tickets on a larger one; both right."""
+    """By program id on a grid that fits on the GPU at once, tickets on a larger one; both right."""
     seen = []
     real = handoff.roles_by_id
-    monkeypatch.setattr(handoff, "roles_by_id", lambda n, sms: seen.append((n, sms, real(n, sms))) or real(n, sms))
+    monkeypatch.setattr(handoff, "roles_by_id", lambda n, sms, per_sm: seen.append((n, sms, per_sm, real(n, sms, per_sm)))
+                        or real(n, sms, per_sm))
     slot_ids = _slots("distinct", 9)
     _check(*_run(slot_ids, (48,), 64, 16, 40, torch.float16, seed=2, tickets=None), slot_ids, torch.float16)
-    monkeypatch.setattr(handoff, "_sm_count", lambda device: 4)  # a GPU too small for the grid
+    monkeypatch.setattr(handoff, "_sm", lambda device: dict(handoff.H100_SM, multi_processor_count=4))
     _check(*_run(slot_ids, (48,), 64, 16, 40, torch.float16, seed=2, tickets=None), slot_ids, torch.float16)
-    n = handoff_grid(make_batch(9, 64, 48, slot_ids, torch.float16, seed=2)[2], 1, 48, 64, CFG)
-    assert seen == [(n[0] + n[1], 132, True), (n[0] + n[1], 4, False)]
+    n = sum(handoff_grid(make_batch(9, 64, 48, slot_ids, torch.float16, seed=2)[2], 1, 48, 64, CFG)[:2])
+    assert n > 8, "the small GPU cannot hold the grid at 2 programs per SM"
+    assert seen == [(n, 132, 2, True), (n, 4, 2, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rank", [16, 64])
+def test_compiled_programs_stay_within_the_shared_memory_bound(monkeypatch, rank):
+    """roles_by_id's safety rests on smem_bound being an upper bound: check it on every tiling
+    the search tries, as Triton compiled them here."""
+    compiled = []
+    real = handoff._launch
+    monkeypatch.setattr(handoff, "_launch", lambda *a, **k: compiled.append((a[0], real(*a, **k))) or compiled[-1][1])
+    slot_ids = _slots("skewed", 32)
+    lora_a, lora_b, ranks, scales = make_pool(40, (4096,), 4096, rank, torch.float16, seed=0)
+    x, y, meta = make_batch(32, 4096, 4096, slot_ids, torch.float16, seed=0)
+    for cfg in handoff_space(32, meta.num_segments, meta.max_seg_len, 4096, 4096, 1):
+        handoff_add_lora(y.clone(), x, lora_a, lora_b, meta, ranks, scales, (4096,), cfg, tickets=False)
+        kernel = compiled[-1][1]
+        assert kernel.metadata.shared <= handoff.smem_bound(cfg, max(16, rank)), (cfg, kernel.metadata.shared)
+        assert kernel.metadata.num_warps == cfg.num_warps
 
 
 KEY = shape_key("handoff", 3, 1, 32, 48, 16, 2)  # the bucket of _small below

@@ -178,6 +178,36 @@ def test_shrink_beside_the_base_matmul_decodes_the_same_tokens_on_gpu(tiny_zoo, 
 
 
 @pytest.mark.gpu
+def test_the_handoff_kernel_in_the_decode_graphs_decodes_the_same_tokens_on_gpu(tiny_zoo, adapter_dirs, monkeypatch):
+    """Where a table sends decode batches to the one-launch handoff kernel: graphs captured with
+    it (its counters and workspace are per stream, made in the warm-up on the capture stream)
+    decode the same tokens as the two launches, and it did run, in the graphs and eagerly."""
+    import kernels.lora
+    from kernels.tiling import FUSED_MAX_RANK, HANDOFF_MAX_TOKENS, TileConfig
+
+    outs = {}
+    for handoff in (True, False):
+        calls = []
+        if handoff:  # every plain decode batch to the handoff kernel, as a table that measured it faster would
+            real = kernels.lora.handoff_add_lora
+
+            def pick(x, lora_a, meta, slices, table=None):
+                if meta.mix_slot is not None or meta.num_segments == 0 or lora_a.shape[2] > FUSED_MAX_RANK or \
+                        meta.num_tokens > HANDOFF_MAX_TOKENS:
+                    return None
+                return "handoff", TileConfig(16, 32, 32, split_k=2, col_tiles=2)
+
+            monkeypatch.setattr(kernels.lora, "one_launch_for", pick)
+            monkeypatch.setattr(kernels.lora, "handoff_add_lora", lambda *a: calls.append(1) or real(*a))
+        _, outs[handoff] = _gpu_graph_run(tiny_zoo, adapter_dirs)
+        assert (len(calls) > 0) == handoff
+        monkeypatch.undo()
+    for a, b in zip(outs[True], outs[False]):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
 def test_decode_graphs_for_narrow_adapter_mixes_decode_the_same_tokens_on_gpu(tiny_zoo, adapter_dirs):
     """lora_graph_segments / lora_graph_seg_lens: each bucket also holds LoRA graphs for steps of
     at most 1 or 2 adapters with at most 1 or 2 tokens each, replayed where they hold the step:

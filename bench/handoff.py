@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from kernels.handoff import handoff_add_lora
-from kernels.tiling import handoff_space
 from kernels.lora import add_lora, configs_for
+from kernels.tiling import handoff_space
 from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op
 from kernels.workload import MIXES, LoRAShape, Rotation, floor_cost, longest_segment
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
+
+from kernels.tiling import ONE_LAUNCH_OPS
+
 from .results import write_json
 
 TORCH_BASELINES = ("loop", "gather_bmm", "einsum")
@@ -45,7 +48,7 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
         two = impl.get("atmm_two_launch", atmm)  # atmm is the two launches unless the table picked one
         if "atmm_two_launch" in impl:  # the table's one-launch pick: how many times faster than two
             entry["one_launch_gain"] = round(two["us"] / atmm["us"], 3)
-        for op in ("fused", "handoff"):  # each one-launch kernel, pinned: how many times faster than two
+        for op in ONE_LAUNCH_OPS:  # each one-launch kernel, pinned: how many times faster than two
             if f"atmm_{op}" in impl:
                 entry[f"{op}_us"] = impl[f"atmm_{op}"]["us"]
                 entry[f"{op}_speedup"] = round(two["us"] / impl[f"atmm_{op}"]["us"], 2)
@@ -83,7 +86,7 @@ def summarize(rows: list[dict], merge_rows: list[dict], meta: dict) -> dict:
         prefill_shapes=len(prefill), prefill_ok=sum(e["ok"] for e in prefill),
         prefill_worst_x_floor=max((e["x_floor"] for e in prefill), default=None),
         table_vs_static_geomean=round(geo, 3), table_vs_static_min=round(min(ratios), 3) if ratios else None,
-        **{f"{op}_{what}": sum(test(e) for e in decode) for op in ("fused", "handoff")
+        **{f"{op}_{what}": sum(test(e) for e in decode) for op in ONE_LAUNCH_OPS
            for what, test in (("shapes", lambda e, op=op: f"{op}_us" in e),
                               ("faster", lambda e, op=op: e.get(f"{op}_speedup", 0) > 1))},
         one_launch_picked=sum("one_launch_gain" in e for e in decode),
@@ -120,7 +123,7 @@ def print_summary(summary: dict) -> None:
     for b in SERVING_BASELINES:
         if summary.get(f"min_vs_{b}") is not None:
             print(f"against {b}: ATMM at least {summary[f'min_vs_{b}']}x as fast on every decode and prefill shape")
-    for op in ("fused", "handoff"):
+    for op in ONE_LAUNCH_OPS:
         if summary.get(f"{op}_shapes"):
             best = max(e.get(f"{op}_speedup", 0) for e in summary["decode"])
             print(f"{op} one-launch kernel (pinned): faster than the two launches on {summary[f'{op}_faster']}/"

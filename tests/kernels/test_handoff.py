@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 from lora_cases import make_batch, make_pool, rel_err
-from test_fused import _check, _junk_past_ranks, _slots
+from test_fused import _check, _junk_past_ranks, _slots, _small
 
 import kernels.lora
 from kernels import handoff
@@ -223,13 +223,7 @@ def test_compiled_programs_stay_within_the_shared_memory_bound(monkeypatch, rank
         assert kernel.metadata.num_warps == cfg.num_warps
 
 
-KEY = shape_key("handoff", 3, 1, 32, 48, 16, 2)  # the bucket of _small below
-
-
-def _small(slot_ids):
-    lora_a, lora_b, ranks, scales = make_pool(4, (32, 16), 32, 16, torch.float16, seed=1)
-    x, y, meta = make_batch(len(slot_ids), 32, 48, slot_ids, torch.float16, seed=1)
-    return y, x, lora_a, lora_b, meta, ranks, scales, (32, 16)
+KEY = shape_key("handoff", 3, 1, 32, 48, 16, 2)  # the bucket of test_fused's _small([0, 1, 2])
 
 
 def _table(handoff_us, two_launch_us=None, fused_us=None):
@@ -268,7 +262,7 @@ def test_add_lora_runs_the_handoff_kernel_where_the_table_picks_it(monkeypatch):
     assert calls == [CFG]
     _check(y, ref, out, [0, 1, 2], torch.float16)
     assert one_launch_for(x, lora_a, meta, slices, _table(5.0)) == ("handoff", CFG)
-    mixed = make_batch(3, 32, 48, [0, 1, -2], torch.float16, seed=1, mix_slot=2)[2]
+    mixed = _small([0, 1, -2], mix=2)[4]
     assert one_launch_for(x, lora_a, mixed, slices, _table(5.0)) is None, "mixtures keep the two launches"
     _, x65, a65, _, meta65, *_ = _small([i % 4 for i in range(65)])
     assert one_launch_for(x65, a65, meta65, slices, _table(5.0)) is None, "past decode sizes: two launches"

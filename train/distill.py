@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -101,16 +102,18 @@ def check_pairing(spec: DomainSpec, teacher: Teacher, source=None) -> Query:
     return query
 
 
-def _label_answers(spec, teacher, query, items, source, cache, log, progress) -> None:
+def _label_answers(spec, teacher, query, items, source, cache, log, progress, workers: int = 1) -> None:
     todo = [it for it in items if it.id not in cache.records]
     done, start, last = len(items) - len(todo), time.monotonic(), 0.0
+    pool = ThreadPoolExecutor(workers) if workers > 1 and todo else None
 
     def flush(samples):
         nonlocal done, last
         dets = (teacher.detect_batch([s.frame for s in samples]) if teacher.is_detector and spec.target != "direction"
                 else [None] * len(samples))
-        for s, d in zip(samples, dets):
-            ans = teacher.answer(s, query, d)
+        answers = (pool.map(teacher.answer, samples, [query] * len(samples), dets) if pool is not None
+                   else map(teacher.answer, samples, [query] * len(samples), dets))
+        for s, ans in zip(samples, answers):  # in item order: the cache is the same either way
             truth = truth_answer(s.truth, query, s.qa, s.id) if s.truth is not None else None
             h, w = s.frame.shape[:2]
             cache.add({"id": s.id, "answer": dump_answer(ans), "size": [w, h],
@@ -122,13 +125,17 @@ def _label_answers(spec, teacher, query, items, source, cache, log, progress) ->
                   f"({time.monotonic() - start:.0f} s)", end="", file=log, flush=True)
 
     batch = []
-    for sample in source.samples(todo):
-        batch.append(sample)
-        if len(batch) == CHUNK:
+    try:
+        for sample in source.samples(todo):
+            batch.append(sample)
+            if len(batch) == CHUNK:
+                flush(batch)
+                batch = []
+        if batch:
             flush(batch)
-            batch = []
-    if batch:
-        flush(batch)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     if progress and todo:
         print(file=log)
 
@@ -190,7 +197,7 @@ def distill_domain(spec: DomainSpec, teacher: Teacher, source, job: DistillJob,
     items = source.items if spec.from_world else pick(source.items, spec.size)
     cache = AnswerCache(Path(job.datasets_dir) / ".work" / f"{spec.name}-{fp}.jsonl")
     try:
-        _label_answers(spec, teacher, query, items, source, cache, log, job.progress)
+        _label_answers(spec, teacher, query, items, source, cache, log, job.progress, job.label_workers)
     finally:
         cache.close()
     records = [cache.records[it.id] for it in items]

@@ -202,6 +202,15 @@ class DistillJob:
     overwrite: bool = False              # redo finished domains even when their fingerprint matches
     progress: bool = True
     world_workers: int = 0               # processes rendering the world (0: this one); same world either way
+    # threads calling the teacher on a chunk's items at once (1: one after another); the answers are
+    # the same either way. A clip teacher's optical flow runs outside the GIL, so threads scale it.
+    label_workers: int = 1
+
+    def __post_init__(self) -> None:
+        for name, least in (("world_workers", 0), ("label_workers", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise DomainError(f"distill.{name}={v!r}: must be an int >= {least}")
 
 
 def fingerprint(*parts: Any) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import cv2
@@ -14,6 +16,7 @@ from train.distill import DistillJob, DomainError, DomainSpec, distill, load_dis
 from train.distill_io import features
 from train.teachers import (ClassifierSpec, LabelsTeacher, TeacherSettings, TorchTeacher, YoloTeacher,
                             fit_sklearn_teacher, frame_tensor, tiny_cnn)
+from train.teachers.opencv import MotionDirection
 from train.teachers.yolo_world import save_untrained_yolo
 
 CONTRACT_KEYS = {"name", "task", "labels", "max_count", "max_boxes", "teacher", "model", "media", "sizes",
@@ -139,6 +142,36 @@ def test_distill_resumes_from_cached_answers_and_keeps_finished_domains(tmp_path
     assert result.status == "kept" and again.calls == 0
     changed = _spec("count_all", "count", "count", "truth", size=10, classes=["car"])
     assert distill([changed], settings, job, teachers={"truth": again})["count_all"].status == "built"
+
+
+class _ThreadsSeen(MotionDirection):
+    """The OpenCV motion teacher, noting which threads call it."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads = set()
+
+    def direction(self, clip):
+        self.threads.add(threading.get_ident())
+        return super().direction(clip)
+
+
+def test_label_workers_give_the_same_dataset_from_several_threads(tmp_path, zoo_path):
+    spec = _spec("moves", "classify", "direction", "opencv_motion", size=40, media="clip", frames_per_clip=3,
+                 world={"clip_frames": 8})
+    settings = TeacherSettings(dir=str(tmp_path / "teachers"))
+    serial, threaded = _ThreadsSeen(), _ThreadsSeen()
+    distill([spec], settings, _job(tmp_path / "one", zoo_path), teachers={"opencv_motion": serial})
+    job = replace(_job(tmp_path / "four", zoo_path), label_workers=4)
+    distill([spec], settings, job, teachers={"opencv_motion": threaded})
+    assert len(serial.threads) == 1 and len(threaded.threads) > 1
+    a = load_distilled(tmp_path / "one" / "datasets" / "moves")[0]
+    b = load_distilled(Path(job.datasets_dir) / "moves")[0]
+    for split in ("train", "eval"):
+        assert a[split]["id"] == b[split]["id"] and a[split]["label"] == b[split]["label"]
+    assert len(set(a["train"]["label"]) | set(a["eval"]["label"])) > 1, "a test on one label would not see a mix-up"
+    with pytest.raises(DomainError, match=r"distill.label_workers=0: must be an int >= 1"):
+        replace(job, label_workers=0)
 
 
 def test_bad_domain_configs_fail_early_and_name_the_fix(tmp_path, zoo_path):

@@ -36,13 +36,46 @@ NAME = "qwen2_vl_small"
 DEMO_CONF = Path(__file__).resolve().parents[1] / "conf" / "demo.yaml"
 
 
-def profile_domains() -> dict[str, str]:
-    """The GPU profile's `distill.domains.<name>={...}` overrides (conf/demo.yaml), by domain: read
-    from there, not copied, so the probe distils what a profile run did and keeps its datasets."""
+def profile_overrides() -> list[str]:
+    """The GPU profile's offline overrides (conf/demo.yaml): read from there, not copied, so the
+    probe distils and pretrains as a profile run does and shares its datasets and checkpoint."""
     from omegaconf import OmegaConf
 
-    overrides = OmegaConf.load(DEMO_CONF).demo.gpu.offline
-    return {o.split("=", 1)[0].rsplit(".", 1)[1]: o for o in overrides if o.startswith("distill.domains.")}
+    return [str(o) for o in OmegaConf.load(DEMO_CONF).demo.gpu.offline]
+
+
+def profile_domains() -> dict[str, str]:
+    """The profile's `distill.domains.<name>={...}` overrides, by domain."""
+    return {o.split("=", 1)[0].rsplit(".", 1)[1]: o for o in profile_overrides() if o.startswith("distill.domains.")}
+
+
+def profile_distill_settings() -> list[str]:
+    """The profile's other `distill.*` overrides (workers that render the world and call the teachers)."""
+    return [o for o in profile_overrides() if o.startswith("distill.") and not o.startswith("distill.domains.")]
+
+
+def profile_pretrain(seed: int) -> PretrainConfig:
+    """The profile's world pretraining (`train.pretrain={...}`), with the run's seed as `vlora train` gives it."""
+    import yaml
+
+    line = next(o for o in profile_overrides() if o.startswith("train.pretrain="))
+    return PretrainConfig(**{"seed": seed, **yaml.safe_load(line.split("=", 1)[1])})
+
+
+def first_items(data, n: int | None):
+    """The domain with the first `n` training originals (by id) and their mirrored / reversed
+    copies (ids `<original>+<transforms>`); eval unchanged. A learning curve on one eval split."""
+    from dataclasses import replace
+
+    from datasets import DatasetDict
+
+    train = data.splits["train"]
+    originals = sorted(i for i in train["id"] if "+" not in i)
+    if n is None or n >= len(originals):
+        return data
+    keep = set(originals[:n])
+    train = train.filter(lambda i: i.split("+", 1)[0] in keep, input_columns="id")
+    return replace(data, splits=DatasetDict({"train": train, "eval": data.splits["eval"]}))
 
 
 def rates(batch: int, lr: float | None, head_lr: float | None) -> tuple[float, float]:
@@ -65,7 +98,8 @@ def originals_only(data):
 def main() -> None:
     ap = argparse.ArgumentParser(description="domains alone on the GPU profile's small model")
     ap.add_argument("--domains", nargs="+", default=["detect_car"])
-    ap.add_argument("--steps", type=int, default=3000, help="world pretraining steps (batch 32, as the profile had)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="world pretraining steps at batch 32 (the profile's first setting); default: the profile's pretraining")
     ap.add_argument("--pretrained", default=None, help="a pretrained checkpoint directory to use instead")
     ap.add_argument("--epochs", type=int, nargs="+", default=[4, 24])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[16])
@@ -76,6 +110,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the rows as CSV here")
     ap.add_argument("--copies", nargs="+", choices=["with", "without"], default=["with"],
                     help="train on the mirrored / reversed copies of an augmented domain, on its originals only, or both")
+    ap.add_argument("--train-sizes", type=int, nargs="+", default=[None],
+                    help="train on the first N training originals (and their copies) of each domain: a learning curve")
     args = ap.parse_args()
     home = os.environ.get("VLORA_HOME", ".vlora")
     t0 = time.time()
@@ -85,10 +121,16 @@ def main() -> None:
         ap.error(f"--domains {unknown}: the GPU profile distils {sorted(profile)}")
     sizes = [profile[d] for d in args.domains]
     subprocess.run([sys.executable, "-m", "vlora", "distill", f"paths.home={home}/gpu", f"teachers.dir={home}/teachers",
-                    f"model={NAME}", f"seed={args.world_seed}", f"distill.only=[{','.join(args.domains)}]", *sizes], check=True)
+                    f"model={NAME}", f"seed={args.world_seed}", f"distill.only=[{','.join(args.domains)}]", *profile_distill_settings(),
+                    *sizes], check=True)
     print(f"distill {time.time() - t0:.0f} s", flush=True)
     if args.pretrained:
         out = args.pretrained
+    elif args.steps is None:
+        base = build_checkpoint(NAME, f"{home}/gpu/zoo/{NAME}", seed=args.world_seed)
+        t0 = time.time()
+        out = pretrain(base, f"{home}/gpu/zoo/{NAME}_pretrained", profile_pretrain(args.world_seed), log=sys.stdout)
+        print(f"pretrain (the profile's): {time.time() - t0:.0f} s in this call", flush=True)
     else:
         base = build_checkpoint(NAME, f"{home}/gpu/zoo/{NAME}")
         t0 = time.time()
@@ -99,7 +141,7 @@ def main() -> None:
     vlm = VisionLM(ModelRef(name=NAME, path=str(out), arch="qwen2_vl", dtype="float32"), LoraSpec(),
                    mixed_precision="bf16")
     rows = []
-    for domain, copies in [(d, c) for d in args.domains for c in args.copies]:
+    for domain, copies, n in [(d, c, n) for d in args.domains for c in args.copies for n in args.train_sizes]:
         for batch in args.batch_sizes:
             lr, head_lr = rates(batch, args.lr, args.head_lr)
             for epochs in args.epochs:
@@ -107,8 +149,8 @@ def main() -> None:
                     trainer = LoraTrainer(vlm, f"{home}/gpu/datasets",
                                           TrainConfig(epochs=epochs, batch_size=batch, lr=lr, head_lr=head_lr,
                                                       eval_batch_size=64, seed=seed))
-                    if copies == "without":
-                        trainer._data[domain] = originals_only(trainer.dataset(domain))
+                    data = first_items(trainer.dataset(domain), n)
+                    trainer._data[domain] = originals_only(data) if copies == "without" else data
                     t0 = time.time()
                     torch.manual_seed(seed)
                     state = trainer.train(trainer.new_adapter(1), domain)

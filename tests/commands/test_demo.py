@@ -92,6 +92,7 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
     assert off.train.pretrain.mixed_precision == "bf16" and off.train.mixed_precision == "bf16"
     assert dict(off.fusion.epochs) == {"detect_car": 24} and cpu.fusion.epochs is None  # the dense head's
     assert off.distill.world_workers == 14 and cpu.distill.world_workers == 0
+    assert off.distill.label_workers == 14 and cpu.distill.label_workers == 1
     from vlora.commands.distill import domain_specs
 
     specs = {s.name: s for s in domain_specs(off)}  # every domain of the profile parses, copies included
@@ -100,6 +101,13 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
     from bench.domain_probe import profile_domains
 
     assert set(profile_domains()) == set(off.distill.domains), "the probe distils each domain as the profile does"
+    from bench.domain_probe import profile_distill_settings, profile_pretrain
+    from train.pretrain import PretrainConfig
+    from vlora.config import to_dataclass
+
+    assert profile_pretrain(off.seed) == to_dataclass(PretrainConfig, {"seed": off.seed, **off.train.pretrain}), \
+        "the probe pretrains the checkpoint the profile's training would"
+    assert sorted(profile_distill_settings()) == ["distill.label_workers=14", "distill.world_workers=14"]
     for stage in ("world", "serve", "video_analytics", "visual_retrieval"):
         c = compose(stage, demo.stage_overrides(d, "gpu", stage))
         assert c.paths.home == f"{tmp_path}/gpu", stage

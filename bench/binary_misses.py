@@ -22,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from train import LoraSpec, VisionLM
-from train.adapter_io import load_adapter
+from bench.adapter_probe import adapter_on_base
 from train.data import load_domain
 from train.evaluate import head_outputs
-from train.model import ModelRef
 from world.io import load_world
 
 
@@ -90,8 +88,7 @@ def main() -> None:
     ap.add_argument("--thresholds", action="store_true", help="accuracy at the train- and eval-best thresholds too")
     args = ap.parse_args()
 
-    state = load_adapter(args.adapter)
-    meta = json.loads((Path(args.adapter) / "meta.json").read_text())
+    vlm, state = adapter_on_base(args.adapter, args.model)
     rec = state.domains[args.domain]
     domain = load_domain(rec["dataset"])
     if domain.info.task != "binary":
@@ -100,15 +97,8 @@ def main() -> None:
     cls = record["classes"][0]
     truth = {f"{it.kind}-{it.index:06d}": it.truth for it in load_world(record["source"]["dir"]).items}
 
-    lora = meta["lora"]
-    vlm = VisionLM(ModelRef(name="base", path=args.model or meta["base_model"]["path"]),
-                   LoraSpec(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
-                            target_modules=lora["target_modules"]),
-                   device="cpu")
-    vlm.load_lora_state(state.lora)
     head = state.heads[args.domain].build(vlm.device)
-    vlm.model.eval()  # as train.evaluate scores it: no LoRA or head dropout
-    head.eval()
+    head.eval()  # as train.evaluate scores it: no head dropout
     n = domain.size("eval")
     targets, preds = [], []
     for outputs, batch_targets in head_outputs(vlm, head, domain, "eval", n, 32):

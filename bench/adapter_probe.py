@@ -11,16 +11,18 @@ from train.adapter_io import load_adapter
 from train.model import ModelRef
 
 
-def adapter_on_base(adapter: str | Path, model: str | None = None):
+def adapter_on_base(adapter: str | Path, model: str | None = None, lora: bool = True):
     """(vlm with the adapter's LoRA loaded and in eval mode, the adapter's state). The base is
-    `model`, else the checkpoint the adapter's meta.json records."""
+    `model`, else the checkpoint the adapter's meta.json records. lora=False leaves the LoRA at
+    zero: the base's own answers, through the same code."""
     state = load_adapter(adapter)
     meta = json.loads((Path(adapter) / "meta.json").read_text())
-    lora = meta["lora"]
+    spec = meta["lora"]
     vlm = VisionLM(ModelRef(name="base", path=model or meta["base_model"]["path"]),
-                   LoraSpec(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
-                            target_modules=lora["target_modules"]),
+                   LoraSpec(rank=spec["rank"], alpha=spec["alpha"], dropout=spec["dropout"],
+                            target_modules=spec["target_modules"]),
                    device="cpu")
-    vlm.load_lora_state(state.lora)
+    if lora:
+        vlm.load_lora_state(state.lora)
     vlm.model.eval()  # as train.evaluate scores it: no LoRA dropout
     return vlm, state

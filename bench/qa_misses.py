@@ -58,9 +58,10 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="the base checkpoint (default: the one meta.json records)")
     ap.add_argument("--max-new-tokens", type=int, default=8, help="as train.evaluate decodes")
     ap.add_argument("--out", default=None, help="per-item rows as JSON lines")
+    ap.add_argument("--base", action="store_true", help="the base's answers: the adapter's LoRA left out")
     args = ap.parse_args()
 
-    vlm, state = adapter_on_base(args.adapter, args.model)
+    vlm, state = adapter_on_base(args.adapter, args.model, lora=not args.base)
     domain = load_domain(state.domains[args.domain]["dataset"])
     if domain.info.task != "lm":
         raise SystemExit(f"domain {args.domain!r} is a {domain.info.task} domain; this probe reads lm answers")
@@ -69,7 +70,7 @@ def main() -> None:
         for r, pred in zip(chunk, greedy_decode(vlm, items, args.max_new_tokens)):
             rows.append({"id": r["id"], "question": r["question"], "target": r["answer"], "pred": pred})
     total = exact_match([r["pred"] for r in rows], [r["target"] for r in rows])
-    print(f"{args.domain} on {args.adapter}: exact match {total:.3f} over {len(rows)} eval items")
+    print(f"{args.domain} on {args.adapter}{' (its base alone)' if args.base else ''}: exact match {total:.3f} over {len(rows)} eval items")
     print(f"  {'kind':<14}{'items':>6}{'exact':>7}{'lost':>7}  mean error / |error|   commonest misses (truth -> answer)")
     for kind, k in sorted(by_kind(rows).items(), key=lambda kv: -kv[1]["items"]):
         lost = k["items"] * (1 - k["exact"]) / len(rows)  # points of the total this kind costs

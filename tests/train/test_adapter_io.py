@@ -151,3 +151,21 @@ def test_split_forward_with_cached_vision_matches_the_model(model, domain, tiny_
         n = int(mask[i].sum())
         assert n == theirs.shape[0]
         torch.testing.assert_close(ours[i, :n], theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_the_probes_load_an_adapter_on_its_base_with_and_without_its_lora(trained, tiny_zoo, tmp_path):
+    from bench.adapter_probe import adapter_on_base
+
+    vlm, data, state = trained
+    path = save_adapter(vlm, state, tmp_path / "count")
+    vlm.model.eval()
+    item = vlm.encoder.encode(data.splits["eval"][0], data.info)
+    with_lora, loaded = adapter_on_base(path)
+    without, _ = adapter_on_base(path, lora=False)
+    plain = VisionLM(ModelRef("qwen2_vl_tiny", str(tiny_zoo["qwen2_vl_tiny"])), LoraSpec(rank=4, alpha=8), device="cpu")
+    plain.model.eval()
+    assert set(loaded.heads) == {data.name}
+    torch.testing.assert_close(hidden_states(with_lora, [item])[0], hidden_states(vlm, [item])[0])
+    torch.testing.assert_close(hidden_states(without, [item])[0], hidden_states(plain, [item])[0])
+    assert not torch.allclose(hidden_states(without, [item])[0], hidden_states(vlm, [item])[0]), \
+        "without its LoRA the adapter's base answers differently"

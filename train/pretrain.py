@@ -44,9 +44,9 @@ class PretrainConfig:
     lr: float = 3e-3
     weight_decay: float = 0.0
     warmup_steps: int = 20
-    # question/answer turns per item; they share one vision-tower pass, so more turns cost little: on the
-    # tiny model 6 took 158 s where 2 took 155 s, and lifted its zero-shot qa from 0.44 to 0.56-0.59
-    # (results/offline/probes/qa_kinds.txt)
+    # question/answer turns per item; they share one vision-tower pass. On the tiny model 6 lifted its
+    # zero-shot qa from 0.44 to 0.54-0.59 for 220 s of pretraining instead of 155 s inside `vlora offline`
+    # (results/offline/README.md, probes/qa_kinds.txt)
     turns: int = 6
     clip_fraction: float = 0.25  # share of batches that are clips (for models that take video)
     frames: int = 4  # frames per clip

@@ -111,8 +111,7 @@ def _label_answers(spec, teacher, query, items, source, cache, log, progress, wo
         nonlocal done, last
         dets = (teacher.detect_batch([s.frame for s in samples]) if teacher.is_detector and spec.target != "direction"
                 else [None] * len(samples))
-        answers = (pool.map(teacher.answer, samples, [query] * len(samples), dets) if pool is not None
-                   else map(teacher.answer, samples, [query] * len(samples), dets))
+        answers = (pool.map if pool is not None else map)(teacher.answer, samples, [query] * len(samples), dets)
         for s, ans in zip(samples, answers):  # in item order: the cache is the same either way
             truth = truth_answer(s.truth, query, s.qa, s.id) if s.truth is not None else None
             h, w = s.frame.shape[:2]

@@ -45,7 +45,7 @@ def run(cfg: DictConfig) -> dict[str, DistillResult]:
     job = DistillJob(datasets_dir=cfg.distill.datasets_dir, world_dir=cfg.distill.world_dir,
                      model=cfg.model.name, model_path=cfg.model.path, zoo_seed=cfg.seed,
                      overwrite=bool(cfg.distill.overwrite), world_workers=cfg.distill.world_workers,
-                     label_workers=cfg.distill.get("label_workers", 1))
+                     label_workers=cfg.distill.label_workers)
     results = distill(specs, teacher_settings(cfg), job, sys.stderr)
     rows = [{"domain": r.name, "task": s.task,
              "teacher": s.teacher if isinstance(s.teacher, str) else s.teacher.get("_name_", s.teacher["_target_"]),

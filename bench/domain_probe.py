@@ -54,12 +54,21 @@ def profile_distill_settings() -> list[str]:
     return [o for o in profile_overrides() if o.startswith("distill.") and not o.startswith("distill.domains.")]
 
 
-def profile_pretrain(seed: int) -> PretrainConfig:
-    """The profile's world pretraining (`train.pretrain={...}`), with the run's seed as `vlora train` gives it."""
+def profile_pretrain(seed: int, changes: list[str] = ()) -> PretrainConfig:
+    """The profile's world pretraining (`train.pretrain={...}`), with the run's seed as `vlora train`
+    gives it and `changes` (`key=value`, read as Hydra reads overrides) on top: a probe of another pretraining."""
     import yaml
+    from omegaconf import OmegaConf
 
     line = next(o for o in profile_overrides() if o.startswith("train.pretrain="))
-    return PretrainConfig(**{"seed": seed, **yaml.safe_load(line.split("=", 1)[1])})
+    settings = {"seed": seed, **yaml.safe_load(line.split("=", 1)[1])}
+    for change in changes:
+        key, sep, value = change.partition("=")
+        if not sep or key not in PretrainConfig.__dataclass_fields__:
+            raise ValueError(f"--pretrain-set {change!r}: expected key=value with a key of PretrainConfig "
+                             f"({', '.join(PretrainConfig.__dataclass_fields__)})")
+        settings[key] = OmegaConf.to_container(OmegaConf.from_dotlist([change]))[key]  # 7e-4 a float, as Hydra reads it
+    return PretrainConfig(**settings)
 
 
 def first_items(data, n: int | None):
@@ -112,7 +121,15 @@ def main() -> None:
                     help="train on the mirrored / reversed copies of an augmented domain, on its originals only, or both")
     ap.add_argument("--train-sizes", type=int, nargs="+", default=[None],
                     help="train on the first N training originals (and their copies) of each domain: a learning curve")
+    ap.add_argument("--pretrain-set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="change the profile's pretraining, e.g. turns=6 (its checkpoint is cached apart)")
+    ap.add_argument("--zero-shot", action="store_true",
+                    help="also score the pretrained base's decoded answers on each domain's eval split, no adapter")
     args = ap.parse_args()
+    try:
+        pcfg = profile_pretrain(args.world_seed, args.pretrain_set)
+    except (ValueError, TypeError) as e:
+        ap.error(str(e))
     home = os.environ.get("VLORA_HOME", ".vlora")
     t0 = time.time()
     profile = profile_domains()
@@ -129,7 +146,7 @@ def main() -> None:
     elif args.steps is None:
         base = build_checkpoint(NAME, f"{home}/gpu/zoo/{NAME}", seed=args.world_seed)
         t0 = time.time()
-        out = pretrain(base, f"{home}/gpu/zoo/{NAME}_pretrained", profile_pretrain(args.world_seed), log=sys.stdout)
+        out = pretrain(base, f"{home}/gpu/zoo/{NAME}_pretrained", pcfg, log=sys.stdout)
         print(f"pretrain (the profile's): {time.time() - t0:.0f} s in this call", flush=True)
     else:
         base = build_checkpoint(NAME, f"{home}/gpu/zoo/{NAME}")
@@ -141,6 +158,16 @@ def main() -> None:
     vlm = VisionLM(ModelRef(name=NAME, path=str(out), arch="qwen2_vl", dtype="float32"), LoraSpec(),
                    mixed_precision="bf16")
     rows = []
+    if args.zero_shot:
+        from vlora.commands.offline_report import zero_shot
+
+        trainer = LoraTrainer(vlm, f"{home}/gpu/datasets", TrainConfig(eval_batch_size=64))
+        for domain in args.domains:
+            data = trainer.dataset(domain)
+            score, n = zero_shot(trainer, data, data.size("eval"), trainer.cfg.max_new_tokens)
+            rows.append({"domain": domain, "copies": "base", "train": 0, "batch": 0, "lr": 0, "head_lr": 0,
+                         "epochs": 0, "seed": args.world_seed, "eval": round(score, 4), "seconds": 0})
+            print(f"{out}: the base alone on {domain}, decoded, {int(n)} eval items: {score:.3f}", flush=True)
     for domain, copies, n in [(d, c, n) for d in args.domains for c in args.copies for n in args.train_sizes]:
         for batch in args.batch_sizes:
             lr, head_lr = rates(batch, args.lr, args.head_lr)

@@ -107,6 +107,10 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
 
     assert profile_pretrain(off.seed) == to_dataclass(PretrainConfig, {"seed": off.seed, **off.train.pretrain}), \
         "the probe pretrains the checkpoint the profile's training would"
+    changed = profile_pretrain(off.seed, ["turns=6", "lr=7e-4"])
+    assert (changed.turns, changed.lr, changed.steps) == (6, 7e-4, off.train.pretrain.steps), "changes on top of the profile's"
+    with pytest.raises(ValueError, match="tunrs"):
+        profile_pretrain(off.seed, ["tunrs=6"])
     assert sorted(profile_distill_settings()) == ["distill.label_workers=14", "distill.world_workers=14"]
     for stage in ("world", "serve", "video_analytics", "visual_retrieval"):
         c = compose(stage, demo.stage_overrides(d, "gpu", stage))

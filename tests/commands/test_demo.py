@@ -90,7 +90,7 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
     assert all(dict(r) == {"of_teacher": 0.9} for r in off.fusion.only.values())  # the profile's target
     assert all(off.distill.domains[n].size * off.distill.domains[n].eval_fraction >= 256 for n in off.distill.domains)
     assert off.train.pretrain.mixed_precision == "bf16" and off.train.mixed_precision == "bf16"
-    assert dict(off.fusion.epochs) == {"detect_car": 24} and cpu.fusion.epochs is None  # the dense head's
+    assert dict(off.fusion.epochs) == {"detect_car": 96} and cpu.fusion.epochs is None  # the dense head's
     assert off.distill.world_workers == 14 and cpu.distill.world_workers == 0
     assert off.distill.label_workers == 14 and cpu.distill.label_workers == 1
     from vlora.commands.distill import domain_specs

@@ -40,3 +40,34 @@ def test_a_verdict_inside_the_scores_interval_is_starred(tmp_path):
     md = (tmp_path / "out" / "seeds.md").read_text()
     assert "0.770/0.8*" in md and re.search(r"0\.830/0\.7(?!\*)", md) and re.search(r"0\.850/0\.8(?!\*)", md)
     assert "* the requirement lies inside" in md
+
+
+def test_fusion_against_the_other_methods_is_called_only_when_the_seeds_resolve_it(tmp_path):
+    from bench.offline_seeds import against_others, seed_rows
+
+    def rep(fused, all_in_one, per_domain):
+        return {"adapters": {"fused": 1}, "domains": [
+            {"domain": "a", "requirement": 0.5, "fused": fused, "meets_requirement": True,
+             "one_adapter_for_all": all_in_one, "one_adapter_per_domain": per_domain}]}
+
+    # against all-in-one the differences change sign (-0.014, +0.016, -0.013); against one per domain
+    # they are +0.10 +- 0.01 in every seed
+    rows = seed_rows({0: rep(0.674, 0.688, 0.57), 1: rep(0.679, 0.663, 0.58), 2: rep(0.667, 0.680, 0.57)})
+    assert [r["fused_mean"] for r in rows] == [0.674, 0.679, 0.667]
+    all_in_one, per_domain = against_others(rows)
+    # scipy.stats.t.interval(0.95, 2, loc=mean, scale=sem) of the three differences: -0.0460 to +0.0387
+    assert "mean -0.004, 95% interval -0.046 to +0.039 over 3 runs: the runs do not resolve" in all_in_one
+    assert per_domain.startswith("Fused minus one adapter per domain") and per_domain.endswith("fusion ahead.")
+    assert against_others(rows[:1]) == [], "one seed gives no interval"
+
+
+def test_the_table_is_rebuilt_from_saved_runs_without_running(tmp_path):
+    _report(tmp_path, 0, {"count": (0.45, 0.6)})
+    _report(tmp_path, 1, {"count": (0.45, 0.5)})
+    main(["--root", str(tmp_path), "--seeds", "0", "1", "--out", str(tmp_path / "out")])
+    main(["--from-json", str(tmp_path / "out" / "seeds.json"), "--out", str(tmp_path / "again")])
+    md = (tmp_path / "again" / "seeds.md").read_text()
+    assert f"command: `python -m bench.offline_seeds --root {tmp_path} --seeds 0 1" in md
+    assert "tabulated from its saved reports by: `python -m bench.offline_seeds --from-json" in md
+    assert "0.500/0.45" in md and "Fused minus one adapter for all" in md
+    assert not (tmp_path / "seed2").exists()

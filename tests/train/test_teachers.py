@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 import socket
 
@@ -200,3 +201,39 @@ def test_teacher_errors_name_what_is_valid(tmp_path):
     with pytest.raises(TeacherError, match="HxWx3 uint8"):
         ColorBlobDetector().detect(np.zeros((8, 8), np.float32))
     assert not any(tmp_path.iterdir()), "nothing was trained for these"
+
+
+_THREADS_SCRIPT = r"""
+import os, sys
+import cv2, numpy as np, torch
+
+torch.set_num_threads(9)   # ultralytics would pick min(8, cores - 1): never 9
+cv2.setNumThreads(3)       # its import sets 0
+os.environ.pop("OMP_NUM_THREADS", None)  # its import sets 1 when unset
+from train.teachers import YoloTeacher
+from train.teachers.yolo_world import save_untrained_yolo
+
+teacher = YoloTeacher(save_untrained_yolo(sys.argv[1] + "/u.pt", ("car", "bus")), imgsz=64)
+teacher.detect_batch([np.zeros((48, 80, 3), np.uint8)] * 2)
+print("kept", torch.get_num_threads(), cv2.getNumThreads(), os.environ.get("OMP_NUM_THREADS"))
+from ultralytics.utils.torch_utils import select_device
+select_device("cpu", verbose=False)  # the control: a bare ultralytics call does change torch's threads
+print("bare", torch.get_num_threads())
+"""
+
+
+def test_a_yolo_teacher_leaves_the_process_thread_settings_as_it_found_them(tmp_path):
+    # ultralytics set torch to 1 thread on 2 cores for everything after it in `vlora offline`
+    # (pretraining, fusion) and OMP_NUM_THREADS=1 for every child process; a fresh interpreter
+    # sees its import-time changes too.
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("OMP_NUM_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("kept", "bare")))
+    assert lines["kept"] == "9 3 None", out.stdout
+    assert lines["bare"] != "9", "the control: ultralytics changes torch's threads when not wrapped"

@@ -5,9 +5,11 @@ or a published COCO model (its class names car/bus/truck/person/bicycle match th
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +20,60 @@ from .base import DETECTOR_TARGETS, Detection, Teacher, TeacherError, check_fram
 # ultralytics reads these when it is first imported: no online checks, no hub events.
 os.environ.setdefault("YOLO_OFFLINE", "1")
 _FONTS = ("Arial.ttf", "Arial.Unicode.ttf")
+
+
+_threads_lock = threading.Lock()
+_threads_depth = 0
+_threads_saved: tuple | None = None
+
+
+def _thread_settings() -> tuple:
+    import torch
+
+    try:
+        import cv2
+        cv_threads = cv2.getNumThreads()
+    except ImportError:
+        cv_threads = None
+    return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"), cv_threads
+
+
+def _restore_thread_settings(saved: tuple) -> None:
+    import torch
+
+    torch_threads, omp, cv_threads = saved
+    torch.set_num_threads(torch_threads)
+    if omp is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp
+    if cv_threads is not None:
+        import cv2
+        cv2.setNumThreads(cv_threads)
+
+
+@contextlib.contextmanager
+def process_threads_kept():
+    """Runs a call into ultralytics and puts the process's thread settings back after it.
+
+    ultralytics tunes the whole process for its own CPU training: importing it sets
+    OMP_NUM_THREADS=1 (which every child process started later inherits) and cv2.setNumThreads(0),
+    and choosing a CPU device sets torch to min(8, cores - 1) threads, 1 on a 2-core machine. The
+    pretraining and fusion that run after a YOLO teacher in the same process then ran on that one
+    thread. Calls may overlap (teacher threads): the first in saves, the last out restores.
+    """
+    global _threads_depth, _threads_saved
+    with _threads_lock:
+        if _threads_depth == 0:
+            _threads_saved = _thread_settings()
+        _threads_depth += 1
+    try:
+        yield
+    finally:
+        with _threads_lock:
+            _threads_depth -= 1
+            if _threads_depth == 0:
+                _restore_thread_settings(_threads_saved)
 
 
 def ultralytics_offline(config_dir: str | os.PathLike | None = None):
@@ -32,8 +88,9 @@ def ultralytics_offline(config_dir: str | os.PathLike | None = None):
         Path(config_dir).mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("YOLO_CONFIG_DIR", str(config_dir))
     import matplotlib
-    import ultralytics
-    from ultralytics.utils import SETTINGS, USER_CONFIG_DIR
+    with process_threads_kept():  # its import sets OMP_NUM_THREADS and OpenCV's threads
+        import ultralytics
+        from ultralytics.utils import SETTINGS, USER_CONFIG_DIR
 
     font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
     for name in _FONTS:
@@ -73,7 +130,8 @@ class YoloTeacher(Teacher):
         ultralytics_offline(config_dir)
         from ultralytics import YOLO
 
-        self.model = YOLO(str(weights))
+        with process_threads_kept():
+            self.model = YOLO(str(weights))
         if self.model.task != "detect":
             raise TeacherError(f"{weights} is a YOLO {self.model.task!r} model; a detection model is needed")
         names = self.model.names
@@ -93,8 +151,9 @@ class YoloTeacher(Teacher):
         out: list[list[Detection]] = []
         for start in range(0, len(frames), batch):
             chunk = [np.ascontiguousarray(check_frame(f)[..., ::-1]) for f in frames[start:start + batch]]
-            results = self.model.predict(chunk, imgsz=self.imgsz, conf=self.conf, iou=self.iou,
-                                         agnostic_nms=self.agnostic_nms, device="cpu", verbose=False)
+            with process_threads_kept():  # its first predict picks the CPU device, and torch's threads with it
+                results = self.model.predict(chunk, imgsz=self.imgsz, conf=self.conf, iou=self.iou,
+                                             agnostic_nms=self.agnostic_nms, device="cpu", verbose=False)
             for r in results:
                 xyxy = r.boxes.xyxy.cpu().numpy()   # [N, 4] pixels of the input frame
                 cls = r.boxes.cls.cpu().numpy().astype(int)

@@ -23,7 +23,7 @@ import cv2
 
 from world import WorldConfig, render_image
 
-from .yolo import ultralytics_offline
+from .yolo import process_threads_kept, ultralytics_offline
 
 # YOLOv8 blocks at explicit widths (depth/width multiples 1). Detect heads at P3/8 and P4/16 only;
 # reg_max 8 bins of DFL reach 7 strides from a cell centre, i.e. boxes up to 112 / 224 px.
@@ -136,24 +136,25 @@ def train_world_yolo(spec: YoloWorldSpec, out_dir: str | Path, config_dir: str |
     data = write_yolo_dataset(cfg, out_dir / "data", spec.images, spec.val_images, log)
     arch = out_dir / "model.yaml"
     arch.write_text(TINY_ARCH.format(nc=len(cfg.classes)))
-    torch.manual_seed(spec.seed)
-    model = YOLO(str(arch), task="detect")
-    start = time.perf_counter()
-    print(f"yolo: training {arch.name} on {spec.images} world images, {spec.epochs} epochs at "
-          f"{spec.imgsz} px (CPU)", file=log, flush=True)
-    # No mosaic or flips: the test frames are whole scenes, and heading matters to no class.
-    model.train(data=str(data), epochs=spec.epochs, imgsz=spec.imgsz, batch=spec.batch, device="cpu",
-                workers=0, cache="ram", project=str(out_dir), name="run", exist_ok=True, pretrained=False,
-                optimizer="AdamW", lr0=spec.lr, warmup_epochs=1, close_mosaic=0, mosaic=0.0, fliplr=0.0,
-                hsv_h=0.0, translate=0.1, scale=0.2, amp=False, plots=False, val=False, seed=spec.seed,
-                deterministic=False, verbose=False)
-    seconds = time.perf_counter() - start
-    last = out_dir / "run" / "weights" / "last.pt"
-    if not last.is_file():
-        raise RuntimeError(f"ultralytics finished without writing {last}")
-    # the trainer's final validation (of best.pt, which is last.pt without per-epoch val) has the metrics
-    det = getattr(getattr(model.trainer, "validator", None), "metrics", None)
-    metrics = _summarise(det, cfg.classes) if hasattr(det, "box") else evaluate_yolo(last, data, spec.imgsz)
+    with process_threads_kept():  # ultralytics trains with its own thread settings, then the process gets its back
+        torch.manual_seed(spec.seed)
+        model = YOLO(str(arch), task="detect")
+        start = time.perf_counter()
+        print(f"yolo: training {arch.name} on {spec.images} world images, {spec.epochs} epochs at "
+              f"{spec.imgsz} px (CPU)", file=log, flush=True)
+        # No mosaic or flips: the test frames are whole scenes, and heading matters to no class.
+        model.train(data=str(data), epochs=spec.epochs, imgsz=spec.imgsz, batch=spec.batch, device="cpu",
+                    workers=0, cache="ram", project=str(out_dir), name="run", exist_ok=True, pretrained=False,
+                    optimizer="AdamW", lr0=spec.lr, warmup_epochs=1, close_mosaic=0, mosaic=0.0, fliplr=0.0,
+                    hsv_h=0.0, translate=0.1, scale=0.2, amp=False, plots=False, val=False, seed=spec.seed,
+                    deterministic=False, verbose=False)
+        seconds = time.perf_counter() - start
+        last = out_dir / "run" / "weights" / "last.pt"
+        if not last.is_file():
+            raise RuntimeError(f"ultralytics finished without writing {last}")
+        # the trainer's final validation (of best.pt, which is last.pt without per-epoch val) has the metrics
+        det = getattr(getattr(model.trainer, "validator", None), "metrics", None)
+        metrics = _summarise(det, cfg.classes) if hasattr(det, "box") else evaluate_yolo(last, data, spec.imgsz)
     tmp = out_dir / (WEIGHTS + ".tmp")
     shutil.copyfile(last, tmp)
     tmp.replace(out_dir / WEIGHTS)
@@ -178,9 +179,10 @@ def save_untrained_yolo(path: str | Path, classes: tuple[str, ...], config_dir: 
     arch = path.with_suffix(".yaml")
     arch.write_text(TINY_ARCH.format(nc=len(classes)))
     torch.manual_seed(seed)
-    model = YOLO(str(arch), task="detect")
-    model.model.names = dict(enumerate(classes))
-    model.save(str(path))
+    with process_threads_kept():
+        model = YOLO(str(arch), task="detect")
+        model.model.names = dict(enumerate(classes))
+        model.save(str(path))
     return path
 
 
@@ -188,9 +190,10 @@ def evaluate_yolo(weights: str | Path, data: str | Path, imgsz: int) -> dict[str
     """mAP50, mAP50-95 and per-class mAP50-95 of a checkpoint on the dataset's val split."""
     from ultralytics import YOLO
 
-    model = YOLO(str(weights))
-    res = model.val(data=str(data), imgsz=imgsz, batch=32, device="cpu", workers=0, plots=False,
-                    verbose=False, project=str(Path(weights).resolve().parent.parent), name="val", exist_ok=True)
+    with process_threads_kept():
+        model = YOLO(str(weights))
+        res = model.val(data=str(data), imgsz=imgsz, batch=32, device="cpu", workers=0, plots=False,
+                        verbose=False, project=str(Path(weights).resolve().parent.parent), name="val", exist_ok=True)
     return _summarise(res, [model.names[i] for i in sorted(model.names)])
 
 

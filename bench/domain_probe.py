@@ -126,6 +126,8 @@ def main() -> None:
     ap.add_argument("--zero-shot", action="store_true",
                     help="also score the pretrained base's decoded answers on each domain's eval split, no adapter")
     args = ap.parse_args()
+    if args.pretrain_set and (args.pretrained or args.steps is not None):
+        ap.error("--pretrain-set changes the profile's pretraining; --pretrained and --steps use another one")
     try:
         pcfg = profile_pretrain(args.world_seed, args.pretrain_set)
     except (ValueError, TypeError) as e:

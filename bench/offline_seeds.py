@@ -42,6 +42,9 @@ def run_seed(root: Path, seed: int, extra: list[str]) -> dict:
     return json.loads(report.read_text())
 
 
+OTHERS = ("one_adapter_for_all", "one_adapter_per_domain")  # what the report trains beside fusion
+
+
 def seed_rows(reports: dict[int, dict]) -> list[dict]:
     rows = []
     for seed, rep in reports.items():
@@ -51,7 +54,7 @@ def seed_rows(reports: dict[int, dict]) -> list[dict]:
                "all_met": all(d["meets_requirement"] for d in doms)}
         row.update({d["domain"]: f"{d['fused']:.3f}/{d['requirement']}"
                     + ("*" if requirement_within(d.get("fused_95"), d["requirement"]) else "") for d in doms})
-        for key in ("one_adapter_for_all", "one_adapter_per_domain"):
+        for key in OTHERS:
             if all(d.get(key) is not None for d in doms):
                 row[f"{key}_met"] = sum(d[key] >= d["requirement"] for d in doms)
         for key in ("fused", *OTHERS):
@@ -60,9 +63,6 @@ def seed_rows(reports: dict[int, dict]) -> list[dict]:
         row["total_s"] = (rep.get("timings_s") or {}).get("total_s")
         rows.append(row)
     return rows
-
-
-OTHERS = ("one_adapter_for_all", "one_adapter_per_domain")
 
 
 def against_others(rows: list[dict]) -> list[str]:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", required=True, help="folder for seeds.md and seeds.json")
     args = p.parse_args(own)
-    out = Path(args.out)
+    out, this = Path(args.out), f"python -m bench.offline_seeds {' '.join(argv)}"
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
         extra, reports = saved["extra_args"], {int(s): r for s, r in saved["reports"].items()}
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(args.root)
         root.mkdir(parents=True, exist_ok=True)
         reports = {s: run_seed(root, s, extra) for s in args.seeds}
-        ran = f"python -m bench.offline_seeds {' '.join(argv)}"
+        ran = this
     else:
         p.error("give --root (run the seeds) or --from-json (tabulate saved runs)")
     rows = seed_rows(reports)
@@ -112,7 +112,6 @@ def main(argv: list[str] | None = None) -> None:
     columns = tuple(dict.fromkeys(k for r in rows for k in r))  # every seed's columns, first seen first
     table = format_table(rows, columns)
     met = sum(r["all_met"] for r in rows)
-    this = f"python -m bench.offline_seeds {' '.join(argv)}"
     lines = ["# Offline stage, fresh runs by seed", "", f"command: `{ran}`",
              *([f"tabulated from its saved reports by: `{this}`"] if this != ran else []), "",
              "```", table, "```", "", f"Every requirement met in {met} of {len(rows)} runs; domains per adapter "

@@ -161,12 +161,12 @@ def main() -> None:
                    mixed_precision="bf16")
     rows = []
     if args.zero_shot:
-        from vlora.commands.offline_report import zero_shot
+        from train.evaluate import zero_shot
 
         trainer = LoraTrainer(vlm, f"{home}/gpu/datasets", TrainConfig(eval_batch_size=64))
         for domain in args.domains:
             data = trainer.dataset(domain)
-            score, n = zero_shot(trainer, data, data.size("eval"), trainer.cfg.max_new_tokens)
+            score, n = zero_shot(vlm, data, data.size("eval"), trainer.cfg.max_new_tokens)
             rows.append({"domain": domain, "copies": "base", "train": 0, "batch": 0, "lr": 0, "head_lr": 0,
                          "epochs": 0, "seed": args.world_seed, "eval": round(score, 4), "seconds": 0})
             print(f"{out}: the base alone on {domain}, decoded, {int(n)} eval items: {score:.3f}", flush=True)

@@ -12,40 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 
 from fusion import fuse
 from fusion.confidence import requirement_within, score_interval
 from train.data import teacher_agreement
+from train.evaluate import lm_view, zero_shot
 
 from .fusion import print_event
 from .table import format_table
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"[^a-z0-9 ]", "", str(text).lower()).strip()
-
-
-def lm_view(data):
-    """The same domain, answered by the LM head: targets are the `answer` texts."""
-    return dataclasses.replace(data, info=dataclasses.replace(data.info, task="lm"))
-
-
-def zero_shot(trainer, data, limit: int, max_new_tokens: int) -> tuple[float, float]:
-    """Exact match of the base model's decoded answers, and mean decode steps per answer."""
-    from train import greedy_decode
-
-    trainer.vlm.reset_lora(0)  # B = 0: the LoRA adds nothing, this is the base model
-    view = lm_view(data)
-    rows = [view.splits["eval"][i] for i in range(min(limit, view.size("eval")))]
-    preds = []
-    for start in range(0, len(rows), 16):
-        items = trainer.vlm.encoder.encode_many(rows[start:start + 16], view.info)
-        preds += greedy_decode(trainer.vlm, items, max_new_tokens)
-    hits = [_norm(p) == _norm(r["answer"]) for p, r in zip(preds, rows)]
-    return sum(hits) / max(1, len(hits)), float(len(rows))
 
 
 def head_vs_lm(trainer, data) -> dict:
@@ -102,7 +78,7 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         data = trainer.dataset(d.name)
         base = None
         if int(opts.base_eval_limit) > 0:  # 0: skip the base model's zero-shot answers
-            base, _ = zero_shot(trainer, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
+            base, _ = zero_shot(trainer.vlm, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
         adapter = where[d.name]
         teacher = teacher_agreement(data.path)
         rows.append({"domain": d.name, "task": d.task, "requirement": d.requirement,

@@ -48,9 +48,14 @@ COMMANDS = {
 }
 
 
+# plain commands (argparse, no Hydra): subcommand -> (module with main(argv) -> exit status, help)
+PLAIN = {"tenants": ("vlora.commands.tenants", "the server's tenants file: add a tenant (prints its token), list")}
+
+
 def usage() -> str:
     lines = ["usage: vlora <command> [key=value ...]", "", "commands:"]
     lines += [f"  {name:<17} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += [f"  {name:<17} {help_}" for name, (_, help_) in PLAIN.items()]
     lines += ["", "Each command is a Hydra app: `vlora <command> --help` shows its config and overrides."]
     return "\n".join(lines)
 
@@ -61,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         return
     name, rest = argv[0], argv[1:]
+    if name in PLAIN:
+        raise SystemExit(importlib.import_module(PLAIN[name][0]).main(rest))
     if name not in COMMANDS:
         print(f"vlora: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         raise SystemExit(2)

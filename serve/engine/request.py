@@ -69,6 +69,12 @@ class Request:
     # who submitted it (the RPC server puts the connection here): waiting requests of different
     # owners take turns, so one owner's backlog cannot starve another's request
     owner: str | None = None
+    # the tenant it is served for (the RPC server sets it from the connection's token): the engine's
+    # tokens are shared out between tenants by `tenant_weight`, and at most `tenant_max_running` of a
+    # tenant's requests run in one batch (None: no cap)
+    tenant: str | None = None
+    tenant_weight: float = 1.0
+    tenant_max_running: int | None = None
     raw_prompt: bool = False
     prompt_token_ids: list[int] | None = None
 

@@ -6,7 +6,8 @@
 
 `wire` defines what crosses the connection (a JSON spec plus bytes blobs; never references)
 and validates it; `loop` is the engine's thread; `service` the exposed methods; `auth` the
-token handshake; `metrics` the Prometheus text export. The face is lazy: the client side
+token handshake; `tenants` who holds which token, with which role and quotas; `ownership` which
+adapters each tenant sees and may unload; `metrics` the Prometheus text export. The face is lazy: the client side
 (`client`, `auth`, `wire`) imports without torch, so applications load no engine.
 """
 
@@ -22,7 +23,11 @@ _EXPORTS = {
     "Ticket": ".loop",
     "PROTOCOL_CONFIG": ".server",
     "RpcServer": ".server",
-    "ServerState": ".service",
+    "ServerState": ".state",
+    "Quotas": ".tenants",
+    "Tenant": ".tenants",
+    "TenantRegistry": ".tenants",
+    "add_tenant": ".tenants",
     "VLoRAService": ".service",
     "Limits": ".wire",
     "RequestError": ".wire",

@@ -1,7 +1,8 @@
-"""Shared-token authentication, done on the raw socket before RPyC speaks a byte.
+"""Token authentication, done on the raw socket before RPyC speaks a byte.
 
 The client sends one line `VLORA-AUTH/1 <token>\\n`; the server answers `OK`, `DENIED` or
-`BUSY` (connection limit) and closes on anything but OK. Tokens are compared in constant time.
+`BUSY` (connection limit) and closes on anything but OK. The token names the tenant (serve.rpc.tenants);
+its digest is compared in constant time.
 A connection that does not finish the handshake within `timeout_s` in total is dropped (a deadline
 for the whole line, not per read: a socket trickling a byte a second cannot stay), and the server
 bounds how many handshakes run at once (serve.rpc.server), so idle sockets cannot hold threads.
@@ -9,7 +10,6 @@ bounds how many handshakes run at once (serve.rpc.server), so idle sockets canno
 
 from __future__ import annotations
 
-import hmac
 import socket
 import time
 
@@ -42,18 +42,19 @@ def _read_line(sock: socket.socket, deadline: float | None = None) -> bytes:
 
 
 class TokenAuthenticator:
-    """RPyC authenticator: `ThreadedServer(..., authenticator=TokenAuthenticator(token, admit))`.
+    """RPyC authenticator: `ThreadedServer(..., authenticator=TokenAuthenticator(tenants, admit))`.
 
-    `admit()` is asked after a good token whether one more connection fits; it returns False
-    when the server is at its connection limit.
+    `tenants`: a TenantRegistry (serve.rpc.tenants), or one token string (its holder is the
+    operator). The connection's credentials are the Tenant whose token it sent.
+    `admit(tenant)` is asked after a good token whether one more connection of that tenant fits;
+    it returns False when the server or the tenant is at its connection limit.
     """
 
-    def __init__(self, token: str, admit=None, timeout_s: float = 5.0):
-        if not isinstance(token, str) or len(token) < 8 or len(token.encode()) > MAX_LINE - len(MAGIC):
-            raise ValueError("the server token must be a string of 8 to ~1000 characters "
-                             "(set rpc.token or the VLORA_TOKEN environment variable)")
-        self._token = token.encode()
-        self._admit = admit or (lambda: True)
+    def __init__(self, tenants, admit=None, timeout_s: float = 5.0):
+        from .tenants import TenantRegistry
+
+        self.tenants = TenantRegistry.single(tenants) if isinstance(tenants, str) or tenants is None else tenants
+        self._admit = admit or (lambda tenant: True)
         self.timeout_s = timeout_s
 
     def __call__(self, sock: socket.socket):
@@ -61,15 +62,16 @@ class TokenAuthenticator:
             line = _read_line(sock, time.monotonic() + self.timeout_s)
         except (OSError, ValueError) as e:
             raise AuthenticationError(f"bad handshake: {e}") from None
-        if not (line.startswith(MAGIC) and hmac.compare_digest(line[len(MAGIC):], self._token)):
+        tenant = self.tenants.identify(line[len(MAGIC):]) if line.startswith(MAGIC) else None
+        if tenant is None:
             _send(sock, b"DENIED\n")
             raise AuthenticationError("wrong token")
-        if not self._admit():
+        if not self._admit(tenant):
             _send(sock, b"BUSY\n")
             raise AuthenticationError("too many connections")
         _send(sock, b"OK\n")
         sock.settimeout(None)
-        return sock, None
+        return sock, tenant
 
 
 def _send(sock: socket.socket, data: bytes) -> None:

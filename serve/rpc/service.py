@@ -5,74 +5,44 @@ Every exposed method takes plain values and returns one JSON string, `{"ok": tru
 out by reference and no exception object crosses the wire, so a client can neither walk into
 the server's attributes nor make it run client code. Nothing a client sends can stop the engine
 thread; a client's own requests are aborted when it disconnects.
+
+Each connection acts for the tenant whose token it sent (serve.rpc.tenants): its requests count
+against that tenant's quotas, and it sees, uses and unloads adapters as serve.rpc.ownership says.
+A tenant removed from the tenants file, or given a new token, is cut off at its next call.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections import deque
 
 import rpyc
 
-from .loop import EngineLoop, Ticket
-from .replies import guarded, reply
+from . import ownership
+from .adapter_calls import AdapterCalls
+from .loop import Ticket
 from .metrics import prometheus_text
-from .wire import Limits, RequestError, check_adapter_name, parse_submission
+from .replies import guarded, reply
+from .state import ServerState
+from .tenants import Tenant
+from .wire import RequestError, parse_submission
 
 log = logging.getLogger("vlora.serve.rpc")
 MAX_POLL_S = 5.0
+REQUEST_ID = re.compile(r"c[0-9]{1,12}-[0-9]{1,12}")
 
 
-@dataclass
-class ServerState:
-    """What all connections share."""
-
-    loop: EngineLoop
-    limits: Limits
-    max_connections: int = 64
-    started: float = field(default_factory=time.time)
-    connections: int = 0
-    counters: Counter = field(default_factory=Counter)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    ids: Any = field(default_factory=itertools.count)
-
-    pixels_in_flight: int = 0  # decoded frame pixels of the requests the server holds, all connections
-
-    def admit(self) -> bool:
-        with self.lock:
-            return self.connections < self.max_connections
-
-    def reserve_pixels(self, pixels: int):
-        """Takes `pixels` from the server-wide budget of decoded frames; returns the release (idempotent).
-        Over the budget the request is refused as busy (retryable), never queued in memory."""
-        with self.lock:
-            if self.pixels_in_flight and self.pixels_in_flight + pixels > self.limits.max_pixels_in_flight:
-                self.counters["errors_busy_pixels"] += 1
-                raise RequestError("busy", f"the server holds {self.pixels_in_flight} decoded pixels of requests in "
-                                           "flight, its limit; retry shortly")
-            self.pixels_in_flight += pixels
-        released = []
-
-        def release() -> None:
-            with self.lock:
-                if not released:
-                    released.append(True)
-                    self.pixels_in_flight -= pixels
-
-        return release
-
-    def count(self, key: str, n: int = 1) -> None:
-        with self.lock:
-            self.counters[key] += n
+def _shown(request_id) -> str:
+    """A request id as an error may repeat it: only ids of the server's own form; never what a
+    client sent otherwise (a 63 MB string would come back as a 63 MB reply)."""
+    return repr(request_id) if type(request_id) is str and REQUEST_ID.fullmatch(request_id) else "with that id"
 
 
-class VLoRAService(rpyc.Service):
+class VLoRAService(AdapterCalls, rpyc.Service):
     def __init__(self, state: ServerState):
         self.state = state
         self.conn_id = f"c{next(state.ids)}"
@@ -80,12 +50,33 @@ class VLoRAService(rpyc.Service):
         self._expired: deque[str] = deque(maxlen=1024)  # results forgotten unpolled, to say so when asked
         self._n = itertools.count()
         self._connected = False
+        self._conn = None
+        self.tenant: Tenant | None = None
 
     def on_connect(self, conn) -> None:
-        with self.state.lock:
-            self.state.connections += 1
-            self.state.counters["connections_total"] += 1
+        tenant = conn._config.get("credentials")
+        if not isinstance(tenant, Tenant):  # a server built without the token check: one operator
+            from .tenants import SINGLE_TENANT, Quotas
+
+            tenant = Tenant(SINGLE_TENANT, "operator", "", Quotas())
+        self.tenant, self._conn = tenant, conn
+        self.state.connected(tenant)
         self._connected = True
+
+    def _who(self) -> Tenant:
+        """This connection's tenant as the registry knows it now (quotas may have been reloaded)."""
+        registry = self.state.tenants
+        if registry is None or registry.path is None:
+            return self.tenant
+        now = registry.current(self.tenant)
+        if now is None:
+            self.state.count("revoked_calls")
+            conn = self._conn
+            if conn is not None:  # after this reply is sent: closing inside the call would lose it
+                threading.Timer(0.05, conn.close).start()
+            raise RequestError("unauthorized", "this connection's token is no longer valid (its tenant was removed "
+                                               "or given a new token); reconnect with the current one")
+        return now
 
     def on_disconnect(self, conn) -> None:
         if not self._connected:
@@ -96,8 +87,7 @@ class VLoRAService(rpyc.Service):
                 self.state.loop.abort(request_id)  # its KV blocks and slot go back to the engine
                 self.state.count("aborted_on_disconnect")
         self._tickets.clear()
-        with self.state.lock:
-            self.state.connections -= 1
+        self.state.disconnected(self.tenant)
 
     # ---- requests ------------------------------------------------------------------------------
     def _expire(self) -> None:
@@ -114,6 +104,7 @@ class VLoRAService(rpyc.Service):
                 self.state.count("results_expired")
 
     def _submit(self, kind: str, spec_json, blobs) -> str:
+        tenant = self._who()
         self._expire()
         live = sum(not t.finished.is_set() for t in self._tickets.values())
         if live >= self.state.limits.max_queued_per_connection:
@@ -123,14 +114,36 @@ class VLoRAService(rpyc.Service):
         # an engine that prepares pixels on its device takes video frames still JPEG-encoded (nvJPEG there)
         processor = getattr(self.state.loop.engine, "processor", None)
         keep_jpeg = getattr(processor, "pixel_spec", None) is not None
-        sub = parse_submission(kind, spec_json, blobs, self.state.limits, self.state.reserve_pixels, keep_jpeg)
+        queue_slot = self.state.take_queue_slot(tenant)
         try:
-            return self._admit(kind, sub, start)
+            sub = parse_submission(kind, spec_json, blobs, self.state.limits,
+                                   lambda pixels: self.state.reserve_pixels(pixels, tenant), keep_jpeg)
+        except BaseException:
+            queue_slot()
+            raise
+        release_frames = sub.release
+
+        def release() -> None:
+            release_frames()
+            queue_slot()
+
+        sub.release = release
+        try:
+            return self._admit(kind, sub, start, tenant)
         except BaseException:
             sub.release()
             raise
 
-    def _admit(self, kind: str, sub, start: float) -> str:
+    def _adapter_of(self, tenant: Tenant, name: str | None) -> str | None:
+        """The engine adapter this tenant's request names (its own first, then a shared one)."""
+        if name is None:
+            return None
+        try:
+            return ownership.resolve(tenant, name, self.state.loaded_adapters())
+        except RequestError:  # loaded by another path since the names were read: ask the engine once
+            return ownership.resolve(tenant, name, self.state.loaded_adapters(refresh=True))
+
+    def _admit(self, kind: str, sub, start: float, tenant: Tenant) -> str:
         from serve.engine import Request, SamplingParams
 
         try:
@@ -139,10 +152,13 @@ class VLoRAService(rpyc.Service):
             raise RequestError("bad_argument", f"sampling: {e}") from None
         request_id = f"{self.conn_id}-{next(self._n)}"
         frames = sub.frames
+        adapter = self._adapter_of(tenant, sub.adapter)
         request = Request(prompt=sub.prompt, images=frames if kind == "image" else [],
-                          video=frames if kind == "video" else None, adapter=sub.adapter, task=sub.task,
+                          video=frames if kind == "video" else None, adapter=adapter, task=sub.task,
                           output_mode=sub.output_mode, sampling=sampling, app=sub.app, slo_ms=sub.slo_ms,
-                          priority=self.state.limits.priority(sub.app), request_id=request_id, owner=self.conn_id)
+                          priority=self.state.limits.priority(sub.app), request_id=request_id, owner=self.conn_id,
+                          tenant=tenant.name, tenant_weight=tenant.weight,
+                          tenant_max_running=tenant.quotas.in_flight)
         decoded = time.perf_counter()
         prepare = getattr(self.state.loop.engine, "prepare", None)
         prepared = None
@@ -181,11 +197,11 @@ class VLoRAService(rpyc.Service):
         if ticket is None:
             if request_id in self._expired:
                 limits = self.state.limits
-                raise RequestError("expired", f"request {request_id!r} finished but was not polled in time: results "
+                raise RequestError("expired", f"request {_shown(request_id)} finished but was not polled in time: results "
                                               f"are kept {limits.result_ttl_s:g} s, at most "
                                               f"{limits.max_unpolled_per_connection or limits.max_queued_per_connection}"
                                               " per connection")
-            raise RequestError("unknown_request", f"no request {request_id!r} on this connection "
+            raise RequestError("unknown_request", f"no request {_shown(request_id)} on this connection "
                                                   "(finished and collected, or never submitted)")
         events = ticket.take(min(float(timeout_s), MAX_POLL_S))
         if any(e["type"] in ("final", "error") for e in events):
@@ -195,58 +211,11 @@ class VLoRAService(rpyc.Service):
     @guarded
     def exposed_abort(self, request_id):
         if type(request_id) is not str or request_id not in self._tickets:
-            raise RequestError("unknown_request", f"no request {request_id!r} in flight on this connection")
+            raise RequestError("unknown_request", f"no request {_shown(request_id)} in flight on this connection")
         self.state.loop.abort(request_id)
         return reply(request_id=request_id)
 
-    # ---- adapters, health, metrics -------------------------------------------------------------
-    @guarded
-    def exposed_list_adapters(self):
-        adapters = self.state.loop.call(lambda e: e.list_adapters() if hasattr(e, "list_adapters") else [])
-        return reply(adapters=adapters)
-
-    @guarded
-    def exposed_load_adapter(self, name, path):
-        """Loads the adapter directory `path` (relative to the server's adapter root) as `name`."""
-        if type(path) is not str:
-            raise RequestError("bad_argument", "load_adapter takes a name and a directory path under the server's "
-                                               "adapter root (strings)")
-        check_adapter_name(name)
-        if not hasattr(self.state.loop.engine, "load_adapter"):
-            raise RequestError("unsupported", "this engine serves the base model only; it cannot load adapters")
-        directory = self._under_root(path)
-        try:
-            self.state.loop.call(lambda e: e.load_adapter(name, str(directory)))
-        except (OSError, ValueError) as e:  # name what the caller gave, never the server's own paths
-            raise RequestError("rejected", str(e).replace(str(directory), path)) from None
-        return reply(adapter=name)
-
-    def _under_root(self, path: str) -> Path:
-        """The directory `path` names under rpc.adapter_root; a path that would leave the root (.., an
-        absolute path elsewhere, a symbolic link out) is refused the same way whether it exists or not."""
-        root = self.state.limits.adapter_root
-        if not root:
-            raise RequestError("forbidden", "this server loads no adapters at run time; its operator can allow it "
-                                            "from one directory with rpc.adapter_root=<dir>")
-        if "\0" in path or len(path) > 4096:
-            raise RequestError("bad_argument", "the adapter path must be a plain path of at most 4096 characters")
-        base = Path(root).resolve()
-        directory = (base / path).resolve()
-        if directory != base and base not in directory.parents:
-            raise RequestError("forbidden", "the adapter path must lie under the server's adapter root")
-        return directory
-
-    @guarded
-    def exposed_unload_adapter(self, name):
-        check_adapter_name(name)
-        if not hasattr(self.state.loop.engine, "unload_adapter"):
-            raise RequestError("unsupported", "this engine serves the base model only; it has no adapters to unload")
-        try:
-            self.state.loop.call(lambda e: e.unload_adapter(name))
-        except ValueError as e:  # not loaded, or in use: the caller's mistake, not the server's
-            raise RequestError("rejected", str(e)) from None
-        return reply(adapter=name)
-
+    # ---- health, metrics (adapters: serve.rpc.adapter_calls) ----------------------------------
     @guarded
     def exposed_health(self):
         stats = self.state.loop.call(lambda e: e.stats())
@@ -264,6 +233,6 @@ class VLoRAService(rpyc.Service):
         if fmt == "prometheus":
             return reply(text=prometheus_text(stats, server))
         if fmt != "json":
-            raise RequestError("bad_argument", f"fmt must be 'json' or 'prometheus', got {fmt!r}")
+            raise RequestError("bad_argument", "fmt must be 'json' or 'prometheus'")
         engine = {k: v for k, v in vars(stats).items() if k != "step_times_ms"}
         return reply(engine=engine, server=server, pixels_in_flight=pixels_in_flight)

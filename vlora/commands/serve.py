@@ -65,9 +65,18 @@ def check_config(cfg: DictConfig, token, listens: bool = True) -> None:
     groups = sorted(p.stem for p in (Path(CONF_DIR) / "orchestrator").glob("*.yaml"))
     if isinstance(policy, str) and (policy not in POLICIES or (policy != "fcfs" and policy not in groups)):
         fail(f"engine.policy={policy!r} is not a policy; choose one of {sorted(set(groups) | {'fcfs'})}")
-    if not token:
-        fail("no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters")
-    if not isinstance(token, str) or len(token) < 8:
+    tenants = cfg.rpc.get("tenants")
+    if tenants:
+        try:
+            from serve.rpc.tenants import parse_tenants
+
+            parse_tenants(Path(str(tenants)).expanduser())
+        except (OSError, ValueError) as e:
+            fail(f"rpc.tenants: {e}")
+    elif not token:
+        fail("no token; set VLORA_TOKEN (or rpc.token=...) to a secret of 8+ characters, or give rpc.tenants=<file> "
+             "(`vlora tenants add FILE NAME` writes one)")
+    elif not isinstance(token, str) or len(token) < 8:
         fail(f"the token is {len(str(token))} characters; the server needs a secret of 8+ characters "
              "(VLORA_TOKEN or rpc.token=...)")
     device = str(cfg.engine.get("device", "auto"))
@@ -237,6 +246,19 @@ def start_server(cfg: DictConfig, token: str, connections: int = 0, sources=None
                      max(connections, int(cfg.rpc.max_connections))).start()
 
 
+def identities(cfg: DictConfig):
+    """Who may connect: the tenants file (rpc.tenants) when given, else the one token (the operator)."""
+    from serve.rpc.tenants import TenantRegistry
+
+    tenants = cfg.rpc.get("tenants")
+    if tenants:
+        registry = TenantRegistry.from_file(Path(str(tenants)).expanduser())
+        print(f"vlora serve: {len(registry.names())} tenant(s) from {registry.path}"
+              + ("; rpc.token / VLORA_TOKEN is not used" if cfg.rpc.get("token") else ""), file=sys.stderr, flush=True)
+        return registry
+    return str(cfg.rpc.token)
+
+
 def _join_tensor_parallel(cfg: DictConfig) -> int:
     """Joins the torchrun group of engine.tensor_parallel_size ranks; returns this rank. Each rank
     takes GPU LOCAL_RANK (gloo on CPU)."""
@@ -285,7 +307,7 @@ def run(cfg: DictConfig):
             return
         engine = LeaderEngine(engine)
     try:
-        server = RpcServer(engine, str(rpc.token), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
+        server = RpcServer(engine, identities(cfg), rpc.host, int(rpc.port), limits, int(rpc.max_connections))
     except OSError as e:  # taken since check_port
         fail(busy_port(int(rpc.port)) if e.errno == errno.EADDRINUSE
              else f"cannot listen on {rpc.host}:{rpc.port} ({e})")

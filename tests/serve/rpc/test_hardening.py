@@ -210,7 +210,7 @@ def test_adapters_load_only_from_under_the_adapter_root_and_errors_reveal_nothin
         assert "zz" in unknown.value.message and "a1" not in unknown.value.message
         with pytest.raises(ServerError) as gone:
             client.unload_adapter("zz")
-        assert gone.value.kind == "rejected" and "'zz' is not loaded" in gone.value.message
+        assert gone.value.kind == "unknown_adapter" and "'zz' is loaded" in gone.value.message
         assert "a1" not in gone.value.message and "a2" not in gone.value.message
         client.unload_adapter("a1")
         client.unload_adapter("a2")

@@ -1,0 +1,137 @@
+"""What all connections of one server share: the engine's loop, the limits, the tenants, and what
+each tenant holds now (connections, requests, decoded pixels), checked against its quotas."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .loop import EngineLoop
+from .tenants import Tenant, TenantRegistry
+from .wire import Limits, RequestError
+
+
+@dataclass
+class Usage:
+    """One tenant's share of the server at this moment."""
+
+    connections: int = 0
+    queued: int = 0  # requests submitted and not finished
+    pixels: int = 0
+
+
+def _once(fn):
+    """`fn` made idempotent: a release called twice (finish, then disconnect) gives back once."""
+    done = []
+
+    def release() -> None:
+        if not done:
+            done.append(True)
+            fn()
+
+    return release
+
+
+@dataclass
+class ServerState:
+    loop: EngineLoop
+    limits: Limits
+    max_connections: int = 64
+    tenants: TenantRegistry | None = None
+    started: float = field(default_factory=time.time)
+    connections: int = 0
+    counters: Counter = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ids: Any = field(default_factory=itertools.count)
+    pixels_in_flight: int = 0  # decoded frame pixels of the requests the server holds, all connections
+    usage: dict[str, Usage] = field(default_factory=dict)
+    # the engine's adapter names, kept by the service (loads and unloads go through it), so that a
+    # request's adapter resolves without a round trip to the engine's thread
+    adapter_names: set[str] | None = None
+
+    def _usage(self, tenant: Tenant) -> Usage:
+        return self.usage.setdefault(tenant.name, Usage())
+
+    # ---- connections -----------------------------------------------------------------------------
+    def admit(self, tenant: Tenant | None = None) -> bool:
+        """Whether one more connection fits, in the server and in the tenant's quota."""
+        with self.lock:
+            if self.connections >= self.max_connections:
+                return False
+            if tenant is not None and self._usage(tenant).connections >= tenant.quotas.connections:
+                self.counters["refused_tenant_connections"] += 1
+                return False
+            return True
+
+    def connected(self, tenant: Tenant) -> None:
+        with self.lock:
+            self.connections += 1
+            self._usage(tenant).connections += 1
+            self.counters["connections_total"] += 1
+
+    def disconnected(self, tenant: Tenant) -> None:
+        with self.lock:
+            self.connections -= 1
+            self._usage(tenant).connections -= 1
+
+    # ---- requests --------------------------------------------------------------------------------
+    def take_queue_slot(self, tenant: Tenant):
+        """One request of `tenant` held by the server; returns its release. Over the tenant's quota
+        the request is refused (retryable), whichever of its connections sent it."""
+        with self.lock:
+            usage = self._usage(tenant)
+            if usage.queued >= tenant.quotas.queued:
+                self.counters["errors_tenant_queued"] += 1
+                raise RequestError("too_many_requests", f"{usage.queued} requests of this tenant are in flight "
+                                                        f"(its limit {tenant.quotas.queued}); retry when some finish")
+            usage.queued += 1
+
+        def release() -> None:
+            with self.lock:
+                usage.queued -= 1
+
+        return _once(release)
+
+    def reserve_pixels(self, pixels: int, tenant: Tenant | None = None):
+        """Takes `pixels` from the server-wide budget of decoded frames and from the tenant's; returns the
+        release (idempotent). Over either budget the request is refused as busy (retryable), never
+        queued in memory."""
+        with self.lock:
+            if self.pixels_in_flight and self.pixels_in_flight + pixels > self.limits.max_pixels_in_flight:
+                self.counters["errors_busy_pixels"] += 1
+                raise RequestError("busy", f"the server holds {self.pixels_in_flight} decoded pixels of requests in "
+                                           "flight, its limit; retry shortly")
+            usage = self._usage(tenant) if tenant is not None else None
+            if usage is not None and usage.pixels and usage.pixels + pixels > tenant.quotas.pixels:
+                self.counters["errors_tenant_pixels"] += 1
+                raise RequestError("busy", f"this tenant's requests in flight hold {usage.pixels} decoded pixels, "
+                                           f"its limit {tenant.quotas.pixels}; retry shortly")
+            self.pixels_in_flight += pixels
+            if usage is not None:
+                usage.pixels += pixels
+
+        def release() -> None:
+            with self.lock:
+                self.pixels_in_flight -= pixels
+                if usage is not None:
+                    usage.pixels -= pixels
+
+        return _once(release)
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.counters[key] += n
+
+    # ---- adapters --------------------------------------------------------------------------------
+    def loaded_adapters(self, refresh: bool = False) -> set[str]:
+        """The engine's adapter names (asked of the engine's thread once, then kept up to date)."""
+        if self.adapter_names is None or refresh:
+            engine = self.loop.engine
+            names = self.loop.call(lambda e: [a["name"] for a in e.list_adapters()]) \
+                if hasattr(engine, "list_adapters") else []
+            self.adapter_names = set(names)
+        return self.adapter_names

@@ -47,10 +47,15 @@ class ModeStats:
 
 
 def request_view(seq: Sequence, app: str | None = None, slo_ms: float | None = None,
-                 priority: float = 1.0) -> RequestView:
+                 priority: float = 1.0, max_model_len: int | None = None) -> RequestView:
+    """max_model_len: a sequence never outgrows it, so its expected output is capped there (a request's
+    max_tokens may be any int, and 10**400 decode steps times a step's ms overflow a float)."""
     head = seq.prefill_only
+    output = 1 if head else max(1, seq.max_tokens)
+    if max_model_len is not None:  # (and a running one has at least one token still to come)
+        output = max(min(output, max_model_len - seq.prompt_len), seq.num_generated + 1)
     return RequestView(seq.request_id, seq.adapter, seq.arrival_time * 1e3, max(1, seq.prompt_len),
-                       1 if head else max(1, seq.max_tokens), "head" if head else "generate", app, slo_ms,
+                       output, "head" if head else "generate", app, slo_ms,
                        priority, min(seq.num_computed_tokens, seq.prompt_len), seq.num_generated)
 
 
@@ -70,6 +75,7 @@ class StepPlanner:
         self.mode = Mode.unmerge()
         self.stats = ModeStats()
         self.tp = None  # serve.models.parallel.TPGroup when this engine is one rank of a tensor-parallel group
+        self.max_model_len = getattr(getattr(scheduler, "config", None), "max_model_len", None)
 
     @property
     def policy(self) -> Policy | None:
@@ -119,9 +125,10 @@ class StepPlanner:
             for s in seqs:
                 key = (s.num_computed_tokens, len(s.token_ids))
                 hit = last.get(s.seq_id)
-                view = hit[1] if hit is not None and hit[0] == key else request_view(s, *self.request_info(s.request_id))
-                fresh[s.seq_id] = (key, view)
-                out.append(view)
+                if hit is None or hit[0] != key:
+                    hit = (key, request_view(s, *self.request_info(s.request_id), self.max_model_len))
+                fresh[s.seq_id] = hit
+                out.append(hit[1])
             return tuple(out)
 
         step = StepView(now_ms, views(sched.waiting), views(sched.running), self.mode, self.max_batch_size,

@@ -49,7 +49,7 @@ class BatchEstimate:
     def exec_ms(self, r: RequestView) -> float:
         """Time to finish `r` if it joined the batch now: its prefill step, then one step per
         remaining output token (a head request finishes with its prefill)."""
-        decode_steps = 0 if r.output_mode == "head" else r.remaining_output - 1
+        decode_steps = 0 if r.output_mode == "head" else max(0, r.remaining_output - 1)
         return (self.with_request(r.adapter, max(1, r.remaining_prompt))
                 + decode_steps * self.with_request(r.adapter, 1))
 

@@ -28,6 +28,9 @@ from .profile import CostProfile
 from .types import Decision, Mode, StepView
 
 
+MIN_STEP_MS = 1e-6
+
+
 def _ids(requests, limit: int) -> tuple[str, ...]:
     return tuple(r.request_id for r in requests[:limit])
 
@@ -117,7 +120,9 @@ class DLoRAPolicy(Policy):
             return 0.0
         ms = self.profile.batch_ms(mode, batch, self.lora_op)
         ms += self.profile.switch_cost_ms(self.switch_op, cur, mode.merged_adapter) / self.config.window_steps
-        return len(batch) / ms
+        # a measured profile's cell can be 0.0 (differences are clipped at 0, extrapolation too), and the
+        # requests' token counts pick the cell: a free step is "very fast", not a division by zero
+        return len(batch) / max(ms, MIN_STEP_MS)
 
     def _decide(self, view: StepView) -> Decision:
         mode, now, cur = view.mode, view.now_ms, view.mode.merged_adapter

@@ -72,6 +72,11 @@ from .types import Decision, Mode, RequestView, StepView
 
 SHARE_OF = ("max_batch", "present")
 DECIDE = ("cost", "algorithm1")
+# A request's starving threshold (tolerance * slo_ms / priority) is divided by; a target that rounds
+# to 0.0 (slo_ms=5e-324: 0.5 * 5e-324 == 0.0), or any target below one step's time, means "starving
+# at once", not a division by zero. One microsecond is below any step, so such a request is simply
+# the most overdue one, as its target says.
+MIN_THRESHOLD_MS = 1e-3
 
 
 @dataclass
@@ -113,9 +118,11 @@ class VLoRAPolicy(Policy):
 
     # ---- credits ------------------------------------------------------------------------------
     def threshold_ms(self, r: RequestView) -> float:
-        """Credit above which `r` starves."""
+        """Credit above which `r` starves; never below MIN_THRESHOLD_MS (see there)."""
         slo = r.slo_ms if r.slo_ms is not None else self.config.default_slo_ms
-        return self.config.tolerance * slo / r.priority
+        threshold = self.config.tolerance * slo / r.priority  # priority > 0: RequestView checks it
+        # `not >=` also catches NaN; +inf (a huge target over a tiny priority) is fine: never starving
+        return threshold if threshold >= MIN_THRESHOLD_MS else MIN_THRESHOLD_MS
 
     def credits(self, view: StepView) -> dict[str, float]:
         """request id -> credit (ms) of every waiting request."""
@@ -143,7 +150,8 @@ class VLoRAPolicy(Policy):
         decode steps, and judging by this step's prefill chunk would flip the weights back and forth."""
         batch = [(r.adapter, 1) for r in (*view.running, *admit)]
         others = [r for r in (*view.running, *admit) if r.adapter != top]
-        horizon = max((r.remaining_output for r in others), default=1)  # steps the mixed batch lasts
+        # steps the mixed batch lasts; at least one (a switch is divided by it)
+        horizon = max(1, max((r.remaining_output for r in others), default=1))
         p, cur = self.profile, view.mode.merged_adapter
         mix = p.batch_ms(Mode.mixture(top), batch, self.lora_op) + p.switch_cost_ms(self.switch_op, cur, top) / horizon
         # unmerging now costs a switch, and merging `top` again once the others are gone another

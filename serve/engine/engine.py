@@ -206,15 +206,22 @@ class Engine:
         return self._adapters().load_manifest(path, pin, allow_base_mismatch)
 
     def unload_adapter(self, name: str, abort: bool = False) -> None:
-        """Forgets an adapter. With requests in flight on it this refuses, unless abort=True aborts them."""
+        """Forgets an adapter. With requests in flight on it this refuses (ValueError), unless abort=True
+        aborts them. An adapter still merged into the weights with none of its requests in flight (a
+        policy keeps the last merged adapter folded in while idle) is folded out first."""
         manager = self._adapters()
         manager.get(name)
         users = [rid for rid, t in self._requests.items() if t.request.adapter == name]
         if users and not abort:
-            raise ValueError(f"adapter {name!r} has {len(users)} request(s) in flight ({users[:4]}); "
-                             "let them finish or unload with abort=True")
+            raise ValueError(f"adapter {name!r} has {len(users)} request(s) in flight; "
+                             "let them finish (or abort them) before unloading it")
         for request_id in users:
-            self.abort(request_id)
+            self.abort(request_id)  # each releases its sequence's reference on the adapter now
+        if manager.merged == name:
+            # through the planner, so its mode (what the policy sees next step) and switch stats follow
+            self.planner.apply(Mode.unmerge())
+            if manager.merged == name:  # merged by hand on the manager, behind the planner's back
+                manager.set_merged(None)
         manager.unload(name)
 
     def pin_adapter(self, name: str, pinned: bool = True) -> None:

@@ -52,8 +52,9 @@ class AdapterRecord:
     last_use: int = 0
     swaps: int = 0
 
-    def info(self, in_host_cache: bool) -> dict:
-        """JSON-ready description (what `Engine.list_adapters` returns)."""
+    def info(self, in_host_cache: bool, merged: bool = False) -> dict:
+        """JSON-ready description (what `Engine.list_adapters` returns). merged: it is folded into the
+        base weights, which holds one reference of its own: `running` counts sequences only."""
         s = self.spec
         tasks = s.meta.get("tasks")
         return {"name": self.name, "path": s.path, "rank": s.rank, "ranks": dict(s.module_ranks),
@@ -61,8 +62,8 @@ class AdapterRecord:
                 "heads": head_tasks(self.heads, s.meta), "tasks": list(tasks) if isinstance(tasks, list) else [],
                 "pinned": self.pinned,
                 "resident": self.slot is not None and (self.event is None or self.event.query()),
-                "slot": self.slot, "in_host_cache": in_host_cache, "running": self.refs, "swaps": self.swaps,
-                "version": self.version}
+                "slot": self.slot, "in_host_cache": in_host_cache, "running": self.refs - merged, "merged": merged,
+                "swaps": self.swaps, "version": self.version}
 
 
 class AdapterManager:
@@ -155,7 +156,7 @@ class AdapterManager:
         self.host.put(name, weights)
         if pin:
             self.pin(name)
-        return record.info(name in self.host)
+        return record.info(name in self.host, name == self.merged)
 
     def get(self, name: str) -> AdapterRecord:
         record = self.records.get(name)
@@ -168,6 +169,9 @@ class AdapterManager:
 
     def unload(self, name: str) -> None:
         record = self.get(name)
+        if name == self.merged:  # Engine.unload_adapter folds it out first, through its planner
+            raise RuntimeError(f"adapter {name!r} is held by the base weights it is merged into; "
+                               "fold it out first (set_merged(None))")
         if record.refs:
             raise RuntimeError(f"adapter {name!r} is held by {record.refs} running sequence(s)")
         if record.slot is not None:
@@ -193,7 +197,7 @@ class AdapterManager:
                              "must stay unpinned for the other adapters")
 
     def list(self) -> list[dict]:
-        return [r.info(r.name in self.host) for r in self.records.values()]
+        return [r.info(r.name in self.host, r.name == self.merged) for r in self.records.values()]
 
     def select_head(self, name: str, task: str | None):
         record = self.get(name)

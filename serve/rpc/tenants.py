@@ -114,12 +114,14 @@ def _tenant(name: Any, raw: Any, default_quotas: Quotas, where: str) -> Tenant:
 
 
 def _read_document(path: Path) -> Any:
-    text = path.read_text()
-    if path.suffix == ".json":
-        return json.loads(text)
     import yaml  # comes with omegaconf
 
-    return yaml.safe_load(text)
+    text = path.read_text()
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:  # a file being edited by hand: say where, keep the old tenants
+        raise ValueError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} "
+                         f"({' '.join(str(e).split())[:200]})") from None
 
 
 def parse_tenants(path: str | Path) -> dict[str, Tenant]:

@@ -269,7 +269,8 @@ class Engine:
                        state=RunState(sampling=params, vision=prompt.vision, prompt_positions=positions,
                                       mrope_delta=delta, head=head),
                        adapter_version=record.version if record is not None else 0, prefill_only=head is not None,
-                       owner=request.owner,
+                       owner=request.owner, tenant=request.tenant, tenant_weight=request.tenant_weight,
+                       tenant_max_running=request.tenant_max_running,
                        reuse_prefix=head is None or head.config.pooling == "last")  # other poolings read every row
         self.runner.prepare_sequence(seq)
         self.scheduler.add(seq)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
+from .tenancy import FairShares, flow_of
 
 
 class SchedulingPolicy:
@@ -144,6 +145,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.shares = FairShares()  # each step's prompt tokens by deficit round robin over flows
 
     # ---- queue --------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -193,26 +195,37 @@ class Scheduler:
         self.waiting.append(seq)
 
     def _make_room(self, plan: StepPlan) -> list[Sequence]:
-        """Fair share of a full batch: a waiting sequence whose owner has nothing running gets a
-        slot, by preempting (recompute) the latest sequence of the owner holding the most slots.
-        Work-conserving: with room in the batch, or one owner, nothing is preempted."""
+        """Fair share of a full batch: a waiting sequence whose flow (tenant, connection) has nothing
+        running gets a slot, by preempting (recompute) the latest sequence of the busiest flow: the
+        one whose tenant holds the most slots for its weight, then the one holding the most slots.
+        A flow's last slot is taken only for another tenant that holds none. Work-conserving: with
+        room in the batch, or one flow, nothing is preempted."""
         if len(self.running) < self.config.max_batch_size:
             return []
-        holding = Counter(s.owner for s in self.running)
+        holding = Counter(flow_of(s) for s in self.running)
+        tenants = Counter(s.tenant for s in self.running)
+        weight = {s.tenant: s.tenant_weight for s in self.running}
         allowed = None if plan.admit is None else set(plan.admit)
-        newcomers = []
+        newcomers: list = []
         for seq in self.waiting:
-            if seq.owner not in holding and seq.owner not in newcomers and (allowed is None or seq.request_id in allowed):
-                newcomers.append(seq.owner)
+            f = flow_of(seq)
+            if f in holding or f in newcomers or (allowed is not None and seq.request_id not in allowed):
+                continue
+            if seq.tenant_max_running is not None and tenants[seq.tenant] >= seq.tenant_max_running:
+                continue
+            newcomers.append(f)
         victims = []
-        for _ in newcomers:
-            owner, held = holding.most_common(1)[0]
-            if held <= 1:
+        for tenant, _ in newcomers:
+            busiest = max(holding, key=lambda g: (tenants[g[0]] / weight[g[0]], holding[g]))
+            if not (holding[busiest] > 1 or (busiest[0] != tenant and tenants[busiest[0]] > 1 and not tenants[tenant])):
                 break
-            victim = [s for s in self.policy.order(self.running) if s.owner == owner][-1]
+            victim = [s for s in self.policy.order(self.running) if flow_of(s) == busiest][-1]
             self.running.remove(victim)
             self._preempt(victim)
-            holding[owner] -= 1
+            holding[busiest] -= 1
+            tenants[busiest[0]] -= 1
+            if not holding[busiest]:
+                del holding[busiest]
             victims.append(victim)
         return victims
 
@@ -223,15 +236,40 @@ class Scheduler:
         fair_victims = self._make_room(plan)
         budget = cfg.max_tokens_per_step
         running = self.policy.order(self.running)
+        active = [seq for seq in running if seq.request_id not in plan.pause]
         # prompt tokens allowed in this step: capped while anyone decodes (a decode step stays short)
         decoding = cfg.max_prefill_with_decode is not None and cfg.chunked_prefill and any(
-            seq.num_computed_tokens >= seq.prompt_len and seq.request_id not in plan.pause for seq in running)
+            seq.num_computed_tokens >= seq.prompt_len for seq in active)
         prefill = cfg.max_prefill_with_decode if decoding else budget
+        if plan.admit is None:
+            candidates = self.policy.order(self.waiting)
+        else:
+            by_id = {seq.request_id: seq for seq in self.waiting}
+            candidates = [by_id[r] for r in plan.admit if r in by_id]
+        if fair_victims:  # the slots they freed are the newcomers': they wait at least this step
+            candidates = [seq for seq in candidates if seq not in fair_victims]
+        # a flow with nothing running goes first with its first candidate (the slots _make_room freed
+        # are for these), the rest keep their order; with one flow the order stays as it is
+        holding = {flow_of(seq) for seq in running}
+        first = {}
+        for seq in candidates:
+            first.setdefault(flow_of(seq), seq)
+        newcomers = [seq for f, seq in first.items() if f not in holding]
+        if newcomers:
+            chosen = set(map(id, newcomers))
+            candidates = newcomers + [seq for seq in candidates if id(seq) not in chosen]
+        # the step's prompt tokens, shared out between flows (serve/engine/tenancy.py)
+        decodes = sum(seq.num_computed_tokens >= seq.prompt_len for seq in active)
+        capacity = max(0, min(budget - decodes, prefill))
+        allowance = self.shares.allowances(active, candidates, capacity, cfg.max_batch_size - len(running))
+        used: Counter = Counter()
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             prompt_chunk = seq.num_computed_tokens < seq.prompt_len
             n = min(seq.num_remaining, budget, prefill if prompt_chunk else budget)
+            if prompt_chunk:
+                n = min(n, allowance.get(flow_of(seq), 0))
             if n <= 0 or seq.request_id in plan.pause or (not cfg.chunked_prefill and n < seq.num_remaining):
                 i += 1
                 continue
@@ -245,27 +283,47 @@ class Scheduler:
                 bm.append(seq, n)
                 batch.entries.append((seq, n))
                 budget -= n
-                prefill -= n if prompt_chunk else 0
+                if prompt_chunk:
+                    prefill -= n
+                    allowance[flow_of(seq)] -= n
+                    used[flow_of(seq)] += n
                 i += 1
         self.running = running
-        if batch.preempted:  # memory is short: admit no one this step
-            batch.preempted += fair_victims
-            return batch
         batch.preempted += fair_victims
-        if plan.admit is None:
-            candidates = self.policy.order(self.waiting)
-        else:
-            by_id = {seq.request_id: seq for seq in self.waiting}
-            candidates = [by_id[r] for r in plan.admit if r in by_id]
-        if fair_victims:  # the slots they freed are the newcomers': they wait at least this step
-            candidates = [seq for seq in candidates if seq not in fair_victims]
+        if len(batch.preempted) > len(fair_victims):  # memory is short: admit no one this step
+            self.shares.settle(allowance, used, capacity, carry=not cfg.chunked_prefill)
+            return batch
+        budget, prefill, skipped = self._admit(batch, candidates, budget, prefill, allowance, used)
+        if skipped:  # tokens the others' shares left unused go to those held back by theirs
+            self._admit(batch, skipped, budget, prefill, None, used)
+        self.shares.settle(allowance, used, capacity, carry=not cfg.chunked_prefill)
+        return batch
+
+    def _admit(self, batch: ScheduledBatch, candidates: list[Sequence], budget: int, prefill: int,
+               allowance: dict | None, used: Counter) -> tuple[int, int, list[Sequence]]:
+        """Admits candidates in order while the step has tokens, slots and blocks; with `allowance`,
+        each within its flow's share. Returns the budget and prompt tokens left, and the candidates
+        held back by their flow's share alone."""
+        cfg, bm = self.config, self.block_manager
+        tenants = Counter(seq.tenant for seq in self.running)
+        skipped, held = [], set()  # held: flows whose share is spent (their later candidates wait too)
         for seq in candidates:
             if min(budget, prefill) <= 0 or len(self.running) >= cfg.max_batch_size:
                 break
+            f = flow_of(seq)
+            if seq.tenant_max_running is not None and tenants[seq.tenant] >= seq.tenant_max_running:
+                continue  # the tenant runs its most at once
             cached = bm.num_cached_tokens(seq)
-            n = min(seq.num_tokens - cached, budget, prefill)
-            if not cfg.chunked_prefill and n < seq.num_tokens - cached:
+            need = seq.num_tokens - cached
+            n = min(need, budget, prefill)
+            if not cfg.chunked_prefill and n < need:
                 break
+            if allowance is not None and (f in held or allowance.get(f, 0) < (n if not cfg.chunked_prefill else 1)):
+                held.add(f)
+                skipped.append(seq)
+                continue
+            if allowance is not None:
+                n = min(n, allowance[f])
             if not bm.can_allocate(seq, cached + n):
                 break
             if seq.adapter is not None and not self.adapters.ready(seq.adapter):
@@ -276,10 +334,14 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.waiting.remove(seq)
             self.running.append(seq)
+            tenants[seq.tenant] += 1
             batch.entries.append((seq, n))
             budget -= n
             prefill -= n
-        return batch
+            used[f] += n
+            if allowance is not None:
+                allowance[f] -= n
+        return budget, prefill, skipped
 
     def postprocess(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:
         """Advances the scheduled sequences; `sampled` maps seq_id -> next token for those whose

@@ -73,12 +73,26 @@ class Sequence:
     prefill_only: bool = False  # head mode: finishes (reason "head") once its prompt is computed
     reuse_prefix: bool = True  # may take cached blocks (off when every prompt row's hidden state is needed)
     owner: str | None = None  # who submitted it: the scheduler's fair order lets owners take turns
+    # the tenant it is served for: tenants share each step's prompt tokens by weight (deficit round
+    # robin, serve/engine/tenancy.py) and at most `tenant_max_running` of one tenant's run at once
+    tenant: str | None = None
+    tenant_weight: float = 1.0
+    tenant_max_running: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
             self.prompt_len = len(self.token_ids)
         if self.prompt_len < 1:
             raise ValueError(f"request {self.request_id!r}: the prompt has no tokens")
+        # a weight of 0, inf or nan would give the tenant no share or every share (the step's
+        # arithmetic divides by the weights' sum): refused here, before the request reaches a step
+        if not (type(self.tenant_weight) in (int, float) and 1e-3 <= self.tenant_weight <= 1e3):
+            raise ValueError(f"request {self.request_id!r}: tenant_weight must be a number in [0.001, 1000], "
+                             f"got {self.tenant_weight!r}")
+        cap = self.tenant_max_running
+        if cap is not None and not (type(cap) is int and cap >= 1):
+            raise ValueError(f"request {self.request_id!r}: tenant_max_running must be an integer >= 1 or None, "
+                             f"got {cap!r}")
 
     @property
     def num_tokens(self) -> int:

@@ -15,7 +15,6 @@ the log under `log_max_bytes`. Each check is a row of soak.csv with its value an
 
 from __future__ import annotations
 
-import secrets
 import shutil
 import sys
 import tempfile
@@ -25,8 +24,10 @@ from pathlib import Path
 
 from bench.results import results_dir, write_csv, write_json
 from bench.soak_attacks import fuzz_phase, handshake_phase, malformed_phase
+from bench.soak_floods import flood_phases
 from bench.soak_load import disconnect_phase, flood_phase, unpolled_phase
 from bench.soak_server import ServerUnderTest, latency_summary, legit_latencies, snapshot
+from bench.soak_tenancy import amplify_phase, boundary_phase, decode_phase, lockout_phase, numbers_phase
 
 
 @dataclass
@@ -65,6 +66,22 @@ class SoakJob:
     fuzz_s: float = 20.0
     fuzz_bytes_count: int = 5000
     fuzz_calls_count: int = 100000
+    # a server shared by tenants (bench/soak_tenancy.py, bench/soak_floods.py): the attacks come from
+    # tenant "attacker", the legitimate requests from tenant "victim", the checks from the operator
+    lockout_s: float = 20.0
+    lockout_sockets: int = 1000  # idle and trickling sockets from 127.0.0.2, reopened when dropped
+    lockout_probes: int = 10  # connections from 127.0.0.3, each connected and served within lockout_max_s
+    lockout_max_s: float = 1.0
+    numbers_s: float = 15.0
+    numbers_victim_tokens: int = 24
+    amplify_connections: int = 24
+    amplify_bytes: int = 3 << 20  # under max_message_bytes: the call arrives, the reply must not echo it
+    decode_s: float = 15.0
+    decode_connections: int = 4
+    decode_frames: int = 8
+    floods: tuple = ("long", "topup4", "queue2048", "topup32", "poll32")
+    floods_s: float = 20.0
+    floods_probes: int = 40
     settle_s: float = 3.0
     settle_max_s: float = 30.0  # waits up to this for requests in flight to drain before checking
     rss_tolerance: float = 0.10
@@ -74,10 +91,27 @@ class SoakJob:
     command: str = ""
 
 
-PHASES = ("handshake", "malformed", "unpolled", "disconnect", "flood", "fuzz")
+PHASES = ("handshake", "lockout", "malformed", "numbers", "boundary", "amplify", "decode", "unpolled", "disconnect",
+          "flood", "floods", "fuzz")
 
 
-def _phase(name: str, job: SoakJob, port: int, token: str, unloaded_p95_ms: float) -> dict:
+def _phase(name: str, job: SoakJob, port: int, tokens: dict, unloaded_p95_ms: float, root: Path) -> dict:
+    token, victim = tokens["attacker"], tokens["victim"]
+    if name == "lockout":
+        return lockout_phase(port, victim, job.lockout_s, job.lockout_sockets, job.lockout_probes, job.lockout_max_s)
+    if name == "numbers":
+        return numbers_phase(port, token, victim, job.numbers_s, job.numbers_victim_tokens)
+    if name == "boundary":
+        return boundary_phase(port, tokens["ops"], victim, token, str(root))
+    if name == "amplify":
+        return amplify_phase(port, token, job.amplify_connections, job.amplify_bytes)
+    if name == "decode":
+        return decode_phase(port, token, victim, job.decode_s, job.decode_connections, job.decode_frames)
+    if name == "floods":
+        floods = flood_phases(port, token, victim, job.floods, job.floods_s, job.floods_probes, job.probe_tokens,
+                              unloaded_p95_ms, job.fairness_max_ratio)
+        return {"actions": sum(f["actions"] for f in floods.values()), "by_flood": floods,
+                "ok": all(f["ok"] for f in floods.values())}
     if name == "handshake":
         return handshake_phase(port, job.handshake_s, job.handshake_sockets, job.handshake_timeout_s)
     if name == "malformed":
@@ -86,8 +120,8 @@ def _phase(name: str, job: SoakJob, port: int, token: str, unloaded_p95_ms: floa
         return unpolled_phase(port, token, job.unpolled_s, job.unpolled_count, job.unpolled_tokens)
     if name == "disconnect":
         return disconnect_phase(port, token, job.disconnect_s, job.disconnect_count, job.disconnect_tokens)
-    if name == "flood":
-        return flood_phase(port, token, job.flood_s, job.flood_depth, job.flood_tokens, job.flood_probes,
+    if name == "flood":  # the earlier single-tenant flood: attacker and victim hold one token
+        return flood_phase(port, victim, job.flood_s, job.flood_depth, job.flood_tokens, job.flood_probes,
                            job.probe_tokens, unloaded_p95_ms, job.fairness_max_ratio)
     return fuzz_phase(port, token, job.fuzz_s, job.fuzz_bytes_count, job.fuzz_calls_count, job.seed)
 
@@ -144,6 +178,15 @@ def _checks(job: SoakJob, server: ServerUnderTest, base: dict, after: dict | Non
         if name == "flood":
             rows.append(_check("fairness_p95_ratio", phase.get("ratio"), f"<= {job.fairness_max_ratio:g}",
                                phase["ok"], "x"))
+        elif name == "floods" and "by_flood" in phase:
+            for flood, f in phase["by_flood"].items():
+                rows.append(_check(f"fairness_{flood}_p95_ratio", f.get("ratio"),
+                                   f"<= {job.fairness_max_ratio:g} (victim tenant, attacker's flood '{flood}')",
+                                   f["ok"], "x"))
+        elif name == "lockout" and "worst_s" in phase:
+            rows.append(_check("lockout_connect_served", phase["worst_s"] if not phase["probes_failed"] else
+                               f"failed {phase['probes_failed']}", f"<= {job.lockout_max_s:g} s from another address, "
+                               f"{job.lockout_sockets} sockets held", phase["ok"], "s"))
         else:
             rows.append(_check(f"phase_{name}", phase.get("error") or _faults(phase),
                                "clean (no internal error, unanswered call, lingering socket)", phase["ok"]))
@@ -160,27 +203,47 @@ def _faults(phase: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in faults.items()) or "clean"
 
 
+def _tenants(home: Path, checkpoint: str) -> tuple[dict, Path]:
+    """A tenants file (operator "ops", tenants "victim" and "attacker"; the attacker's quotas let its
+    floods reach the sizes the floods name) and each one's adapters under the adapter root."""
+    import torch
+
+    from bench.adapter_parts import write_peft_adapter
+    from serve.models import read_model_args
+    from serve.rpc.tenants import add_tenant
+
+    path = home / "tenants.yaml"
+    tokens = {"ops": add_tenant(path, "ops", "operator"), "victim": add_tenant(path, "victim"),
+              "attacker": add_tenant(path, "attacker", quotas={"queued": 4096, "connections": 48})}
+    args = read_model_args(checkpoint)[0]
+    root = home / "adapter_root"
+    for i, where in enumerate(("victim/plates", "attacker/other", "shared")):
+        write_peft_adapter(root / where, args, 8, ("q_proj", "v_proj"), 7 + i, torch.float32, "cpu")
+    return tokens, path
+
+
 def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
     """Runs the soak; returns (check rows, the full report) and writes soak.json and soak.csv."""
     home = Path(tempfile.mkdtemp(prefix="vlora-soak-"))
-    token = secrets.token_hex(16)
-    (home / "adapter_root").mkdir()
     checkpoint = job.checkpoint
     if checkpoint is None:
         from zoo import build_checkpoint
 
         checkpoint = str(build_checkpoint(job.model, home / "zoo" / job.model))
+    tokens, tenants_file = _tenants(home, checkpoint)
+    token = tokens["ops"]  # the operator's: the checks read the server as its operator would
     overrides = [f"+engine.num_kv_blocks={job.num_kv_blocks}", f"engine.max_batch_size={job.max_batch_size}",
                  f"rpc.handshake_timeout_s={job.handshake_timeout_s}", f"rpc.max_handshakes={job.max_handshakes}",
                  f"rpc.max_unpolled_per_connection={job.max_unpolled_per_connection}",
                  f"rpc.result_ttl_s={job.result_ttl_s}", f"rpc.max_message_bytes={job.max_message_bytes}",
-                 f"rpc.adapter_root={home / 'adapter_root'}"]
+                 f"rpc.adapter_root={home / 'adapter_root'}", f"rpc.tenants={tenants_file}"]
     started = time.time()
     server = ServerUnderTest(checkpoint, home, token, job.device, overrides, job.server_threads)
     base, phases, after, final, rss_after = {}, {}, None, None, None
     try:
-        legit_latencies(server.port, token, 3, job.probe_tokens)  # warm-up, not measured
-        base["latency"] = latency_summary(legit_latencies(server.port, token, job.baseline_requests, job.probe_tokens))
+        victim = tokens["victim"]
+        legit_latencies(server.port, victim, 3, job.probe_tokens)  # warm-up, not measured
+        base["latency"] = latency_summary(legit_latencies(server.port, victim, job.baseline_requests, job.probe_tokens))
         base["counters"] = snapshot(server.port, token)
         base["rss_mb"] = round(server.rss_mb(), 1)
         print(f"soak: baseline p50 {base['latency']['p50_ms']:.0f} ms, p95 {base['latency']['p95_ms']:.0f} ms, "
@@ -188,7 +251,7 @@ def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
         for name in PHASES:
             t0 = time.monotonic()
             try:
-                phases[name] = _phase(name, job, server.port, token, base["latency"]["p95_ms"])
+                phases[name] = _phase(name, job, server.port, tokens, base["latency"]["p95_ms"], home / "adapter_root")
             except Exception as e:  # the phase's own failure (e.g. the server gone): recorded, the run goes on
                 phases[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
             phases[name]["seconds"] = round(time.monotonic() - t0, 1)
@@ -199,7 +262,7 @@ def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
                 break
         if server.alive():
             after = _settle(server, token, job)
-            final = latency_summary(legit_latencies(server.port, token, job.final_requests, job.probe_tokens))
+            final = latency_summary(legit_latencies(server.port, victim, job.final_requests, job.probe_tokens))
             rss_after = round(server.rss_mb(), 1)
     except Exception as e:
         base.setdefault("error", f"{type(e).__name__}: {e}"[:300])

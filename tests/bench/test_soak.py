@@ -14,7 +14,9 @@ from vlora.config import compose
 
 CHECKS = {"server_alive", "legit_answered", "legit_p95_after", "kv_blocks_free", "requests_in_flight",
           "requests_waiting_running", "pixels_in_flight", "adapter_slots", "connections_left", "internal_errors",
-          "rss_growth", "log_size", "fairness_p95_ratio", *(f"phase_{p}" for p in PHASES if p != "flood")}
+          "rss_growth", "log_size", "fairness_p95_ratio", "lockout_connect_served",
+          "fairness_topup4_p95_ratio", "fairness_poll32_p95_ratio",  # the quick preset's floods
+          *(f"phase_{p}" for p in PHASES if p not in ("flood", "floods", "lockout"))}
 
 
 def test_quick_soak_on_cpu(tiny_zoo, tmp_path):
@@ -41,6 +43,13 @@ def test_quick_soak_on_cpu(tiny_zoo, tmp_path):
     assert malformed["top_k_2_63"] == {"refused": malformed["top_k_2_63"]["refused"]}
     assert set(malformed["compressed_bomb"]) == {"closed"} and set(malformed["oversize_frame"]) == {"closed"}
     assert report["phases"]["handshake"]["lingering"] == 0
+    # the tenant phases: nothing of the victim's reachable, nothing amplified, no bomb decoded, no
+    # number that fails a step (these hold whatever the machine's speed)
+    for name in ("phase_boundary", "phase_amplify", "phase_numbers"):
+        assert checks[name]["pass"], (name, report["phases"][name.removeprefix("phase_")])
+    decode = report["phases"]["decode"]
+    assert decode["attacker"].get("accepted", 0) == 0 and not decode["victim_errors"], decode
+    assert report["phases"]["lockout"]["served_s"], report["phases"]["lockout"]
 
     # the server survived, answers, and leaked nothing
     for name in ("server_alive", "legit_answered", "kv_blocks_free", "requests_in_flight", "requests_waiting_running",

@@ -1,0 +1,102 @@
+"""The soak's fairness floods: an attacker tenant loads the server in one of several ways while a
+victim tenant sends single requests one after another; the victim's p95 over its unloaded p95 is
+the fairness ratio (target: 2x).
+
+The flood runs in a process of its own, so that its client threads do not compete with the
+victim's client for one interpreter: what is measured is the server, not the soak's own process.
+
+    long        one connection keeping 256 requests of 200 tokens queued
+    topup4      four connections each topping up 8 one-token requests
+    queue2048   eight connections keeping 256 one-token requests queued each (2,048 in all)
+    topup32     32 connections each topping up 8 one-token requests
+    poll32      32 connections calling poll() in a loop, no engine work at all
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+
+from bench.soak_server import latency_summary
+
+FRAME = np.zeros((32, 32, 3), np.uint8)
+FLOODS = {"long": (1, 256, 200), "topup4": (4, 8, 1), "queue2048": (8, 256, 1), "topup32": (32, 8, 1),
+          "poll32": (32, 0, 0)}  # name -> (connections, requests kept queued per connection, tokens each)
+
+
+def _poll_loop(port: int, token: str, stop, stats: Counter) -> None:
+    from serve.rpc import Client
+
+    with Client("127.0.0.1", port, token) as client:
+        root = client._conn.root
+        while not stop.is_set():
+            root.poll("c0-0", 0.0)  # an id of no request: answered at once, no engine work
+            stats["calls"] += 1
+
+
+def _flood_process(port: int, token: str, name: str, ready, stop, out) -> None:
+    """In the flood's own process: the connections of flood `name` until `stop` is set."""
+    from bench.soak_load import _flood
+
+    connections, depth, tokens = FLOODS[name]
+    stats: Counter = Counter()
+    local_stop = threading.Event()
+    target = (lambda: _poll_loop(port, token, local_stop, stats)) if depth == 0 else \
+        (lambda: _flood(port, token, depth, tokens, local_stop, stats))
+    threads = [threading.Thread(target=target, daemon=True) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    ready.set()
+    stop.wait()
+    local_stop.set()
+    for t in threads:
+        t.join(60)
+    out.put(dict(stats))
+
+
+def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
+                 unloaded_p95_ms: float, max_ratio: float) -> dict:
+    """One phase per flood in `names`, one after another; each returns the victim's latency and ratio."""
+    from serve.rpc import Client, ServerError
+
+    ctx = mp.get_context("spawn")
+    out: dict = {}
+    for name in names:
+        ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
+        proc = ctx.Process(target=_flood_process, args=(port, attacker, name, ready, stop, queue), daemon=True)
+        proc.start()
+        latencies, errors = [], Counter()
+        try:
+            ready.wait(60)
+            time.sleep(min(2.0, seconds / 4))  # the flood's queues fill first
+            end = time.monotonic() + seconds
+            with Client("127.0.0.1", port, victim) as client:
+                while len(latencies) < probes and time.monotonic() < end:
+                    start = time.perf_counter()
+                    try:
+                        client.submit_image("How many cars?", [FRAME], sampling={
+                            "max_tokens": probe_tokens, "ignore_eos": True}).result(max(5.0, end - time.monotonic() + 30))
+                        latencies.append((time.perf_counter() - start) * 1e3)
+                    except (ServerError, TimeoutError) as e:
+                        errors[getattr(e, "kind", type(e).__name__)] += 1
+        finally:
+            stop.set()
+            try:
+                flood = queue.get(timeout=90)
+            except Exception:  # the flood process died: what it did is unknown
+                flood = {}
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        probe = latency_summary(latencies) if latencies else None
+        ratio = None if probe is None else round(probe["p95_ms"] / unloaded_p95_ms, 2)
+        out[name] = {"actions": sum(v for k, v in flood.items() if k in ("submitted", "calls")) + len(latencies),
+                     "flood": flood, "probe": probe, "victim_errors": dict(errors), "unloaded_p95_ms": unloaded_p95_ms,
+                     "ratio": ratio, "max_ratio": max_ratio,
+                     "ok": ratio is not None and not errors and ratio <= max_ratio}
+        time.sleep(1.0)  # what the flood left queued drains (its connections closed: aborted)
+    return out

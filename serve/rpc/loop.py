@@ -3,8 +3,11 @@
 Connection threads (one per client) validate and decode frames, then hand a `Request` to the
 loop through a queue; the loop adds it, steps the engine while anything is unfinished and files
 each output as an event on its request's `Ticket`, where the connection thread picks it up.
-An exception in one request's admission is that request's error; an exception inside a step
-aborts the requests of that step with an error event and the loop goes on serving.
+An exception in one request's admission is that request's error. An exception inside a step is
+charged to the request that causes it (serve/rpc/step_failures.py): that request is answered `engine_error`, the
+others start over once, and requests of the culprit's kind are refused from then on (`refuses`, which
+connection threads may call before submitting), so no kind of request costs the others more than one
+restart.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .logs import clip
+from .culprits import Culprits
+from .step_failures import StepFailures
 
 log = logging.getLogger("vlora.serve.rpc")
 
@@ -63,7 +67,7 @@ def _ms(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round((b - a) * 1e3, 3)
 
 
-class EngineLoop:
+class EngineLoop(StepFailures):
     def __init__(self, engine, idle_wait_s: float = 0.05):
         self.engine = engine
         self.idle_wait_s = idle_wait_s
@@ -73,6 +77,9 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counters: Counter[str] = Counter()  # read by other threads; ints, updated atomically enough
+        self.culprits = Culprits()  # kinds of request that made a step fail (written here, read by any thread)
+        self._restarts: Counter[str] = Counter()  # request id -> unattributed failures it was restarted for
+        self._failure_sites: set[tuple] = set()  # (exception type, file, line) already logged with a traceback
         self.lock = threading.Lock()  # held around engine calls so stats() from other threads is consistent
 
     # ---- any thread ----------------------------------------------------------------------------
@@ -90,6 +97,11 @@ class EngineLoop:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def refuses(self, request) -> str | None:
+        """Why `request` would be refused (its kind made a step fail), or None; any thread. The
+        server calls it before preparing a request, so such a request costs no one anything."""
+        return self.culprits.refuses(request)
 
     def submit(self, request, ticket: Ticket, prepared=None) -> None:
         """`prepared`: engine.prepare(request), done by the caller's thread (optional)."""
@@ -133,6 +145,11 @@ class EngineLoop:
         kind = command[0]
         if kind == "add":
             _, request, ticket, prepared = command
+            why = self.culprits.refuses(request)  # its kind failed a step since it was submitted
+            if why is not None:
+                self.counters["refused_failing_kind"] += 1
+                ticket.put({"type": "error", "error": {"type": "rejected", "message": why}})
+                return
             try:
                 with self.lock:
                     if prepared is None:
@@ -149,6 +166,7 @@ class EngineLoop:
         elif kind == "abort":
             ticket = self._tickets.pop(command[1], None)
             self._requests.pop(command[1], None)
+            self._restarts.pop(command[1], None)
             if ticket is not None:
                 with self.lock:
                     self.engine.abort(command[1])
@@ -168,13 +186,15 @@ class EngineLoop:
             with self.lock:
                 outputs = self.engine.step()
         except Exception as e:
-            log.exception("engine step failed; finding the request it cannot run")
             self.counters["step_errors"] += 1
             try:
-                self._isolate()
-            except Exception:  # the engine cannot even run requests alone: everyone is told
-                log.exception("isolating the failed request failed")
-                self._fail_all(f"the engine failed while running this request ({type(e).__name__}: {e})")
+                charged, restarted = self._isolate()
+            except Exception as inner:  # the engine cannot even run requests alone: everyone is told
+                self._log_failure(e, f"and the engine fails alone too ({type(inner).__name__}); every request "
+                                     "in flight is answered engine_error")
+                self._fail_all(f"the engine failed while running this request ({type(e).__name__})")
+                return
+            self._log_failure(e, f"charged to {charged} request(s); {restarted} restarted")
             return
         for out in outputs:
             ticket = self._tickets.get(out.request_id)
@@ -183,6 +203,7 @@ class EngineLoop:
             if out.finished:
                 del self._tickets[out.request_id]
                 self._requests.pop(out.request_id, None)
+                self._restarts.pop(out.request_id, None)
                 self.counters["finished"] += 1
                 ticket.put(self._final(ticket, out))
             elif out.new_token_ids:
@@ -205,65 +226,3 @@ class EngineLoop:
         if out.new_token_ids:
             event["new_text"] = out.new_text
         return event
-
-    def _isolate(self) -> None:
-        """A failed step is attributed to the request(s) that cause it, not to the whole batch: every
-        request in flight is taken out and run alone for one step; one whose step fails again is
-        answered with the error, the others start over (their clients get a "restart" event, then
-        the request's tokens from the beginning)."""
-        remaining, self._tickets = self._tickets, {}
-        requests, self._requests = self._requests, {}
-        try:
-            with self.lock:
-                for rid in remaining:
-                    self.engine.abort(rid)
-                self.engine.step()  # the aborts' outputs: nobody is waiting for them
-            for rid in list(remaining):
-                request = requests[rid]
-                try:
-                    with self.lock:
-                        self.engine.add_request(request)
-                        self.engine.step()  # its own first step, alone
-                    failure = None
-                except Exception as e:
-                    failure = f"{type(e).__name__}: {e}"
-                with self.lock:
-                    self.engine.abort(rid)
-                    self.engine.step()
-                ticket = remaining.pop(rid)
-                if failure is not None:
-                    self.counters["step_errors_attributed"] += 1
-                    ticket.put({"type": "error", "error": {"type": "engine_error", "message":
-                                f"the engine cannot run this request ({clip(failure)})"}})
-                else:
-                    ticket.put({"type": "restart"})
-                    self._add_again(request, ticket)
-        except Exception:  # the engine fails even alone: the ones not tried yet go back for _fail_all
-            self._tickets.update(remaining)
-            raise
-
-    def _add_again(self, request, ticket: Ticket) -> None:
-        try:
-            with self.lock:
-                self.engine.add_request(request)
-        except Exception as e:
-            ticket.put({"type": "error", "error": {"type": "rejected", "message": clip(str(e))}})
-            return
-        self._tickets[ticket.request_id] = ticket
-        self._requests[ticket.request_id] = request
-
-    def _fail_all(self, message: str) -> None:
-        tickets, self._tickets = self._tickets, {}
-        self._requests.clear()
-        for request_id, ticket in tickets.items():
-            try:
-                with self.lock:
-                    self.engine.abort(request_id)
-            except Exception:  # the engine's state for it is gone already
-                log.exception("abort of %s after a failed step", request_id)
-            ticket.put({"type": "error", "error": {"type": "engine_error", "message": message}})
-        try:
-            with self.lock:
-                self.engine.step()  # flush the aborts' outputs so nothing lingers in the engine
-        except Exception:
-            log.exception("flushing aborted requests failed")

@@ -61,6 +61,12 @@ class Limits:
     # sockets in their handshake at once (0: as many as max_connections)
     handshake_timeout_s: float = 5.0
     max_handshakes: int = 0
+    # the door (serve.rpc.door): at most this many of one source address wait at once (a new one
+    # drops that address's longest-idle socket); the line's first byte within first_byte_timeout_s;
+    # an authenticated connection that sends no message for idle_timeout_s is closed (a poll in progress is not idle)
+    max_handshakes_per_address: int = 16
+    first_byte_timeout_s: float = 1.0
+    idle_timeout_s: float = 300.0
     # finished results a connection has not polled: kept at most this long, and at most this many
     # (the oldest go first; 0: as many as max_queued_per_connection)
     result_ttl_s: float = 600.0

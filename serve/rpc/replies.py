@@ -1,6 +1,12 @@
 """What every exposed method of the service answers: one JSON string, `{"ok": true, ...}` or
 `{"ok": false, "error": {...}}`, and the guard that turns any failure into such an error for the
-calling client alone, without touching client objects or echoing internals."""
+calling client alone, without touching client objects or echoing internals.
+
+No reply is larger than MAX_REPLY_BYTES whatever the request: an error's message is clipped to
+MAX_ERROR_CHARS characters (a message that quotes a client's 63 MB argument would otherwise send it
+back whole), a list in a reply (events, adapters) is cut to what fits and the reply says how many
+items were left out (`"truncated": {field: count}`), and any other reply over the bound is refused.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +18,44 @@ from .logs import clip
 from .wire import RequestError
 
 log = logging.getLogger("vlora.serve.rpc")
+# JSON is written ASCII-only (json.dumps' default), so characters and bytes of a reply are one.
+# 4 MiB: a poll's events of a 1,024-token request take some 0.4 MB at worst (each token twice,
+# as its delta and in the final text, every character escaped)
+MAX_REPLY_BYTES = 4 << 20
+MAX_ERROR_CHARS = 512  # of an error's message; its type is one of the server's own short names
+MAX_KIND_CHARS = 64
 
 
 def reply(**fields) -> str:
-    return json.dumps({"ok": True, **fields})
+    text = json.dumps({"ok": True, **fields})
+    if len(text) <= MAX_REPLY_BYTES:
+        return text
+    lists = [k for k, v in fields.items() if isinstance(v, (list, tuple))]
+    rest = {k: v for k, v in fields.items() if k not in lists}
+    # the frame of the reply with every list empty and the largest count of left-out items it could say
+    room = MAX_REPLY_BYTES - len(json.dumps({"ok": True, **rest, **{k: [] for k in lists},
+                                             "truncated": {k: 10**12 for k in lists}}))
+    if room < 0:
+        log.warning("a reply of %d bytes (fields %s) is over the bound of %d bytes", len(text), sorted(fields),
+                    MAX_REPLY_BYTES)
+        return error("too_large", f"the reply of {len(text)} bytes is over the server's bound of {MAX_REPLY_BYTES} "
+                                  "bytes")
+    kept: dict[str, list] = {}
+    for k in lists:
+        kept[k] = []
+        for item in fields[k]:
+            size = len(json.dumps(item)) + 2  # with its ", "
+            if size > room:
+                break
+            room -= size
+            kept[k].append(item)
+    truncated = {k: len(fields[k]) - len(kept[k]) for k in lists if len(kept[k]) < len(fields[k])}
+    return json.dumps({"ok": True, **rest, **kept, "truncated": truncated})
 
 
 def error(kind: str, message: str) -> str:
-    return json.dumps({"ok": False, "error": {"type": kind, "message": message}})
+    return json.dumps({"ok": False, "error": {"type": clip(str(kind), MAX_KIND_CHARS),
+                                              "message": clip(str(message), MAX_ERROR_CHARS)}})
 
 
 def _plain(value, depth: int = 0) -> bool:

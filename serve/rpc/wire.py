@@ -1,18 +1,25 @@
 """What travels between client and server, and its validation.
 
 Only plain immutable values cross the connection: a JSON string describing the request and a
-tuple of `bytes` blobs (one per image or frame). Nothing is ever passed by reference, so the
-server never calls back into a client object (RPyC netrefs are refused outright) and a client
-cannot hand the server an object whose methods run on the client's terms.
+tuple of `bytes` blobs (one per image or frame, see serve.rpc.frames). Nothing is ever passed by
+reference, so the server never calls back into a client object (RPyC netrefs are refused outright)
+and a client cannot hand the server an object whose methods run on the client's terms.
 
-Frame specs (one per blob, in the request's `frames` list):
-    {"format": "encoded"}                                  PNG / JPEG / WebP bytes
-    {"format": "raw", "shape": [H, W, 3], "dtype": "uint8"}  packed RGB pixels
+Every number a request carries has a floor and a ceiling (finite only), chosen so that no value
+that passes can make the engine or its policy fail; an error names the field and its bounds:
+    slo_ms                [1, 3,600,000]    a latency target of 1 ms to 1 h; the policy divides by it
+    sampling.temperature  0, or [0.01, 100] 0 is greedy; logits / t overflows float32 as t nears 0
+    sampling.top_p        [1e-6, 1]         in float32 a smaller value is 0 and cuts every token
+    sampling.top_k        [0, 1,000,000]    0 is off; above any vocabulary it is off too
+    sampling.max_tokens   [1, rpc.max_new_tokens]
+    sampling.seed         [0, 2**63 - 1]    a torch generator's seed
+    sampling.stop_token_ids  at most 64, each in [0, 2**31 - 1]
+Text fields (prompt, adapter, task, app, tag) must encode as UTF-8: a lone surrogate is refused
+with its position, here rather than by the tokenizer's own message.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -23,25 +30,22 @@ import numpy as np
 
 from serve.orchestrator.types import check_priority
 
+from .errors import RequestError
+from .frames import ENCODED_FORMATS, decode_frame, encode_frame, open_frame  # noqa: F401 (the package's face)
+
 KINDS = ("image", "video")
-ENCODED_FORMATS = ("JPEG", "PNG")  # encoded frames; anything else is sent raw
 # adapter names over the wire: no path separators, NUL or control characters, and short
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 OUTPUT_MODES = ("generate", "head")
 SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "seed": int,
                  "stop_token_ids": list, "ignore_eos": bool}
+# [floor, ceiling] of each number (max_tokens' ceiling is rpc.max_new_tokens); see the module docstring
+SAMPLING_BOUNDS = {"temperature": (0.01, 100.0), "top_p": (1e-6, 1.0), "top_k": (0, 1_000_000),
+                   "seed": (0, 2**63 - 1)}
+SLO_MS_BOUNDS = (1.0, 3_600_000.0)
+MAX_STOP_TOKENS, MAX_TOKEN_ID = 64, 2**31 - 1
+TEXT_FIELDS = ("prompt", "adapter", "task", "app", "tag")
 REQUEST_KEYS = {"prompt", "adapter", "task", "output_mode", "sampling", "app", "slo_ms", "frames", "tag"}
-
-
-class RequestError(ValueError):
-    """Bad input from a client: answered to that client, never fatal to the server."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind  # a stable machine-readable reason: "bad_frame", "too_large", ...
-
-    def to_dict(self) -> dict[str, str]:
-        return {"type": self.kind, "message": str(self)}
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,13 @@ class Limits:
     max_frames: int = 64  # frames of one video chunk (1 s at 30 fps is 30)
     max_prompt_chars: int = 8192
     max_new_tokens: int = 1024
+    # the work of decoding one encoded frame (serve.rpc.frames): a progressive JPEG's decoder passes
+    # over the whole image once per scan (real files have ~10; 64 empty scans of 4K cost ~30 ms, 100,000
+    # cost 43 s); a PNG's chunks are walked one by one (libpng writes 8 KB of image data per chunk);
+    # and a decode that still runs past max_decode_cpu_s of CPU time is stopped (4K: 0.1-0.3 s)
+    max_jpeg_scans: int = 64
+    max_png_chunks: int = 65536
+    max_decode_cpu_s: float = 5.0
     max_queued_per_connection: int = 256
     # before the token: the whole handshake line within this many seconds; at most max_handshakes
     # sockets in their handshake at once (0: as many as max_connections)
@@ -126,15 +137,40 @@ def _parse_spec(spec_json: Any, limits: Limits) -> dict[str, Any]:
     if len(spec_json) > 12 * limits.max_prompt_chars + 65536:
         raise RequestError("too_large", f"request spec of {len(spec_json)} characters is too long")
     try:
-        spec = json.loads(spec_json)
+        spec = json.loads(spec_json, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise RequestError("bad_argument", f"request spec is not valid JSON: {e}") from None
+    except RecursionError:  # [[[[...]]]] a hundred thousand deep
+        raise RequestError("bad_argument", "request spec is nested too deeply") from None
+    except ValueError as e:  # an integer of more than 4,300 digits (Python's own bound), NaN or Infinity
+        raise RequestError("bad_argument", f"request spec holds a number out of range ({str(e)[:100]})") from None
     if not isinstance(spec, dict):
         raise RequestError("bad_argument", f"request spec must be a JSON object, got {type(spec).__name__}")
     unknown = set(spec) - REQUEST_KEYS
     if unknown:
-        raise RequestError("bad_argument", f"unknown request fields {sorted(unknown)}; known: {sorted(REQUEST_KEYS)}")
+        names = ", ".join(repr(k[:64]) for k in sorted(unknown)[:4])
+        raise RequestError("bad_argument", f"unknown request fields {names}; known: {sorted(REQUEST_KEYS)}")
     return spec
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _bounded(name: str, value: Any, want: type, low: float, high: float) -> Any:
+    """`value` as a finite `want` within [low, high], else a RequestError naming the field and its bounds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (want is int and not isinstance(value, int)):
+        raise RequestError("bad_argument", f"{name} must be {'an integer' if want is int else 'a number'}, "
+                                           f"got {type(value).__name__}")
+    if not low <= value <= high:  # exact for ints of any size; false for NaN and the infinities
+        shown = f"an integer of {len(str(abs(value)))} digits" if isinstance(value, int) and abs(value) > 10**30 \
+            else repr(value)
+        raise RequestError("bad_argument", f"{name} must lie in [{_number(low)}, {_number(high)}], got {shown}")
+    return float(value) if want is float else value
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e19 else f"{x:g}"
 
 
 def _sampling(raw: Any, limits: Limits) -> dict[str, Any]:
@@ -145,24 +181,40 @@ def _sampling(raw: Any, limits: Limits) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in SAMPLING_KEYS:
-            raise RequestError("bad_argument", f"unknown sampling field {key!r}; known: {sorted(SAMPLING_KEYS)}")
-        want = SAMPLING_KEYS[key]
-        ok = isinstance(value, want) and not (want is not bool and isinstance(value, bool))
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok or (isinstance(value, float) and not math.isfinite(value)):
-            raise RequestError("bad_argument", f"sampling.{key} must be a finite {want.__name__}, got {value!r}")
-        if key == "stop_token_ids":
-            if not all(type(t) is int and t >= 0 for t in value) or len(value) > 64:
-                raise RequestError("bad_argument", "sampling.stop_token_ids must be at most 64 token ids >= 0")
-            value = tuple(value)
+            raise RequestError("bad_argument", f"unknown sampling field {key[:64]!r}; known: {sorted(SAMPLING_KEYS)}")
+        name = f"sampling.{key}"
+        if key == "ignore_eos":
+            if type(value) is not bool:
+                raise RequestError("bad_argument", f"{name} must be true or false, got {type(value).__name__}")
+        elif key == "stop_token_ids":
+            if not isinstance(value, list) or len(value) > MAX_STOP_TOKENS:
+                raise RequestError("bad_argument", f"{name} must be a list of at most {MAX_STOP_TOKENS} token ids")
+            value = tuple(_bounded(f"{name}[{i}]", t, int, 0, MAX_TOKEN_ID) for i, t in enumerate(value))
+        elif key == "max_tokens":
+            if isinstance(value, int) and not isinstance(value, bool) and value > limits.max_new_tokens:
+                raise RequestError("too_large", f"{name} must lie in [1, {limits.max_new_tokens}] "
+                                                f"(rpc.max_new_tokens), got {value}")
+            value = _bounded(name, value, int, 1, limits.max_new_tokens)
+        elif key == "temperature" and type(value) in (int, float) and value == 0:
+            value = 0.0  # greedy
+        elif key == "temperature":
+            try:
+                value = _bounded(name, value, float, *SAMPLING_BOUNDS[key])
+            except RequestError as e:
+                raise RequestError(e.kind, f"{e} (or 0: greedy)") from None
+        else:
+            value = _bounded(name, value, SAMPLING_KEYS[key], *SAMPLING_BOUNDS[key])
         out[key] = value
-    if not 1 <= out.get("max_tokens", 1) <= limits.max_new_tokens:
-        raise RequestError("too_large", f"sampling.max_tokens must lie in [1, {limits.max_new_tokens}], "
-                                        f"got {out['max_tokens']}")
-    if out.get("temperature", 0.0) < 0 or not 0 < out.get("top_p", 1.0) <= 1 or out.get("top_k", 0) < 0:
-        raise RequestError("bad_argument", "sampling needs temperature >= 0, top_p in (0, 1] and top_k >= 0")
     return out
+
+
+def _check_text(name: str, value: str) -> None:
+    """Text must encode as UTF-8: JSON can carry a lone surrogate (\ud800), which no tokenizer takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError("bad_argument", f"{name} is not valid Unicode text: a lone surrogate "
+                                           f"U+{ord(value[e.start]):04X} at character {e.start}") from None
 
 
 def check_adapter_name(name: Any) -> str:
@@ -172,68 +224,14 @@ def check_adapter_name(name: Any) -> str:
     return name
 
 
-def open_frame(blob: Any, spec: Any, limits: Limits, index: int,
-               keep_jpeg: bool = False) -> tuple[tuple[int, int], Callable[[], np.ndarray | bytes]]:
-    """One frame spec + blob -> ((H, W), read from the spec or the image header, and a function that
-    decodes it to uint8 [H, W, 3] RGB): sizes are known, and checked, before any pixel is decoded.
-    keep_jpeg: a JPEG frame stays encoded (the engine decodes it on its device); its bytes must
-    end with the end-of-image marker, so a truncated file is refused here."""
-    name = f"frame {index}"
-    _check_type(f"{name} data", blob, (bytes,))
-    if not isinstance(spec, dict) or spec.get("format") not in ("encoded", "raw"):
-        raise RequestError("bad_frame", f"{name}: spec must be {{'format': 'encoded'}} or "
-                                        "{'format': 'raw', 'shape': [H, W, 3], 'dtype': 'uint8'}")
-    if spec["format"] == "raw":
-        shape, dtype = spec.get("shape"), spec.get("dtype")
-        if dtype != "uint8" or not isinstance(shape, list) or len(shape) != 3 or shape[2] != 3 or \
-                not all(type(s) is int and s > 0 for s in shape):
-            raise RequestError("bad_frame", f"{name}: raw frames must be dtype 'uint8' with shape [H, W, 3], "
-                                            f"got dtype {dtype!r} shape {shape!r}")
-        if shape[0] * shape[1] > limits.max_frame_pixels:
-            raise RequestError("too_large", f"{name}: {shape[0]}x{shape[1]} exceeds {limits.max_frame_pixels} pixels")
-        if len(blob) != shape[0] * shape[1] * 3:
-            raise RequestError("bad_frame", f"{name}: {len(blob)} bytes do not hold a uint8 array of shape {shape}")
-        return (shape[0], shape[1]), lambda: np.frombuffer(blob, dtype=np.uint8).reshape(shape).copy()
-    from PIL import Image, UnidentifiedImageError
-
-    try:  # JPEG and PNG only: Pillow would otherwise try every format it knows (TIFF, ICO, EPS via Ghostscript)
-        with Image.open(io.BytesIO(blob), formats=ENCODED_FORMATS) as img:
-            width, height = img.size  # read from the header: a decompression bomb is refused undecoded
-            fmt, mode = img.format, img.mode
-    except UnidentifiedImageError:
-        raise RequestError("bad_frame", f"{name}: not a JPEG or PNG image (the formats accepted encoded; "
-                                        "send other pictures as raw uint8 frames)") from None
-    except Exception as e:  # PIL raises many types for corrupt data
-        raise RequestError("bad_frame", f"{name}: cannot read the image header ({type(e).__name__}: {e})") from None
-    if width * height > limits.max_frame_pixels:
-        raise RequestError("too_large", f"{name}: {width}x{height} exceeds {limits.max_frame_pixels} pixels")
-    if keep_jpeg and fmt == "JPEG" and mode in ("RGB", "L"):
-        if not blob.rstrip(b"\x00").endswith(b"\xff\xd9"):
-            raise RequestError("bad_frame", f"{name}: the JPEG data is truncated (no end-of-image marker)")
-        return (height, width), lambda: blob
-
-    def decode() -> np.ndarray:
-        try:
-            with Image.open(io.BytesIO(blob), formats=ENCODED_FORMATS) as img:
-                img.load()  # a truncated file fails here rather than yielding a half-grey frame
-                return np.ascontiguousarray(np.asarray(img.convert("RGB")))
-        except Exception as e:  # PIL raises many types for corrupt data
-            raise RequestError("bad_frame", f"{name}: cannot decode image bytes ({type(e).__name__}: {e})") from None
-
-    return (height, width), decode
-
-
-def decode_frame(blob: Any, spec: Any, limits: Limits, index: int) -> np.ndarray:
-    """One frame spec + blob -> uint8 [H, W, 3] RGB, with the pixel count checked before decoding."""
-    return open_frame(blob, spec, limits, index)[1]()
-
-
 def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits, reserve=None,
                      keep_jpeg: bool = False) -> Submission:
     """Validate a request from the wire. Raises RequestError naming the first bad input.
     reserve(pixels) -> release: called once the decoded size is known and before decoding, to take
     that many pixels from the server's budget (it raises RequestError when the budget is spent);
-    the returned release is the Submission's, called here if decoding fails."""
+    the returned release is the Submission's, called here if decoding fails. The pixels taken are the
+    frames' own plus the decoder's transient of the largest frame (frames decode one at a time); the
+    whole stays taken until the release, which also covers the preprocessing's own copies."""
     if kind not in KINDS:
         raise RequestError("bad_argument", f"kind must be one of {KINDS}, got {kind!r}")
     spec = _parse_spec(spec_json, limits)
@@ -262,46 +260,31 @@ def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits, rese
     for name, value in (("adapter", adapter), ("task", task), ("app", app), ("tag", tag)):
         if value is not None and (not isinstance(value, str) or len(value) > 256):
             raise RequestError("bad_argument", f"{name} must be a string of at most 256 characters or null")
+    for name in TEXT_FIELDS:
+        if isinstance(spec.get(name), str):
+            _check_text(name, spec[name])
     if adapter is not None:
         check_adapter_name(adapter)
     if mode not in OUTPUT_MODES:
-        raise RequestError("bad_argument", f"output_mode must be one of {OUTPUT_MODES}, got {mode!r}")
+        raise RequestError("bad_argument", f"output_mode must be one of {OUTPUT_MODES}, got {str(mode)[:64]!r}")
     slo = spec.get("slo_ms")
-    if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < 1e9):
-        raise RequestError("bad_argument", f"slo_ms must be a positive number of milliseconds, got {slo!r}")
+    if slo is not None:
+        slo = _bounded("slo_ms", slo, float, *SLO_MS_BOUNDS)
     sampling = _sampling(spec.get("sampling"), limits)
     # every check that needs no pixels is done: read the frames' sizes, then decode within the budget
     opened = [open_frame(b, s, limits, i, keep_jpeg and kind == "video") for i, (b, s) in enumerate(zip(blobs, specs))]
-    if kind == "video" and len({size for size, _ in opened}) > 1:
+    if kind == "video" and len({f.size for f in opened}) > 1:
         raise RequestError("bad_frame", "the frames of a video chunk must share one shape, got "
-                                        f"{sorted({(h, w, 3) for (h, w), _ in opened})}")
-    pixels = sum(h * w for (h, w), _ in opened)
+                                        f"{sorted({(h, w, 3) for (h, w), _, _ in opened})}")
+    pixels = sum(h * w for (h, w), _, _ in opened)
     if pixels > limits.max_request_pixels:
         raise RequestError("too_large", f"the {len(opened)} frames hold {pixels} pixels decoded, over the request "
                                         f"limit of {limits.max_request_pixels}")
-    release = reserve(pixels) if reserve is not None else (lambda: None)
+    transient = max((f.peak_pixels - f.size[0] * f.size[1] for f in opened), default=0)
+    release = reserve(pixels + transient) if reserve is not None else (lambda: None)
     try:
-        frames = [decode() for _, decode in opened]
+        frames = [f.decode() for f in opened]
     except BaseException:
         release()
         raise
-    return Submission(kind, prompt, frames, adapter, task, mode, sampling, app, None if slo is None else float(slo),
-                      tag, release)
-
-
-def encode_frame(frame: np.ndarray, encoding: str = "png", quality: int = 90) -> tuple[dict[str, Any], bytes]:
-    """Client side: an RGB uint8 [H, W, 3] array -> (spec, blob). `png` and `raw` are lossless."""
-    if not isinstance(frame, np.ndarray) or frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
-        raise ValueError(f"a frame must be a uint8 [H, W, 3] RGB array, got "
-                         f"{getattr(frame, 'dtype', type(frame).__name__)} {getattr(frame, 'shape', '')}")
-    if encoding == "raw":
-        return {"format": "raw", "shape": list(frame.shape), "dtype": "uint8"}, np.ascontiguousarray(frame).tobytes()
-    if encoding not in ("png", "jpeg"):
-        raise ValueError(f"encoding must be png, jpeg or raw, got {encoding!r}")
-    import cv2
-
-    params = [cv2.IMWRITE_JPEG_QUALITY, quality] if encoding == "jpeg" else []
-    ok, buf = cv2.imencode("." + ("jpg" if encoding == "jpeg" else "png"), frame[:, :, ::-1], params)
-    if not ok:
-        raise ValueError(f"OpenCV could not encode a frame of shape {frame.shape} as {encoding}")
-    return {"format": "encoded"}, buf.tobytes()
+    return Submission(kind, prompt, frames, adapter, task, mode, sampling, app, slo, tag, release)

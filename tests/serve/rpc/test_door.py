@@ -133,16 +133,25 @@ class Flood:
 def test_a_flood_from_one_address_never_locks_out_another(server, trickle, reopen):
     # today: 64 idle sockets (the handshake limit) refused 79 of 80 real clients' connections; now
     # at most rpc.max_handshakes_per_address of one address wait, a new one displacing the longest idle
+    threads = _threads(server)
     flood = Flood(server.port, trickle, reopen)
     try:
         time.sleep(0.5)  # the server accepts (and drops) the flood meanwhile
+        assert _threads(server) <= threads + 2  # pending sockets cost no thread (they had one each)
         waits = [_served_in(server.port) for _ in range(5)]
+        print(f"flood {'trickling' if trickle else 'idle'}, {'reopened' if reopen else 'once'}: answered in "
+              f"{', '.join(f'{w * 1e3:.0f}' for w in waits)} ms; {flood.opened} opened, {flood.dropped} dropped")
         assert max(waits) < 1.0, waits
         assert _generates(server.port)
         assert flood.dropped >= FLOOD - 64, (flood.opened, flood.dropped)  # the door kept only a few
     finally:
         flood.close()
     assert server.alive()
+
+
+def _threads(server) -> int:
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
 
 
 def test_an_idle_authenticated_connection_is_closed(server):

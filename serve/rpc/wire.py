@@ -21,7 +21,6 @@ with its position, here rather than by the tokenizer's own message.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -61,8 +60,8 @@ class Limits:
     max_prompt_chars: int = 8192
     max_new_tokens: int = 1024
     # the work of decoding one encoded frame (serve.rpc.frames): a progressive JPEG's decoder passes
-    # over the whole image once per scan (real files have ~10; 64 empty scans of 4K cost ~30 ms, 100,000
-    # cost 43 s); a PNG's chunks are walked one by one (libpng writes 8 KB of image data per chunk);
+    # over the whole image once per scan (real files have ~10; an empty one costs ~0.5 ms at 4K: 64 cost
+    # ~30 ms, 100,000 ~50 s); a PNG's chunks are walked one by one (libpng writes 8 KB of image data per chunk);
     # and a decode that still runs past max_decode_cpu_s of CPU time is stopped (4K: 0.1-0.3 s)
     max_jpeg_scans: int = 64
     max_png_chunks: int = 65536

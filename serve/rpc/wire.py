@@ -229,8 +229,9 @@ def parse_submission(kind: str, spec_json: Any, blobs: Any, limits: Limits, rese
     reserve(pixels) -> release: called once the decoded size is known and before decoding, to take
     that many pixels from the server's budget (it raises RequestError when the budget is spent);
     the returned release is the Submission's, called here if decoding fails. The pixels taken are the
-    frames' own plus the decoder's transient of the largest frame (frames decode one at a time); the
-    whole stays taken until the release, which also covers the preprocessing's own copies."""
+    frames' own plus the decoder's transient of the largest frame (frames decode one at a time), all in
+    one reservation held until the release: giving the transient back after decoding would need a
+    second reservation, which could be refused with the decoding already paid for."""
     if kind not in KINDS:
         raise RequestError("bad_argument", f"kind must be one of {KINDS}, got {kind!r}")
     spec = _parse_spec(spec_json, limits)

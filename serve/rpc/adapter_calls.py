@@ -83,8 +83,8 @@ class AdapterCalls:
             base = base / tenant.name
         directory = (base / path).resolve()
         if directory != base and base not in directory.parents:
-            raise RequestError("forbidden", "the adapter path must lie under this tenant's folder of the server's "
-                                            "adapter root")
+            raise RequestError("forbidden", "the adapter path must lie under the server's adapter root" +
+                               ("" if tenant.operator else ", in this tenant's own folder there"))
         return directory, base
 
     @guarded

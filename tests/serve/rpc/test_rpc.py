@@ -157,7 +157,7 @@ def test_bad_input_is_answered_to_its_client_and_frees_everything(server, client
     _expect(client, "bad_argument", "submit_image", 42, ())
     _expect(client, "bad_argument", "submit_image", json.dumps({"prompt": "hi", "frames": []}))  # missing argument
     _expect(client, "unknown_request", "poll", "c0-999", 0.0)
-    with pytest.raises(ServerError, match="not loaded"):  # the engine refuses an adapter it does not serve
+    with pytest.raises(ServerError, match="no adapter 'no-such-adapter'"):  # refused at the door: none by that name
         client.submit_image("Count.", [_image(5)], adapter="no-such-adapter").result(30)
     # over the per-connection limit (4 in flight)
     streams = [client.submit_image("Describe it.", [_image(6)], sampling={"max_tokens": 200, "ignore_eos": True})

@@ -14,6 +14,7 @@ import inspect
 import json
 import logging
 
+from .gate import GATE
 from .logs import clip
 from .wire import RequestError
 
@@ -76,7 +77,7 @@ def guarded(method):
     """Turn any failure into an error reply for this client alone. Replies name the method and what
     was wrong, never the server's internals (reprs, exception text) or the client's arguments."""
 
-    def wrapper(self, *args, **kwargs):
+    def checked(self, args, kwargs):
         if kwargs or not all(_plain(a) for a in args):
             self.state.count("errors_bad_argument")
             return error("bad_argument", f"{_signature(method)} takes plain values (str, bytes, numbers, tuples) "
@@ -95,6 +96,12 @@ def guarded(method):
                       exc_info=True)
             self.state.count("errors_internal")
             return error("internal", f"the server failed on this call (incident {incident}, in its log)")
+
+    def wrapper(self, *args, **kwargs):
+        # connection threads take turns with the engine's, tenants with each other (serve/rpc/gate.py)
+        tenant = getattr(self, "tenant", None)
+        with GATE.call(self.conn_id, getattr(tenant, "name", None), getattr(tenant, "weight", 1.0)):
+            return checked(self, args, kwargs)
 
     wrapper.__name__ = method.__name__
     wrapper.__doc__ = method.__doc__

@@ -1,0 +1,224 @@
+"""The connection threads' turns at the interpreter, so that no client's calls can slow the engine.
+
+Every RPC call runs on its connection's thread, and the engine's step loop (serve/rpc/loop.py) is
+one more thread of the same process: CPython runs one thread's bytecode at a time, so 32
+connections calling `poll` in a loop left the engine thread a sliver of the interpreter and a
+victim's request slowed 10-20 fold with no engine work queued at all. A shorter interpreter
+switch interval does not help (every runnable thread still takes its turn; bench/fairness.py).
+The gate bounds the connection threads instead:
+
+- **slots**: at most `slots` threads run service code at once; the others wait asleep (a thread
+  blocked on a lock costs the interpreter nothing);
+- **share**: together they use at most `share` of the wall clock (their CPU time inside the gate,
+  plus `overhead_s` per call for the protocol work around it); past that the next call waits,
+  asleep, while the engine thread runs;
+- **fair order**: waiting calls go in by start-time fair queueing over tenants (a tenant's turns
+  follow its weight), and over the connections of a tenant, one call per turn: a tenant whose
+  32 connections call in a loop gets as many turns as another tenant's one connection, so a flood
+  slows the flooding tenant, not the others.
+
+A blocking wait inside a call (poll's wait for events, a call run on the engine thread) must not
+hold a slot: wrap it in `with GATE.released(): ...`. `guarded` (serve/rpc/replies.py) enters the
+gate around every exposed method; `configure` sets the process-wide gate's limits.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+
+MAX_REMEMBERED = 4096  # tenants / connections whose virtual time is kept (the idle ones are forgotten)
+# a call waiting while every slot has been held this long goes in anyway: a blocking wait left
+# inside a call (not wrapped in released()) or a very long call stalls the others at most this long
+STUCK_S = 0.05
+
+
+class _Ticket(threading.Event):
+    gone = False  # went in over the limit (the slots were stuck): the hand-off skips it
+
+
+class Gate:
+    def __init__(self, slots: int = 1, share: float = 0.3, overhead_s: float = 100e-6, burst_s: float = 0.02):
+        self._check(slots, share, overhead_s, burst_s)
+        self.slots, self.share, self.overhead_s, self.burst_s = slots, share, overhead_s, burst_s
+        self._lock = threading.Lock()
+        self._free = slots
+        self._queues: dict = {}  # tenant -> heap of (connection's virtual start, arrival, Event)
+        self._arrival = itertools.count()
+        self._tenant_v: dict = {}  # tenant -> virtual time of its next turn
+        self._conn_v: dict = {}  # connection -> its virtual time among its tenant's connections
+        self._now_v = 0.0  # virtual time of the latest turn given: an idle tenant comes back at it
+        self._budget = burst_s  # seconds the connection threads may still use before they pace
+        self._refilled = time.monotonic()
+        self._local = threading.local()  # per thread: depth of nested enters, who, CPU at entry
+        self._inside: dict[int, float] = {}  # thread -> when its call went in (after pacing)
+        self._pacing = 0  # threads holding a slot asleep in _pace
+        self.counters: Counter = Counter()  # calls, waited (calls that queued), paced_s, stuck
+
+    @staticmethod
+    def _check(slots, share, overhead_s, burst_s) -> None:
+        if type(slots) is not int or slots < 1:
+            raise ValueError(f"gate slots must be an integer >= 1, got {slots!r}")
+        if not 0.01 <= share <= 1.0:
+            raise ValueError(f"gate share must lie in [0.01, 1] (of the wall clock), got {share!r}")
+        if not 0 <= overhead_s <= 0.1 or not 0 < burst_s <= 10:
+            raise ValueError("gate overhead_s must lie in [0, 0.1] s and burst_s in (0, 10] s")
+
+    # ---- a call's turn ---------------------------------------------------------------------------
+    def enter(self, connection, tenant=None, weight: float = 1.0) -> None:
+        """Waits for a slot (in fair order) and for the share to allow one more call."""
+        loc = self._local
+        if getattr(loc, "depth", 0):  # nested (a gated method calling another): one turn
+            loc.depth += 1
+            return
+        with self._lock:
+            self.counters["calls"] += 1
+            ticket = None
+            if self._free > 0 and not self._queues:
+                self._free -= 1
+                self._now_v = max(self._now_v, self._tenant_v.get(tenant, 0.0))
+            else:
+                if tenant not in self._queues:  # a tenant with no call waiting starts at the present turn
+                    self._tenant_v[tenant] = max(self._tenant_v.get(tenant, 0.0), self._now_v)
+                mine = self._queues.setdefault(tenant, [])
+                start = max([self._conn_v.get(connection, 0.0)] + [v for v, _, _ in mine[:1]])
+                ticket = _Ticket()
+                heapq.heappush(mine, (start, next(self._arrival), ticket))
+                self.counters["waited"] += 1
+        if ticket is not None:
+            self._wait_turn(ticket)
+        self._pace()
+        with self._lock:
+            self._inside[threading.get_ident()] = time.monotonic()
+        loc.depth, loc.who, loc.cpu = 1, (connection, tenant, weight), time.thread_time()
+
+    def _wait_turn(self, ticket: _Ticket) -> None:
+        """Until leave() hands a slot over (sets the ticket), or every slot is stuck."""
+        while not ticket.wait(STUCK_S):
+            with self._lock:
+                if ticket.is_set():
+                    return
+                now = time.monotonic()
+                if self._inside and not self._pacing and all(now - t > STUCK_S for t in self._inside.values()):
+                    ticket.gone = True
+                    self._free -= 1  # over the limit; the stuck ones give theirs back as they leave
+                    self.counters["stuck"] += 1
+                    return
+
+    def leave(self) -> None:
+        loc = self._local
+        loc.depth -= 1
+        if loc.depth:
+            return
+        connection, tenant, weight = loc.who
+        cost = time.thread_time() - loc.cpu + self.overhead_s
+        with self._lock:
+            self._inside.pop(threading.get_ident(), None)
+            # turns count calls, a cheap poll and a costly submit alike; the share counts their CPU
+            self._tenant_v[tenant] = max(self._tenant_v.get(tenant, 0.0), self._now_v) + 1.0 / max(weight, 0.01)
+            self._conn_v[connection] = self._conn_v.get(connection, 0.0) + 1.0
+            # one long call (a large frame's decoding) owes at most a burst: the calls after it wait
+            # at most burst_s / share, not for the whole of its cost
+            self._budget = max(-self.burst_s, self._budget - cost)
+            self._free += 1
+            self._admit_waiting()
+            if len(self._tenant_v) + len(self._conn_v) > MAX_REMEMBERED:
+                self._forget_idle()
+
+    def _admit_waiting(self) -> None:
+        """Hands free slots to the waiting calls: the tenant furthest behind, its connection furthest
+        behind (lock held)."""
+        while self._free > 0 and self._queues:
+            tenant = min(self._queues, key=lambda t: (self._tenant_v[t], self._queues[t][0][1]))
+            mine = self._queues[tenant]
+            _, _, ticket = heapq.heappop(mine)
+            if not mine:
+                del self._queues[tenant]
+            if ticket.gone:
+                continue
+            self._free -= 1
+            self._now_v = max(self._now_v, self._tenant_v[tenant])
+            ticket.set()
+
+    def _forget_idle(self) -> None:
+        """Drops the virtual times of tenants no longer ahead of the present turn (they would start at
+        it anyway) and of connections with no call waiting."""
+        waiting = {t for t in self._queues}
+        self._tenant_v = {t: v for t, v in self._tenant_v.items() if t in waiting or v > self._now_v}
+        self._conn_v = dict(sorted(self._conn_v.items(), key=lambda kv: kv[1])[-MAX_REMEMBERED // 2:])
+
+    def _pace(self) -> None:
+        """Holding a slot: sleeps while the connection threads are over their share of the clock."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                self._budget = min(self.burst_s, self._budget + (now - self._refilled) * self.share)
+                self._refilled = now
+                owed = -self._budget
+                if owed <= 0:
+                    return
+                self._pacing += 1
+            wait = owed / self.share
+            self.counters["paced_s"] += wait
+            try:
+                time.sleep(wait)
+            finally:
+                with self._lock:
+                    self._pacing -= 1
+
+    @contextmanager
+    def call(self, connection, tenant=None, weight: float = 1.0):
+        """One call of `connection` (of `tenant`, whose turns follow `weight`) through the gate."""
+        self.enter(connection, tenant, weight)
+        try:
+            yield
+        finally:
+            self.leave()
+
+    @contextmanager
+    def released(self):
+        """Inside a call: gives the slot back around a blocking wait and queues again after it.
+        Outside any call it does nothing."""
+        loc = self._local
+        depth = getattr(loc, "depth", 0)
+        if not depth:
+            yield
+            return
+        who = loc.who
+        loc.depth = 1
+        self.leave()
+        try:
+            yield
+        finally:
+            self.enter(*who)
+            loc.depth = depth
+
+    def held(self) -> bool:
+        """Whether this thread is inside a call now."""
+        return bool(getattr(self._local, "depth", 0))
+
+    def in_use(self) -> int:
+        """Slots taken now."""
+        with self._lock:
+            return self.slots - self._free
+
+    def configure(self, slots: int, share: float, overhead_s: float, burst_s: float) -> None:
+        """New limits, in place: calls inside keep their slots (fewer slots take effect as they leave)."""
+        self._check(slots, share, overhead_s, burst_s)
+        with self._lock:
+            self._free += slots - self.slots
+            self.slots, self.share, self.overhead_s, self.burst_s = slots, share, overhead_s, burst_s
+            self._admit_waiting()
+
+
+GATE = Gate()
+
+
+def configure(slots: int = 1, share: float = 0.3, overhead_s: float = 100e-6, burst_s: float = 0.02) -> Gate:
+    """Sets the process-wide gate's limits (the server calls it before it accepts connections)."""
+    GATE.configure(slots, share, overhead_s, burst_s)
+    return GATE

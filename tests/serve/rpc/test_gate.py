@@ -1,0 +1,161 @@
+"""The gate in front of service code: at most K calls inside, blocking waits outside, tenants taking
+turns, the connection threads' share of the clock, and every exposed method going through it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from serve.rpc.gate import GATE, Gate
+from serve.rpc.replies import guarded
+
+
+def _run_all(targets):
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_at_most_slots_calls_run_inside_at_once():
+    gate = Gate(slots=2, share=1.0)
+    inside, peak, lock = [0], [0], threading.Lock()
+
+    def call(i):
+        with gate.call(f"c{i}", "t"):
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            time.sleep(0.01)
+            with lock:
+                inside[0] -= 1
+
+    _run_all([lambda i=i: call(i) for i in range(8)])
+    assert peak[0] == 2 and gate.in_use() == 0 and gate.counters["calls"] == 8
+
+
+def test_a_blocking_wait_inside_released_holds_no_slot():
+    gate = Gate(slots=1, share=1.0)
+    waiting, go, other_done = threading.Event(), threading.Event(), threading.Event()
+
+    def poller():
+        with gate.call("c1", "t"):
+            with gate.released():  # e.g. poll waiting for its request's events
+                assert not gate.held() and gate.in_use() == 0
+                waiting.set()
+                go.wait(5)
+            assert gate.held()
+
+    t = threading.Thread(target=poller)
+    t.start()
+    assert waiting.wait(5)
+    with gate.call("c2", "t"):  # the one slot is free while c1 waits
+        other_done.set()
+    go.set()
+    t.join(5)
+    assert other_done.is_set() and gate.in_use() == 0
+    with gate.released():  # outside any call: nothing to give back
+        assert not gate.held()
+
+
+def test_a_wait_left_inside_a_call_stalls_the_others_only_briefly():
+    gate = Gate(slots=1, share=1.0)
+    inside, go = threading.Event(), threading.Event()
+
+    def stuck():
+        with gate.call("c1", "t"):  # blocks without released(): the slot looks stuck
+            inside.set()
+            go.wait(5)
+
+    t = threading.Thread(target=stuck)
+    t.start()
+    assert inside.wait(5)
+    start = time.monotonic()
+    with gate.call("c2", "t"):
+        waited = time.monotonic() - start
+    go.set()
+    t.join(5)
+    assert waited < 1.0 and gate.counters["stuck"] == 1 and gate.in_use() == 0
+
+
+def test_a_tenant_calling_now_and_then_goes_ahead_of_a_flooding_tenant():
+    gate = Gate(slots=1, share=1.0)
+    order, lock = [], threading.Lock()
+    gate.enter("holder", "flood")  # the slot is taken: everyone below queues
+
+    def call(conn, tenant):
+        with gate.call(conn, tenant):
+            with lock:
+                order.append(tenant)
+
+    flood = [threading.Thread(target=call, args=(f"f{i}", "flood")) for i in range(8)]
+    for t in flood:
+        t.start()
+    while gate.counters["waited"] < 8:
+        time.sleep(0.001)
+    victim = threading.Thread(target=call, args=("v", "victim"))
+    victim.start()
+    while gate.counters["waited"] < 9:
+        time.sleep(0.001)
+    gate.leave()
+    for t in (*flood, victim):
+        t.join(5)
+    assert len(order) == 9 and order.index("victim") <= 1  # not behind the flood's 8 queued calls
+
+
+def test_the_connection_threads_use_at_most_their_share_of_the_clock():
+    def burn(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    def run(share):
+        gate = Gate(slots=1, share=share, overhead_s=0.0, burst_s=0.005)
+        start = time.monotonic()
+        for _ in range(20):  # one connection calling in a loop, 2 ms of CPU a call: 40 ms of CPU
+            with gate.call("c", "t"):
+                burn(0.002)
+        return time.monotonic() - start, gate.counters["paced_s"]
+
+    free, _ = run(1.0)
+    paced, slept = run(0.2)
+    assert slept > 0.1 and paced > 0.15 and paced > 2 * free  # 40 ms of CPU at 20%: ~0.2 s of clock
+
+
+def test_bad_limits_are_refused_with_the_value_named():
+    with pytest.raises(ValueError, match="slots"):
+        Gate(slots=0)
+    with pytest.raises(ValueError, match="share"):
+        Gate(share=0.0)
+    with pytest.raises(ValueError, match="share"):
+        GATE.configure(1, 5.0, 1e-4, 0.02)
+    assert GATE.share == 0.3  # a refused configure changes nothing
+
+
+def test_every_exposed_method_runs_inside_the_gate_and_gives_its_slot_back():
+    class Counts:
+        def count(self, key):
+            pass
+
+    class Service:
+        conn_id = "c0"
+        state = Counts()
+
+        @guarded
+        def exposed_ok(self):
+            return {"held": GATE.held(), "in_use": GATE.in_use()}
+
+        @guarded
+        def exposed_fails(self):
+            raise RuntimeError("boom")
+
+    svc = Service()
+    svc.state.ids = iter(range(10))
+    assert svc.exposed_ok() == {"held": True, "in_use": 1}
+    assert '"internal"' in svc.exposed_fails()
+    assert '"bad_argument"' in svc.exposed_ok(object())  # refused arguments go through the gate too
+    assert GATE.in_use() == 0 and not GATE.held()

@@ -159,6 +159,9 @@ class VLoRAService(AdapterCalls, rpyc.Service):
                           priority=self.state.limits.priority(sub.app), request_id=request_id, owner=self.conn_id,
                           tenant=tenant.name, tenant_weight=tenant.weight,
                           tenant_max_running=tenant.quotas.in_flight)
+        refused = self.state.loop.refuses(request)  # its kind made a step fail before: it costs no one again
+        if refused is not None:
+            raise RequestError("rejected", refused)
         decoded = time.perf_counter()
         prepare = getattr(self.state.loop.engine, "prepare", None)
         prepared = None

@@ -8,7 +8,8 @@ dotted name and two addresses, `hash()` gave an address away, and the safe-attri
 
 - references carry opaque id packs (a neutral name and a per-connection counter);
 - GETATTR / CALLATTR reach only the service's own exposed methods (`poll` or `exposed_poll`);
-  no underscore name, no attribute of anything else;
+  no underscore name, no attribute of anything else; a client holds at most MAX_REFERENCES
+  method references at once (RPyC kept every one until the client released it);
 - CALL runs only such an exposed method; DIR and INSPECT list only exposed names (no docstrings);
 - REPR / STR answer a fixed text, HASH the opaque id's hash;
 - every other request (setattr, delattr, cmp, instancecheck, pickle, iteration, slicing,
@@ -30,6 +31,7 @@ from .logs import clip
 
 ROOT_NAME = "vlora_service"  # what the client sees as the root's class name: resolves to nothing there
 METHOD_NAME = "builtins.method"  # a plain method: the client's built-in proxy class, no INSPECT round trip
+MAX_REFERENCES = 1024  # objects a client holds by reference at once (each getattr of a method makes one)
 OWN_EXPOSED = frozenset(n for n in dir(Service) if n.startswith("exposed_"))  # RPyC's, not ours
 PLAIN_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError, LookupError, RuntimeError,
                 TimeoutError, NotImplementedError)
@@ -101,7 +103,11 @@ class SealedConnection(Connection):
                 and obj.__name__[len(self._config["exposed_prefix"]):] in self._exposed)
 
     def _handle_getattr(self, obj, name):
-        return getattr(obj, self._exposed_name(obj, name))
+        name = self._exposed_name(obj, name)
+        if len(self._packs) >= MAX_REFERENCES:  # a client that never lets go must not grow the server
+            raise Refused(f"this connection holds {len(self._packs)} references to the server's methods; "
+                          "release some (call methods by name) before asking for more")
+        return getattr(obj, name)
 
     def _handle_callattr(self, obj, name, args, kwargs=()):
         return self._handle_call(self._handle_getattr(obj, name), args, kwargs)

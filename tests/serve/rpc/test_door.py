@@ -215,3 +215,20 @@ def test_introspection_tells_nothing_about_the_server(server):
         assert json.loads(root.health())["ok"] and json.loads(method("c0-0", 0.0))["ok"] is False
     finally:
         conn.close()
+
+
+def test_references_a_client_holds_are_bounded(server):
+    # every getattr of a method left one object in the server's table until the client let go of it
+    from serve.rpc.sealed import MAX_REFERENCES
+
+    conn = _connect(server.port)
+    try:
+        held = []
+        with pytest.raises(AttributeError, match="references"):
+            for _ in range(MAX_REFERENCES + 1):
+                held.append(conn.sync_request(consts.HANDLE_GETATTR, conn.root, "health"))
+        assert len(held) == MAX_REFERENCES - 1  # the root is one
+        held.clear()  # released: calls go on
+        assert json.loads(conn.root.health())["ok"]
+    finally:
+        conn.close()

@@ -15,7 +15,14 @@ admission, `release` when it finishes, is preempted or aborted), so a slot is ne
 under a running sequence. Head-mode sequences (`prefill_only`) finish with reason "head" once
 their prompt is computed.
 
-The policy says only who comes first. An orchestrator (serve/engine/planner.py) may
+Tenants (serve/engine/tenancy.py): the step's prompt tokens are shared by deficit round robin
+over flows, a flow being a tenant's connection (`Sequence.tenant`, `owner`): tenants by their
+weight, a tenant's share split between its connections with work, tokens nobody wants going
+round again. A flow with nothing running is admitted first (and `_make_room` frees it a slot of
+a full batch), and at most `tenant_max_running` of a tenant's sequences run at once. With one
+flow every token is its own and the step is what it was before tenants.
+
+The policy (serve/engine/order.py) says only who comes first. An orchestrator (serve/engine/planner.py) may
 also hand `schedule` a `StepPlan`: running sequences it pauses are left out of the step (they
 keep their blocks), and only the waiting sequences it lists are admitted, in its order.
 """
@@ -26,56 +33,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
+from .order import ArrivalOrder, FairShare, SchedulingPolicy, fair_interleave  # noqa: F401 (imported from here too)
 from .sequence import Sequence, SequenceStatus
-from .tenancy import FairShares, flow_of
-
-
-class SchedulingPolicy:
-    """Priority order of sequences: the first is served first and preempted last. (The
-    orchestrator's policies, serve.orchestrator, decide modes and admission above this order.)"""
-
-    name = "base"
-
-    def order(self, seqs: list[Sequence]) -> list[Sequence]:
-        raise NotImplementedError
-
-
-class ArrivalOrder(SchedulingPolicy):
-    name = "fcfs"
-
-    def order(self, seqs: list[Sequence]) -> list[Sequence]:
-        return sorted(seqs, key=lambda s: (s.arrival_time, s.seq_id))
-
-
-class FairShare(SchedulingPolicy):
-    """Owners take turns: each owner's sequences keep their arrival order, and the k-th of every
-    owner comes before the (k+1)-th of any (ties by arrival). One client's backlog of hundreds
-    therefore waits behind another client's single request instead of ahead of it; with one owner
-    (or none set) this is arrival order."""
-
-    name = "fair"
-
-    def order(self, seqs: list[Sequence]) -> list[Sequence]:
-        turn: dict[str | None, int] = {}
-        keyed = []
-        for seq in sorted(seqs, key=lambda s: (s.arrival_time, s.seq_id)):
-            k = turn.get(seq.owner, 0)
-            turn[seq.owner] = k + 1
-            keyed.append((k, seq.arrival_time, seq.seq_id, seq))
-        return [item[-1] for item in sorted(keyed, key=lambda item: item[:3])]
-
-
-def fair_interleave(request_ids: list[str], owner_of) -> list[str]:
-    """`request_ids` (an order decided elsewhere, e.g. by an orchestrator policy) with owners
-    taking turns: each owner's ids keep their relative order."""
-    turn: dict = {}
-    keyed = []
-    for i, rid in enumerate(request_ids):
-        owner = owner_of(rid)
-        k = turn.get(owner, 0)
-        turn[owner] = k + 1
-        keyed.append((k, i, rid))
-    return [rid for _, _, rid in sorted(keyed)]
+from .tenancy import FairShares, flow_of, newcomers_first
 
 
 class AdapterGate:
@@ -248,16 +208,7 @@ class Scheduler:
             candidates = [by_id[r] for r in plan.admit if r in by_id]
         if fair_victims:  # the slots they freed are the newcomers': they wait at least this step
             candidates = [seq for seq in candidates if seq not in fair_victims]
-        # a flow with nothing running goes first with its first candidate (the slots _make_room freed
-        # are for these), the rest keep their order; with one flow the order stays as it is
-        holding = {flow_of(seq) for seq in running}
-        first = {}
-        for seq in candidates:
-            first.setdefault(flow_of(seq), seq)
-        newcomers = [seq for f, seq in first.items() if f not in holding]
-        if newcomers:
-            chosen = set(map(id, newcomers))
-            candidates = newcomers + [seq for seq in candidates if id(seq) not in chosen]
+        candidates = newcomers_first(candidates, running)  # the slots _make_room freed are theirs
         # the step's prompt tokens, shared out between flows (serve/engine/tenancy.py)
         decodes = sum(seq.num_computed_tokens >= seq.prompt_len for seq in active)
         capacity = max(0, min(budget - decodes, prefill))

@@ -26,6 +26,20 @@ def flow_of(seq: Sequence) -> Flow:
     return (seq.tenant, seq.owner)
 
 
+def newcomers_first(candidates: list[Sequence], running: list[Sequence]) -> list[Sequence]:
+    """The first candidate of each flow with nothing running, then the rest in their order (with
+    one flow the order stays as it is)."""
+    holding = {flow_of(seq) for seq in running}
+    first: dict = {}
+    for seq in candidates:
+        first.setdefault(flow_of(seq), seq)
+    newcomers = [seq for f, seq in first.items() if f not in holding]
+    if not newcomers:
+        return candidates
+    chosen = set(map(id, newcomers))
+    return newcomers + [seq for seq in candidates if id(seq) not in chosen]
+
+
 def water_fill(demands: dict, weights: dict, capacity: int, order: list) -> dict:
     """Integer tokens per flow: rounds in which every flow still wanting tokens gets its weighted
     share of what is left (at least 1), never more than it wants, until the capacity or the

@@ -53,12 +53,7 @@ class HandshakeDoor:
 
     def __init__(self, listener: socket.socket, on_line: Callable, on_drop: Callable, on_accept_error: Callable,
                  max_total: int, max_per_address: int, first_byte_timeout_s: float, handshake_timeout_s: float):
-        if max_total < 1 or max_per_address < 1:
-            raise ValueError(f"handshake bounds must be at least 1 (max_handshakes={max_total}, "
-                             f"max_handshakes_per_address={max_per_address})")
-        if not (0 < first_byte_timeout_s and 0 < handshake_timeout_s):
-            raise ValueError(f"handshake deadlines must be positive (first_byte_timeout_s={first_byte_timeout_s}, "
-                             f"handshake_timeout_s={handshake_timeout_s})")
+        self.check(max_total, max_per_address, first_byte_timeout_s, handshake_timeout_s)
         self.listener, self.on_line, self.on_drop, self.on_accept_error = listener, on_line, on_drop, on_accept_error
         self.max_total, self.max_per_address = max_total, max_per_address
         self.handshake_timeout_s = handshake_timeout_s
@@ -70,6 +65,16 @@ class HandshakeDoor:
         listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ)
+
+    @staticmethod
+    def check(max_total: int, max_per_address: int, first_byte_timeout_s: float, handshake_timeout_s: float) -> None:
+        for name, value in (("rpc.max_handshakes", max_total), ("rpc.max_handshakes_per_address", max_per_address)):
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        for name, value in (("rpc.first_byte_timeout_s", first_byte_timeout_s),
+                            ("rpc.handshake_timeout_s", handshake_timeout_s)):
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ValueError(f"{name}={value!r}: must be a positive number of seconds")
 
     # ---- the loop's step -----------------------------------------------------------------------
     def wait(self, timeout: float) -> None:

@@ -83,8 +83,10 @@ class GuardedServer(ThreadedServer):
     def __init__(self, *args, max_handshakes: int = 64, max_handshakes_per_address: int = 16,
                  first_byte_timeout_s: float = 1.0, handshake_timeout_s: float = 5.0, idle_timeout_s: float = 300.0,
                  max_message_bytes: int = 64 << 20, **kwargs):
-        if not idle_timeout_s > 0:
-            raise ValueError(f"idle_timeout_s must be positive seconds, got {idle_timeout_s}")
+        # bad settings are refused before the port is bound, each naming its key
+        HandshakeDoor.check(max_handshakes, max_handshakes_per_address, first_byte_timeout_s, handshake_timeout_s)
+        if not (isinstance(idle_timeout_s, (int, float)) and 0 < idle_timeout_s < float("inf")):
+            raise ValueError(f"rpc.idle_timeout_s={idle_timeout_s!r}: must be a positive number of seconds")
         super().__init__(*args, **kwargs)
         self.max_message_bytes, self.idle_timeout_s = max_message_bytes, idle_timeout_s
         self.door = HandshakeDoor(self.listener, self._hand_over, self._dropped, self._accept_failed,

@@ -232,3 +232,15 @@ def test_references_a_client_holds_are_bounded(server):
         assert json.loads(conn.root.health())["ok"]
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("setting", [{"max_handshakes_per_address": 0}, {"max_handshakes": 0},
+                                     {"first_byte_timeout_s": 0.0}, {"handshake_timeout_s": float("nan")},
+                                     {"idle_timeout_s": -1.0}, {"idle_timeout_s": float("inf")}])
+def test_a_bad_door_setting_is_refused_by_name(setting):
+    from serve.rpc.guarded import GuardedServer
+    from serve.rpc.service import VLoRAService
+
+    (key, value), = setting.items()
+    with pytest.raises(ValueError, match=f"rpc.{key}="):
+        GuardedServer(VLoRAService, hostname="127.0.0.1", port=0, **setting)

@@ -146,6 +146,9 @@ class Engine:
         self.step_log: deque[tuple[int, int, bool, float]] = deque(maxlen=65536)  # (seqs, tokens, decode-only, s)
         self.num_steps = 0
         self.num_generated_tokens = 0
+        # request ids of the last step's batch, None while a step is planning: when a step raises, only
+        # these can have caused a failure past planning (the RPC loop tries them alone, serve/rpc/step_failures.py)
+        self.last_batch: tuple[str, ...] | None = None
 
     # ---- modes ------------------------------------------------------------------------------------
     def _cost_profile(self, config: EngineConfig) -> CostProfile:
@@ -310,8 +313,10 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         orch = self.planner
+        self.last_batch = None  # a failure before the batch is known (planning) may come from any request
         batch = self.scheduler.schedule(orch.plan() if orch.policy is not None or orch.mode.kind != "unmerge"
                                         else None)
+        self.last_batch = tuple(seq.request_id for seq, _ in batch.entries)  # a failure from here on is theirs
         if not batch.entries:
             if self.lora is not None and self.lora.wait_pending():
                 return outputs  # only adapter swaps were pending: their requests are admitted next step

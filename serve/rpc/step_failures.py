@@ -39,21 +39,24 @@ class StepFailures:
                   exc_info=e if first else None)
 
     def _isolate(self) -> tuple[int, int]:
-        """Every request in flight is taken out and run alone until its first token; one that fails
+        """Every request in flight is taken out; the suspects (those of the failed step's batch, or all
+        when it failed before its batch was known) run alone until their first token; one that fails
         alone is answered engine_error and remembered (`_charge`); the others start over (a
         "restart" event, then their tokens from the beginning), all at once after the trial. A
         request of a kind found in this same trial is charged without a run. If no one fails alone
         (a fault of a mix of requests), all restart, and one that has lived through MAX_RESTARTS such
         failures is answered engine_error: no fault loops forever. Returns (charged, restarted)."""
+        batch = getattr(self.engine, "last_batch", None)  # a long queue outside the batch is not tried
         remaining, self._tickets = self._tickets, {}
         requests, self._requests = self._requests, {}
-        verdicts: dict[str, str | None] = {}
+        suspects = [rid for rid in remaining if not batch or rid in batch]
+        verdicts: dict[str, str | None] = dict.fromkeys(remaining)
         try:
             with self.lock:
                 for rid in remaining:
                     self.engine.abort(rid)
                 self.engine.step()  # the aborts' outputs: nobody is waiting for them
-            for rid in remaining:
+            for rid in suspects:
                 request = requests[rid]
                 known = self.culprits.refuses(request)
                 verdicts[rid] = known if known is not None else self._alone(request)
@@ -62,6 +65,9 @@ class StepFailures:
         except Exception:  # the engine fails even in a trial: everyone goes back for _fail_all
             self._tickets.update(remaining)
             raise
+        for rid in remaining:  # queued behind the batch, of a kind found now: it would only fail again
+            if verdicts[rid] is None:
+                verdicts[rid] = self.culprits.refuses(requests[rid])
         charged = sum(v is not None for v in verdicts.values())
         restarted = 0
         for rid, ticket in remaining.items():

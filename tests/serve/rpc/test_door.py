@@ -39,7 +39,8 @@ def server(tiny_zoo, vlora_home):
         pass  # the alias exists, nothing listens on port 9
     except OSError as e:
         pytest.skip(f"loopback aliases ({ATTACKER}) are not usable here: {e}")
-    proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.idle_timeout_s={IDLE_S}")
+    # one sequence at a time: a request queued behind a long one gets no event for seconds (a long poll)
+    proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.idle_timeout_s={IDLE_S}", "engine.max_batch_size=1")
     yield proc
     proc.stop()
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -62,17 +63,24 @@ def _served_in(port: int) -> float:
         conn.close()
 
 
+def _submit(conn, max_tokens: int) -> str:
+    spec = {"prompt": "How many cars?", "frames": [{"format": "raw", "shape": [32, 32, 3], "dtype": "uint8"}],
+            "sampling": {"max_tokens": max_tokens, "ignore_eos": True}}
+    return json.loads(conn.root.submit_image(json.dumps(spec), (bytes(32 * 32 * 3),)))["request_id"]
+
+
+def _finishes(conn, request_id: str, timeout_s: float = 60.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if any(e["type"] == "final" for e in json.loads(conn.root.poll(request_id, 0.5))["events"]):
+            return True
+    return False
+
+
 def _generates(port: int) -> bool:
     conn = _connect(port)
     try:
-        spec = {"prompt": "How many cars?", "frames": [{"format": "raw", "shape": [32, 32, 3], "dtype": "uint8"}],
-                "sampling": {"max_tokens": 2, "ignore_eos": True}}
-        request_id = json.loads(conn.root.submit_image(json.dumps(spec), (bytes(32 * 32 * 3),)))["request_id"]
-        for _ in range(120):
-            events = json.loads(conn.root.poll(request_id, 0.5))["events"]
-            if any(e["type"] == "final" for e in events):
-                return True
-        return False
+        return _finishes(conn, _submit(conn, 2))
     finally:
         conn.close()
 
@@ -169,6 +177,20 @@ def test_an_idle_authenticated_connection_is_closed(server):
     finally:
         active.close()
         idle.close()
+
+
+def test_a_long_poll_is_not_idle(server):
+    # the idle clock runs only between messages: a poll that waits longer than the idle timeout for
+    # a request queued behind a long one keeps its connection
+    conn = _connect(server.port)
+    try:
+        long, short = _submit(conn, 600), _submit(conn, 2)  # ~5 s of tokens on this machine's CPU, then 2
+        start = time.monotonic()
+        conn.root.poll(short, 5.0)
+        assert time.monotonic() - start > IDLE_S  # the poll outlasted the idle timeout...
+        assert _finishes(conn, short) and _finishes(conn, long)  # ...and the connection stayed
+    finally:
+        conn.close()
 
 
 LEAKS = ("VLoRA" + "Service", "serve.", "rpc", "state", "tickets", "_submit", "on_connect", "loop", "0x",

@@ -22,7 +22,7 @@ from .wire import ADAPTER_NAME, RequestError, check_adapter_name
 
 SEP = "@"
 # what list_adapters shows of an adapter: its shape and state, never where it was read from
-LISTED = ("rank", "ranks", "targets", "layers", "bytes", "heads", "tasks", "pinned", "resident", "in_host_cache",
+LISTED = ("rank", "ranks", "targets", "layers", "bytes", "heads", "tasks", "pinned", "resident", "merged", "in_host_cache",
           "running", "swaps", "version")
 
 

@@ -8,7 +8,8 @@
   logged (at most once a second) and accepting resumes after a short pause.
 - Each message: BoundedChannel refuses one over the size limit before reading or inflating it.
 - Idle: an authenticated connection that sends no message for `idle_timeout_s` is closed (a call
-  in progress, such as a long poll, is not idle), so token holders cannot sit on connection slots.
+  in progress, such as a long poll, is not idle), and so is one that stops for that long in the
+  middle of a message or stops reading its replies, so token holders cannot sit on connection slots.
 - The connection is serve.rpc.sealed's: introspection answers nothing about the server.
 """
 
@@ -61,6 +62,30 @@ class BoundedChannel(Channel):
             if inflate.unconsumed_tail:
                 raise self._refuse(f"a compressed message inflates past the limit of {self.max_bytes} bytes")
         return data
+
+
+class PatientStream(SocketStream):
+    """RPyC's socket stream, patient only up to the socket's timeout (the idle timeout): RPyC retries
+    a timed-out read forever, so a client that sent half a message and stopped held its thread and
+    connection slot for good. Here a read or a write that makes no progress for that long ends the
+    connection, as does a client that stops reading its replies."""
+
+    __slots__ = ()
+
+    def read(self, count):
+        chunks = []
+        while count > 0:
+            try:
+                buf = self.sock.recv(min(self.MAX_IO_CHUNK, count))
+            except OSError as e:  # TimeoutError among them: no byte for the idle timeout, mid-message
+                self.close()
+                raise EOFError(f"{type(e).__name__} while reading a message") from None
+            if not buf:
+                self.close()
+                raise EOFError("connection closed by peer")
+            chunks.append(buf)
+            count -= len(buf)
+        return b"".join(chunks)
 
 
 class _LineAlreadyRead:
@@ -155,7 +180,8 @@ class GuardedServer(ThreadedServer):
         # RPyC's own, with the bounded channel and the sealed connection (Service._connect's steps)
         config = dict(self.protocol_config, credentials=credentials,
                       endpoints=(sock.getsockname(), sock.getpeername()), logger=self.logger)
-        channel = BoundedChannel(SocketStream(sock), self.max_message_bytes,
+        sock.settimeout(self.idle_timeout_s)  # each read and write: see PatientStream
+        channel = BoundedChannel(PatientStream(sock), self.max_message_bytes,
                                  lambda why: self._warn(f"connection closed: {why}"))
         service = self.service()
         conn = SealedConnection(service, channel, config)

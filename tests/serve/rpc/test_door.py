@@ -8,6 +8,7 @@ import json
 import resource
 import selectors
 import socket
+import struct
 import threading
 import time
 
@@ -177,6 +178,20 @@ def test_an_idle_authenticated_connection_is_closed(server):
     finally:
         active.close()
         idle.close()
+
+
+def test_a_connection_stalled_mid_message_is_closed(server):
+    # RPyC retried a timed-out read forever: half a message, then silence, held a thread and a slot
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10, source_address=(VICTIM, 0))
+    try:
+        client_handshake(sock, TOKEN)
+        sock.sendall(struct.pack("!LB", 1000, 0) + b"x" * 10)  # RPyC's frame header: 1,000 bytes; 10 come
+        sock.settimeout(IDLE_S + 3)
+        start = time.monotonic()
+        assert sock.recv(1) == b""  # closed by the server...
+        assert time.monotonic() - start < IDLE_S + 1  # ...after the idle timeout
+    finally:
+        sock.close()
 
 
 def test_a_long_poll_is_not_idle(server):

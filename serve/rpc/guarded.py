@@ -8,8 +8,9 @@
   logged (at most once a second) and accepting resumes after a short pause.
 - Each message: BoundedChannel refuses one over the size limit before reading or inflating it.
 - Idle: an authenticated connection that sends no message for `idle_timeout_s` is closed (a call
-  in progress, such as a long poll, is not idle), and so is one that stops for that long in the
-  middle of a message or stops reading its replies, so token holders cannot sit on connection slots.
+  in progress, such as a long poll, is not idle), and so is one whose message, once begun, does
+  not come whole within that time or that stops reading its replies, so token holders cannot
+  sit on connection slots.
 - The connection is serve.rpc.sealed's: introspection answers nothing about the server.
 """
 
@@ -51,6 +52,14 @@ class BoundedChannel(Channel):
         return EOFError(why)  # RPyC's serve loop ends the connection on it, quietly
 
     def recv(self):
+        try:
+            return self._recv()
+        finally:
+            done = getattr(self.stream, "message_done", None)  # PatientStream's message deadline
+            if done is not None and not self.stream.closed:
+                done()
+
+    def _recv(self):
         header = self.stream.read(self.FRAME_HEADER.size)
         length, compressed = self.FRAME_HEADER.unpack(header)
         if length > self.max_bytes:
@@ -65,19 +74,28 @@ class BoundedChannel(Channel):
 
 
 class PatientStream(SocketStream):
-    """RPyC's socket stream, patient only up to the socket's timeout (the idle timeout): RPyC retries
-    a timed-out read forever, so a client that sent half a message and stopped held its thread and
-    connection slot for good. Here a read or a write that makes no progress for that long ends the
-    connection, as does a client that stops reading its replies."""
+    """RPyC's socket stream with a deadline per message: once a message's first byte has come, the
+    whole message must come within `patience_s` (RPyC retried a timed-out read forever, so half a
+    message, then silence or a byte now and then, held a thread and a connection slot for good).
+    A write that makes no progress for `patience_s` (a client that stops reading its replies)
+    ends the connection too."""
 
-    __slots__ = ()
+    __slots__ = ("patience_s", "deadline")
+
+    def __init__(self, sock: socket.socket, patience_s: float):
+        super().__init__(sock)
+        self.patience_s, self.deadline = patience_s, None
+        sock.settimeout(patience_s)
 
     def read(self, count):
+        if self.deadline is None:  # a message's first read
+            self.deadline = time.monotonic() + self.patience_s
         chunks = []
         while count > 0:
             try:
+                self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
                 buf = self.sock.recv(min(self.MAX_IO_CHUNK, count))
-            except OSError as e:  # TimeoutError among them: no byte for the idle timeout, mid-message
+            except OSError as e:  # TimeoutError among them: the message did not come whole in time
                 self.close()
                 raise EOFError(f"{type(e).__name__} while reading a message") from None
             if not buf:
@@ -86,6 +104,10 @@ class PatientStream(SocketStream):
             chunks.append(buf)
             count -= len(buf)
         return b"".join(chunks)
+
+    def message_done(self) -> None:
+        self.deadline = None
+        self.sock.settimeout(self.patience_s)  # for the replies' writes
 
 
 class _LineAlreadyRead:
@@ -180,8 +202,7 @@ class GuardedServer(ThreadedServer):
         # RPyC's own, with the bounded channel and the sealed connection (Service._connect's steps)
         config = dict(self.protocol_config, credentials=credentials,
                       endpoints=(sock.getsockname(), sock.getpeername()), logger=self.logger)
-        sock.settimeout(self.idle_timeout_s)  # each read and write: see PatientStream
-        channel = BoundedChannel(PatientStream(sock), self.max_message_bytes,
+        channel = BoundedChannel(PatientStream(sock, self.idle_timeout_s), self.max_message_bytes,
                                  lambda why: self._warn(f"connection closed: {why}"))
         service = self.service()
         conn = SealedConnection(service, channel, config)

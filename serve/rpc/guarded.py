@@ -140,6 +140,7 @@ class GuardedServer(ThreadedServer):
                                   max_handshakes, max_handshakes_per_address, first_byte_timeout_s,
                                   handshake_timeout_s)
         self._last_warning = 0.0
+        self._looping = False
         self.accept_errors = 0
         self.idle_closed = 0
 
@@ -151,12 +152,18 @@ class GuardedServer(ThreadedServer):
 
     # ---- the accept loop (RPyC's start() calls accept() while active) ----------------------------
     def accept(self):
+        self._looping = True
         try:
             self.door.wait(WAKE_S)
         except Exception as e:  # only close() may end the loop (RPyC's start() would stop on anything)
             self._warn(f"accept loop: {clip(f'{type(e).__name__}: {e}')}")
             time.sleep(ACCEPT_PAUSE_S)
         if not self.active:  # closed meanwhile: pending sockets go with the loop, on its own thread
+            self.door.close()
+
+    def close(self):
+        super().close()
+        if not self._looping:  # never served: no loop to close the door (its selector) behind it
             self.door.close()
 
     def _accept_failed(self, error: OSError) -> None:

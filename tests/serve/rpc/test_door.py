@@ -87,11 +87,11 @@ def _generates(port: int) -> bool:
 
 
 class Flood:
-    """FLOOD sockets from ATTACKER that never finish a handshake (a byte every 0.2 s when trickling),
-    each reopened as soon as the server drops it (when reopening), from a thread of its own."""
+    """FLOOD sockets from `sources` (ATTACKER) that never finish a handshake (a byte every 0.2 s when
+    trickling), each reopened as soon as the server drops it (when reopening), from a thread of its own."""
 
-    def __init__(self, port: int, trickle: bool, reopen: bool):
-        self.port, self.trickle, self.reopen = port, trickle, reopen
+    def __init__(self, port: int, trickle: bool, reopen: bool, sources: tuple[str, ...] = (ATTACKER,)):
+        self.port, self.trickle, self.reopen, self.sources = port, trickle, reopen, sources
         self.socks: set[socket.socket] = set()
         self.opened = self.dropped = 0
         self._stop = threading.Event()
@@ -103,7 +103,8 @@ class Flood:
 
     def _open(self) -> None:
         try:
-            sock = socket.create_connection(("127.0.0.1", self.port), timeout=1, source_address=(ATTACKER, 0))
+            source = self.sources[self.opened % len(self.sources)]
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=1, source_address=(source, 0))
         except OSError:  # the backlog is full for a moment
             return
         sock.setblocking(False)
@@ -161,6 +162,20 @@ def test_a_flood_from_one_address_never_locks_out_another(server, trickle, reope
 def _threads(server) -> int:
     with open(f"/proc/{server.proc.pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def test_a_flood_from_many_addresses_displaces_its_own_oldest(server):
+    # 200 addresses, 5 sockets each: no address reaches its bound, all of them the total one; each
+    # new socket displaces the one idle longest, so a real client's socket lives long enough
+    flood = Flood(server.port, trickle=False, reopen=True, sources=tuple(f"127.0.1.{i}" for i in range(1, 201)))
+    try:
+        time.sleep(0.5)
+        waits = [_served_in(server.port) for _ in range(5)]
+        print(f"flood from 200 addresses, reopened: answered in {', '.join(f'{w * 1e3:.0f}' for w in waits)} ms; "
+              f"{flood.opened} opened, {flood.dropped} dropped")
+        assert max(waits) < 1.0, waits
+    finally:
+        flood.close()
 
 
 def test_an_idle_authenticated_connection_is_closed(server):

@@ -19,7 +19,9 @@ from .auth import TokenAuthenticator
 from .guarded import GuardedServer
 from .logs import bound
 from .loop import EngineLoop
-from .service import ServerState, VLoRAService
+from .service import VLoRAService
+from .state import ServerState
+from .tenants import TenantRegistry
 from .wire import Limits
 
 PROTOCOL_CONFIG = {
@@ -57,13 +59,15 @@ MESSAGE_SLACK = 1 << 20  # beyond the frames' bytes: the JSON spec and RPyC's ow
 
 
 class RpcServer:
-    def __init__(self, engine, token: str, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None,
+    def __init__(self, engine, token, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None,
                  max_connections: int = 64, logger: logging.Logger | None = None):
+        """token: one token (its holder is the operator) or a TenantRegistry (serve.rpc.tenants)."""
         limits = limits or Limits()
+        tenants = token if isinstance(token, TenantRegistry) else TenantRegistry.single(token)
         self.loop = EngineLoop(engine)
-        self.state = ServerState(self.loop, limits, max_connections)
+        self.state = ServerState(self.loop, limits, max_connections, tenants)
         self._server = GuardedServer(classpartial(VLoRAService, self.state), hostname=host, port=port,
-                                     authenticator=TokenAuthenticator(token, self.state.admit,
+                                     authenticator=TokenAuthenticator(tenants, self.state.admit,
                                                                       limits.handshake_timeout_s),
                                      protocol_config=dict(PROTOCOL_CONFIG), logger=logger or _quiet_logger(),
                                      max_handshakes=limits.max_handshakes or max_connections,
@@ -72,6 +76,9 @@ class RpcServer:
                                      handshake_timeout_s=limits.handshake_timeout_s, idle_timeout_s=limits.idle_timeout_s,
                                      max_message_bytes=limits.max_message_bytes + MESSAGE_SLACK)
         _bounded_logs(self._server.logger)
+        guarded = self._server
+        self.state.door_counters = lambda: {**guarded.door.counters, "accept_errors": guarded.accept_errors,
+                                            "idle_closed": guarded.idle_closed}
         self.host, self.port = host, self._server.port
         self._thread: threading.Thread | None = None
 

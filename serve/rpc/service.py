@@ -233,6 +233,8 @@ class VLoRAService(AdapterCalls, rpyc.Service):
             server = dict(self.state.counters, connections=self.state.connections)
             pixels_in_flight = self.state.pixels_in_flight  # a gauge: JSON only (the Prometheus text counts)
         server.update({f"engine_{k}": v for k, v in self.state.loop.counters.items()})
+        if self.state.door_counters is not None:
+            server.update(self.state.door_counters())
         if fmt == "prometheus":
             return reply(text=prometheus_text(stats, server))
         if fmt != "json":

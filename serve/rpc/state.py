@@ -52,6 +52,8 @@ class ServerState:
     # the engine's adapter names, kept by the service (loads and unloads go through it), so that a
     # request's adapter resolves without a round trip to the engine's thread
     adapter_names: set[str] | None = None
+    # counters kept outside the service (the door's sockets, idle closes): () -> {name: count}
+    door_counters: Any = None
 
     def _usage(self, tenant: Tenant) -> Usage:
         return self.usage.setdefault(tenant.name, Usage())

@@ -174,6 +174,10 @@ def test_a_flood_from_many_addresses_displaces_its_own_oldest(server):
         print(f"flood from 200 addresses, reopened: answered in {', '.join(f'{w * 1e3:.0f}' for w in waits)} ms; "
               f"{flood.opened} opened, {flood.dropped} dropped")
         assert max(waits) < 1.0, waits
+        conn = _connect(server.port)
+        counters = json.loads(conn.root.metrics("json"))["server"]
+        conn.close()
+        assert counters["handshakes_displaced"] > 0 and counters["handshakes_passed"] > 0  # the operator sees the door
     finally:
         flood.close()
 

@@ -10,8 +10,9 @@ The gate bounds the connection threads instead:
 - **slots**: at most `slots` threads run service code at once; the others wait asleep (a thread
   blocked on a lock costs the interpreter nothing);
 - **share**: together they use at most `share` of the wall clock (their CPU time inside the gate,
-  plus `overhead_s` per call for the protocol work around it); past that the next call waits,
-  asleep, while the engine thread runs;
+  plus `overhead_s` per call for the protocol work around it), each tenant busy now its part by
+  weight; a tenant past its part waits, asleep and holding no slot, before its next call queues,
+  while the engine thread (and the other tenants) run: a flood pays for its own calls;
 - **fair order**: waiting calls go in by start-time fair queueing over tenants (a tenant's turns
   follow its weight), and over the connections of a tenant, one call per turn: a tenant whose
   32 connections call in a loop gets as many turns as another tenant's one connection, so a flood
@@ -42,7 +43,7 @@ class _Ticket(threading.Event):
 
 
 class Gate:
-    def __init__(self, slots: int = 1, share: float = 0.3, overhead_s: float = 100e-6, burst_s: float = 0.02):
+    def __init__(self, slots: int = 1, share: float = 0.5, overhead_s: float = 100e-6, burst_s: float = 0.02):
         self._check(slots, share, overhead_s, burst_s)
         self.slots, self.share, self.overhead_s, self.burst_s = slots, share, overhead_s, burst_s
         self._lock = threading.Lock()
@@ -52,11 +53,10 @@ class Gate:
         self._tenant_v: dict = {}  # tenant -> virtual time of its next turn
         self._conn_v: dict = {}  # connection -> its virtual time among its tenant's connections
         self._now_v = 0.0  # virtual time of the latest turn given: an idle tenant comes back at it
-        self._budget = burst_s  # seconds the connection threads may still use before they pace
-        self._refilled = time.monotonic()
+        self._budget: dict = {}  # tenant -> [seconds it may still use before it paces, refilled at, weight]
+        self._busy: dict = {}  # tenant -> (last call's time, weight): the tenants sharing the clock now
         self._local = threading.local()  # per thread: depth of nested enters, who, CPU at entry
         self._inside: dict[int, float] = {}  # thread -> when its call went in (after pacing)
-        self._pacing = 0  # threads holding a slot asleep in _pace
         self.counters: Counter = Counter()  # calls, waited (calls that queued), paced_s, stuck
 
     @staticmethod
@@ -75,6 +75,7 @@ class Gate:
         if getattr(loc, "depth", 0):  # nested (a gated method calling another): one turn
             loc.depth += 1
             return
+        self._pace(tenant, weight)
         with self._lock:
             self.counters["calls"] += 1
             ticket = None
@@ -91,7 +92,6 @@ class Gate:
                 self.counters["waited"] += 1
         if ticket is not None:
             self._wait_turn(ticket)
-        self._pace()
         with self._lock:
             self._inside[threading.get_ident()] = time.monotonic()
         loc.depth, loc.who, loc.cpu = 1, (connection, tenant, weight), time.thread_time()
@@ -103,7 +103,7 @@ class Gate:
                 if ticket.is_set():
                     return
                 now = time.monotonic()
-                if self._inside and not self._pacing and all(now - t > STUCK_S for t in self._inside.values()):
+                if self._inside and all(now - t > STUCK_S for t in self._inside.values()):
                     ticket.gone = True
                     self._free -= 1  # over the limit; the stuck ones give theirs back as they leave
                     self.counters["stuck"] += 1
@@ -121,9 +121,11 @@ class Gate:
             # turns count calls, a cheap poll and a costly submit alike; the share counts their CPU
             self._tenant_v[tenant] = max(self._tenant_v.get(tenant, 0.0), self._now_v) + 1.0 / max(weight, 0.01)
             self._conn_v[connection] = self._conn_v.get(connection, 0.0) + 1.0
-            # one long call (a large frame's decoding) owes at most a burst: the calls after it wait
-            # at most burst_s / share, not for the whole of its cost
-            self._budget = max(-self.burst_s, self._budget - cost)
+            # the tenant owes what its call cost beyond the estimate _pace took (at most 1 s: one
+            # huge call makes its tenant wait a while, not for ever)
+            bucket = self._budget.get(tenant)
+            if bucket is not None:
+                bucket[0] = max(-1.0, bucket[0] - (cost - self.overhead_s))
             self._free += 1
             self._admit_waiting()
             if len(self._tenant_v) + len(self._conn_v) > MAX_REMEMBERED:
@@ -151,24 +153,33 @@ class Gate:
         self._tenant_v = {t: v for t, v in self._tenant_v.items() if t in waiting or v > self._now_v}
         self._conn_v = dict(sorted(self._conn_v.items(), key=lambda kv: kv[1])[-MAX_REMEMBERED // 2:])
 
-    def _pace(self) -> None:
-        """Holding a slot: sleeps while the connection threads are over their share of the clock."""
+    def _rate(self, tenant, now: float) -> float:
+        """Seconds of CPU per second the tenant may use: its weight's part of the share among the
+        tenants that called within the last second (lock held)."""
+        self._busy = {t: (at, w) for t, (at, w) in self._busy.items() if now - at < 1.0}
+        total = sum(w for _, w in self._busy.values())
+        return self.share * self._busy[tenant][1] / total
+
+    def _pace(self, tenant, weight: float) -> None:
+        """Before a call queues: sleeps (holding no slot) while its tenant is over its part of the
+        clock, then takes the call's estimated cost (overhead_s; leave() charges the rest)."""
+        weight = max(weight, 0.01)
         while True:
             with self._lock:
                 now = time.monotonic()
-                self._budget = min(self.burst_s, self._budget + (now - self._refilled) * self.share)
-                self._refilled = now
-                owed = -self._budget
-                if owed <= 0:
+                self._busy[tenant] = (now, weight)
+                rate = self._rate(tenant, now)
+                bucket = self._budget.setdefault(tenant, [self.burst_s, now])
+                bucket[0] = min(self.burst_s, bucket[0] + (now - bucket[1]) * rate)
+                bucket[1] = now
+                if bucket[0] >= 0:
+                    bucket[0] -= self.overhead_s
+                    if len(self._budget) > MAX_REMEMBERED:
+                        self._budget = {t: b for t, b in self._budget.items() if t in self._busy}
                     return
-                self._pacing += 1
-            wait = owed / self.share
+                wait = -bucket[0] / rate
             self.counters["paced_s"] += wait
-            try:
-                time.sleep(wait)
-            finally:
-                with self._lock:
-                    self._pacing -= 1
+            time.sleep(wait)
 
     @contextmanager
     def call(self, connection, tenant=None, weight: float = 1.0):
@@ -218,7 +229,7 @@ class Gate:
 GATE = Gate()
 
 
-def configure(slots: int = 1, share: float = 0.3, overhead_s: float = 100e-6, burst_s: float = 0.02) -> Gate:
+def configure(slots: int = 1, share: float = 0.5, overhead_s: float = 100e-6, burst_s: float = 0.02) -> Gate:
     """Sets the process-wide gate's limits (the server calls it before it accepts connections)."""
     GATE.configure(slots, share, overhead_s, burst_s)
     return GATE

@@ -126,6 +126,24 @@ def test_the_connection_threads_use_at_most_their_share_of_the_clock():
     assert slept > 0.1 and paced > 0.15 and paced > 2 * free  # 40 ms of CPU at 20%: ~0.2 s of clock
 
 
+def test_a_tenant_over_its_part_of_the_clock_waits_and_the_others_do_not():
+    gate = Gate(slots=1, share=0.1, overhead_s=0.0, burst_s=0.005)
+    with gate.call("f1", "flood"):  # 30 ms of CPU at a 5% part of the clock: ~0.6 s owed
+        end = time.thread_time() + 0.03
+        while time.thread_time() < end:
+            pass
+    flood_done = []
+    flood = threading.Thread(target=lambda: (gate.enter("f2", "flood"), gate.leave(), flood_done.append(1)))
+    flood.start()
+    time.sleep(0.02)
+    start = time.monotonic()
+    with gate.call("v", "victim"):
+        waited = time.monotonic() - start
+    assert waited < 0.05 and not flood_done  # the flood's next call still pays, asleep, holding no slot
+    flood.join(5)
+    assert flood_done and gate.counters["paced_s"] > 0.2
+
+
 def test_bad_limits_are_refused_with_the_value_named():
     with pytest.raises(ValueError, match="slots"):
         Gate(slots=0)
@@ -133,7 +151,7 @@ def test_bad_limits_are_refused_with_the_value_named():
         Gate(share=0.0)
     with pytest.raises(ValueError, match="share"):
         GATE.configure(1, 5.0, 1e-4, 0.02)
-    assert GATE.share == 0.3  # a refused configure changes nothing
+    assert GATE.share == 0.5  # a refused configure changes nothing
 
 
 def test_every_exposed_method_runs_inside_the_gate_and_gives_its_slot_back():

@@ -147,8 +147,9 @@ def run_flood(port: int, token: str, flood_token: str, name: str, seconds: float
     return row
 
 
-def _write_tenants(path: Path, tokens: dict[str, str]) -> None:
-    """A tenants file (serve.rpc.tenants) with room for every flood: quotas above what the floods hold."""
+def _write_tenants(path: Path, tokens: dict[str, str], flood_quotas: dict) -> None:
+    """A tenants file (serve.rpc.tenants) with room for every flood: quotas above what the floods hold
+    (the flood tenant's own `flood_quotas` over them)."""
     import json
 
     from serve.rpc.tenants import token_hash
@@ -160,6 +161,8 @@ def _write_tenants(path: Path, tokens: dict[str, str]) -> None:
         names_of.setdefault(token, []).append(name)
     for token, names in names_of.items():
         doc["tenants"]["-".join(names)] = {"role": "tenant", "token_sha256": token_hash(token)}
+        if names == ["flood"] and flood_quotas:
+            doc["tenants"]["flood"]["quotas"] = {**quotas, **flood_quotas}
     path.write_text(json.dumps(doc))
 
 
@@ -179,6 +182,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--device", default="cpu")
     p.add_argument("--server-threads", type=int, default=1, help="the server's OpenMP threads")
     p.add_argument("--one-tenant", action="store_true", help="the flood uses the victim's token (one tenant)")
+    p.add_argument("--flood-in-flight", type=int, default=None,
+                   help="the flood tenant's in_flight quota: its requests running in the engine's batch at once")
     p.add_argument("--out", default="results/fairness")
     p.add_argument("overrides", nargs="*", help="extra `vlora serve` overrides (key=value)")
     args = p.parse_args(argv)
@@ -191,7 +196,8 @@ def main(argv=None) -> list[dict]:
     token, flood_token = secrets.token_hex(16), secrets.token_hex(16)
     if args.one_tenant:
         flood_token = token
-    _write_tenants(home / "tenants.json", {"victim": token, "flood": flood_token})
+    _write_tenants(home / "tenants.json", {"victim": token, "flood": flood_token},
+                   {"in_flight": args.flood_in_flight} if args.flood_in_flight else {})
     checkpoint = args.checkpoint
     if checkpoint is None:
         from zoo import build_checkpoint

@@ -121,9 +121,9 @@ def test_the_connection_threads_use_at_most_their_share_of_the_clock():
                 burn(0.002)
         return time.monotonic() - start, gate.counters["paced_s"]
 
-    free, _ = run(1.0)
+    _, unpaced = run(1.0)
     paced, slept = run(0.2)
-    assert slept > 0.1 and paced > 0.15 and paced > 2 * free  # 40 ms of CPU at 20%: ~0.2 s of clock
+    assert unpaced < 0.01 and slept > 0.1 and paced > 0.15  # 40 ms of CPU at 20%: ~0.2 s of clock
 
 
 def test_a_tenant_over_its_part_of_the_clock_waits_and_the_others_do_not():
@@ -139,7 +139,7 @@ def test_a_tenant_over_its_part_of_the_clock_waits_and_the_others_do_not():
     start = time.monotonic()
     with gate.call("v", "victim"):
         waited = time.monotonic() - start
-    assert waited < 0.05 and not flood_done  # the flood's next call still pays, asleep, holding no slot
+    assert waited < 0.25 and not flood_done  # the flood's next call still pays (~0.5 s), asleep, holding no slot
     flood.join(5)
     assert flood_done and gate.counters["paced_s"] > 0.2
 

@@ -178,7 +178,7 @@ class Gate:
                         self._budget = {t: b for t, b in self._budget.items() if t in self._busy}
                     return
                 wait = -bucket[0] / rate
-            self.counters["paced_s"] += wait
+                self.counters["paced_s"] += wait
             time.sleep(wait)
 
     @contextmanager

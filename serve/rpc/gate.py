@@ -19,8 +19,12 @@ The gate bounds the connection threads instead:
   slows the flooding tenant, not the others.
 
 A blocking wait inside a call (poll's wait for events, a call run on the engine thread) must not
-hold a slot: wrap it in `with GATE.released(): ...`. `guarded` (serve/rpc/replies.py) enters the
-gate around every exposed method; `configure` sets the process-wide gate's limits.
+hold a slot: wrap it in `with GATE.released(): ...`; a call waiting while every slot has been
+held STUCK_S goes in anyway, so a wait left inside stalls the others briefly, never for long.
+`guarded` (serve/rpc/replies.py) enters the gate around every exposed method; entered around
+RPyC's message dispatch as well, it also covers the protocol's own work (unboxing, replies, calls
+of names that are not exposed), which measured best (results/fairness/cpu). Entering is
+reentrant: a nested enter on the same thread is one turn. `configure` sets the limits.
 """
 
 from __future__ import annotations

@@ -142,3 +142,34 @@ def test_bad_tenant_values_are_refused_with_the_field_named():
         _seq("a", weight=float("nan"))
     with pytest.raises(ValueError, match="tenant_max_running"):
         _seq("a", cap=0)
+
+
+# ---- the engine on the tiny model ------------------------------------------------------------------
+FLOOD = 2000
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "v_lora"])
+def test_a_victim_tenant_is_admitted_within_two_steps_behind_a_2000_request_flood(tiny_zoo, policy):
+    """fcfs: the scheduler's order alone (one owner for both: only the tenant tells them apart);
+    v_lora: the orchestrator's admit list, each tenant on its own connection as over RPC."""
+    from serve import Engine, EngineConfig, Request, SamplingParams
+
+    config = EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=8, max_tokens_per_step=64,
+                          policy=policy, policy_params={} if policy != "fcfs" else None)
+    engine = Engine(tiny_zoo["qwen2_vl_tiny"], config)
+    flood_owner, victim_owner = (None, None) if policy == "fcfs" else ("c1", "c2")
+    for i in range(FLOOD):
+        engine.add_request(Request(prompt_token_ids=[5 + (i + j) % 300 for j in range(40)], tenant="flood",
+                                   owner=flood_owner, sampling=SamplingParams(max_tokens=50, ignore_eos=True)))
+    for _ in range(10):  # the flood fills the batch
+        engine.step()
+        if len(engine.scheduler.running) == 8:
+            break
+    assert len(engine.scheduler.running) == 8
+    victim = engine.add_request(Request(prompt_token_ids=[7, 8, 9, 10], tenant="victim", owner=victim_owner,
+                                        sampling=SamplingParams(max_tokens=2, ignore_eos=True)))
+    tokens = []
+    for _ in range(2):
+        tokens += [o for o in engine.step() if o.request_id == victim]
+    assert tokens, f"the victim got no token in two steps behind {FLOOD} queued requests"
+    assert engine.num_waiting() >= FLOOD - 16

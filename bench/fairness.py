@@ -15,6 +15,8 @@ interpreter, as a real client's would be), one thread per connection. Floods:
   topup32      32 connections each keeping 16 one-token requests queued
   poll32       32 connections calling poll(unknown id) in a loop: no engine work at all
   health32     32 connections calling health() in a loop
+  polite8      8 connections each sending requests like the victim's, one after another (no flood:
+               clients whose polls wait server-side for their events)
 
 Prints a table (victim p50/p95 per flood and the ratio to the unloaded p95) and writes
 fairness.csv / fairness.json under --out/<device>.
@@ -47,6 +49,7 @@ FLOODS = {
     "topup32": (32, "topup", 16, 1),
     "poll32": (32, "poll", 0, 0),
     "health32": (32, "health", 0, 0),
+    "polite8": (8, "serial", 0, 2),
 }
 
 
@@ -66,6 +69,9 @@ def _attacker(port: int, token: str, kind: str, depth: int, tokens: int, stop, c
                         pass
                 elif kind == "health":
                     client.health()
+                elif kind == "serial":
+                    client.submit_image("Describe.", [FRAME], sampling={"max_tokens": tokens, "ignore_eos": True}
+                                        ).result(60.0)
                 else:  # keep `depth` requests queued; collect the finished ones without waiting
                     while len(pending) < depth and not stop.is_set():
                         try:
@@ -83,7 +89,7 @@ def _attacker(port: int, token: str, kind: str, depth: int, tokens: int, stop, c
                         calls += 1
                         if s.final is not None:
                             pending.remove(s)
-                calls += kind in ("poll", "health")
+                calls += kind in ("poll", "health", "serial")
     except (EOFError, ConnectionError, OSError):
         pass  # the server closed us (a limit) or is going away: the flood ends here
     with counts.get_lock():

@@ -26,6 +26,7 @@ from serve.orchestrator import Mode, Policy, RequestView, StepView
 
 from .scheduler import Scheduler, StepPlan, fair_interleave
 from .sequence import Sequence
+from .tenancy import flow_of
 
 
 @dataclass
@@ -143,6 +144,28 @@ class StepPlanner:
             return self.policy.decide(self.view())
         return self.tp.from_leader(self.policy.decide(self.view()) if self.tp.rank == 0 else None)
 
+    def _under_share(self, applied, taken: set, admitted) -> list[str]:
+        """Waiting requests of tenants that run fewer than their weighted share of the batch, up to
+        that share: the policy cuts its admit list to the free slots in its own order, so without
+        these a tenant's second request could wait behind another tenant's whole backlog. Only with
+        two or more tenants, and only requests the mode runs."""
+        sched = self.scheduler
+        weights = {s.tenant: s.tenant_weight for s in (*sched.running, *sched.waiting)}
+        if len(weights) < 2:
+            return []
+        total = sum(weights.values())
+        by_id = {s.request_id: s for s in sched.waiting}
+        held = Counter(s.tenant for s in sched.running)
+        held.update(by_id[r].tenant for r in admitted if r in by_id)
+        room = {t: int(self.max_batch_size * w / total) - held[t] for t, w in weights.items()}
+        out = []
+        wanting = [s for s in sched.waiting if room[s.tenant] > 0 and s.request_id not in taken]
+        for s in sched.policy.order(wanting) if wanting else ():  # the flooding tenant has no room: few to sort
+            if room[s.tenant] > 0 and applied.can_run(s.adapter):
+                room[s.tenant] -= 1
+                out.append(s.request_id)
+        return out
+
     def plan(self) -> StepPlan:
         sched = self.scheduler
         if self.policy is None:  # a mode set by hand: enforce only what it can run
@@ -160,18 +183,19 @@ class StepPlanner:
             listed = set(decision.admit)
             rest = [s.request_id for s in sched.policy.order(sched.waiting) if s.request_id not in listed]
             return StepPlan(frozenset(), tuple(decision.admit) + tuple(rest))
-        # the policy's order, with owners (clients) taking turns: one client's backlog cannot starve
-        # another. An owner with nothing running gets its first request in even past the policy's
-        # free slots (the scheduler preempts the busiest owner's latest for it), if the mode runs it.
-        owners = {s.request_id: s.owner for s in sched.waiting}
-        holding = {s.owner for s in sched.running}
+        # the policy's order, with flows (a tenant's connection) taking turns: one flow's backlog cannot
+        # starve another. A flow with nothing running gets its first request in even past the policy's
+        # free slots (the scheduler preempts the busiest flow's latest for it), if the mode runs it.
+        flows = {s.request_id: flow_of(s) for s in sched.waiting}
+        holding = {flow_of(s) for s in sched.running}
         newcomers, seen = [], set()
-        # (an empty batch is left to the policy; with no owner outside the batch nothing is sorted)
-        outside = bool(holding) and any(o not in holding for o in owners.values())
+        # (an empty batch is left to the policy; with no flow outside the batch nothing is sorted)
+        outside = bool(holding) and any(f not in holding for f in flows.values())
         for s in sched.policy.order(sched.waiting) if outside else ():
-            if s.owner not in holding and s.owner not in seen and applied.can_run(s.adapter):
-                seen.add(s.owner)
+            if flow_of(s) not in holding and flow_of(s) not in seen and applied.can_run(s.adapter):
+                seen.add(flow_of(s))
                 newcomers.append(s.request_id)
         first = set(newcomers)
-        admit = newcomers + [r for r in fair_interleave(list(decision.admit), owners.get) if r not in first]
+        extra = self._under_share(applied, set(decision.admit) | first, decision.admit)
+        admit = newcomers + [r for r in fair_interleave(list(decision.admit) + extra, flows.get) if r not in first]
         return StepPlan(frozenset(decision.pause), tuple(admit))

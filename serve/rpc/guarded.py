@@ -27,6 +27,7 @@ from rpyc.utils.authenticators import AuthenticationError
 from rpyc.utils.server import ThreadedServer
 
 from .door import HandshakeDoor
+from .gate import GATE
 from .logs import clip
 from .sealed import SealedConnection
 
@@ -214,6 +215,14 @@ class GuardedServer(ThreadedServer):
         service = self.service()
         conn = SealedConnection(service, channel, config)
         service.on_connect(conn)
+        dispatch = conn._dispatch
+
+        def gated(data):  # RPyC's own work on a message (unboxing, the reply) takes a turn at the gate too
+            tenant = service.tenant
+            with GATE.call(service.conn_id, getattr(tenant, "name", None), getattr(tenant, "weight", 1.0)):
+                return dispatch(data)
+
+        conn._dispatch = gated
         self._serve_until_idle(conn, sock)
 
     def _serve_until_idle(self, conn, sock: socket.socket) -> None:

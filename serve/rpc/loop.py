@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .culprits import Culprits
+from .gate import GATE
 from .step_failures import StepFailures
 
 log = logging.getLogger("vlora.serve.rpc")
@@ -53,7 +54,8 @@ class Ticket:
     def take(self, timeout: float) -> list[dict[str, Any]]:
         """Every event waiting now, after waiting up to `timeout` seconds for the first."""
         try:
-            out = [self.events.get(timeout=max(timeout, 0.0))]
+            with GATE.released():  # waiting for the engine holds no turn of the connection threads
+                out = [self.events.get(timeout=max(timeout, 0.0))]
         except queue.Empty:
             return []
         while True:
@@ -115,7 +117,9 @@ class EngineLoop(StepFailures):
         box: dict[str, Any] = {}
         done = threading.Event()
         self._commands.put(("call", fn, box, done))
-        if not done.wait(timeout):
+        with GATE.released():
+            answered = done.wait(timeout)
+        if not answered:
             raise TimeoutError(f"the engine did not answer within {timeout} s")
         if "error" in box:
             raise box["error"]

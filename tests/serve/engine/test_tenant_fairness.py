@@ -148,16 +148,19 @@ def test_bad_tenant_values_are_refused_with_the_field_named():
 FLOOD = 2000
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "v_lora"])
+@pytest.mark.parametrize("policy", ["fcfs", "v_lora", "v_lora_one_owner"])
 def test_a_victim_tenant_is_admitted_within_two_steps_behind_a_2000_request_flood(tiny_zoo, policy):
     """fcfs: the scheduler's order alone (one owner for both: only the tenant tells them apart);
-    v_lora: the orchestrator's admit list, each tenant on its own connection as over RPC."""
+    v_lora: the orchestrator's admit list, each tenant on its own connection as over RPC;
+    v_lora_one_owner: the planner must tell the flows apart by tenant too, not by connection alone."""
+    one_owner = policy == "v_lora_one_owner"
+    policy = "v_lora" if one_owner else policy
     from serve import Engine, EngineConfig, Request, SamplingParams
 
     config = EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=8, max_tokens_per_step=64,
                           policy=policy, policy_params={} if policy != "fcfs" else None)
     engine = Engine(tiny_zoo["qwen2_vl_tiny"], config)
-    flood_owner, victim_owner = (None, None) if policy == "fcfs" else ("c1", "c2")
+    flood_owner, victim_owner = (None, None) if policy == "fcfs" or one_owner else ("c1", "c2")
     for i in range(FLOOD):
         engine.add_request(Request(prompt_token_ids=[5 + (i + j) % 300 for j in range(40)], tenant="flood",
                                    owner=flood_owner, sampling=SamplingParams(max_tokens=50, ignore_eos=True)))
@@ -173,3 +176,25 @@ def test_a_victim_tenant_is_admitted_within_two_steps_behind_a_2000_request_floo
         tokens += [o for o in engine.step() if o.request_id == victim]
     assert tokens, f"the victim got no token in two steps behind {FLOOD} queued requests"
     assert engine.num_waiting() >= FLOOD - 16
+
+
+def test_a_tenant_under_its_share_gets_more_than_one_request_in_behind_a_flood(tiny_zoo):
+    """The policy cuts its admit list to the free slots in its own order: without the planner's share
+    a victim's second and third requests waited behind the flood's whole backlog."""
+    from serve import Engine, EngineConfig, Request, SamplingParams
+
+    config = EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=8, max_tokens_per_step=64,
+                          policy="v_lora", policy_params={})
+    engine = Engine(tiny_zoo["qwen2_vl_tiny"], config)
+    for i in range(200):
+        engine.add_request(Request(prompt_token_ids=[5 + (i + j) % 300 for j in range(40)], tenant="flood",
+                                   owner="c1", sampling=SamplingParams(max_tokens=4, ignore_eos=True)))
+    for _ in range(10):
+        engine.step()
+    victims = [engine.add_request(Request(prompt_token_ids=[7, 8, 9, 10 + k], tenant="victim", owner="c2",
+                                          sampling=SamplingParams(max_tokens=30, ignore_eos=True))) for k in range(3)]
+    for _ in range(12):
+        engine.step()
+    running = {s.request_id for s in engine.scheduler.running}
+    done = {v for v in victims if v not in running and all(s.request_id != v for s in engine.scheduler.waiting)}
+    assert len((running | done) & set(victims)) == 3, "the victim's requests within its share of the batch all run"

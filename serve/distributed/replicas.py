@@ -112,6 +112,10 @@ class EngineReplica:
         self.loop = EngineLoop(self.engine).start()
         self.replica = serve.get_replica_context().replica_id.unique_id
 
+    def adapter_names(self) -> list[str]:
+        """Every adapter name this replica serves: those loaded at start and those it loads on demand."""
+        return sorted(set(self.adapters) | self.startup)
+
     async def _load(self, name: str) -> "_Loaded":
         def load(engine):  # an adapter the engine loaded at start (EngineConfig.adapters, a manifest) is there
             loaded = {a["name"] for a in engine.list_adapters()}
@@ -345,6 +349,11 @@ class ReplicatedEngine:
         """The adapters of the replica Ray picks (each replica holds those it loaded at start and
         those it was sent since)."""
         return self.handle.list_adapters.remote().result()
+
+    def adapter_names(self) -> list[str]:
+        """The adapter names the replicas serve (loaded at start or on a request's demand): what the
+        RPC front end resolves a request's adapter against."""
+        return self.handle.adapter_names.remote().result()
 
     def load_adapter(self, name: str, path=None, pin: bool = False):
         raise ValueError(_FIXED_ADAPTERS)

@@ -35,7 +35,7 @@ class AdapterCalls:
         tenant = self._who()
         engine = self.state.loop.engine
         entries = self.state.loop.call(lambda e: e.list_adapters()) if hasattr(engine, "list_adapters") else []
-        self.state.adapter_names = {e["name"] for e in entries}
+        self.state.loaded_adapters(refresh=True)
         return reply(adapters=ownership.visible(tenant, entries))
 
     @guarded

@@ -133,7 +133,11 @@ class ServerState:
         """The engine's adapter names (asked of the engine's thread once, then kept up to date)."""
         if self.adapter_names is None or refresh:
             engine = self.loop.engine
-            names = self.loop.call(lambda e: [a["name"] for a in e.list_adapters()]) \
-                if hasattr(engine, "list_adapters") else []
+            if hasattr(engine, "adapter_names"):  # replicas: the names they serve, loaded on demand
+                names = self.loop.call(lambda e: e.adapter_names())
+            elif hasattr(engine, "list_adapters"):
+                names = self.loop.call(lambda e: [a["name"] for a in e.list_adapters()])
+            else:
+                names = []
             self.adapter_names = set(names)
         return self.adapter_names

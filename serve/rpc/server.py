@@ -15,6 +15,7 @@ import threading
 
 from rpyc.utils.helpers import classpartial
 
+from . import gate
 from .auth import TokenAuthenticator
 from .guarded import GuardedServer
 from .logs import bound
@@ -76,6 +77,7 @@ class RpcServer:
                                      handshake_timeout_s=limits.handshake_timeout_s, idle_timeout_s=limits.idle_timeout_s,
                                      max_message_bytes=limits.max_message_bytes + MESSAGE_SLACK)
         _bounded_logs(self._server.logger)
+        gate.configure(limits.gate_slots, limits.gate_share)  # process-wide: the interpreter is one
         guarded = self._server
         self.state.door_counters = lambda: {**guarded.door.counters, "accept_errors": guarded.accept_errors,
                                             "idle_closed": guarded.idle_closed}

@@ -77,6 +77,10 @@ class Limits:
     max_handshakes_per_address: int = 16
     first_byte_timeout_s: float = 1.0
     idle_timeout_s: float = 300.0
+    # the connection threads' turns (serve/rpc/gate.py): at most gate_slots run service code at once,
+    # together at most gate_share of the wall clock, split between the tenants calling by weight
+    gate_slots: int = 1
+    gate_share: float = 0.5
     # finished results a connection has not polled: kept at most this long, and at most this many
     # (the oldest go first; 0: as many as max_queued_per_connection)
     result_ttl_s: float = 600.0

@@ -311,3 +311,36 @@ def test_a_bad_door_setting_is_refused_by_name(setting):
     (key, value), = setting.items()
     with pytest.raises(ValueError, match=f"rpc.{key}="):
         GuardedServer(VLoRAService, hostname="127.0.0.1", port=0, **setting)
+
+
+def test_a_flood_reopened_faster_than_a_line_arrives_never_displaces_another_address():
+    # with the total bound reached, the longest idle socket of all used to go: a flood reopening
+    # sockets from one address soon made a real client's (newer than the flood's oldest, still
+    # without its line) the longest idle, and displaced it. Now the address holding the most gives one up.
+    from serve.rpc.door import HandshakeDoor
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    lines, flood = [], []
+    door = HandshakeDoor(listener, lambda sock, line: lines.append(line), lambda reason: None, lambda e: None,
+                         max_total=4, max_per_address=4, first_byte_timeout_s=30, handshake_timeout_s=30)
+    port = listener.getsockname()[1]
+
+    def arrive(source: str) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
+        door.wait(0.2)
+        return sock
+
+    try:
+        flood += [arrive("127.0.0.2") for _ in range(4)]
+        victim = arrive("127.0.0.3")  # its line comes late: it is slow, or the machine is busy
+        flood += [arrive("127.0.0.2") for _ in range(12)]  # reopened: each newer than the victim's
+        victim.sendall(b"VLORA-AUTH/1 token-of-the-victim\n")
+        for _ in range(10):
+            door.wait(0.1)
+        assert lines == [b"VLORA-AUTH/1 token-of-the-victim"]
+        assert door.counters["handshakes_displaced"] >= 12
+    finally:
+        for sock in flood:
+            sock.close()
+        door.close()
+        listener.close()

@@ -88,6 +88,7 @@ class SoakJob:
     latency_max_ratio: float = 2.0
     log_max_bytes: int = 1 << 20
     seed: int = 0
+    server_overrides: tuple = ()  # more `vlora serve` overrides, e.g. ("rpc.gate_share=0.5",)
     command: str = ""
 
 
@@ -236,7 +237,8 @@ def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
                  f"rpc.handshake_timeout_s={job.handshake_timeout_s}", f"rpc.max_handshakes={job.max_handshakes}",
                  f"rpc.max_unpolled_per_connection={job.max_unpolled_per_connection}",
                  f"rpc.result_ttl_s={job.result_ttl_s}", f"rpc.max_message_bytes={job.max_message_bytes}",
-                 f"rpc.adapter_root={home / 'adapter_root'}", f"rpc.tenants={tenants_file}"]
+                 f"rpc.adapter_root={home / 'adapter_root'}", f"rpc.tenants={tenants_file}",
+                 *job.server_overrides]
     started = time.time()
     server = ServerUnderTest(checkpoint, home, token, job.device, overrides, job.server_threads)
     base, phases, after, final, rss_after = {}, {}, None, None, None

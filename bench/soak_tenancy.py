@@ -36,25 +36,9 @@ def _served_s(port: int, token: str, host: str, max_tokens: int = 2) -> float:
 
 def _client_from(port: int, token: str, host: str):
     """A Client whose socket leaves from loopback address `host` (127.0.0.x)."""
-    import rpyc
-    from rpyc.core.stream import SocketStream
-
     from serve.rpc import Client
-    from serve.rpc.auth import client_handshake
-    from serve.rpc.client import CLIENT_CONFIG
 
-    class FromAddress(Client):
-        def connect(self) -> None:
-            sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s, source_address=(host, 0))
-            try:
-                client_handshake(sock, self._token, self.timeout_s)
-                self._conn = rpyc.connect_stream(SocketStream(sock), config=dict(CLIENT_CONFIG))
-            except BaseException:
-                sock.close()
-                raise
-            self.generation += 1
-
-    return FromAddress("127.0.0.1", port, token, reconnect=False)
+    return Client("127.0.0.1", port, token, reconnect=False, source=host)
 
 
 def lockout_phase(port: int, token: str, seconds: float, sockets: int, probes: int, max_s: float) -> dict:

@@ -91,8 +91,9 @@ class Stream:
 
 class Client:
     def __init__(self, host: str, port: int, token: str, timeout_s: float = 30.0, reconnect: bool = True,
-                 encoding: str = "png"):
-        self.host, self.port, self._token = host, port, token
+                 encoding: str = "png", source: str | None = None):
+        """source: the local address to connect from (a host with several), None for the system's choice."""
+        self.host, self.port, self._token, self.source = host, port, token, source
         self.timeout_s, self.reconnect, self.encoding = timeout_s, reconnect, encoding
         self._lock = threading.RLock()  # one call on the connection at a time
         self._conn = None
@@ -100,7 +101,8 @@ class Client:
         self.connect()
 
     def connect(self) -> None:
-        sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s,
+                                        source_address=None if self.source is None else (self.source, 0))
         try:
             client_handshake(sock, self._token, self.timeout_s)
             self._conn = rpyc.connect_stream(SocketStream(sock), config=dict(CLIENT_CONFIG))

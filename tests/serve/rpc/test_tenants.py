@@ -42,7 +42,7 @@ def tenants(tmp_path_factory):
 def server(tiny_zoo, vlora_home, roots, tenants):
     root, shared = roots
     proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.tenants={tenants[0]}", f"rpc.adapter_root={root}",
-                         f"adapters.extra=['shared={shared}']", "engine.max_batch_size=4")
+                         "adapters.manifest=null", f"adapters.extra=['shared={shared}']", "engine.max_batch_size=4")
     yield proc
     proc.stop()
 

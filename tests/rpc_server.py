@@ -62,3 +62,18 @@ class ServerProcess:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def fail_sampling_when(monkeypatch, condition, message: str = "injected fault") -> None:
+    """Makes the engine's sampler raise RuntimeError(message) for a step whose sampling params
+    satisfy condition(params) (a list, one per sequence): a fault no validation can foresee."""
+    import serve.engine.model_runner as runner
+
+    real = runner.sample
+
+    def faulty(logits, params, *args, **kwargs):
+        if condition(params):
+            raise RuntimeError(message)
+        return real(logits, params, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "sample", faulty)

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from rpc_server import TOKEN, ServerProcess
+from rpc_server import TOKEN, ServerProcess, fail_sampling_when
 
 from serve.rpc import Client, Limits, RequestError, ServerError, parse_submission
 
@@ -297,18 +297,10 @@ def test_a_step_failure_is_charged_to_the_request_that_causes_it(tiny_zoo, monke
     # a fault no validation can foresee, injected into the sampler for one request (temperature
     # 0.123): it used to abort every request in flight with engine_error; now the loop runs each
     # alone, answers only that one with the error and starts the others over
-    import serve.engine.model_runner as runner
     from serve.engine import Engine, EngineConfig
     from serve.rpc import RpcServer
 
-    real = runner.sample
-
-    def faulty(logits, params, *args, **kwargs):
-        if any(p.temperature == 0.123 for p in params):
-            raise RuntimeError("injected fault")
-        return real(logits, params, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "sample", faulty)
+    fail_sampling_when(monkeypatch, lambda params: any(p.temperature == 0.123 for p in params))
     engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=64))
     frame = np.zeros((32, 32, 3), np.uint8)
     with RpcServer(engine, TOKEN, "127.0.0.1", 0) as rpc, Client("127.0.0.1", rpc.port, TOKEN) as a, \

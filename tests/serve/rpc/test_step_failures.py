@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from rpc_server import TOKEN
+from rpc_server import TOKEN, fail_sampling_when
 
 from serve.rpc import Client, ServerError
 
@@ -53,16 +53,7 @@ def _run_victim_under(rpc, culprit_prompt, culprit_sampling, seconds: float = 30
 
 def test_a_culprit_sent_every_tenth_of_a_second_restarts_the_victim_once(rpc, monkeypatch):
     # the fault follows a request's fields (temperature 0.123), whatever its prompt
-    import serve.engine.model_runner as runner
-
-    real = runner.sample
-
-    def faulty(logits, params, *args, **kwargs):
-        if any(p.temperature == 0.123 for p in params):
-            raise RuntimeError("injected fault")
-        return real(logits, params, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "sample", faulty)
+    fail_sampling_when(monkeypatch, lambda params: any(p.temperature == 0.123 for p in params))
     events, outcomes, final = _run_victim_under(rpc, lambda i: f"Culprit number {i}.",
                                                 {"temperature": 0.123, "seed": 7})
     assert final is not None and final["finish_reason"] == "length" and len(final["token_ids"]) == 40
@@ -120,17 +111,8 @@ def test_a_fault_of_one_content_refuses_that_content_only_and_logs_one_line_per_
 def test_an_engine_failing_for_everyone_refuses_no_kind(rpc, monkeypatch):
     # a fault of the engine itself (every request fails, even a plain one) charges the requests in
     # flight but remembers nothing: once it passes, the same requests are served again
-    import serve.engine.model_runner as runner
-
-    real = runner.sample
     broken = [True]
-
-    def faulty(logits, params, *args, **kwargs):
-        if broken[0]:
-            raise RuntimeError("device lost")
-        return real(logits, params, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "sample", faulty)
+    fail_sampling_when(monkeypatch, lambda params: broken[0], "device lost")
     with Client("127.0.0.1", rpc.port, TOKEN) as client:
         assert _outcome(client, "Describe.", {"max_tokens": 3}) == "engine_error"
         broken[0] = False
@@ -142,16 +124,7 @@ def test_refuses_is_the_door_hook(rpc, monkeypatch):
     # what a connection thread calls before preparing a request: None, or why it is refused
     import dataclasses
 
-    import serve.engine.model_runner as runner
-
-    real = runner.sample
-
-    def faulty(logits, params, *args, **kwargs):
-        if any(p.top_p == 0.321 for p in params):
-            raise RuntimeError("injected fault")
-        return real(logits, params, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "sample", faulty)
+    fail_sampling_when(monkeypatch, lambda params: any(p.top_p == 0.321 for p in params))
     seen = []
     submit = rpc.loop.submit
     monkeypatch.setattr(rpc.loop, "submit", lambda request, *a: (seen.append(request), submit(request, *a)))
@@ -195,18 +168,10 @@ def test_only_the_failed_batch_is_tried_and_its_kind_queued_behind_it_is_charged
     # batch of two (the victim and a culprit), a second culprit of the same kind queued behind it: the
     # queue outside the batch is not tried alone, but the queued culprit is charged at once, not
     # restarted into a second failed step
-    import serve.engine.model_runner as runner
     from serve.engine import Engine, EngineConfig, Request, SamplingParams
     from serve.rpc import EngineLoop, Ticket
 
-    real = runner.sample
-
-    def faulty(logits, params, *args, **kwargs):
-        if any(p.temperature == 0.123 for p in params):
-            raise RuntimeError("injected fault")
-        return real(logits, params, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "sample", faulty)
+    fail_sampling_when(monkeypatch, lambda params: any(p.temperature == 0.123 for p in params))
     engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=64, max_batch_size=2))
     loop = EngineLoop(engine)
     tried = []

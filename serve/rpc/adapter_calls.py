@@ -35,7 +35,6 @@ class AdapterCalls:
         tenant = self._who()
         engine = self.state.loop.engine
         entries = self.state.loop.call(lambda e: e.list_adapters()) if hasattr(engine, "list_adapters") else []
-        self.state.loaded_adapters(refresh=True)
         return reply(adapters=ownership.visible(tenant, entries))
 
     @guarded
@@ -93,12 +92,7 @@ class AdapterCalls:
         tenant = self._who()
         if not hasattr(self.state.loop.engine, "unload_adapter"):
             raise RequestError("unsupported", "this engine serves the base model only; it has no adapters to unload")
-        try:
-            target = ownership.may_unload(tenant, name, self.state.loaded_adapters())
-        except RequestError as e:
-            if e.kind != "unknown_adapter":
-                raise
-            target = ownership.may_unload(tenant, name, self.state.loaded_adapters(refresh=True))
+        target = self.state.with_adapters(lambda loaded: ownership.may_unload(tenant, name, loaded))
         try:
             self.state.loop.call(lambda e: e.unload_adapter(target))
         except (ValueError, RuntimeError) as e:  # in use: the caller's to retry, not the server's failure

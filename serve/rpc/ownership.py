@@ -14,10 +14,9 @@ have a `plates`); a name without `@` is *shared*: loaded at start, or at run tim
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from .tenants import Tenant
+from .tenants import TENANT_NAME, Tenant
 from .wire import ADAPTER_NAME, RequestError, check_adapter_name
 
 SEP = "@"
@@ -46,7 +45,7 @@ def check_operator_name(name: Any) -> str:
     """The operator may also name a tenant's adapter as `name@tenant` (to unload it)."""
     if type(name) is str and SEP in name:
         base, _, owner = name.rpartition(SEP)
-        if ADAPTER_NAME.fullmatch(base) and re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", owner):
+        if ADAPTER_NAME.fullmatch(base) and TENANT_NAME.fullmatch(owner):
             return name
     return check_adapter_name(name)
 

@@ -138,10 +138,7 @@ class VLoRAService(AdapterCalls, rpyc.Service):
         """The engine adapter this tenant's request names (its own first, then a shared one)."""
         if name is None:
             return None
-        try:
-            return ownership.resolve(tenant, name, self.state.loaded_adapters())
-        except RequestError:  # loaded by another path since the names were read: ask the engine once
-            return ownership.resolve(tenant, name, self.state.loaded_adapters(refresh=True))
+        return self.state.with_adapters(lambda loaded: ownership.resolve(tenant, name, loaded))
 
     def _admit(self, kind: str, sub, start: float, tenant: Tenant) -> str:
         from serve.engine import Request, SamplingParams

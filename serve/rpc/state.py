@@ -141,3 +141,13 @@ class ServerState:
                 names = []
             self.adapter_names = set(names)
         return self.adapter_names
+
+    def with_adapters(self, fn):
+        """fn(adapter names) against the names kept here; when it answers unknown_adapter (an adapter
+        loaded by another path since), once more against the engine's own."""
+        try:
+            return fn(self.loaded_adapters())
+        except RequestError as e:
+            if e.kind != "unknown_adapter":
+                raise
+            return fn(self.loaded_adapters(refresh=True))

@@ -144,7 +144,7 @@ class StepPlanner:
             return self.policy.decide(self.view())
         return self.tp.from_leader(self.policy.decide(self.view()) if self.tp.rank == 0 else None)
 
-    def _under_share(self, applied, taken: set, admitted) -> list[str]:
+    def _under_share(self, applied, taken: set, admitted, flows: dict) -> list[str]:
         """Waiting requests of tenants that run fewer than their weighted share of the batch, up to
         that share: the policy cuts its admit list to the free slots in its own order, so without
         these a tenant's second request could wait behind another tenant's whole backlog. Only with
@@ -154,9 +154,8 @@ class StepPlanner:
         if len(weights) < 2:
             return []
         total = sum(weights.values())
-        by_id = {s.request_id: s for s in sched.waiting}
         held = Counter(s.tenant for s in sched.running)
-        held.update(by_id[r].tenant for r in admitted if r in by_id)
+        held.update(flows[r][0] for r in admitted if r in flows)  # flows: waiting id -> (tenant, connection)
         room = {t: int(self.max_batch_size * w / total) - held[t] for t, w in weights.items()}
         out = []
         wanting = [s for s in sched.waiting if room[s.tenant] > 0 and s.request_id not in taken]
@@ -196,6 +195,6 @@ class StepPlanner:
                 seen.add(flow_of(s))
                 newcomers.append(s.request_id)
         first = set(newcomers)
-        extra = self._under_share(applied, set(decision.admit) | first, decision.admit)
+        extra = self._under_share(applied, set(decision.admit) | first, decision.admit, flows)
         admit = newcomers + [r for r in fair_interleave(list(decision.admit) + extra, flows.get) if r not in first]
         return StepPlan(frozenset(decision.pause), tuple(admit))

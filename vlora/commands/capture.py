@@ -1,0 +1,140 @@
+"""A command's output captured to a log file, the console keeping only the lines it says.
+
+    with CapturedOutput(out / "demo.log", verbose=False) as console:
+        console.say("[demo 1/4] offline stage")   # the console (and the log)
+        offline.run(cfg)                           # every other byte: the log only
+
+The process's stdout and stderr file descriptors (1 and 2) go to a pipe while it is on, so
+everything reaches the log whoever writes it: print, logging handlers that took sys.stdout when
+their library was imported (ultralytics' training), progress bars, C libraries and child
+processes. A thread writes what arrives to the log as a terminal would end up showing each line:
+ANSI escape codes removed, a line rewritten by carriage returns kept at its last state (a
+progress bar of a thousand updates is one line, not one line of a thousand states). verbose:
+the console also gets every byte, as it came.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+
+# CSI sequences (colours, erase line, cursor moves) and the two-byte escapes
+ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+TAIL_ON_ERROR = 20  # lines of the log shown on the console when the captured code raises
+
+
+def shown(text: str) -> str:
+    """What a terminal leaves of one line: the last carriage-return part that holds anything once
+    ANSI codes are removed (a bar ending in "\\r\\x1b[K" still leaves its last state)."""
+    parts = [ANSI.sub("", p) for p in text.split("\r")]
+    return next((p for p in reversed(parts) if p.strip()), "").rstrip()
+
+
+class TerminalLines:
+    """Bytes in, finished lines out (`shown` of each). The unfinished line is kept collapsed to its
+    last state, so a bar that never ends a line costs one line of memory."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._pending = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        *done, rest = (self._pending + self._decoder.decode(data)).split("\n")
+        if "\r" in rest:  # the raw tail stays: an escape code may be cut in two between reads
+            head, tail = rest.rsplit("\r", 1)
+            rest = f"{shown(head)}\r{tail}"
+        self._pending = rest
+        return [shown(line) for line in done]
+
+    def close(self) -> list[str]:
+        last = shown(self._pending + self._decoder.decode(b"", final=True))
+        self._pending = ""
+        return [last] if last else []
+
+
+class CapturedOutput:
+    def __init__(self, log_path: str | Path, verbose: bool = False):
+        self.log_path = Path(log_path)
+        self.verbose = verbose
+        self._lock = threading.Lock()  # the pump and say() both write the log
+
+    def __enter__(self) -> "CapturedOutput":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w", encoding="utf-8")
+        _flush_std()
+        self._saved = {fd: os.dup(fd) for fd in (1, 2)}
+        self._console = self._saved[2]
+        read_fd, write_fd = os.pipe()
+        for fd in (1, 2):
+            os.dup2(write_fd, fd)
+        os.close(write_fd)  # fds 1 and 2 hold the write end now: the pump ends when they are restored
+        self._read_fd = read_fd
+        self._pump = threading.Thread(target=self._pump_lines, name="captured-output", daemon=True)
+        self._pump.start()
+        return self
+
+    def say(self, line: str) -> None:
+        """One line to the console and the log. It goes to the log through the pipe, after what
+        was written before it (the pump tees it to the console when verbose)."""
+        _flush_std()
+        data = (line + "\n").encode()
+        if not self.verbose:
+            _write_all(self._console, data)
+        _write_all(2, data)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        _flush_std()
+        for fd, saved in self._saved.items():
+            os.dup2(saved, fd)
+        # a child process that outlived the run may still hold the pipe: then its pump is left running
+        self._pump.join(timeout=10)
+        if not self._pump.is_alive():
+            os.close(self._read_fd)
+        if exc_type is not None and not self.verbose:  # the cause of a failure is in the log: show its end
+            with self._lock:
+                self._log.flush()
+            tail = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-TAIL_ON_ERROR:]
+            print(f"--- the last {len(tail)} lines of {self.log_path} ---", *tail, sep="\n", file=sys.stderr,
+                  flush=True)
+        with self._lock:
+            self._log.close()
+        for saved in self._saved.values():
+            os.close(saved)
+
+    def _pump_lines(self) -> None:
+        lines = TerminalLines()
+        while True:
+            data = os.read(self._read_fd, 65536)
+            if not data:
+                break
+            if self.verbose:
+                _write_all(self._console, data)
+            self._write(lines.feed(data))
+        self._write(lines.close())
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        with self._lock:
+            try:
+                self._log.write("".join(line + "\n" for line in lines))
+                self._log.flush()  # a user may follow the log while the run goes on
+            except (OSError, ValueError):  # a full disk or a closed log must not stop the pump: writers would block
+                pass
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]

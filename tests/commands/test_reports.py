@@ -102,3 +102,24 @@ def test_wilson_intervals_and_the_near_line_for_a_verdict_within_the_noise():
     assert len(near) == 1 and near[0].startswith("NEAR: exists_bus fused 0.77, 95% interval 0.715-0.817 over 256")
     assert "(missed here)" in near[0]
     assert "fused_95: detect scores F1" in text, "the detect row's empty interval cell says why"
+
+
+def test_the_offline_report_lists_as_not_measured_only_empty_columns_and_counts_only_trained_comparisons(tmp_path):
+    """The demo's short offline stage trains no comparison: its report states no adapter count for
+    them, and its "not measured" lists only the columns that hold an empty cell."""
+    from vlora.commands.offline_report import adapter_counts, not_measured
+    from vlora.config import compose
+
+    short = compose("offline", ["offline.per_domain=false", "offline.all_in_one=false"]).offline
+    assert adapter_counts(short, 6, 1) == {"fused": 1}
+    assert adapter_counts(compose("offline").offline, 6, 2) == {"one_adapter_per_domain": 6, "one_adapter_for_all": 1,
+                                                                 "fused": 2}
+    rows = _domains()  # teacher_vs_truth empty in one row; fused_95 and fused_of_teacher measured (absent: not rows')
+    why = {**NOT_MEASURED, "fused_95": "detect scores F1", "one_adapter_for_all": None}
+    assert not_measured(rows, why) == NOT_MEASURED, "measured columns and columns without a reason are left out"
+    measured = [{**r, "teacher_vs_truth": 0.9, "base_zero_shot": 0.5} for r in rows]
+    assert not_measured(measured, why) == {}
+    report = {"model": "qwen2_vl_tiny", "domains": measured, "adapters": {"fused": 1}, "head_vs_lm_head": None,
+              "not_measured": {}}
+    text = (write_report(report, tmp_path) / "report.md").read_text()
+    assert "Adapters: fused 1 (no comparison was trained)" in text and (tmp_path / "report.png").stat().st_size > 0

@@ -103,8 +103,8 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     comparison = None
     if opts.compare_lm_head and opts.compare_lm_head in {d.name for d in order}:
         comparison = head_vs_lm(trainer, trainer.dataset(opts.compare_lm_head))
-    counts = {"one_adapter_per_domain": len(order), "one_adapter_for_all": 1, "fused": len(result.adapters)}
-    not_measured = {
+    counts = adapter_counts(opts, len(order), len(result.adapters))
+    why_empty = {
         "base_zero_shot": None if int(opts.base_eval_limit) > 0 else
         "the base model's zero-shot answers were not measured (offline.base_eval_limit=0)",
         "one_adapter_per_domain": None if opts.per_domain else
@@ -117,7 +117,21 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     return {"model": fused["model"].name, "domains": rows, "adapters": counts, "orders": orders,
             "head_vs_lm_head": comparison,
             "train_calls": trainer.train_calls, "manifest": fused["manifest"],
-            "not_measured": {k: v for k, v in not_measured.items() if v}}
+            "not_measured": not_measured(rows, why_empty)}
+
+
+def adapter_counts(opts, domains: int, fused: int) -> dict[str, int]:
+    """How many adapters each way, for the comparisons that were trained (offline.per_domain,
+    offline.all_in_one) and the fusion: a comparison not trained has no count."""
+    return {**({"one_adapter_per_domain": domains} if opts.per_domain else {}),
+            **({"one_adapter_for_all": 1} if opts.all_in_one else {}), "fused": fused}
+
+
+def not_measured(rows: list[dict], why_empty: dict[str, str | None]) -> dict[str, str]:
+    """Why each column holds no number, for the columns where some row holds none: a column
+    measured in every row is not listed, whatever reason it could have had."""
+    empty = {col for r in rows for col, value in r.items() if value is None}
+    return {col: why for col, why in why_empty.items() if why and col in empty}
 
 
 MISSED = "MISSED"  # the marker of a domain whose fused adapter misses its requirement
@@ -170,7 +184,8 @@ def write_report(report: dict, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     lines = [f"# Offline stage report ({report['model']})", "", *domain_lines(report), "",
-             "Adapters: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["adapters"].items())]
+             "Adapters: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report["adapters"].items())
+             + ("" if len(report["adapters"]) > 1 else " (no comparison was trained)")]
     if report.get("orders"):
         lines += ["", "Fusion by the order domains are tried in (same domains and requirements):", "```",
                   format_table([{k: v for k, v in r.items() if k != "tried"} for r in report["orders"]]), "```"]
@@ -189,12 +204,14 @@ def _plot(report: dict, path: Path) -> None:
 
     rows = report["domains"]
     cols = [("base_zero_shot", "base, zero-shot"), ("teacher_vs_truth", "teacher vs truth"),
-            ("one_adapter_per_domain", f"1 adapter per domain ({report['adapters']['one_adapter_per_domain']})"),
+            ("one_adapter_per_domain", f"1 adapter per domain ({report['adapters'].get('one_adapter_per_domain')})"),
             ("one_adapter_for_all", "1 adapter for all"), ("fused", f"fused ({report['adapters']['fused']} adapters)")]
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 3.6))
     width = 0.8 / len(cols)
     for k, (key, label) in enumerate(cols):
         xs = [i + k * width for i, r in enumerate(rows) if r[key] is not None]  # not measured: no bar
+        if not xs:  # a comparison that was not trained has no legend entry either
+            continue
         ax.bar(xs, [r[key] for r in rows if r[key] is not None], width, label=label)
     ax.scatter([i + 0.4 - width / 2 for i in range(len(rows))], [r["requirement"] for r in rows], marker="_",
                s=400, color="black", label="requirement", zorder=3)

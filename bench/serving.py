@@ -18,8 +18,8 @@ from the scheduled arrival to the final token. Per (sweep, x, policy) one row: t
 metrics (average token latency, p50/p95/p99, throughput, share within target) and the mode
 switches with their total time from the engine's stats. Before the replays, decode and prefill
 steps are timed plain, unmerged and in mixture (`mode_steps`: how much of unmerge's extra LoRA time
-mixture saves). Writes serving.csv, modes.csv, serving.json, latency_vs_<sweep>.png and the trace
-of every point under out_dir/<device>/, prints the tables.
+mixture saves). Writes serving.csv, modes.csv, serving.json, latency_vs_<sweep>.png and traces.json
+(every point's trace as its seeded spec: bench.serving_traces) under out_dir/<device>/, prints the tables.
 
     rows, meta = run_serving_bench(ServingBenchJob(policies=("v_lora", "unmerge_only"), rates=(16,)))
 """
@@ -41,9 +41,10 @@ import torch
 
 from bench.engine import WORDS, build_random_model
 from bench.serving_replay import build_requests, replay
+from bench.serving_traces import record
 from bench.serving_stats import capacity_rps, plot_points, summarize_points, summary_table, verdicts
 from serve.orchestrator import POLICIES, Mode, WorkloadSpec, build_policy, generate, video_analytics, \
-    visual_retrieval, write_trace
+    visual_retrieval
 from serve.sim.evaluate import METRIC_COLUMNS, EvalJob, points
 from serve.sim.report import plot
 from .results import device_label, results_dir, write_csv, write_json
@@ -350,7 +351,8 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
                 if key not in done:
                     if trace is None:
                         trace = generate(spec)
-                        write_trace(out / f"trace_{sweep}_{x:g}_skew{spec.skewness:g}_seed{seed}.jsonl", trace, spec)
+                        # the seeded spec, not the JSONL: bench.serving_traces rebuilds the file
+                        record(out, f"trace_{sweep}_{x:g}_skew{spec.skewness:g}_seed{seed}.jsonl", spec)
                         requests = build_requests(trace, names, job.image_size, seed, sum(job.text_tokens) // 2,
                                                   job.video_frames[1])
                     _use_policy(engine, name, params)

@@ -1,6 +1,6 @@
 """The serving evaluation on the real engine (CPU, tiny Qwen2-VL, two PEFT adapters): two policies
 replay the same generated workload in real time; every request is accounted for, the metrics are
-plausible, and the CSV, JSON, trace and plot are written."""
+plausible, and the CSV, JSON, traces (as seeded specs) and plot are written."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from adapter_cases import build_adapters
 from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread here)
 
 from bench.serving import ServingBenchJob, run_serving_bench
+from bench.serving_traces import rebuild
 from serve.orchestrator import read_trace
 
 
@@ -42,7 +43,9 @@ def test_serving_bench_two_policies(vlora_home, tmp_path):
 
     assert [r["policy"] for r in rows] == ["v_lora_paper", "unmerge_only"]
     out = tmp_path / "out" / "cpu"
-    trace = read_trace(out / "trace_skewness_0.8_skew0.8_seed0.jsonl")
+    name = "trace_skewness_0.8_skew0.8_seed0.jsonl"  # kept as its seeded spec, rebuilt byte for byte
+    assert not (out / name).exists() and (out / "traces.json").is_file()
+    trace = read_trace(rebuild(out / "traces.json", name, tmp_path / "rebuilt"))
     assert len(trace) >= 2 and {r.adapter for r in trace} <= {"adapter-000", "adapter-001"}
     assert {(r.app, r.output_mode) for r in trace} >= {("video_analytics", "head"), ("video_analytics", "generate")}
     for r in rows:

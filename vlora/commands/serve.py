@@ -45,6 +45,8 @@ from adapters import AdapterSet, ManifestError, base_identity, describe, read_so
 from adapters.peft import read_config
 from zoo import SPECS, build_checkpoint
 
+from .address import remove_address
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -276,6 +278,17 @@ def _join_tensor_parallel(cfg: DictConfig) -> int:
     return dist.get_rank()
 
 
+def _announce(cfg: DictConfig, server) -> Path:
+    """Writes the address file (before the listening line, so whoever saw that line finds it)."""
+    from .address import find_server, write_address
+
+    other = find_server(cfg.paths.home, sys.stderr, "vlora serve")  # a stale file is noted, then written over
+    if other is not None:
+        print(f"vlora serve: the server at {other} (pid {other.pid}) also uses {cfg.paths.home}; the apps will "
+              "find this one", file=sys.stderr, flush=True)
+    return write_address(cfg.paths.home, server.host, server.port)
+
+
 def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
@@ -312,11 +325,19 @@ def run(cfg: DictConfig):
         fail(busy_port(int(rpc.port)) if e.errno == errno.EADDRINUSE
              else f"cannot listen on {rpc.host}:{rpc.port} ({e})")
     signal.signal(signal.SIGTERM, lambda *_: server.close())
+    address = []  # the address file the apps find this server by (vlora.commands.address), once listening
+
+    def ready():
+        address.append(_announce(cfg, server))
+        print(f"vlora serve: listening on {server.host}:{server.port}", flush=True)
+
     try:
-        server.serve_forever(ready=lambda: print(f"vlora serve: listening on {server.host}:{server.port}", flush=True))
+        server.serve_forever(ready=ready)
     except KeyboardInterrupt:
         server.close()
     finally:
+        if address:
+            remove_address(address[0], server.port)
         if tensor_parallel:  # the leader releases its followers, then the group ends together
             engine.close()
             leave_group(engine)

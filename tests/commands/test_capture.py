@@ -89,3 +89,20 @@ def test_terminal_lines_keep_what_a_terminal_shows():
     assert lines.close() == ["partial"]
     assert lines.feed("\u00e9t\u00e9\n".encode()[:2]) == [] and lines.feed("\u00e9t\u00e9\n".encode()[2:]) == ["\u00e9t\u00e9"]
     assert shown("a\r\r") == "a" and shown("\x1b[K") == ""
+
+
+def test_python_writers_are_captured_where_sys_stdout_is_not_fd_1(tmp_path, capsys):
+    """Under a test runner's capture (or in a notebook) sys.stdout is no file descriptor: what the
+    captured code prints still goes to the log, and the streams are given back after."""
+    from vlora.commands.capture import CapturedOutput
+
+    before = sys.stdout
+    with CapturedOutput(tmp_path / "run.log") as console:
+        print("a print of the training loop")
+        print("a warning", file=sys.stderr)
+        console.say("[run 1/1] training")
+    print("after the run")
+    assert sys.stdout is before
+    assert (tmp_path / "run.log").read_text().splitlines() == ["a print of the training loop", "a warning",
+                                                                "[run 1/1] training"]
+    assert capsys.readouterr().out == "after the run\n"

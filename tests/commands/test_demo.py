@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from omegaconf import OmegaConf
 
 from vlora.commands import demo
 from vlora.config import compose
@@ -35,7 +36,7 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def test_the_main_job_runs_end_to_end_and_reports_every_stream_and_task(vlora_home, capsys):
+def test_the_main_job_runs_end_to_end_and_reports_every_stream_and_task(vlora_home, capfd):
     report = demo.run(_small_demo())
     saved = json.loads((vlora_home / "results" / "demo" / "report.json").read_text())
     assert saved["streams"] == report["streams"]
@@ -60,12 +61,25 @@ def test_the_main_job_runs_end_to_end_and_reports_every_stream_and_task(vlora_ho
         assert row["chunks"] >= 1 and row["dropped"] >= 0
         assert _number(row["p50_ms"]) and 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] < 60_000
         assert _number(row["accuracy"]) and 0.0 <= row["accuracy"] <= 1.0
+        # the app's default tasks, which neither fused domain serves: on the base model, and why
+        assert row["route"] == "base/generate" and row["verdict"] in ("MET", "NO ADAPTER")
+        assert row["reason"] == f"the manifest knows no domain or task {row['task']!r}: base model"
+        assert 0 <= row["unparsed"] <= row["answers"] and row["target"] > 0
     kinds = {r["kind"] for r in report["retrieval"]}
     assert kinds and all(r["errors"] == 0 and 0.0 <= r["accuracy"] <= 1.0 and r["p50_ms"] > 0
                          for r in report["retrieval"])
     assert report["engine"]["steps"] > 0 and report["engine"]["generated_tokens"] > 0
-    out = capsys.readouterr().out
-    assert "Video analytics:" in out and "cam1" in out and "Engine: policy v_lora" in out
+    console = capfd.readouterr()
+    out = console.out
+    assert "Video analytics (" in out and "cam1" in out and "Engine: policy v_lora" in out
+    assert out.rstrip().splitlines()[-len(report["missed"] or [1]):] == (report["missed"] or [out.rstrip().splitlines()[-1]])
+    assert all(line.startswith("Missed target: ") for line in report["missed"])
+    # quiet: the stages' own output is in the log, the console has a line per stage
+    log = (vlora_home / "results" / "demo" / "demo.log").read_text()
+    assert "Offline stage:" in log and "video_analytics:" in log and "Offline stage:" not in console.err
+    assert [line.split("]")[0] for line in console.err.splitlines() if line.startswith("[demo ")] == [
+        "[demo 1/4", "[demo 2/4", "[demo 3/4", "[demo 4/4"]
+    assert len(console.err.splitlines()) <= 6, console.err
 
 
 def test_auto_profile_follows_cuda_and_a_bad_profile_is_named():
@@ -117,3 +131,20 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
         assert c.paths.home == f"{tmp_path}/gpu", stage
         if stage != "world":
             assert c.model.name == "qwen2_vl_small" and c.adapters.manifest.startswith(f"{tmp_path}/gpu/"), stage
+
+
+def test_the_default_demo_streams_only_tasks_its_fused_domains_serve():
+    """Each profile's streamed tasks ask what one of its fused domains answers (the domain itself,
+    or a domain of the task's type asking the task's question): none goes to the base model for
+    want of an adapter (that the adapter then meets its requirement is the offline stage's to say)."""
+    from apps.video_analytics import stream_from_dict
+
+    d = compose("demo").demo
+    for profile in ("cpu", "gpu"):
+        off = compose("offline", demo.stage_overrides(d, profile, "offline"))
+        fused = set(off.fusion.only or off.fusion.domains)
+        answers = {(off.distill.domains[n].task, off.distill.domains[n].question) for n in fused}
+        va = compose("video_analytics", demo.stage_overrides(d, profile, "video_analytics"))
+        for s in va.streams:
+            for t in stream_from_dict(OmegaConf.to_container(s, resolve=True)).tasks:
+                assert t.key in fused or (t.key, t.question()) in answers, (profile, s.name, t.label)

@@ -1,12 +1,11 @@
-"""The offline and demo reports tell the truth: a domain whose fused adapter misses its requirement
-is flagged in the table and in a line under it, a cell that holds no number says why in a
-footnote, and the demo's plot includes visual retrieval."""
+"""The offline report tells the truth: a domain whose fused adapter misses its requirement is
+flagged in the table and in a line under it, a cell that holds no number says why in a footnote
+(the demo's report: test_demo_report.py)."""
 
 from __future__ import annotations
 
 import json
 
-from vlora.commands import demo
 from vlora.commands.offline_report import write_report
 
 
@@ -35,26 +34,6 @@ def test_the_offline_report_flags_a_missed_requirement_and_explains_empty_cells(
     assert "offline.base_eval_limit=0" in text and "teacher-vs-truth" in text
     assert "one_adapter_per_domain: not measured" in text, "a column without a recorded reason still says so"
     assert (tmp_path / "report.png").stat().st_size > 0
-
-
-def test_the_demo_report_flags_misses_explains_empty_cells_and_plots_retrieval(tmp_path):
-    streams = [{"stream": "cam0", "task": "count", "route": "base/generate", "chunks": 3, "dropped": 0,
-                "p50_ms": 10.0, "p95_ms": 12.0, "p99_ms": 12.0, "accuracy": 0.5},
-               {"stream": "file", "task": "count", "route": "base/generate", "chunks": 3, "dropped": 0,
-                "p50_ms": 10.0, "p95_ms": 12.0, "p99_ms": 12.0, "accuracy": None}]
-    retrieval = [{"kind": "caption", "queries": 2, "errors": 0, "accuracy": 0.25, "p50_ms": 30.0, "p95_ms": 40.0},
-                 {"kind": "qa", "queries": 1, "errors": 0, "accuracy": None, "p50_ms": 20.0, "p95_ms": 20.0}]
-    report = {"model": "qwen2_vl_tiny", "domains": _domains(), "not_measured": NOT_MEASURED, "streams": streams,
-              "retrieval": retrieval, "engine": {"policy": "v_lora", "adapters": 2, "mode_switches": 0,
-                                                 "switch_ms_total": 0.0, "steps_by_mode": {}},
-              "seconds": {"offline": 1.0, "total": 2.0}}
-    text = "\n".join(demo.report_lines(report))
-    assert "None" not in text and "MISSED: exists_bicycle fused 0.64 < requirement 0.7" in text
-    assert "no ground truth on this source" in text and "no query of this kind had a known answer" in text
-    json.dumps(report)
-    # the plot shows retrieval, even when no stream ran
-    demo._plot({**report, "streams": []}, tmp_path / "only_retrieval.png")
-    assert (tmp_path / "only_retrieval.png").stat().st_size > 0
 
 
 def test_the_offline_report_compares_fusion_orders(tmp_path):

@@ -4,10 +4,10 @@
         console.say("[demo 1/4] offline stage")   # the console (and the log)
         offline.run(cfg)                           # every other byte: the log only
 
-The process's stdout and stderr file descriptors (1 and 2) go to a pipe while it is on, so
-everything reaches the log whoever writes it: print, logging handlers that took sys.stdout when
-their library was imported (ultralytics' training), progress bars, C libraries and child
-processes. A thread writes what arrives to the log as a terminal would end up showing each line:
+The process's stdout and stderr file descriptors (1 and 2) go to a pipe while it is on, and
+sys.stdout / sys.stderr write to them, so everything reaches the log whoever writes it: print,
+logging handlers that took sys.stdout when their library was imported (ultralytics' training),
+progress bars, C libraries and child processes. A thread writes what arrives to the log as a terminal would end up showing each line:
 ANSI escape codes removed, a line rewritten by carriage returns kept at its last state (a
 progress bar of a thousand updates is one line, not one line of a thousand states). verbose:
 the console also gets every byte, as it came.
@@ -73,6 +73,11 @@ class CapturedOutput:
             os.dup2(write_fd, fd)
         os.close(write_fd)  # fds 1 and 2 hold the write end now: the pump ends when they are restored
         self._read_fd = read_fd
+        # Python-level writers too, where sys.stdout / sys.stderr are not fds 1 and 2 (a test
+        # runner's capture, a notebook): line-buffered, so the log keeps the order of writes
+        self._streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = (open(fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+                                  for fd in (1, 2))
         self._pump = threading.Thread(target=self._pump_lines, name="captured-output", daemon=True)
         self._pump.start()
         return self
@@ -88,6 +93,9 @@ class CapturedOutput:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         _flush_std()
+        ours, (sys.stdout, sys.stderr) = (sys.stdout, sys.stderr), self._streams
+        for stream in ours:
+            stream.close()  # closefd=False: fds 1 and 2 stay open
         for fd, saved in self._saved.items():
             os.dup2(saved, fd)
         # a child process that outlived the run may still hold the pipe: then its pump is left running

@@ -36,7 +36,6 @@ from adapters.base import base_identity
 from serve.lora.manager import AdapterManager
 from serve.lora.pool import PoolConfig
 from serve.models import load_model
-from serve.models.vision import split_frame_groups
 from serve.orchestrator import POLICIES
 from serve.orchestrator import CostProfile, Mode, ProfileShapes, assumed_profile, build_policy
 
@@ -45,6 +44,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .planner import StepPlanner
+from .preparer import Preparer
 from .request import Request, RequestMetrics, RequestOutput
 from .scheduler import FairShare, Scheduler, SchedulerConfig
 from .sequence import MMSpan, RunState, Sequence
@@ -94,6 +94,8 @@ class Engine:
         self.checkpoint = Path(checkpoint)
         pixels = config.pixels if config.pixels != "auto" else ("device" if self.device.type == "cuda" else "host")
         self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights, pixels)
+        self.pixels = pixels  # a front end in another process builds its Preparer the same way
+        self.preparer = Preparer(self.processor, self.model.args)
         tower = getattr(self.model.vision, "visual", None)
         if hasattr(tower, "attention"):
             tower.attention, tower.compiled = config.vision_attention, config.vision_compile
@@ -239,11 +241,7 @@ class Engine:
         """The request's prompt processed (chat template, image/video preprocessing, positions).
         It reads no engine state that steps change, so it may run on any thread: the RPC server
         runs it on the client's connection thread, off the engine's. Pass it to add_request."""
-        prompt = self.processor.process(request.prompt, request.messages, request.images, request.video,
-                                        request.raw_prompt, request.prompt_token_ids)
-        positions, delta = self.model.prompt_positions(prompt.token_ids, prompt.vision)
-        prompt.vision = split_frame_groups(prompt.vision, self.model.args.spatial_merge_size ** 2)
-        return prompt, positions, delta
+        return self.preparer.prepare(request)
 
     def add_request(self, request: Request, prepared: tuple | None = None) -> str:
         record, head = None, None

@@ -19,6 +19,7 @@ _EXPORTS = {
     "Client": ".client",
     "ServerError": ".client",
     "Stream": ".client",
+    "EngineProcess": ".engine_process",
     "EngineLoop": ".loop",
     "Ticket": ".loop",
     "PROTOCOL_CONFIG": ".server",

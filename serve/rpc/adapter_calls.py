@@ -6,6 +6,7 @@ operator loads from anywhere under the root. No reply names a server path."""
 from __future__ import annotations
 
 import re
+from operator import methodcaller
 from pathlib import Path
 
 from . import ownership
@@ -34,7 +35,7 @@ class AdapterCalls:
         """The adapters this token may use: its own and the shared ones (the operator: all), without paths."""
         tenant = self._who()
         engine = self.state.loop.engine
-        entries = self.state.loop.call(lambda e: e.list_adapters()) if hasattr(engine, "list_adapters") else []
+        entries = self.state.loop.call(methodcaller("list_adapters")) if hasattr(engine, "list_adapters") else []
         return reply(adapters=ownership.visible(tenant, entries))
 
     @guarded
@@ -59,7 +60,7 @@ class AdapterCalls:
                 raise RequestError("too_many_adapters", f"this tenant has {tenant.quotas.adapters} adapters loaded, "
                                                         "its limit; unload one first")
         try:
-            self.state.loop.call(lambda e: e.load_adapter(target, str(directory)))
+            self.state.loop.call(methodcaller("load_adapter", target, str(directory)))
         except (OSError, ValueError) as e:  # name what the caller gave, never the server's own paths
             raise RequestError("rejected", scrub(str(e).replace(target, name), (str(directory), path),
                                                  (str(root), "<adapter root>"))) from None
@@ -94,7 +95,7 @@ class AdapterCalls:
             raise RequestError("unsupported", "this engine serves the base model only; it has no adapters to unload")
         target = self.state.with_adapters(lambda loaded: ownership.may_unload(tenant, name, loaded))
         try:
-            self.state.loop.call(lambda e: e.unload_adapter(target))
+            self.state.loop.call(methodcaller("unload_adapter", target))
         except (ValueError, RuntimeError) as e:  # in use: the caller's to retry, not the server's failure
             raise RequestError("rejected", scrub(str(e).replace(target, name))) from None
         finally:

@@ -140,6 +140,9 @@ class Culprits:
         self._seen: OrderedDict[str, str] = OrderedDict()  # fingerprint -> why it is refused
         self._contents = 0  # content fingerprints held: the door hashes frames only while there are some
         self._lock = threading.Lock()
+        # called with (fingerprint, why) after each record: an engine in another process tells the
+        # front end, whose copy (`learn`) refuses such requests before they are even prepared
+        self.on_record = None
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -150,6 +153,13 @@ class Culprits:
         what = (f"requests with these settings ({clip(describe(request), 300)})" if by_kind
                 else "this exact request (the same prompt and frames)")
         why = f"the engine failed on {what} ({failure}) and refuses them; change them to be served"
+        self.learn(key, why)
+        if self.on_record is not None:
+            self.on_record(key, why)
+        return key
+
+    def learn(self, key: str, why: str) -> None:
+        """Holds a fingerprint (record's, or one another Culprits recorded: the engine's, in another process)."""
         with self._lock:
             if key not in self._seen:
                 self._contents += key.startswith("content:")
@@ -158,7 +168,6 @@ class Culprits:
             while len(self._seen) > self.max_kinds:
                 old, _ = self._seen.popitem(last=False)
                 self._contents -= old.startswith("content:")
-        return key
 
     def refuses(self, request) -> str | None:
         """Why `request` is refused, or None. Costs one repr while only kinds are held."""

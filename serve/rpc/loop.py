@@ -116,7 +116,7 @@ class EngineLoop(StepFailures):
         """Run fn(engine) on the engine thread (adapter loading, stats) and return its result."""
         box: dict[str, Any] = {}
         done = threading.Event()
-        self._commands.put(("call", fn, box, done))
+        self.post_call(fn, box, done)
         with GATE.released():
             answered = done.wait(timeout)
         if not answered:
@@ -124,6 +124,11 @@ class EngineLoop(StepFailures):
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def post_call(self, fn, box: dict, done) -> None:
+        """Runs fn(engine) on the engine thread, then box["value"] (or box["error"]) and done.set();
+        returns at once."""
+        self._commands.put(("call", fn, box, done))
 
     # ---- engine thread -------------------------------------------------------------------------
     def _run(self) -> None:

@@ -19,6 +19,7 @@ from . import gate
 from .auth import TokenAuthenticator
 from .guarded import GuardedServer
 from .logs import bound
+from .engine_process import EngineProcess
 from .loop import EngineLoop
 from .service import VLoRAService
 from .state import ServerState
@@ -62,10 +63,12 @@ MESSAGE_SLACK = 1 << 20  # beyond the frames' bytes: the JSON spec and RPyC's ow
 class RpcServer:
     def __init__(self, engine, token, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None,
                  max_connections: int = 64, logger: logging.Logger | None = None):
-        """token: one token (its holder is the operator) or a TenantRegistry (serve.rpc.tenants)."""
+        """engine: an engine object (its step loop runs on a thread of this process) or an EngineProcess
+        (the engine in a process of its own); token: one token (its holder is the operator) or a
+        TenantRegistry (serve.rpc.tenants)."""
         limits = limits or Limits()
         tenants = token if isinstance(token, TenantRegistry) else TenantRegistry.single(token)
-        self.loop = EngineLoop(engine)
+        self.loop = engine if isinstance(engine, EngineProcess) else EngineLoop(engine)
         self.state = ServerState(self.loop, limits, max_connections, tenants)
         self._server = GuardedServer(classpartial(VLoRAService, self.state), hostname=host, port=port,
                                      authenticator=TokenAuthenticator(tenants, self.state.admit,

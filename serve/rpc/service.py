@@ -19,6 +19,7 @@ import re
 import threading
 import time
 from collections import deque
+from operator import methodcaller
 
 import rpyc
 
@@ -218,14 +219,21 @@ class VLoRAService(AdapterCalls, rpyc.Service):
     # ---- health, metrics (adapters: serve.rpc.adapter_calls) ----------------------------------
     @guarded
     def exposed_health(self):
-        stats = self.state.loop.call(lambda e: e.stats())
-        return reply(healthy=self.state.loop.alive, uptime_s=round(time.time() - self.state.started, 3),
+        loop = self.state.loop
+        uptime = round(time.time() - self.state.started, 3)
+        if not loop.alive:  # the engine's thread or process is gone: say why, ask it nothing
+            return reply(healthy=False, reason=getattr(loop, "down_reason", None) or "the engine is not running",
+                         uptime_s=uptime, connections=self.state.connections)
+        stats = loop.call(methodcaller("stats"))
+        return reply(healthy=True, uptime_s=uptime,
                       connections=self.state.connections, in_flight=stats.in_flight,
                       blocks_in_use=stats.blocks_in_use, waiting=stats.waiting, running=stats.running)
 
     @guarded
     def exposed_metrics(self, fmt="json"):
-        stats = self.state.loop.call(lambda e: e.stats())
+        if not self.state.loop.alive:
+            raise RequestError("engine_error", getattr(self.state.loop, "down_reason", None) or "the engine is not running")
+        stats = self.state.loop.call(methodcaller("stats"))
         with self.state.lock:
             server = dict(self.state.counters, connections=self.state.connections)
             pixels_in_flight = self.state.pixels_in_flight  # a gauge: JSON only (the Prometheus text counts)

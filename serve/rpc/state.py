@@ -8,11 +8,16 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import methodcaller
 from typing import Any
 
-from .loop import EngineLoop
 from .tenants import Tenant, TenantRegistry
 from .wire import Limits, RequestError
+
+
+def listed_names(engine) -> list[str]:
+    """The names of the engine's adapters (module-level: it may run in the engine's own process)."""
+    return [a["name"] for a in engine.list_adapters()]
 
 
 @dataclass
@@ -38,7 +43,7 @@ def _once(fn):
 
 @dataclass
 class ServerState:
-    loop: EngineLoop
+    loop: Any  # EngineLoop, or EngineProcess (the engine in a process of its own)
     limits: Limits
     max_connections: int = 64
     tenants: TenantRegistry | None = None
@@ -134,9 +139,9 @@ class ServerState:
         if self.adapter_names is None or refresh:
             engine = self.loop.engine
             if hasattr(engine, "adapter_names"):  # replicas: the names they serve, loaded on demand
-                names = self.loop.call(lambda e: e.adapter_names())
+                names = self.loop.call(methodcaller("adapter_names"))
             elif hasattr(engine, "list_adapters"):
-                names = self.loop.call(lambda e: [a["name"] for a in e.list_adapters()])
+                names = self.loop.call(listed_names)
             else:
                 names = []
             self.adapter_names = set(names)

@@ -309,6 +309,13 @@ def run(cfg: DictConfig):
         checkpoint, base = checkpoint_of(cfg, plan)
         _log_start(plan, base, [e.name for e in plan.adapters.entries], sys.stderr)
         engine = start_replicas(cfg, engine_values(cfg, plan), checkpoint)
+    elif not tensor_parallel and cfg.rpc.get("engine_process", True):
+        from functools import partial
+
+        from serve.rpc import EngineProcess
+
+        # the step loop in a process of its own: no client's traffic takes its interpreter (serve.rpc.engine_host)
+        engine = EngineProcess(partial(build_engine, cfg, plan)).start()
     else:
         engine = build_engine(cfg, plan)
     if tensor_parallel:

@@ -1,0 +1,124 @@
+"""The engine's process: builds the engine, runs its step loop (serve/rpc/loop.py) and talks to the
+RPyC front end (serve/rpc/engine_process.py) over one pipe.
+
+Why a process of its own: CPython runs one thread's bytecode at a time, so in one process every
+client connection's thread takes turns at the interpreter with the step loop, and 32 clients
+calling `poll` in a loop slowed a victim's request 16-21 fold on a GPU with no engine work queued.
+Here the step loop shares the interpreter with two threads only: this one reading commands, and a
+sender that writes the loop's events back (the loop never writes to the pipe itself, so a front end
+slow to read cannot stall a step).
+
+Messages, front end -> engine: ("add", request, prepared, meta), ("abort", request_id),
+("call", call_id, fn) (fn(engine), picklable: a module-level function or operator.methodcaller),
+("counters", call_id), ("stop",). Engine -> front end: ("ready", info) or ("failed", message) once,
+then ("event", request_id, event), ("reply", call_id, ok, value), ("culprit", fingerprint, why).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import threading
+
+from .loop import EngineLoop
+
+log = logging.getLogger("vlora.serve.rpc")
+ADAPTER_CALLS = ("list_adapters", "load_adapter", "unload_adapter", "adapter_names")
+
+
+class _RemoteTicket:
+    """The loop's view of a front-end Ticket: events go to the sender's queue."""
+
+    def __init__(self, outbox, request_id: str, tag, submitted: float, frame_decode_ms: float, preprocess_ms: float):
+        self.outbox, self.request_id, self.tag = outbox, request_id, tag
+        # time.perf_counter() is CLOCK_MONOTONIC on Linux: one clock for both processes
+        self.submitted, self.frame_decode_ms, self.preprocess_ms = submitted, frame_decode_ms, preprocess_ms
+
+    def put(self, event: dict) -> None:
+        self.outbox.put(("event", self.request_id, event))
+
+
+class _Reply:
+    """Stands in for the threading.Event of EngineLoop.call: set() on the engine thread sends the answer."""
+
+    def __init__(self, outbox, call_id: int, box: dict):
+        self.outbox, self.call_id, self.box = outbox, call_id, box
+
+    def set(self) -> None:
+        box = self.box
+        self.outbox.put(("reply", self.call_id, "error" not in box, box.get("error", box.get("value"))))
+
+
+def _send_all(conn, outbox) -> None:
+    while True:
+        message = outbox.get()
+        if message is None:
+            return
+        try:
+            conn.send(message)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # an answer that cannot cross
+            if message[0] != "reply":
+                log.error("engine process: a %s message could not be sent (%s)", message[0], e)
+                continue
+            value = message[3]
+            text = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else f"unsendable {e}"
+            conn.send(("reply", message[1], False, RuntimeError(text)))
+        except OSError:  # the front end is gone
+            return
+
+
+def info_of(engine) -> dict:
+    """What the front end needs to prepare requests and answer capability checks by itself."""
+    checkpoint = getattr(engine, "checkpoint", None)
+    return {"checkpoint": str(checkpoint) if checkpoint is not None and hasattr(engine, "preparer") else None,
+            "pixels": getattr(engine, "pixels", "host"),
+            "methods": [m for m in ADAPTER_CALLS if hasattr(engine, m)]}
+
+
+def host(conn, build, idle_wait_s: float, log_level: int) -> None:
+    """The process's entry: build() gives the engine; serves commands until ("stop",) or the pipe closes."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        engine = build()
+    except BaseException as e:  # noqa: BLE001 - a user error (SystemExit) or a failed build: the front end says it
+        conn.send(("failed", str(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"))
+        return
+    outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_all, args=(conn, outbox), name="vlora-engine-sender", daemon=True)
+    sender.start()
+    loop = EngineLoop(engine, idle_wait_s)
+    loop.culprits.on_record = lambda key, why: outbox.put(("culprit", key, why))
+    loop.start()
+    outbox.put(("ready", info_of(engine)))
+    try:
+        _serve(conn, loop, outbox)
+    finally:
+        loop.stop()
+        outbox.put(None)
+        sender.join(5)
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+
+
+def _serve(conn, loop: EngineLoop, outbox) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the front end exited: so does the engine
+            return
+        kind = message[0]
+        if kind == "add":
+            _, request, prepared, meta = message
+            loop.submit(request, _RemoteTicket(outbox, *meta), prepared)
+        elif kind == "abort":
+            loop.abort(message[1])
+        elif kind == "call":
+            _, call_id, fn = message
+            box: dict = {}
+            loop.post_call(fn, box, _Reply(outbox, call_id, box))
+        elif kind == "counters":
+            outbox.put(("reply", message[1], True, dict(loop.counters)))
+        elif kind == "stop":
+            return

@@ -1,0 +1,242 @@
+"""The engine in a process of its own, seen from the RPyC front end: `EngineProcess` answers what
+`EngineLoop` answers (submit, abort, call, refuses, counters, alive, engine), so the service does not
+know which it has. The engine process (serve/rpc/engine_host.py) runs the step loop; the front end
+keeps the connection threads, frame decoding and request preparation (its own copy of the
+checkpoint's processor, serve.engine.preparer), so no amount of client traffic takes the step
+loop's interpreter.
+
+    loop = EngineProcess(functools.partial(build_engine, cfg, plan)).start()  # build runs over there
+    RpcServer(loop, token, ...)
+
+The build function crosses to a spawned interpreter: a module-level function or functools.partial
+of picklable arguments. Calls (`call(fn)`) take picklable functions too (operator.methodcaller).
+If the engine process dies, every request in flight is answered engine_error, `alive` turns false
+(health says unhealthy) and later requests are refused with that reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from .culprits import Culprits
+from .engine_host import host
+from .gate import GATE
+from .loop import Ticket
+
+log = logging.getLogger("vlora.serve.rpc")
+
+
+class FrontEngine:
+    """The engine as the front end holds it: the checkpoint's processor and `prepare`, built here
+    without weights, and the adapter calls the engine has (for `hasattr` checks; they run over
+    there through EngineProcess.call)."""
+
+    def __init__(self, info: dict):
+        self.preparer = None
+        if info.get("checkpoint"):
+            from serve.engine.preparer import Preparer
+
+            self.preparer = Preparer.from_checkpoint(info["checkpoint"], info.get("pixels", "host"))
+        self.processor = self.preparer.processor if self.preparer is not None else None
+        self._methods = frozenset(info.get("methods", ()))
+
+    def prepare(self, request) -> tuple:
+        if self.preparer is None:
+            raise ValueError("this engine prepares its own requests")
+        return self.preparer.prepare(request)
+
+    def __getattr__(self, name: str):
+        if name in self.__dict__.get("_methods", ()):
+            def remote(*args, **kwargs):
+                raise RuntimeError(f"{name} runs in the engine process: use EngineProcess.call")
+            return remote
+        raise AttributeError(name)
+
+
+class EngineProcess:
+    def __init__(self, build, idle_wait_s: float = 0.05, start_timeout_s: float | None = None):
+        self._build, self.idle_wait_s, self.start_timeout_s = build, idle_wait_s, start_timeout_s
+        self.engine: FrontEngine | None = None
+        self.culprits = Culprits()  # the engine's, learnt as it records them: refusals before preparing
+        self._tickets: dict[str, Ticket] = {}
+        self._calls: dict[int, tuple[dict, threading.Event]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # tickets and calls
+        self._send_lock = threading.Lock()
+        self._local: Counter[str] = Counter()
+        self._process = self._conn = self._router = None
+        self._gone: str | None = None  # why the engine process is not there (after it died)
+
+    # ---- start and stop --------------------------------------------------------------------------
+    def start(self) -> "EngineProcess":
+        """Spawns the engine process and returns once its engine is built (or raises: a user error
+        of the build as SystemExit with its one line, another failure as RuntimeError)."""
+        if self._process is not None:  # started already (the command starts it before it listens)
+            return self
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that has threads
+        self._conn, child = ctx.Pipe(duplex=True)
+        level = logging.getLogger("vlora").getEffectiveLevel()
+        self._process = ctx.Process(target=host, args=(child, self._build, self.idle_wait_s, level),
+                                    name="vlora-engine")
+        self._process.start()
+        child.close()
+        message = self._first_message()
+        if message[0] == "failed":
+            self._process.join(10)
+            text = message[1]
+            raise SystemExit(text) if text.startswith("vlora ") else RuntimeError(f"the engine's build failed: {text}")
+        self.engine = FrontEngine(message[1])
+        self._router = threading.Thread(target=self._route, name="vlora-engine-router", daemon=True)
+        self._router.start()
+        return self
+
+    def _first_message(self) -> tuple:
+        deadline = None if self.start_timeout_s is None else time.monotonic() + self.start_timeout_s
+        while not self._conn.poll(0.2):
+            if not self._process.is_alive():
+                raise RuntimeError(f"the engine process exited while building (exit code {self._process.exitcode})")
+            if deadline is not None and time.monotonic() > deadline:
+                self._process.kill()
+                raise RuntimeError(f"the engine was not built within {self.start_timeout_s} s")
+        return self._conn.recv()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._process is None:
+            return
+        try:
+            self._send(("stop",))
+        except OSError:
+            pass
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._conn.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive() and self._gone is None
+
+    @property
+    def down_reason(self) -> str | None:
+        return self._gone
+
+    # ---- what EngineLoop answers -----------------------------------------------------------------
+    def refuses(self, request) -> str | None:
+        if self._gone is not None:
+            return self._gone
+        return self.culprits.refuses(request)
+
+    def submit(self, request, ticket: Ticket, prepared=None) -> None:
+        meta = (ticket.request_id, ticket.tag, ticket.submitted, ticket.frame_decode_ms, ticket.preprocess_ms)
+        with self._lock:
+            self._tickets[ticket.request_id] = ticket
+        try:
+            self._send(("add", request, prepared, meta))
+        except OSError:
+            self._finish(ticket.request_id, {"type": "error", "error": {
+                "type": "engine_error", "message": self._gone or "the engine process is not running"}})
+
+    def abort(self, request_id: str) -> None:
+        try:
+            self._send(("abort", request_id))
+        except OSError:
+            pass
+
+    def call(self, fn, timeout: float = 30.0):
+        """fn(engine) in the engine process (fn picklable); its value, or its exception raised here."""
+        return self._ask(("call", None, fn), timeout)
+
+    @property
+    def counters(self) -> Counter:
+        """The engine loop's counters (asked of the engine process) and the front end's own."""
+        try:
+            remote = self._ask(("counters", None), 5.0)
+        except (RuntimeError, TimeoutError, OSError):
+            remote = {}
+        return Counter(remote) + self._local
+
+    # ---- the pipe --------------------------------------------------------------------------------
+    def _send(self, message: tuple) -> None:
+        if self._gone is not None:
+            raise OSError(self._gone)
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _ask(self, message: tuple, timeout: float):
+        call_id = next(self._ids)
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        with self._lock:
+            self._calls[call_id] = (box, done)
+        try:
+            self._send((message[0], call_id, *message[2:]))
+        except OSError:
+            self._calls.pop(call_id, None)
+            raise RuntimeError(self._gone or "the engine process is not running") from None
+        with GATE.released():  # waiting for the engine holds no turn of the connection threads
+            answered = done.wait(timeout)
+        with self._lock:
+            self._calls.pop(call_id, None)
+        if not answered:
+            raise TimeoutError(f"the engine did not answer within {timeout} s")
+        if not box["ok"]:
+            raise box["value"]
+        return box["value"]
+
+    def _route(self) -> None:
+        """Files the engine process's messages: events on their tickets, answers to their callers."""
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == "event":
+                _, request_id, event = message
+                if event["type"] in ("final", "error"):
+                    self._finish(request_id, event)
+                else:
+                    ticket = self._tickets.get(request_id)
+                    if ticket is not None:
+                        ticket.put(event)
+            elif kind == "reply":
+                _, call_id, ok, value = message
+                with self._lock:
+                    waiting = self._calls.get(call_id)
+                if waiting is not None:
+                    box, done = waiting
+                    box.update(ok=ok, value=value)
+                    done.set()
+            elif kind == "culprit":
+                self.culprits.learn(message[1], message[2])
+        self._died()
+
+    def _finish(self, request_id: str, event: dict) -> None:
+        with self._lock:
+            ticket = self._tickets.pop(request_id, None)
+        if ticket is not None:
+            ticket.put(event)
+
+    def _died(self) -> None:
+        """The pipe closed: a stop, or the engine process died. Every waiter is answered."""
+        self._process.join(1)
+        code = self._process.exitcode
+        self._gone = f"the engine process exited (exit code {code}); the server must be restarted"
+        if code not in (0, None):
+            self._local["engine_process_exits"] += 1
+            log.error("%s", self._gone)
+        with self._lock:
+            tickets, self._tickets = list(self._tickets.values()), {}
+            calls, self._calls = list(self._calls.values()), {}
+        for ticket in tickets:
+            ticket.put({"type": "error", "error": {"type": "engine_error", "message": self._gone}})
+        for box, done in calls:
+            box.update(ok=False, value=RuntimeError(self._gone))
+            done.set()

@@ -12,6 +12,7 @@
     vlora offline [overrides]  teachers -> datasets -> fused adapters -> report (conf/offline.yaml)
     vlora tune   [overrides]   search the ATMM tiling table of this GPU (conf/tune.yaml)
     vlora bench  [overrides]   GPU benchmarks (conf/bench.yaml)
+    vlora diagnose [overrides] where a trained adapter loses its score, item by item (conf/diagnose.yaml)
     vlora serve  [overrides]   the inference server over RPyC (conf/serve.yaml)
     vlora loadtest [overrides] concurrent clients against a server (conf/loadtest.yaml)
     vlora video_analytics [overrides]  camera streams against the server (conf/video_analytics.yaml)
@@ -40,6 +41,7 @@ COMMANDS = {
     "offline": ("vlora.commands.offline", "offline", "the whole offline stage: teachers, datasets, fusion, report"),
     "tune": ("vlora.commands.tune", "tune", "search the ATMM tiling table of this GPU"),
     "bench": ("vlora.commands.bench", "bench", "GPU benchmarks (kernels, merge, engine, adapters)"),
+    "diagnose": ("vlora.commands.diagnose", "diagnose", "where a trained adapter loses its score, item by item"),
     "serve": ("vlora.commands.serve", "serve", "the inference server (RPyC)"),
     "loadtest": ("vlora.commands.loadtest", "loadtest", "many concurrent clients against a server"),
     "video_analytics": ("vlora.commands.video_analytics", "video_analytics", "camera streams against the server"),

@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 PRIMARY_CONFIGS = ("zoo", "world", "demo", "train", "fusion", "serve", "video_analytics",
-                   "visual_retrieval", "bench", "tune", "loadtest", "simulate", "teachers", "distill", "offline", "pretrain", "smoke")
+                   "visual_retrieval", "bench", "tune", "loadtest", "simulate", "teachers", "distill", "offline", "pretrain", "smoke",
+                   "diagnose")
 T = TypeVar("T")
 
 

@@ -154,7 +154,7 @@ def test_split_forward_with_cached_vision_matches_the_model(model, domain, tiny_
 
 
 def test_the_probes_load_an_adapter_on_its_base_with_and_without_its_lora(trained, tiny_zoo, tmp_path):
-    from bench.adapter_probe import adapter_on_base
+    from vlora.commands.diagnose import adapter_on_base
 
     vlm, data, state = trained
     path = save_adapter(vlm, state, tmp_path / "count")

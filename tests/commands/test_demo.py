@@ -112,20 +112,6 @@ def test_the_gpu_profile_composes_every_stage_on_the_small_model_and_all_domains
     specs = {s.name: s for s in domain_specs(off)}  # every domain of the profile parses, copies included
     assert specs["detect_car"].augment == ["hflip"] and not specs["direction"].augment
     assert not any(s.augment for s in domain_specs(cpu)), "the CPU default's datasets keep their fingerprints"
-    from bench.domain_probe import profile_domains
-
-    assert set(profile_domains()) == set(off.distill.domains), "the probe distils each domain as the profile does"
-    from bench.domain_probe import profile_distill_settings, profile_pretrain
-    from train.pretrain import PretrainConfig
-    from vlora.config import to_dataclass
-
-    assert profile_pretrain(off.seed) == to_dataclass(PretrainConfig, {"seed": off.seed, **off.train.pretrain}), \
-        "the probe pretrains the checkpoint the profile's training would"
-    changed = profile_pretrain(off.seed, ["turns=6", "lr=7e-4"])
-    assert (changed.turns, changed.lr, changed.steps) == (6, 7e-4, off.train.pretrain.steps), "changes on top of the profile's"
-    with pytest.raises(ValueError, match="tunrs"):
-        profile_pretrain(off.seed, ["tunrs=6"])
-    assert sorted(profile_distill_settings()) == ["distill.label_workers=14", "distill.world_workers=14"]
     for stage in ("world", "serve", "video_analytics", "visual_retrieval"):
         c = compose(stage, demo.stage_overrides(d, "gpu", stage))
         assert c.paths.home == f"{tmp_path}/gpu", stage

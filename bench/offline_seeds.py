@@ -1,5 +1,6 @@
 """The offline stage's default, run fresh with several seeds, and the table of the runs.
 
+    vlora bench bench.suite=offline bench.offline.root=/tmp/seeds "bench.offline.seeds=[0,1,2]"
     python -m bench.offline_seeds --root /tmp/seeds --seeds 0 1 2 --out results/offline/seeds
     python -m bench.offline_seeds --root /tmp/seeds --seeds 0 1 2 --out results/offline/seeds -- offline.per_domain=false
 
@@ -82,7 +83,9 @@ def against_others(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, command: str | None = None) -> list[dict]:
+    """Runs (or tabulates) the seeds; returns the table's rows. `command`: how the caller was
+    invoked (`vlora bench bench.suite=offline ...`), recorded in seeds.md instead of this module's."""
     from .streams_report import format_table
 
     argv = sys.argv[1:] if argv is None else argv
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", required=True, help="folder for seeds.md and seeds.json")
     args = p.parse_args(own)
-    out, this = Path(args.out), f"python -m bench.offline_seeds {' '.join(argv)}"
+    out, this = Path(args.out), command or f"python -m bench.offline_seeds {' '.join(argv)}"
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
         extra, reports = saved["extra_args"], {int(s): r for s, r in saved["reports"].items()}
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
              *(x for line in against_others(rows) for x in ("", line))]
     (out / "seeds.md").write_text("\n".join(lines) + "\n")
     print(table)
+    return rows
 
 
 if __name__ == "__main__":

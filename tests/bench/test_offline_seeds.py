@@ -71,3 +71,16 @@ def test_the_table_is_rebuilt_from_saved_runs_without_running(tmp_path):
     assert "tabulated from its saved reports by: `python -m bench.offline_seeds --from-json" in md
     assert "0.500/0.45" in md and "Fused minus one adapter for all" in md
     assert not (tmp_path / "seed2").exists()
+
+
+def test_vlora_bench_runs_the_seeds_as_its_offline_suite(tmp_path, vlora_home):
+    from vlora.commands.bench import run
+    from vlora.config import compose
+
+    _report(tmp_path, 0, {"count": (0.45, 0.6)})  # reports on disk: the suite tabulates them, runs nothing
+    _report(tmp_path, 1, {"count": (0.45, 0.5)})
+    cfg = compose("bench", ["bench.suite=offline", f"bench.offline.root={tmp_path}", "bench.offline.seeds=[0,1]",
+                            f"bench.out_dir={tmp_path}/out"])
+    rows = run(cfg)["offline"]
+    assert [r["all_met"] for r in rows] == [True, True]
+    assert "Every requirement met in 2 of 2 runs" in (tmp_path / "out" / "seeds.md").read_text()

@@ -10,7 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import to_dataclass
 from bench.results import write_csv
 
-SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train")
+SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train",
+          "offline")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -35,10 +36,12 @@ def run(cfg: DictConfig) -> dict:
         return _vision(b)
     if b.suite == "train":  # device=cpu with a tiny zoo model runs anywhere too
         return _train(b)
+    if b.suite == "offline":  # the offline stage on the CPU default, fresh per seed
+        return _offline(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
-              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train")}
+              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train", "offline")}
     if b.suite == "adapters":
         from bench.adapters import AdapterBenchJob, run_adapter_bench
 
@@ -144,6 +147,16 @@ def _train(b: DictConfig) -> dict:
               for k, v in OmegaConf.to_container(b.train, resolve=True).items()}
     rows, meta = run_train_bench(to_dataclass(TrainBenchJob, values, out_dir=b.out_dir, command=_command()))
     return {"train": rows, "meta": meta}
+
+
+def _offline(b: DictConfig) -> dict:
+    """`vlora offline` per seed in a home of its own, then seeds.md / seeds.json (bench/offline_seeds.py)."""
+    from bench.offline_seeds import main
+
+    o = b.offline
+    argv = ["--root", str(o.root), "--seeds", *map(str, o.seeds), "--out", str(b.out_dir)]
+    rows = main(argv + (["--", *o.overrides] if o.overrides else []), command=_command())
+    return {"offline": rows}
 
 
 def _command() -> str:

@@ -39,6 +39,10 @@ def hydra_entry(config_name: str, run: Callable[[DictConfig], Any]) -> Callable[
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
     def main(cfg: DictConfig) -> Any:
+        if "paths" in cfg:  # before the command imports ultralytics or matplotlib (vlora.home)
+            from .home import pin_tool_dirs
+
+            pin_tool_dirs(cfg.paths.home)
         return run(cfg)
 
     return main

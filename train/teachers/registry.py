@@ -108,7 +108,10 @@ def register(name: str, kind: str, targets: Callable, build: Callable) -> None:
 def _yolo_world(name, settings, log):
     root = Path(settings.dir)
     weights = train_world_yolo(settings.yolo_world, root / name, root / "ultralytics", log)
-    return YoloTeacher(weights, name=name, conf=settings.yolo_conf, imgsz=settings.yolo_world.imgsz)
+    # cached weights skip training, so the teacher must name the config dir too (without it a
+    # second run imported ultralytics with its settings and fonts under ~/.config)
+    return YoloTeacher(weights, name=name, conf=settings.yolo_conf, imgsz=settings.yolo_world.imgsz,
+                       config_dir=root / "ultralytics")
 
 
 register("yolo_world", "yolo", lambda s: DETECTOR_TARGETS, _yolo_world)

@@ -81,12 +81,18 @@ def ultralytics_offline(config_dir: str | os.PathLike | None = None):
 
     ultralytics downloads Arial.ttf into its config directory whenever it checks a dataset, and
     sends usage events when `sync` is on. We point its config directory at `config_dir` (when it
-    is not imported yet and YOLO_CONFIG_DIR is unset), switch events off and place a local font
-    (matplotlib's DejaVu Sans) under the names it looks for. AMP checks only run on CUDA devices.
+    is not imported yet and YOLO_CONFIG_DIR is unset; no config_dir: ultralytics/ under VLORA_HOME,
+    never the user's ~/.config), switch events off and place a local font (matplotlib's DejaVu
+    Sans) under the names it looks for. AMP checks only run on CUDA devices.
     """
-    if "ultralytics" not in sys.modules and config_dir is not None:
-        Path(config_dir).mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("YOLO_CONFIG_DIR", str(config_dir))
+    home = Path(os.environ.get("VLORA_HOME") or ".vlora")  # as conf/paths/default.yaml
+    if "ultralytics" not in sys.modules:
+        config_dir = Path(config_dir) if config_dir is not None else home / "ultralytics"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        # absolute: child processes inherit the variable, and a relative one would land in their cwd
+        os.environ.setdefault("YOLO_CONFIG_DIR", str(config_dir.resolve()))
+    if "matplotlib" not in sys.modules:  # its font cache (vlora.home pins both for every command)
+        os.environ.setdefault("MPLCONFIGDIR", str((home / "matplotlib").resolve()))
     import matplotlib
     with process_threads_kept():  # its import sets OMP_NUM_THREADS and OpenCV's threads
         import ultralytics

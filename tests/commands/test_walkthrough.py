@@ -94,7 +94,7 @@ def test_bring_your_own_camera_teacher_and_checkpoint(tiny_zoo, tmp_path):
     log = _vlora(user, "video_analytics", "manifest=.vlora/adapters/people", f"streams={stream}", "duration_s=null",
                  "engine.device=cpu", "engine.policy=fcfs", "+engine.num_kv_blocks=64")
     assert f"fingerprint {meta['base_model']['fingerprint'][:19]}" in log and "recorded by the adapters" in log
-    report = json.loads((user / ".vlora/results/video_analytics/report.json").read_text())
+    report = json.loads((user / ".vlora/results/video_analytics/latest/report.json").read_text())  # the newest run
     door = report["streams"]["door"]
     assert door["routes"]["count"]["adapter"] == "people" and door["chunks_processed"] == SECONDS
     assert door["routes"]["count"]["media"] == "clip"  # trained on the app's chunks: sent whole chunks

@@ -1,8 +1,11 @@
 """`vlora video_analytics`: the configured camera streams against the server, with live progress
 lines, a JSON-lines sink and a per-stream report (conf/video_analytics.yaml).
 
-    vlora video_analytics                                   # own in-process server, 20 s
-    VLORA_TOKEN=... vlora video_analytics server.port=18861 duration_s=60
+    VLORA_TOKEN=... vlora video_analytics                   # the server `vlora serve` started, 20 s
+    vlora video_analytics server=own                        # an own in-process server
+    VLORA_TOKEN=... vlora video_analytics server.port=18861 duration_s=60 run_name=rush_hour
+
+Each run writes ${paths.results}/video_analytics/<run_name or start time>/; `latest` links the newest.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
-from .serve import start_server
+from .app_runs import abandon_run, finish_run, start_run
+from .app_server import connect
 
 
 @dataclass
@@ -114,31 +118,37 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    job = job_from_cfg(cfg)
-    server, port = None, job.port
     from apps.video_analytics import stream_from_dict
 
-    try:  # streams are checked before an own server is built
-        [stream_from_dict(s) for s in job.streams]
+    try:  # streams are checked before anything connects or is built
+        [stream_from_dict(s) for s in job_from_cfg(cfg).streams]
     except (ValueError, TypeError, KeyError) as e:
         raise SystemExit(f"video_analytics: streams: {e}") from None
-    if port is None:
-        if not job.token:
-            raise SystemExit("video_analytics: an own server needs a token; set VLORA_TOKEN or rpc.token")
-        server = start_server(cfg, job.token, len(job.streams) + 4, sources=job.manifest)  # serves what routing reads
-        port = server.port
-    elif not job.token:
-        raise SystemExit("video_analytics: set VLORA_TOKEN (or server.token) to the server's token")
-    print(f"video_analytics: {len(job.streams)} streams against {job.host}:{port}"
-          + (" (own server)" if server else ""), file=sys.stderr, flush=True)
+    target = connect(cfg, "video_analytics")
+    run_dir = start_run(cfg, "video_analytics")  # sets run_name: the paths below are this run's
+    job = job_from_cfg(cfg)
+    job.host, job.port, job.token = target.host, target.port, target.token
+    server = None
     try:
-        report = run_streams(job, port)
-    finally:
-        if server is not None:
-            server.close()
-    report["server"] = {"host": job.host, "port": port, "own": server is not None}
-    Path(job.report).parent.mkdir(parents=True, exist_ok=True)
-    Path(job.report).write_text(json.dumps(report, indent=1))
+        if target.own:  # imported here: a client of a running server loads no model code (transformers, torch)
+            from .serve import start_server
+
+            server = start_server(cfg, job.token, len(job.streams) + 4, sources=job.manifest)  # serves what routing reads
+            job.port = server.port
+        print(f"video_analytics: {len(job.streams)} streams against {job.host}:{job.port}"
+              + (" (own server)" if server else ""), file=sys.stderr, flush=True)
+        try:
+            report = run_streams(job, job.port)
+        finally:
+            if server is not None:
+                server.close()
+        report["server"] = {"host": job.host, "port": job.port, "own": server is not None, "pid": target.pid}
+        Path(job.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.report).write_text(json.dumps(report, indent=1))
+    except BaseException:
+        abandon_run(run_dir)
+        raise
+    latest = finish_run(cfg.results_dir, run_dir)
     print_report(report)
-    print(f"results: {job.sink}; report: {job.report}")
+    print(f"results: {job.sink}; report: {job.report}" + (f"; newest run: {latest}" if latest else ""))
     return report

@@ -2,9 +2,12 @@
 (a query file, or queries with known answers made from a world's truth) or interactively
 (conf/visual_retrieval.yaml).
 
-    vlora world && vlora visual_retrieval                   # world queries, own server
-    vlora visual_retrieval queries=/data/q.jsonl collection=/data/images
+    vlora world && vlora visual_retrieval                   # world queries; the server `vlora serve`
+                                                            # started (VLORA_TOKEN), else an own one
+    vlora visual_retrieval queries=/data/q.jsonl collection=/data/images server=own
     vlora visual_retrieval queries=null                     # "<image> <question>" lines on stdin
+
+Each run writes ${paths.results}/visual_retrieval/<run_name or start time>/; `latest` links the newest.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
-from .serve import start_server
+from .app_runs import abandon_run, finish_run, start_run
+from .app_server import connect
 
 
 @dataclass
@@ -119,26 +123,38 @@ def print_report(report: dict[str, Any]) -> None:
 
 def run(cfg: DictConfig, stdin=None, stdout=None) -> dict[str, Any]:
     job = job_from_cfg(cfg)
-    server, port = None, job.port
-    if not job.token:
-        raise SystemExit("visual_retrieval: set VLORA_TOKEN (or rpc.token / server.token)")
-    if not Path(job.collection).is_dir():  # checked before an own server is built
+    if not Path(job.collection).is_dir():  # checked before anything connects or is built
         raise SystemExit(f"visual_retrieval: no image collection at {job.collection} "
                          "(`vlora world` writes the default one)")
     if job.queries not in (None, "world") and not Path(job.queries).is_file():
         raise SystemExit(f"visual_retrieval: no query file at {job.queries} (queries=world makes queries from a "
                          "world's truth; queries=null reads them from stdin)")
-    if port is None:
-        server = start_server(cfg, job.token, 4, sources=job.manifest)  # serves what routing reads
-        port = server.port
+    target = connect(cfg, "visual_retrieval")
+    run_dir = start_run(cfg, "visual_retrieval")  # sets run_name: out_dir is this run's
+    job = job_from_cfg(cfg)
+    job.host, job.port, job.token = target.host, target.port, target.token
+    server = None
     try:
-        report = run_queries(job, port, stdin, stdout)
-    finally:
-        if server is not None:
-            server.close()
-    report["server"] = {"host": job.host, "port": port, "own": server is not None}
+        if target.own:  # imported here: a client of a running server loads no model code (transformers, torch)
+            from .serve import start_server
+
+            server = start_server(cfg, job.token, 4, sources=job.manifest)  # serves what routing reads
+            job.port = server.port
+        try:
+            report = run_queries(job, job.port, stdin, stdout)
+        finally:
+            if server is not None:
+                server.close()
+        report["server"] = {"host": job.host, "port": job.port, "own": server is not None, "pid": target.pid}
+        if report["mode"] == "batch":
+            Path(job.out_dir).mkdir(parents=True, exist_ok=True)
+            Path(job.out_dir, "report.json").write_text(json.dumps(report, indent=1))
+    except BaseException:
+        abandon_run(run_dir)
+        raise
+    latest = finish_run(cfg.results_dir, run_dir)
     if report["mode"] == "batch":
-        Path(job.out_dir, "report.json").write_text(json.dumps(report, indent=1))
         print_report(report)
-        print(f"results: {report['results']}; report: {Path(job.out_dir, 'report.json')}")
+        print(f"results: {report['results']}; report: {Path(job.out_dir, 'report.json')}"
+              + (f"; newest run: {latest}" if latest else ""))
     return report

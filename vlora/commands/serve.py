@@ -278,7 +278,7 @@ def _join_tensor_parallel(cfg: DictConfig) -> int:
     return dist.get_rank()
 
 
-def _announce(cfg: DictConfig, server) -> Path:
+def _announce(cfg: DictConfig, server) -> Path | None:
     """Writes the address file (before the listening line, so whoever saw that line finds it)."""
     from .address import find_server, write_address
 
@@ -286,7 +286,12 @@ def _announce(cfg: DictConfig, server) -> Path:
     if other is not None:
         print(f"vlora serve: the server at {other} (pid {other.pid}) also uses {cfg.paths.home}; the apps will "
               "find this one", file=sys.stderr, flush=True)
-    return write_address(cfg.paths.home, server.host, server.port)
+    try:
+        return write_address(cfg.paths.home, server.host, server.port)
+    except OSError as e:  # serving goes on; only finding it by default does not
+        print(f"vlora serve: cannot write the address file in {cfg.paths.home} ({e.strerror or e}); the apps "
+              f"reach this server with server.port={server.port}", file=sys.stderr, flush=True)
+        return None
 
 
 def run(cfg: DictConfig):

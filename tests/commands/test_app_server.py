@@ -154,3 +154,14 @@ def test_a_clean_shutdown_removes_the_address_file(served):
     assert address_path(served.home).is_file()
     served.server.stop()
     assert served.server.proc.returncode == 0 and not address_path(served.home).exists()
+
+
+def test_serve_goes_on_when_its_home_cannot_hold_the_address_file(tmp_path, capsys):
+    from vlora.commands.serve import _announce
+
+    home = tmp_path / "not_a_folder"
+    home.write_text("")
+    cfg = compose("serve", [f"paths.home={home}"])
+    assert _announce(cfg, SimpleNamespace(host="127.0.0.1", port=18999)) is None
+    err = capsys.readouterr().err
+    assert f"vlora serve: cannot write the address file in {home}" in err and "server.port=18999" in err

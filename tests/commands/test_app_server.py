@@ -88,7 +88,8 @@ def test_a_missing_token_is_one_line_naming_vlora_token(served, monkeypatch):
     monkeypatch.delenv("VLORA_TOKEN", raising=False)
     cfg = compose("video_analytics", [f"paths.home={served.home}"])
     with pytest.raises(SystemExit, match=f"^video_analytics: the server at 127.0.0.1:{served.server.port} needs its "
-                                         "token: set VLORA_TOKEN to the token `vlora serve` was started with"):
+                                         "token: set VLORA_TOKEN to the token `vlora serve` was started with; "
+                                         "or pass server=own for a server of the app's own$"):
         video_analytics.run(cfg)
 
 

@@ -76,7 +76,8 @@ def server_token(cfg: DictConfig, target: ServerTarget, app: str) -> str:
     if target.own:
         return secrets.token_urlsafe(24)
     fail(app, f"the server at {target.host}:{target.port} needs its token: set VLORA_TOKEN to the token "
-              "`vlora serve` was started with (or pass server.token=...)")
+              "`vlora serve` was started with" + ("; or pass server=own for a server of the app's own"
+                                                  if target.pid is not None else ""))
 
 
 def check_connection(target: ServerTarget, app: str) -> None:

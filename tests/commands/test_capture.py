@@ -106,3 +106,22 @@ def test_python_writers_are_captured_where_sys_stdout_is_not_fd_1(tmp_path, caps
     assert (tmp_path / "run.log").read_text().splitlines() == ["a print of the training loop", "a warning",
                                                                 "[run 1/1] training"]
     assert capsys.readouterr().out == "after the run\n"
+
+
+def test_a_long_running_progress_line_leaves_its_state_in_the_log_as_it_moves(tmp_path):
+    """A step counter rewritten by carriage returns for minutes (the world pretraining's) shows in
+    the log while it runs, not only when its line ends."""
+    import time
+
+    from vlora.commands.capture import CapturedOutput
+
+    log = tmp_path / "run.log"
+    with CapturedOutput(log, progress_every_s=0.2):
+        for step in range(1, 4):
+            print(f"\r[pretrain] step {step}/3", end="", flush=True)
+            time.sleep(0.3)
+            if step == 2:
+                seen = log.read_text().splitlines()
+        print()
+    assert seen == ["[pretrain] step 1/3", "[pretrain] step 2/3"] or seen == ["[pretrain] step 2/3"], seen
+    assert log.read_text().splitlines()[-1] == "[pretrain] step 3/3"

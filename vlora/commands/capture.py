@@ -9,7 +9,8 @@ sys.stdout / sys.stderr write to them, so everything reaches the log whoever wri
 logging handlers that took sys.stdout when their library was imported (ultralytics' training),
 progress bars, C libraries and child processes. A thread writes what arrives to the log as a terminal would end up showing each line:
 ANSI escape codes removed, a line rewritten by carriage returns kept at its last state (a
-progress bar of a thousand updates is one line, not one line of a thousand states). verbose:
+progress bar of a thousand updates is one line, not one line of a thousand states; one that runs
+for minutes also leaves its state every PROGRESS_EVERY_S). verbose:
 the console also gets every byte, as it came.
 """
 
@@ -20,11 +21,15 @@ import os
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 # CSI sequences (colours, erase line, cursor moves) and the two-byte escapes
 ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 TAIL_ON_ERROR = 20  # lines of the log shown on the console when the captured code raises
+# a line rewritten by carriage returns for longer than this (a pretraining's step counter) also
+# leaves its state in the log this often, so that a reader of the log sees it move
+PROGRESS_EVERY_S = 30.0
 
 
 def shown(text: str) -> str:
@@ -50,6 +55,10 @@ class TerminalLines:
         self._pending = rest
         return [shown(line) for line in done]
 
+    def progress(self) -> str:
+        """The unfinished line as it shows now ("" when there is none)."""
+        return shown(self._pending)
+
     def close(self) -> list[str]:
         last = shown(self._pending + self._decoder.decode(b"", final=True))
         self._pending = ""
@@ -57,9 +66,10 @@ class TerminalLines:
 
 
 class CapturedOutput:
-    def __init__(self, log_path: str | Path, verbose: bool = False):
+    def __init__(self, log_path: str | Path, verbose: bool = False, progress_every_s: float = PROGRESS_EVERY_S):
         self.log_path = Path(log_path)
         self.verbose = verbose
+        self.progress_every_s = progress_every_s
         self._lock = threading.Lock()  # the pump and say() both write the log
 
     def __enter__(self) -> "CapturedOutput":
@@ -115,13 +125,19 @@ class CapturedOutput:
 
     def _pump_lines(self) -> None:
         lines = TerminalLines()
+        last = time.monotonic()  # when the log last got a line
         while True:
             data = os.read(self._read_fd, 65536)
             if not data:
                 break
             if self.verbose:
                 _write_all(self._console, data)
-            self._write(lines.feed(data))
+            done = lines.feed(data)
+            if not done and time.monotonic() - last >= self.progress_every_s:
+                done = [lines.progress()] if lines.progress() else []
+            if done:
+                self._write(done)
+                last = time.monotonic()
         self._write(lines.close())
 
     def _write(self, lines: list[str]) -> None:

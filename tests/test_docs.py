@@ -262,7 +262,10 @@ def test_docs_snippets_run(user_folder):
                 continue
             if server is None:  # the model the README's snippet built, or a fresh build when run alone
                 checkpoint = build_checkpoint("qwen2_vl_tiny", user_folder / ".vlora" / "zoo" / "qwen2_vl_tiny")
-                server = ServerProcess(checkpoint, user_folder / "server_home", "rpc.token=change-me")
+                # the engine on a thread of the server: the snippet is about the client, and the
+                # engine's own process (tests/serve/rpc/test_engine_process.py) costs ~15 s more here
+                server = ServerProcess(checkpoint, user_folder / "server_home", "rpc.token=change-me",
+                                       "rpc.engine_process=false")
             out = _run_snippet(code.replace("18861", str(server.port)), user_folder, where)
             assert "'type': 'final'" in out, f"{where}: the snippet printed no final event:\n{out}"
     finally:

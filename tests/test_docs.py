@@ -50,8 +50,8 @@ PARSED = {path: _parse(path) for path in DOCS}
 
 
 def _slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    """GitHub's anchor for a heading: lower case, punctuation but - and _ dropped, spaces to hyphens."""
+    text = heading.strip().lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 

@@ -55,12 +55,9 @@ class ServerUnderTest:
         return self.proc.poll() is None
 
     def rss_mb(self) -> float:
-        """Resident memory of the server process (VmRSS), MB."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        raise RuntimeError("no VmRSS in /proc status")
+        """Resident memory (VmRSS) of the server: its process and every process under it (the engine's
+        own process, compile workers), MB."""
+        return sum(_vm_rss_kb(pid) for pid in _tree(self.proc.pid)) / 1024
 
     def log_size(self) -> tuple[int, int]:
         """(bytes, lines) the server has written to its log."""
@@ -117,3 +114,28 @@ def snapshot(port: int, token: str) -> dict:
             "pixels_in_flight": metrics.get("pixels_in_flight"),
             "connections": server.get("connections", 0) - 1,  # less the snapshot's own
             "server_counters": {k: v for k, v in server.items() if k != "connections"}}
+
+
+def _tree(pid: int) -> list[int]:
+    """pid and its descendants (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except OSError:  # gone meanwhile
+            pass
+    return out
+
+
+def _vm_rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:  # gone meanwhile
+        pass
+    return 0

@@ -22,6 +22,7 @@ import queue
 import threading
 
 from .loop import EngineLoop
+from .memory import pin_mmap_threshold, trim_when_idle
 
 log = logging.getLogger("vlora.serve.rpc")
 ADAPTER_CALLS = ("list_adapters", "load_adapter", "unload_adapter", "adapter_names")
@@ -56,16 +57,29 @@ def _send_all(conn, outbox) -> None:
         if message is None:
             return
         try:
-            conn.send(message)
-        except (pickle.PicklingError, TypeError, AttributeError) as e:  # an answer that cannot cross
-            if message[0] != "reply":
-                log.error("engine process: a %s message could not be sent (%s)", message[0], e)
-                continue
-            value = message[3]
-            text = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else f"unsendable {e}"
-            conn.send(("reply", message[1], False, RuntimeError(text)))
+            try:
+                data = dumps(message)
+            except (pickle.PicklingError, TypeError, AttributeError) as e:  # an answer that cannot cross
+                if message[0] != "reply":
+                    log.error("engine process: a %s message could not be sent (%s)", message[0], e)
+                    continue
+                value = message[3]
+                text = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else f"unsendable {e}"
+                data = dumps(("reply", message[1], False, RuntimeError(text)))
+            conn.send_bytes(data)
         except OSError:  # the front end is gone
             return
+
+
+def dumps(message) -> bytes:
+    """Plain pickle, not multiprocessing's: that one moves every tensor through a shared-memory file
+    and a file-descriptor hand-off served by a thread of the sender, a round trip per tensor that
+    costs more than copying a request's few small tensors."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def receive(conn):
+    return pickle.loads(conn.recv_bytes())
 
 
 def info_of(engine) -> dict:
@@ -79,10 +93,11 @@ def info_of(engine) -> dict:
 def host(conn, build, idle_wait_s: float, log_level: int) -> None:
     """The process's entry: build() gives the engine; serves commands until ("stop",) or the pipe closes."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    pin_mmap_threshold()  # requests of megabytes arrive here too (serve.rpc.memory)
     try:
         engine = build()
     except BaseException as e:  # noqa: BLE001 - a user error (SystemExit) or a failed build: the front end says it
-        conn.send(("failed", str(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"))
+        conn.send_bytes(dumps(("failed", str(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}")))
         return
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
     sender = threading.Thread(target=_send_all, args=(conn, outbox), name="vlora-engine-sender", daemon=True)
@@ -90,10 +105,13 @@ def host(conn, build, idle_wait_s: float, log_level: int) -> None:
     loop = EngineLoop(engine, idle_wait_s)
     loop.culprits.on_record = lambda key, why: outbox.put(("culprit", key, why))
     loop.start()
+    trimmer = trim_when_idle(lambda: not engine.has_unfinished())
     outbox.put(("ready", info_of(engine)))
     try:
         _serve(conn, loop, outbox)
     finally:
+        if trimmer is not None:
+            trimmer.set()
         loop.stop()
         outbox.put(None)
         sender.join(5)
@@ -105,7 +123,7 @@ def host(conn, build, idle_wait_s: float, log_level: int) -> None:
 def _serve(conn, loop: EngineLoop, outbox) -> None:
     while True:
         try:
-            message = conn.recv()
+            message = receive(conn)
         except (EOFError, OSError):  # the front end exited: so does the engine
             return
         kind = message[0]

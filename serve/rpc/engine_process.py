@@ -25,7 +25,7 @@ from collections import Counter
 from typing import Any
 
 from .culprits import Culprits
-from .engine_host import host
+from .engine_host import dumps, host, receive
 from .gate import GATE
 from .loop import Ticket
 
@@ -104,7 +104,7 @@ class EngineProcess:
             if deadline is not None and time.monotonic() > deadline:
                 self._process.kill()
                 raise RuntimeError(f"the engine was not built within {self.start_timeout_s} s")
-        return self._conn.recv()
+        return receive(self._conn)
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._process is None:
@@ -166,8 +166,9 @@ class EngineProcess:
     def _send(self, message: tuple) -> None:
         if self._gone is not None:
             raise OSError(self._gone)
+        data = dumps(message)  # outside the lock: pickling a big request holds up no other sender
         with self._send_lock:
-            self._conn.send(message)
+            self._conn.send_bytes(data)
 
     def _ask(self, message: tuple, timeout: float):
         call_id = next(self._ids)
@@ -194,7 +195,7 @@ class EngineProcess:
         """Files the engine process's messages: events on their tickets, answers to their callers."""
         while True:
             try:
-                message = self._conn.recv()
+                message = receive(self._conn)
             except (EOFError, OSError):
                 break
             kind = message[0]

@@ -21,6 +21,7 @@ from .guarded import GuardedServer
 from .logs import bound
 from .engine_process import EngineProcess
 from .loop import EngineLoop
+from .memory import pin_mmap_threshold, trim_when_idle
 from .service import VLoRAService
 from .state import ServerState
 from .tenants import TenantRegistry
@@ -67,6 +68,7 @@ class RpcServer:
         (the engine in a process of its own); token: one token (its holder is the operator) or a
         TenantRegistry (serve.rpc.tenants)."""
         limits = limits or Limits()
+        pin_mmap_threshold()  # frames and requests of megabytes go back to the system when freed (serve.rpc.memory)
         tenants = token if isinstance(token, TenantRegistry) else TenantRegistry.single(token)
         self.loop = engine if isinstance(engine, EngineProcess) else EngineLoop(engine)
         self.state = ServerState(self.loop, limits, max_connections, tenants)
@@ -86,10 +88,12 @@ class RpcServer:
                                             "idle_closed": guarded.idle_closed}
         self.host, self.port = host, self._server.port
         self._thread: threading.Thread | None = None
+        self._trimmer = None
 
     def start(self) -> "RpcServer":
         """Serve from a background thread (tests, the load test); see serve_forever for the command."""
         self.loop.start()
+        self._trim()
         # listen before returning, so a client may connect at once (start() skips an active listener)
         self._server._listen()
         self._thread = threading.Thread(target=self._server.start, name="vlora-rpc", daemon=True)
@@ -99,6 +103,7 @@ class RpcServer:
     def serve_forever(self, ready=None) -> None:
         """Serve on this thread until close(); `ready()` is called once connections are accepted."""
         self.loop.start()
+        self._trim()
         self._server._listen()
         if ready is not None:
             ready()
@@ -107,7 +112,13 @@ class RpcServer:
         finally:
             self.loop.stop()
 
+    def _trim(self) -> None:
+        state = self.state  # once no frames are held, the memory a burst of requests freed goes back
+        self._trimmer = self._trimmer or trim_when_idle(lambda: state.pixels_in_flight == 0)
+
     def close(self) -> None:
+        if self._trimmer is not None:
+            self._trimmer.set()
         self._server.close()
         self.loop.stop()
         if self._thread is not None:

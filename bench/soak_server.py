@@ -55,9 +55,9 @@ class ServerUnderTest:
         return self.proc.poll() is None
 
     def rss_mb(self) -> float:
-        """Resident memory (VmRSS) of the server: its process and every process under it (the engine's
-        own process, compile workers), MB."""
-        return sum(_vm_rss_kb(pid) for pid in _tree(self.proc.pid)) / 1024
+        """Resident memory (VmRSS) of the server: its process and its children (the engine's own
+        process); not theirs (compiler workers come and go), MB."""
+        return sum(_vm_rss_kb(pid) for pid in [self.proc.pid, *_children(self.proc.pid)]) / 1024
 
     def log_size(self) -> tuple[int, int]:
         """(bytes, lines) the server has written to its log."""
@@ -116,18 +116,12 @@ def snapshot(port: int, token: str) -> dict:
             "server_counters": {k: v for k, v in server.items() if k != "connections"}}
 
 
-def _tree(pid: int) -> list[int]:
-    """pid and its descendants (Linux /proc)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo.extend(int(c) for c in f.read().split())
-        except OSError:  # gone meanwhile
-            pass
-    return out
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:  # gone meanwhile
+        return []
 
 
 def _vm_rss_kb(pid: int) -> int:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 ENCODED_FORMATS = ("JPEG", "PNG")  # encoded frames; anything else is sent raw
 FRAME_BYTES_PER_PIXEL = 3  # what the budget's pixel stands for: one decoded uint8 RGB pixel
 # Peak resident memory of decoding one encoded frame to its uint8 RGB array, in bytes per pixel,
-# measured as the VmHWM rise of a fresh process per 3840x2160 frame (python -m bench.frame_decode,
+# measured as the VmHWM rise of a fresh process per 3840x2160 frame (python -m bench.frame_decode at fd328ee,
 # Pillow 12.3): Pillow's image (4 bytes a pixel for RGB, RGBA and CMYK) plus the 3-byte result and
 # a band in between: 7.3-7.4 for baseline JPEG and RGB or RGBA PNG (4.3 for grey and palette). The
 # previous path (convert, then np.asarray through tobytes, which joins a second copy) peaked at 14.0.

@@ -1,11 +1,13 @@
-"""The connection threads' turns at the interpreter, so that no client's calls can slow the engine.
+"""The connection threads' turns at the interpreter, so that no client's calls can slow another's.
 
-Every RPC call runs on its connection's thread, and the engine's step loop (serve/rpc/loop.py) is
-one more thread of the same process: CPython runs one thread's bytecode at a time, so 32
-connections calling `poll` in a loop left the engine thread a sliver of the interpreter and a
-victim's request slowed 10-20 fold with no engine work queued at all. A shorter interpreter
-switch interval does not help (every runnable thread still takes its turn; bench/fairness.py).
-The gate bounds the connection threads instead:
+Every RPC call runs on its connection's thread. With the engine's step loop on one more thread of
+the same process (rpc.engine_process=false, tensor parallel, replicas), CPython runs one thread's
+bytecode at a time, so 32 connections calling `poll` in a loop left the engine thread a sliver of
+the interpreter and a victim's request slowed 10-20 fold with no engine work queued at all; `vlora
+serve` runs the step loop in a process of its own for that (serve/rpc/engine_process.py), and the
+connection threads still share the front end's interpreter with each other. A shorter interpreter
+switch interval does not help (every runnable thread still takes its turn; results/fairness).
+The gate bounds the connection threads:
 
 - **slots**: at most `slots` threads run service code at once; the others wait asleep (a thread
   blocked on a lock costs the interpreter nothing);

@@ -174,9 +174,13 @@ def tiny_world(root: str | Path) -> WorldIndex:
 
 def tiny_domain(root: str | Path, name: str, model_dir: str | Path, limit: int = 16,
                 eval_fraction: float = 0.25) -> Path:
-    """`<root>/datasets/<name>` from `tiny_world(root)`, written once per root."""
+    """`<root>/datasets/<name>` from `tiny_world(root)`, written once per root and settings; written
+    again when another limit (or model) wrote that same folder since (a test asking for 12 items must
+    not get the 8 another module's call left there)."""
     key = ("domain", str(root), name, str(model_dir), limit)
-    if key not in _CACHE:
-        _CACHE[key] = write_domain(tiny_world(root), name, Path(root) / "datasets", model_dir,
-                                   eval_fraction=eval_fraction, limit=limit)
-    return _CACHE[key]
+    path = _CACHE.get(key)
+    if path is None or _CACHE.get(("written", str(path))) != key:
+        path = write_domain(tiny_world(root), name, Path(root) / "datasets", model_dir, eval_fraction=eval_fraction,
+                            limit=limit)
+        _CACHE[key], _CACHE[("written", str(path))] = path, key
+    return path

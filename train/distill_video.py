@@ -22,7 +22,7 @@ from typing import Any, Iterator, TextIO
 import numpy as np
 
 from world import write_video
-from world.sampling import FrameSampler, resize_frame
+from world.sampling import ChunkCutter, FrameSampler, resize_frame
 
 from .distill_sources import Item, SourceError, SourceSpec, file_identity
 from .distill_spec import fingerprint
@@ -87,12 +87,11 @@ class VideoSource:
             cap.release()
 
     def _chunks(self) -> Iterator[list[tuple[int, float, np.ndarray]]]:
-        buf = []
+        cutter = ChunkCutter(self.chunk_frames)  # the app's rule: whole chunks only, the tail left out
         for f in self._frames():
-            buf.append(f)
-            if len(buf) == self.chunk_frames:
-                yield buf
-                buf = []
+            chunk = cutter.push(f)
+            if chunk is not None:
+                yield chunk
 
     def prepare(self, world_dir: str, log: TextIO | None = None, progress: bool = False) -> list[Item]:
         """Writes every chunk as a clip file once (resumable: a complete chunks.json is reused)."""

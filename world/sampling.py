@@ -2,7 +2,8 @@
 
 The video app sends chunks of frames to the server; the distiller must build its training clips
 the same way, so both take these rules from here: `ChunkConfig` (sampling rate, chunk length,
-frame size), `FrameSampler` (which source frames are kept, by timestamp) and `resize_frame`.
+frame size), `FrameSampler` (which source frames are kept, by timestamp), `ChunkCutter` (whole
+chunks only: a trailing partial chunk is left out) and `resize_frame`.
 Sampling follows the frames' timestamps, not their count, so a 25 fps file and a 30 fps camera
 sampled at 5 fps both give 5 frames per second.
 """
@@ -73,6 +74,40 @@ class FrameSampler:
         return False
 
 
+class ChunkCutter:
+    """push(item) -> a list of exactly `frames_per_chunk` items when one is complete, else None.
+
+    The one rule both sides cut by: the distiller's training clips and the app's chunks are whole
+    chunks only. A finite recording's trailing partial chunk (its last few frames, one frame say)
+    is left out on both sides: an adapter trained on chunks of N frames never saw a one-frame
+    "clip", so answering one would score the adapter on an input it was never trained for.
+    `finish()` says how many frames were left out."""
+
+    def __init__(self, frames_per_chunk: int):
+        if isinstance(frames_per_chunk, bool) or not isinstance(frames_per_chunk, int) or frames_per_chunk < 1:
+            raise ValueError(f"frames_per_chunk must be an int >= 1, got {frames_per_chunk!r}")
+        self.frames_per_chunk = frames_per_chunk
+        self._buf: list = []
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def push(self, item) -> list | None:
+        self._buf.append(item)
+        if len(self._buf) < self.frames_per_chunk:
+            return None
+        chunk, self._buf = self._buf, []
+        return chunk
+
+    def finish(self) -> int:
+        """The source ended: the partial chunk is let go; returns its number of frames (0: none)."""
+        left, self._buf = len(self._buf), []
+        return left
+
+    reset = finish  # a reconnect restarts the feed: the partial chunk is let go the same way
+
+
 def resize_frame(image: np.ndarray, width: int | None, height: int | None) -> np.ndarray:
     """`image` [H, W, 3] at width x height (area averaging when shrinking); as is when width is None."""
     if width is None or (image.shape[1], image.shape[0]) == (width, height):
@@ -83,4 +118,4 @@ def resize_frame(image: np.ndarray, width: int | None, height: int | None) -> np
     return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
 
 
-__all__ = ["ChunkConfig", "FrameSampler", "resize_frame"]
+__all__ = ["ChunkConfig", "ChunkCutter", "FrameSampler", "resize_frame"]

@@ -92,7 +92,7 @@ def run_chunk(runner, chunk: Chunk) -> None:
     frames = chunk.rgb()
     results = _collect(runner, chunk, frames)
     latencies, lines, boxes, truth_boxes = [], [f"{cfg.name} #{chunk.index}"], [], []
-    shadowed = runner.shadow.sample() if runner.shadow is not None else set()
+    shadowed = chunk.shadowed  # tossed by the reader (StreamRunner._offer)
     served = []  # (task, served answer) for the shadow teacher
     for spec in cfg.tasks:
         final, arrived, error = results[spec.label]
@@ -126,8 +126,8 @@ def run_chunk(runner, chunk: Chunk) -> None:
         if spec.task == "detect":
             boxes += pred.boxes
             truth_boxes += truth or []
-    if served:  # handed over without waiting; the teacher answers on its own thread
-        runner.shadow.offer(chunk.index, frames, served)
+    if served:  # handed over without waiting; the teacher answers on its own thread, on the source's frames
+        runner.shadow.offer(chunk.index, chunk.source_rgb(), served, (width, height))
     ok = len(latencies) == len(cfg.tasks)
     m.chunk_done(chunk.index, max(latencies) if latencies else 0.0, (taken - chunk.ready) * 1e3, ok)
     if cfg.annotate:

@@ -7,6 +7,9 @@ ground truth or not).
 
 `teacher` is passed unchanged to train.teachers.build_teacher (a built-in name, `yolo:<file.pt>`,
 ...); a task's own `shadow` replaces the stream's for that task, `false` turns it off. The
+teacher answers on the chunk's frames as the source gave them, before the stream's resize (which
+is for the model's copy only), as distillation's teacher answered on the recording's own frames;
+the app warns at start where the sizes differ from what distillation recorded (resolution.py). The
 comparison uses the task's own scoring (tasks.TaskSpec.score) with the teacher's answer in place
 of the ground truth: agreement is the share of equal counts / labels, or F1 of boxes for
 detection. The worker that runs the teacher is in shadow_worker.py.
@@ -97,10 +100,14 @@ def teacher_query(spec: "TaskSpec"):
     return Query(TARGETS[spec.task], spec.target_classes, spec.kind.labels or None)
 
 
-def reference(spec: "TaskSpec", answer) -> Any:
-    """A teacher's Answer in the form TaskSpec.truth gives, so TaskSpec.score compares with it."""
+def reference(spec: "TaskSpec", answer, scale: tuple[float, float] = (1.0, 1.0)) -> Any:
+    """A teacher's Answer in the form TaskSpec.truth gives, so TaskSpec.score compares with it.
+    scale: (x, y) from the teacher's frames to the served ones: the teacher sees the source's
+    size, the served boxes are in the stream's resized frames."""
     if spec.task == "count":
         return answer.count
     if spec.task == "detect":
-        return sorted((tuple(float(v) for v in d.box) for d in answer.boxes or ()), key=lambda b: b[:2])
+        fx, fy = scale
+        boxes = ((d.box[0] * fx, d.box[1] * fy, d.box[2] * fx, d.box[3] * fy) for d in answer.boxes or ())
+        return sorted((tuple(float(v) for v in b) for b in boxes), key=lambda b: b[:2])
     return answer.label

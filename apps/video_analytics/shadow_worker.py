@@ -1,7 +1,9 @@
 """One stream's shadow teachers: a thread of their own beside the stream's worker.
 
-The worker hands over a chunk's frames with the served answers (`offer`, which never waits: the
-queue is bounded and drops its oldest chunk when the teacher lags), and this thread builds the
+The worker hands over a chunk's frames at the source's own size with the served answers (`offer`,
+which never waits: the queue is bounded and drops its oldest chunk when the teacher lags): the
+teacher looks at what distillation's teacher looked at, not at the model's resized copies, whose
+size can change its answers (a detector at a third of the size finds fewer people). This thread builds the
 teachers (on first use, so a built-in teacher that trains itself costs the stream nothing),
 answers, scores the teacher's answer against the served one and keeps agreement per task.
 """
@@ -56,7 +58,8 @@ class _Group:
 @dataclass
 class _Job:
     index: int
-    frames: list  # RGB uint8 [h, w, 3], the frames the server got
+    frames: list  # RGB uint8 [H, W, 3], the chunk's frames at the source's size (the teacher's view)
+    size: tuple[int, int] | None = None  # (width, height) of the frames the server got; None: the same as `frames`
     served: list[tuple[TaskSpec, Prediction, _Group]] = field(default_factory=list)
 
 
@@ -85,10 +88,12 @@ class ShadowWorker:
         return {s.label for g in self.groups if not g.failed and g.sampler.take() for s in g.specs
                 if not self.tasks[s.label].off}
 
-    def offer(self, index: int, frames: list, served: list[tuple[TaskSpec, Prediction]]) -> None:
+    def offer(self, index: int, frames: list, served: list[tuple[TaskSpec, Prediction]],
+              size: tuple[int, int] | None = None) -> None:
+        """frames: RGB at the source's size; size: (width, height) the served answers' boxes refer to."""
         if not served:
             return
-        job = _Job(index, frames, [(spec, pred, self.group_of[spec.label]) for spec, pred in served])
+        job = _Job(index, frames, size, [(spec, pred, self.group_of[spec.label]) for spec, pred in served])
         try:
             self.queue.put(job)  # drop_oldest: never blocks
         except Closed:
@@ -151,7 +156,9 @@ class ShadowWorker:
             return
         try:
             answer = teacher.answer(Sample(f"{self.stream}/{job.index}", "clip", job.frames), query)
-            score = spec.score(pred, reference(spec, answer))
+            h, w = job.frames[0].shape[:2]
+            served_w, served_h = job.size or (w, h)
+            score = spec.score(pred, reference(spec, answer, (served_w / w, served_h / h)))
         except Exception as e:  # one bad answer: counted, the next chunk is tried again
             self._error(spec.label, f"{type(e).__name__}: {e}")
             return

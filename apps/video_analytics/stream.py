@@ -41,6 +41,7 @@ class StreamRunner:
                                      {t.label for t in config.tasks if t.task == "detect"})
         self.annotator: Annotator | None = None
         self.sample_rate: float | None = None  # sampled frames per second, once the source is open
+        self.warnings: list[str] = []  # set by the manager at start (resolution.py): frame sizes unlike distillation's
         groups = shadow_groups(config.shadow, config.tasks)
         self.shadow = ShadowWorker(config.name, groups) if groups else None  # off the latency path
         self._stop = threading.Event()
@@ -80,6 +81,8 @@ class StreamRunner:
     def snapshot(self) -> dict[str, Any]:
         snap = self.metrics.snapshot(self.queue.stats.to_dict())
         snap["routes"] = {name: r.to_dict() for name, r in self.routes.items()}
+        if self.warnings:
+            snap["warnings"] = list(self.warnings)
         if self.shadow is not None:
             shadow = self.shadow.snapshot()
             for name, agreement in shadow.pop("tasks").items():
@@ -117,7 +120,7 @@ class StreamRunner:
                         self.event("reconnected", attempt=failures)
                     opened_before = True
                     m.set_status("running")
-                    chunker = chunker or Chunker(cfg.name, cfg.chunk, source.fps)
+                    chunker = chunker or Chunker(cfg.name, cfg.chunk, source.fps, keep_source=self.shadow is not None)
                     self.sample_rate = chunker.rate
                     pacer = Pacer(source.fps) if cfg.realtime else None
                     while not self._stop.is_set():
@@ -149,9 +152,9 @@ class StreamRunner:
                     self.event("reconnecting", error=str(e), failures=failures, backoff_s=delay)
                     self._stop.wait(delay)
             if ended and chunker is not None and not self._stop.is_set():
-                last = chunker.flush()
-                if last is not None:
-                    self._offer(last)
+                left = chunker.finish()  # whole chunks only, as distillation cut the recording
+                if left:
+                    self.event("tail_left_out", frames=left, frames_per_chunk=chunker.frames_per_chunk)
         except Exception as e:  # a bug or an unexpected OpenCV error: this stream only
             m.set_status("failed", f"{type(e).__name__}: {e}")
             self.event("failed", error=f"{type(e).__name__}: {e}")
@@ -160,6 +163,10 @@ class StreamRunner:
             self.queue.close()
 
     def _offer(self, chunk: Chunk) -> bool:
+        if self.shadow is not None:  # the coin is tossed here so that only a shadowed chunk holds its source frames
+            chunk.shadowed = self.shadow.sample()
+        if not chunk.shadowed:
+            chunk.source_frames = None
         self.metrics.add(chunks_made=1)  # before the put, so a live snapshot never shows processed > made
         try:
             self.queue.put(chunk)

@@ -123,8 +123,8 @@ def test_chunking_defaults_to_one_second_of_thirty_frames():
     assert chunker.frames_per_chunk == 30 and len(chunks) == 3
     assert [c.frame_indices[0] for c in chunks] == [0, 30, 60]
     assert chunks[1].t_start == pytest.approx(1.0) and chunks[1].t_end == pytest.approx(59 / 30)
-    tail = chunker.flush()
-    assert tail.frame_indices == [90, 91, 92, 93, 94] and chunker.flush() is None
+    # frames 90-94 make no whole chunk: left out, as distillation leaves them out
+    assert chunker.finish() == 5 and chunker.finish() == 0
 
 
 @pytest.mark.parametrize("fps,sample_fps,kept", [(30, 15, [0, 2, 4, 6]), (30, 4, [0, 7, 15, 22]),
@@ -140,7 +140,7 @@ def test_chunks_are_resized_and_carry_their_middle_frames_truth():
     cam.open()
     config = ChunkConfig(sample_fps=5, chunk_frames=2, width=48, height=40)
     chunker, chunks = _chunks(config, _drain(cam), cam.fps)
-    assert [c.frame_indices for c in chunks] == [[0, 2], [4, 6]] and chunker.flush().frame_indices == [8]
+    assert [c.frame_indices for c in chunks] == [[0, 2], [4, 6]] and chunker.finish() == 1  # frame 8: no whole chunk
     for c in chunks:
         assert c.size == (48, 40) and c.source_size == (64, 64)
         assert all(f.shape == (40, 48, 3) for f in c.frames)

@@ -11,7 +11,8 @@ chunks), `backpressure` (bounded queues, drop policies), `tasks` (prompts, groun
 scoring), `answers` (head output or parsed text -> Prediction), `routing` (manifest -> adapter,
 head, output mode), `stream` / `process` (one stream's threads), `manager` (many streams),
 `metrics`, `sink`, `shadow` / `shadow_worker` (a small model of the user's answering a share
-of chunks on its own thread, its agreement with the served answers reported per task);
+of chunks on its own thread, on the source's frames, its agreement with the served answers
+reported per task), `resolution` (the start check: frame sizes against what distillation recorded);
 `answers`, `routing` and `annotate` are shared with visual retrieval (apps/common). Only
 `stream`/`process` touch the server, through a client with `submit_video`; everything else is
 plain Python and testable alone.

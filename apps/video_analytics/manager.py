@@ -8,7 +8,9 @@
 
 Each stream gets its own client connection (`connect()`), so one stream's slow or failing
 requests never hold up another's, and its own routes: the manifest's adapter for each task,
-narrowed to what the server serves (routing.py).
+narrowed to what the server serves (routing.py). A stream whose frames differ in size from what
+its tasks' domains were distilled at gets one warning line per task (resolution.py), kept in
+`runner.warnings`, its snapshot and an event of the sink.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ from typing import Any, Callable
 from apps.common.routing import Route, ServerCaps, resolve_route
 
 from .config import StreamConfig
+from .resolution import resolution_warnings
 from .stream import StreamRunner
 
 
 class StreamManager:
     def __init__(self, connect: Callable[[], Any], manifest: dict[str, Any] | None = None, sink=None,
-                 heads: str = "auto", load_adapters: bool = False):
+                 heads: str = "auto", load_adapters: bool = False, datasets_dir: str | None = None):
+        """datasets_dir: where domain datasets are looked for when an adapter's meta.json does not
+        record its domains' datasets (for the resolution check)."""
         self.connect, self.manifest, self.sink = connect, manifest, sink
+        self.datasets_dir = datasets_dir
         self.heads, self.load_adapters = heads, load_adapters
         self._streams: dict[str, StreamRunner] = {}
         self._removed: dict[str, dict[str, Any]] = {}
@@ -56,6 +62,9 @@ class StreamManager:
             self._streams[config.name] = runner
             self._removed.pop(config.name, None)
         runner.event("added", source=str(config.source), routes={k: r.to_dict() for k, r in runner.routes.items()})
+        runner.warnings = resolution_warnings(config, runner.routes, self.manifest, self.datasets_dir)
+        for line in runner.warnings:
+            runner.event("warning", warning=line)
         return runner.start()
 
     def remove(self, name: str, drain: bool = False, timeout: float = 30.0) -> dict[str, Any]:

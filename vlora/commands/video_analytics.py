@@ -38,12 +38,13 @@ class VideoJob:
     report: str
     streams: list
     teachers_dir: str | None = None  # where shadow teachers are cached, unless a shadow names its own dir
+    datasets_dir: str | None = None  # domain datasets, for domains whose adapter records none (resolution check)
 
 
 def job_from_cfg(cfg: DictConfig) -> VideoJob:
     values = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
               for k in ("manifest", "heads", "load_adapters", "duration_s", "report_every_s", "sink", "report",
-                        "streams", "teachers_dir") if k in cfg}
+                        "streams", "teachers_dir", "datasets_dir") if k in cfg}
     return to_dataclass(VideoJob, values, host=cfg.server.host, port=cfg.server.port, token=cfg.server.token)
 
 
@@ -60,10 +61,11 @@ def run_streams(job: VideoJob, port: int, out=None) -> dict[str, Any]:
     began = time.monotonic()
     with JsonlSink(job.sink) as sink:
         manager = StreamManager(lambda: Client(job.host, port, job.token), manifest, sink, job.heads,
-                                job.load_adapters)
+                                job.load_adapters, job.datasets_dir)
         try:
             for s in streams:
-                manager.add(s)
+                for line in manager.add(s).warnings:  # frame sizes unlike the distillation's: said before any answer
+                    print(f"video_analytics: warning: {line}", file=out, flush=True)
             last = time.monotonic()
             while job.duration_s is None or time.monotonic() - began < job.duration_s:
                 if manager.wait(timeout=0.2):

@@ -42,11 +42,11 @@ from .fit import ClassifierSpec, fit_sklearn_teacher, fit_torch_teacher, load_sk
 from .labels import LabelsTeacher
 from .opencv import ColorBlobDetector, MotionDirection
 from .plugins import load_object, protocol_targets, wrap_teacher
+from .provenance import FileHashes, teacher_provenance, update_with_model
 from .yolo import YoloTeacher
 from .yolo_world import YoloWorldSpec, train_world_yolo
 
 ENTRY_POINTS = "vlora.teachers"
-FILE_ARGS = ("path", "weights", "checkpoint", "model_path")  # arguments whose file bytes identify a plug-in
 TRAINED = ("yolo_world", "sklearn_color", "torch_class")  # the ones `vlora teachers` fits and caches
 BY_PATH = {"yolo": "a .pt file", "sklearn": "a directory with model.joblib", "torch": "a directory with model.pt"}
 
@@ -258,32 +258,21 @@ def _build_plugin(spec: Mapping, log: TextIO) -> Teacher:
     return teacher
 
 
-def teacher_fingerprint(teacher: Teacher) -> str:
+def teacher_fingerprint(teacher: Teacher, hashes: FileHashes | None = None,
+                        provenance: dict | None = None) -> str:
     """Identifies what a teacher would answer: its description, the spec it was built from (a
-    plug-in's class path and arguments), and the bytes of its weights and of any file its spec
-    names (`path`, `weights`, ...; every file of a directory)."""
+    plug-in's class path and arguments), the user's code behind it and the content of its weights
+    and of any checkpoint its spec names (`teacher_provenance`, computed here unless given), and
+    the parameters of a model it holds. A teacher with neither code nor files keeps the value it
+    had before code was covered."""
+    provenance = provenance if provenance is not None else teacher_provenance(teacher, hashes)
     h = hashlib.sha256(repr(sorted(teacher.describe().items())).encode())
     spec = getattr(teacher, "spec", None)
     if spec is not None:
         h.update(json.dumps(spec, sort_keys=True, default=str).encode())
-    files = [getattr(teacher, "weights", None)] + [spec.get(k) for k in FILE_ARGS if isinstance(spec, dict)]
-    for path in files:
-        if isinstance(path, (str, Path)) and Path(path).exists():
-            for f in ([Path(path)] if Path(path).is_file() else sorted(p for p in Path(path).rglob("*") if p.is_file())):
-                h.update(f.read_bytes())
-    for attr in ("estimator", "module"):
-        obj = getattr(teacher, attr, None)
-        if obj is not None:
-            h.update(_model_bytes(obj))
+    if provenance["code"]:
+        h.update(json.dumps(provenance["code"], sort_keys=True).encode())
+    for path, digest in sorted(provenance["checkpoints"].items()):
+        h.update(f"{path}:{digest}".encode())
+    update_with_model(h, teacher)
     return h.hexdigest()[:16]
-
-
-def _model_bytes(obj) -> bytes:
-    if hasattr(obj, "state_dict"):
-        import torch
-
-        return b"".join(t.detach().cpu().numpy().tobytes() for t in obj.state_dict().values()
-                        if isinstance(t, torch.Tensor))
-    import pickle
-
-    return pickle.dumps(obj)

@@ -13,12 +13,14 @@ files (distill_video; split by time: eval is the recording's final stretch); or 
 labelled by the teacher or read as truth (image folders per class, COCO, YOLO, a saved Hugging
 Face dataset; teacher `labels`). Prompts are the question in the chat format of the
 configured model, rendered by its own processor (the zoo builds the checkpoint if missing).
-Resumable at two levels: a finished domain whose fingerprint (spec, teacher weights, model,
-chat template) matches is kept as is; an interrupted one resumes from its cached teacher answers
-(`<datasets_dir>/.work/<domain>-<fingerprint>.jsonl`); the fingerprint of a source other than
-the world also covers its files. Besides the contract's fields, domain.json records the source
-(the world, or kind / path / fps / frame count / chunking of a recording), the split, and how
-often the teacher agrees with the ground truth (of the world or of labelled data) on the items.
+Resumable at two levels: a finished domain whose fingerprint (spec, teacher weights, a plug-in's
+code and checkpoints, model, chat template: distill_key) matches is kept as is, and one that
+does not is rebuilt with a line saying what changed; an interrupted one resumes from its cached
+teacher answers (`<datasets_dir>/.work/<domain>-<fingerprint>.jsonl`); the fingerprint of a
+source other than the world also covers its files. Besides the contract's fields, domain.json
+records the source (the world, or kind / path / fps / frame count / chunking of a recording), the
+split, the cache key's parts, and how often the teacher agrees with the ground truth (of the
+world or of labelled data) on the items.
 """
 from __future__ import annotations
 
@@ -35,13 +37,14 @@ import numpy as np
 from .distill_augment import augmented_media, combinations, copy_id, transform_answer
 from .distill_io import (CREATED_BY, DOMAIN_FILE, AnswerCache, dump_answer, evenly_spaced, load_answer,
                          load_distilled, read_domain, save_domain, split_ids, target_fields)
+from .distill_key import FileHashes, domain_key, matches, rebuild_reasons, record_key
 from .distill_prompts import PromptRenderer
 from .distill_sources import ImageSource, SourceError, pick
-from .distill_spec import VERSION, DistillJob, DomainError, DomainSpec, fingerprint
+from .distill_spec import VERSION, DistillJob, DomainError, DomainSpec
 from .distill_video import VideoSource, time_split
 from .distill_world import WorldSource, prepare_worlds
 from .teachers import (LabelsTeacher, Query, Teacher, TeacherError, TeacherSettings, build_teacher,
-                       teacher_fingerprint, teacher_targets, truth_answer)
+                       teacher_targets, truth_answer)
 
 CHUNK = 32  # items per teacher call (YOLO predicts a chunk as one batch)
 
@@ -57,13 +60,6 @@ class DistillResult:
 
 
 # ----------------------------------------------------------------------------- one domain
-def domain_fingerprint(spec: DomainSpec, teacher: Teacher, prompts: PromptRenderer, source=None) -> str:
-    parts = [VERSION, spec.to_dict(), teacher_fingerprint(teacher), prompts.model, prompts.template]
-    if not spec.from_world:  # a world domain's fingerprint stays what it was before sources existed
-        parts.append(source.fingerprint())
-    return fingerprint(*parts)
-
-
 def open_source(spec: DomainSpec) -> VideoSource | ImageSource:
     """The source of a domain that does not come from the world: read its listing, annotations or
     video header now (cheap), so a bad path or format fails before any long work."""
@@ -182,12 +178,21 @@ def distill_domain(spec: DomainSpec, teacher: Teacher, source, job: DistillJob,
     log, start = log or sys.stderr, time.perf_counter()
     out_dir = Path(job.datasets_dir) / spec.name
     query = check_pairing(spec, teacher, source)
-    fp = domain_fingerprint(spec, teacher, prompts, source)
-    if not job.overwrite and (out_dir / DOMAIN_FILE).is_file():
+    hashes = FileHashes(Path(job.datasets_dir) / ".work" / "file-hashes.json")  # checkpoints hashed once
+    key = domain_key(spec, teacher, prompts, source, hashes)
+    hashes.save()
+    fp = key.fingerprint
+    if (out_dir / DOMAIN_FILE).is_file():
         meta = read_domain(out_dir)
-        if meta.get("fingerprint") == fp:
+        if job.overwrite:
+            print(f"distill {spec.name}: rebuilding {out_dir}: distill.overwrite is set", file=log, flush=True)
+        elif matches(meta, key):
+            record_key(out_dir, meta, key)
             print(f"distill {spec.name}: kept {out_dir} (same config, data, teacher and model)", file=log, flush=True)
             return DistillResult(spec.name, out_dir, "kept", meta["sizes"], meta.get("teacher_vs_truth"), 0.0)
+        else:
+            print(f"distill {spec.name}: rebuilding {out_dir}: {'; '.join(rebuild_reasons(meta, key))}",
+                  file=log, flush=True)
     if isinstance(source, VideoSource):
         try:
             source.prepare(job.world_dir, log, job.progress)
@@ -241,7 +246,8 @@ def distill_domain(spec: DomainSpec, teacher: Teacher, source, job: DistillJob,
             "sizes": {k: len(v) for k, v in splits.items()}, "created_by": CREATED_BY, "version": VERSION,
             "target": spec.target, "classes": spec.classes, "question": spec.question,
             "source": source.record(), "split": split,
-            "teacher_vs_truth": agreement, "dropped": dropped, "fingerprint": fp, "seconds": round(seconds, 1)}
+            "teacher_vs_truth": agreement, "dropped": dropped, "fingerprint": fp, "key": key.record,
+            "seconds": round(seconds, 1)}
     if spec.augment:
         meta["augment"] = {"transforms": spec.augment, "items": len(train_ids),
                            "copies_per_item": len(combinations(spec.augment))}

@@ -7,7 +7,9 @@ video, images or labelled data; conf/dataset/user_video.yaml shows every field);
 built-in teachers are trained first (as `vlora teachers` would). Outputs
 ${paths.datasets}/<domain>/ (DatasetDict + domain.json), world frames / clips under
 ${paths.world}/distill-* and a recording's chunks under ${paths.world}/video-*. Finished domains
-are kept on a re-run.
+are kept on a re-run while their key matches (config, data, model, and the teacher: its arguments,
+a plug-in's own code and the content of the checkpoints its config names); otherwise the run says
+why it rebuilds ("rebuilding ...: the teacher's code changed (my_models/people.py)").
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Adapter training (this part of the package):
     result = train_adapter(vlm, data, TrainConfig(epochs=4), checkpoint_dir="adapters/x")
     state = AdapterState(result.lora, {"count_vehicles": HeadState.of(result.head)}, ...)
     save_adapter(vlm, state, "adapters/x")                     # PEFT dir + heads/<domain>/ + meta.json
-    evaluate(vlm, head, data)                                  # {"accuracy", "metric", "n", "task"}
+    evaluate(vlm, head, data)                                  # {"accuracy", "metric", "n", "task", "baseline"}
+    compare_to_majority("count", preds, targets, train_labels) # the majority baseline's verdict (train/baselines.py)
 
     trainer = LoraTrainer(vlm, "datasets", TrainConfig())      # fusion.Trainer for fusion.fuse
 
@@ -16,6 +17,7 @@ Adapter training (this part of the package):
 """
 
 from .adapter_io import AdapterState, HeadState, load_adapter, read_meta, save_adapter
+from .baselines import BASELINE_TASKS, compare_to_majority, domain_baseline
 from .data import DomainData, DomainInfo, Encoded, Encoder, collate, load_domain
 from .evaluate import METRICS, evaluate, greedy_decode
 from .fusion_trainer import LoraTrainer
@@ -29,6 +31,7 @@ __all__ = [
     "DomainInfo", "DomainData", "load_domain", "Encoder", "Encoded", "collate",
     "TrainConfig", "TrainResult", "train_adapter", "head_config_for",
     "evaluate", "greedy_decode", "METRICS",
+    "compare_to_majority", "domain_baseline", "BASELINE_TASKS",
     "AdapterState", "HeadState", "save_adapter", "load_adapter", "read_meta",
     "LoraTrainer",
     "PretrainConfig", "pretrain", "cached_pretrained", "pretrained_ref",

@@ -47,7 +47,7 @@ class AdapterState:
 
     domains[name]: {"task", "labels", "max_count", "max_boxes", "dataset", "steps", ...}, in the
     order the domains were trained in. `accuracies` memoises evaluations of exactly these
-    weights (name -> {"accuracy", "metric", "n"}); it is the only part filled in after creation.
+    weights (name -> {"accuracy", "metric", "n", "baseline"}); it is the only part filled in after creation.
     """
 
     lora: dict[str, Tensor]
@@ -67,7 +67,9 @@ def write_meta(path: Path, state: AdapterState, vlm, name: str, extra: dict | No
     for d, rec in state.domains.items():
         acc = state.accuracies.get(d, {})
         domains[d] = {**rec, "head": f"{HEADS_DIR}/{d}" if d in state.heads else None,
-                      "accuracy": acc.get("accuracy"), "metric": acc.get("metric"), "n_eval": acc.get("n")}
+                      "accuracy": acc.get("accuracy"), "metric": acc.get("metric"), "n_eval": acc.get("n"),
+                      # the score's majority baseline (train/baselines.py): a reader sees what it is worth
+                      "baseline": acc.get("baseline")}
     meta = {
         "name": name,
         "tasks": sorted({rec["task"] for rec in state.domains.values()}),
@@ -107,7 +109,9 @@ def load_adapter(path: str | Path) -> AdapterState:
     for d, rec in meta["domains"].items():
         if rec.get("head"):
             heads[d] = HeadState.of(load_head(path / rec["head"]))
-        domains[d] = {k: v for k, v in rec.items() if k not in ("head", "accuracy", "metric", "n_eval")}
+        domains[d] = {k: v for k, v in rec.items() if k not in ("head", "accuracy", "metric", "n_eval", "baseline")}
         if rec.get("accuracy") is not None:
             accs[d] = {"accuracy": rec["accuracy"], "metric": rec["metric"], "n": rec["n_eval"]}
+            if "baseline" in rec:  # meta written before baselines has none: the memo is then incomplete
+                accs[d]["baseline"] = rec["baseline"]
     return AdapterState(lora, heads, domains, accs, int(meta.get("index", 0)))

@@ -22,6 +22,7 @@ from torch import Tensor
 from heads import TaskHead, accuracy, exact_match, f1_at_iou
 from heads.config import DEFAULT_SCORE_THRESHOLD
 
+from .baselines import domain_baseline
 from .data import DomainData, Encoded, batch_token_xy, collate, head_target
 from .model import language_forward, lm_head_of
 
@@ -96,8 +97,10 @@ def split_size(domain: DomainData, split: str, limit: int | None, doing: str) ->
 
 def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval", batch_size: int = 32,
              max_new_tokens: int = 8, limit: int | None = None) -> dict:
-    """{"accuracy": score, "metric": name, "n": items, "task": type} on `split` of `domain`;
-    detect heads at another threshold than the default add "f1_at_0.5"."""
+    """{"accuracy": score, "metric": name, "n": items, "task": type, "baseline": verdict} on `split`
+    of `domain`; the verdict compares the score with always answering the most common training
+    label on the same items (train/baselines.py; None for detect). Detect heads at another
+    threshold than the default add "f1_at_0.5"."""
     info = domain.info
     n = split_size(domain, split, limit, "evaluate")
     if info.task != "lm" and head is None:
@@ -110,7 +113,8 @@ def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval"
         for chunk, items in batches(vlm, domain, split, n, batch_size):
             preds += greedy_decode(vlm, items, max_new_tokens)
             targets += [r["answer"] for r in chunk]
-        return {"accuracy": float(exact_match(preds, targets)), "metric": METRICS["lm"], "n": n, "task": "lm"}
+        return {"accuracy": float(exact_match(preds, targets)), "metric": METRICS["lm"], "n": n, "task": "lm",
+                "baseline": domain_baseline(domain, preds, targets)}
     # detect at a calibrated threshold: the same outputs decoded at the default one too
     default = [] if info.task == "detect" and head.config.score_threshold != DEFAULT_SCORE_THRESHOLD else None
     for outputs, batch_targets in head_outputs(vlm, head, domain, split, n, batch_size):
@@ -126,6 +130,7 @@ def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval"
             extra["f1_at_0.5"] = float(f1_at_iou(default, targets, 0.5))
     else:
         score = accuracy(preds, targets)
+    extra["baseline"] = domain_baseline(domain, preds, targets)
     return {"accuracy": float(score), "metric": METRICS[info.task], "n": n, "task": info.task, **extra}
 
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from heads import HeadConfig, TaskHead, build_head
 
+from .baselines import baseline_note
 from .calibrate import calibrate_threshold, describe
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DomainData, DomainInfo, collate, head_target
@@ -207,7 +208,7 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
     metrics = evaluate(vlm, head, domain, "eval", cfg.eval_batch_size, cfg.max_new_tokens) if evaluate_at_end else {}
     if metrics:
         print(f"[train {info.name}] {total} steps, eval {metrics['metric']} {metrics['accuracy']:.3f}"
-              f"{at_default_note(metrics)} "
+              f"{at_default_note(metrics)}{baseline_note(metrics)} "
               f"on {metrics['n']} items ({time.perf_counter() - start_time:.1f} s)", file=log, flush=True)
     acc.free_memory()  # drop the accelerator's references to this run's module and optimiser
     return TrainResult(vlm.lora_state(), head, metrics, step, time.perf_counter() - start_time, history)

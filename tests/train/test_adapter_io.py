@@ -81,7 +81,9 @@ def test_adapter_directory_layout_meta_and_head_round_trip(trained, tmp_path):
     original, loaded = state.heads[data.name].build(), back.heads[data.name].build()
     for a, b in zip(original(hidden, mask).values(), loaded(hidden, mask).values()):
         assert torch.equal(a, b)
-    assert back.accuracies == {data.name: {k: state.accuracies[data.name][k] for k in ("accuracy", "metric", "n")}}
+    assert back.accuracies == {data.name: {k: state.accuracies[data.name][k]
+                                           for k in ("accuracy", "metric", "n", "baseline")}}
+    assert isinstance(back.accuracies[data.name]["baseline"]["answer"], int), "the majority count rides along"
 
 
 def test_fusion_trainer_returns_new_states_and_fuses(tiny_zoo, vlora_home, tmp_path):
@@ -104,9 +106,10 @@ def test_fusion_trainer_returns_new_states_and_fuses(tiny_zoo, vlora_home, tmp_p
     with pytest.raises(ValueError, match="declared with task"):
         trainer.train(first, Domain("color_largest", "count", 0.0))
 
-    # The real trainer plugs into fusion unchanged; requirements of 0 make one adapter of both.
+    # The real trainer plugs into fusion unchanged; requirements of 0 make one adapter of both
+    # (accepted at their majority baselines: one epoch on 9 items beats no baseline on 3 eval items).
     domains = [Domain("exists_bus", "binary", 0.0, 9), Domain("color_largest", "classify", 0.0, 9)]
-    result = fuse(domains, trainer, order="given", workdir=tmp_path / "work")
+    result = fuse(domains, trainer, order="given", workdir=tmp_path / "work", refuse_at_baseline=False)
     assert result.num_adapters == 1 and result.adapters[0].domains == ["exists_bus", "color_largest"]
     manifest = read_manifest(export_adapters(result, trainer, tmp_path / "fused"))
     assert manifest["tasks"]["color_largest"]["head"] == "color_largest"

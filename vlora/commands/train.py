@@ -83,6 +83,19 @@ def head_options(cfg: DictConfig, task: str) -> dict:
     return {k: v for k, v in head.items() if k != "type"}
 
 
+def score_lines(name: str, task: str, metrics: dict, steps: int, seconds: float) -> list[str]:
+    """The eval score's table with its majority baseline beside it (train/baselines.py), and a line
+    flagging an adapter no better than always answering the most common training label."""
+    from train.baselines import baseline_cell, baseline_line, beats_cell
+
+    verdict = metrics.get("baseline")
+    row = {"domain": name, "task": task, "metric": metrics["metric"], "accuracy": round(metrics["accuracy"], 3),
+           "majority": baseline_cell(verdict) or "-", "beats_majority": beats_cell(verdict) or "- (no share of items)",
+           "eval_items": metrics["n"], "steps": steps, "seconds": round(seconds, 1)}
+    flag = baseline_line(name, metrics)
+    return [format_table([row])] + ([f"\n{flag}"] if flag else [])
+
+
 def run(cfg: DictConfig) -> dict:
     job, tcfg = split_train_node(cfg.train)
     tcfg.seed = cfg.seed
@@ -105,9 +118,6 @@ def run(cfg: DictConfig) -> dict:
     out = save_adapter(vlm, state, job.out_dir, extra_meta={"train": dataclasses.asdict(tcfg)})
     shutil.rmtree(checkpoint_path(out), ignore_errors=True)  # the run is complete: nothing to resume
     seconds = time.perf_counter() - start
-    row = {"domain": name, "task": data.info.task, "metric": result.metrics["metric"],
-           "accuracy": round(result.metrics["accuracy"], 3), "eval_items": result.metrics["n"],
-           "steps": result.steps, "seconds": round(seconds, 1)}
     print(f"\nAdapter {out} (base {ref.name})\n")
-    print(format_table([row]))
+    print("\n".join(score_lines(name, data.info.task, result.metrics, result.steps, seconds)))
     return {"adapter": str(out), "metrics": {name: result.metrics}, "seconds": seconds}

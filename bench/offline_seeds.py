@@ -51,9 +51,10 @@ def seed_rows(reports: dict[int, dict]) -> list[dict]:
     for seed, rep in reports.items():
         doms = rep["domains"]
         row = {"seed": seed, "adapters": rep["adapters"]["fused"],
-               "domains_per_adapter": round(len(doms) / rep["adapters"]["fused"], 2),
+               "domains_per_adapter": round(len(doms) / rep["adapters"]["fused"], 2) if rep["adapters"]["fused"] else 0.0,
                "all_met": all(d["meets_requirement"] for d in doms)}
-        row.update({d["domain"]: f"{d['fused']:.3f}/{d['requirement']}"
+        row.update({d["domain"]: ("rejected" if d["fused"] is None else f"{d['fused']:.3f}")  # fusion refused it
+                    + f"/{d['requirement']}"
                     + ("*" if requirement_within(d.get("fused_95"), d["requirement"]) else "") for d in doms})
         for key in OTHERS:
             if all(d.get(key) is not None for d in doms):

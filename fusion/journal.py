@@ -45,6 +45,7 @@ class OpenAdapter:
     # members that miss their requirement, fused because they did no worse here than alone
     # (greedy's place_missed="best"): the accuracy they had alone, which they must keep instead
     floors: dict[str, float] = field(default_factory=dict)
+    baselines: dict[str, dict] = field(default_factory=dict)  # each member's baseline verdict (Trainer.baseline)
 
     def holds(self, domain: Domain, accuracy: float) -> bool:
         """Whether a member (or the joining domain) is where it must be: its floor, or its requirement."""
@@ -54,7 +55,8 @@ class OpenAdapter:
     def closed(self, by_name: dict[str, Domain]) -> FusedAdapter:
         reqs = {d: by_name[d].requirement for d in self.domains}
         return FusedAdapter(self.index, adapter_name(self.index), list(self.domains), dict(self.accuracies),
-                            reqs, all(by_name[d].met_by(self.accuracies[d]) for d in self.domains), self.state)
+                            reqs, all(by_name[d].met_by(self.accuracies[d]) for d in self.domains), self.state,
+                            baselines=dict(self.baselines))
 
 
 @dataclass
@@ -79,7 +81,7 @@ def _remove(path: Path) -> None:
 
 class Journal:
     def __init__(self, workdir: str | os.PathLike, ordered: list[Domain], order: str, seed: int,
-                 trainer: Trainer, place_missed: str = "best"):
+                 trainer: Trainer, place_missed: str = "best", baseline_check: bool = False):
         self.dir = Path(workdir)
         self.path = self.dir / JOURNAL
         self.ordered, self.trainer = ordered, trainer
@@ -87,7 +89,10 @@ class Journal:
                        "domains": [d.to_dict() for d in ordered],
                        # how the trainer trains (e.g. rehearsal): states trained otherwise must not mix
                        "trainer": dict(getattr(trainer, "settings", None) or {}),
-                       "place_missed": place_missed}
+                       "place_missed": place_missed,
+                       # whether domains had to beat their majority baseline: decisions made without
+                       # that rule must not be resumed under it, nor the other way round
+                       "baseline_check": baseline_check}
 
     def resume(self) -> Progress | None:
         """The progress recorded in workdir, or None when there is no journal yet."""
@@ -103,7 +108,8 @@ class Journal:
         for c in data["closed"]:
             state = self._load(c["path"])
             run.closed.append(FusedAdapter(c["index"], c["name"], c["domains"], c["accuracies"],
-                                           c["requirements"], c["met"], state, str(self.dir / c["path"])))
+                                           c["requirements"], c["met"], state, str(self.dir / c["path"]),
+                                           dict(c.get("baselines") or {})))
         run.events = [FusionEvent.from_dict(e) for e in data["events"]]
         return run
 
@@ -130,10 +136,11 @@ class Journal:
     def _progress_dict(self, run: Progress) -> dict[str, Any]:
         def open_dict(o: OpenAdapter | None) -> dict[str, Any] | None:
             return None if o is None else {"index": o.index, "domains": o.domains, "accuracies": o.accuracies,
-                                           "checkpoint": o.checkpoint, "floors": o.floors}
+                                           "checkpoint": o.checkpoint, "floors": o.floors, "baselines": o.baselines}
 
         closed = [{"index": a.index, "name": a.name, "domains": a.domains, "accuracies": a.accuracies,
-                   "requirements": a.requirements, "met": a.met, "path": Path(a.path).name} for a in run.closed]
+                   "requirements": a.requirements, "met": a.met, "path": Path(a.path).name,
+                   "baselines": a.baselines} for a in run.closed]
         return {"pos": run.pos, "next_index": run.next_index, "done": run.done, "current": open_dict(run.current),
                 "parked": open_dict(run.parked), "joined": open_dict(run.joined), "closed": closed,
                 "events": [e.to_dict() for e in run.events]}
@@ -142,7 +149,7 @@ class Journal:
         if d is None:
             return None
         return OpenAdapter(d["index"], d["domains"], d["accuracies"], self._load(d["checkpoint"]), d["checkpoint"],
-                           dict(d.get("floors", {})))
+                           dict(d.get("floors", {})), dict(d.get("baselines") or {}))
 
     def _load(self, name: str) -> Any:
         path = self.dir / name
@@ -165,7 +172,9 @@ class Journal:
         if changed:
             raise ValueError(f"{where}: domains changed since it was written: " + "; ".join(changed))
         # a journal from before place_missed was recorded was made the paper's way: "alone"
-        for key, before in (("order", None), ("seed", None), ("trainer", {}), ("place_missed", "alone")):
+        # and one from before the baseline check accepted domains without it
+        for key, before in (("order", None), ("seed", None), ("trainer", {}), ("place_missed", "alone"),
+                            ("baseline_check", False)):
             if data.get(key, before) != self.header[key]:
                 raise ValueError(f"{where} was made with {key}={data.get(key)!r}, now {key}={self.header[key]!r}")
         names_then, names_now = list(then), list(now)

@@ -12,7 +12,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 S = TypeVar("S")
 
-ACTIONS = ("open", "fuse", "rollback", "alone_fails", "fuse_missed")
+ACTIONS = ("open", "fuse", "rollback", "alone_fails", "fuse_missed", "reject")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,10 @@ class Trainer(Protocol[S]):
 
     `train` must return a NEW state and leave its argument untouched: roll-back is then just
     keeping the previous state, with no copy or undo on the algorithm's side.
+
+    Optionally, `baseline(state, domain) -> dict | None`: the domain's majority baseline on the
+    same evaluation ({"answer", "accuracy", "better", ...}, train/baselines.py). With it, fusion
+    accepts a domain only where its adapter beats that baseline (`below_baseline`).
     """
 
     def new_adapter(self, index: int) -> S: ...  # fresh LoRA, no heads
@@ -75,7 +79,8 @@ class FusionEvent:
     adapter: int  # index of the adapter it was trained into (fuse_missed: the one it stays in instead)
     action: str  # one of ACTIONS
     accuracies: dict[str, float]  # every domain evaluated at this step
-    violations: tuple[str, ...] = ()  # domains below their requirement (rollback, alone_fails, fuse_missed)
+    violations: tuple[str, ...] = ()  # domains below their requirement or baseline (rollback, alone_fails, ...)
+    baselines: dict[str, dict] = field(default_factory=dict)  # each evaluated domain's baseline verdict, if any
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -83,15 +88,19 @@ class FusionEvent:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "domain": self.domain, "adapter": self.adapter, "action": self.action,
-                "accuracies": dict(self.accuracies), "violations": list(self.violations)}
+                "accuracies": dict(self.accuracies), "violations": list(self.violations),
+                "baselines": dict(self.baselines)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FusionEvent:
         return cls(int(d["step"]), d["domain"], int(d["adapter"]), d["action"],
-                   {k: float(v) for k, v in d["accuracies"].items()}, tuple(d.get("violations", ())))
+                   {k: float(v) for k, v in d["accuracies"].items()}, tuple(d.get("violations", ())),
+                   dict(d.get("baselines") or {}))
 
     def __str__(self) -> str:
         accs = ", ".join(f"{k}={v:.3f}" for k, v in self.accuracies.items())
+        if self.action == "reject":
+            return f"step {self.step}: reject {self.domain} ({accs}): {baseline_reason(self.baselines[self.domain])}"
         why = f" below requirement: {', '.join(self.violations)}" if self.violations else ""
         return f"step {self.step}: {self.action} {self.domain} -> adapter {self.adapter} ({accs}){why}"
 
@@ -108,6 +117,7 @@ class FusedAdapter(Generic[S]):
     met: bool  # False where a member misses its requirement (it missed alone too)
     state: S = field(repr=False)
     path: str | None = field(default=None, compare=False)  # checkpoint under workdir, if any
+    baselines: dict[str, dict] = field(default_factory=dict)  # each member's baseline verdict, if the trainer gives one
 
     @property
     def unmet(self) -> list[str]:
@@ -133,17 +143,25 @@ class FusionResult(Generic[S]):
         """Domains kept (alone, flagged) although no adapter reaches their requirement."""
         return [d for a in self.adapters for d in a.unmet]
 
+    @property
+    def rejected(self) -> dict[str, str]:
+        """Domains in no adapter, because even alone theirs was no better than their majority
+        baseline -> why, in words."""
+        return {e.domain: baseline_reason(e.baselines[e.domain]) for e in self.events if e.action == "reject"}
+
     def adapter_of(self, domain: str) -> FusedAdapter[S]:
         for a in self.adapters:
             if domain in a.domains:
                 return a
-        raise KeyError(f"domain {domain!r} is in no fused adapter (have: {[d.name for d in self.order]})")
+        why = f": rejected, {self.rejected[domain]}" if domain in self.rejected else ""
+        raise KeyError(f"domain {domain!r} is in no fused adapter{why} (have: {[d.name for d in self.order]})")
 
     def summary(self) -> str:
         lines = [f"{self.num_adapters} adapter(s) for {len(self.order)} domain(s)"]
         for a in self.adapters:
             accs = ", ".join(f"{d} {a.accuracies[d]:.3f}/{a.requirements[d]:.2f}" for d in a.domains)
             lines.append(f"  {a.name}: {accs}" + ("" if a.met else "  [REQUIREMENT NOT MET]"))
+        lines += [f"  rejected {d}: {why}" for d, why in self.rejected.items()]
         return "\n".join(lines)
 
 
@@ -157,3 +175,18 @@ def check_accuracy(value: Any, domain: str) -> float:
         raise ValueError(f"trainer.evaluate returned {value!r} for domain {domain!r}; "
                          "expected an accuracy in [0, 1]")
     return acc
+
+
+def below_baseline(verdict: dict | None) -> bool:
+    """Whether a baseline verdict says the adapter is no better than always answering the majority
+    (None: the trainer gives no baseline for the domain, e.g. detect's F1; nothing to refuse on)."""
+    return verdict is not None and not verdict.get("better", True)
+
+
+def baseline_reason(verdict: dict) -> str:
+    """Why a domain was refused, in words, from its baseline verdict."""
+    answer = verdict.get("answer")
+    answer = repr(answer) if isinstance(answer, str) else answer
+    p = verdict.get("p_value")
+    return (f"no better than always answering {answer} ({float(verdict.get('accuracy', 0.0)):.3f}"
+            + (f", one-sided p={p:.3g}" if isinstance(p, (int, float)) else "") + ")")

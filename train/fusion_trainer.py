@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .adapter_io import AdapterState, HeadState, load_adapter, save_adapter
+from .baselines import baseline_note
 from .calibrate import calibrate_threshold, describe
 from .data import DomainData, load_domain
 from .evaluate import at_default_note, evaluate
@@ -146,9 +147,18 @@ class LoraTrainer:
         head = state.heads[name].build(self.vlm.device) if name in state.heads else None
         metrics = evaluate(self.vlm, head, data, "eval", self.cfg.eval_batch_size, self.cfg.max_new_tokens)
         state.accuracies[name] = metrics  # a memo of this state's score, not a change of its weights
-        print(f"[fusion eval] {name}: {metrics['metric']} {metrics['accuracy']:.3f}{at_default_note(metrics)}",
-              file=self.log, flush=True)
+        print(f"[fusion eval] {name}: {metrics['metric']} {metrics['accuracy']:.3f}{at_default_note(metrics)}"
+              f"{baseline_note(metrics)}", file=self.log, flush=True)
         return float(metrics["accuracy"])
+
+    def baseline(self, state: AdapterState, domain) -> dict | None:
+        """The domain's majority baseline on the evaluation of `state` (train/baselines.py): fusion
+        accepts the domain only where its adapter beats it. None for detect (F1, no share of items)."""
+        name = getattr(domain, "name", domain)
+        if "baseline" not in state.accuracies.get(name, {}):  # not evaluated, or recorded before baselines
+            state.accuracies.pop(name, None)
+        self.evaluate(state, domain)
+        return state.accuracies[name]["baseline"]
 
     def save(self, state: AdapterState, path: str) -> None:
         save_adapter(self.vlm, state, path, extra_meta={"index": state.index})

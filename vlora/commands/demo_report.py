@@ -118,6 +118,7 @@ def task_line(row: dict[str, Any]) -> str:
 def missed_lines(report: dict[str, Any]) -> list[str]:
     """One line per missed target: each domain's requirement offline, each task's target online."""
     lines = [f"Missed requirement: {r['domain']} fused {r['fused']} < {r['requirement']} (adapter {r['fused_adapter']})"
+             if not r.get("rejected") else f"Missed requirement: {r['domain']} rejected by fusion, {r['rejected']}"
              for r in report.get("domains") or [] if r.get("meets_requirement") is False]
     for row in (report.get("streams") or []) + (report.get("retrieval") or []):
         if row["verdict"] in MISSES:

@@ -22,6 +22,7 @@ interrupted one stopped and a finished one returns at once.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import time
@@ -41,6 +42,7 @@ class FusionJob:
     only: list | dict | None = None  # fuse just these domains: names of `domains`, or name -> requirement
     order: str = "size_desc"
     place_missed: str = "best"  # a domain that misses alone too: "best" placement or "alone" (fusion.greedy)
+    accept_at_baseline: bool = False  # accept a domain no better than its majority baseline (flagged, not refused)
     seed: int = 0
     datasets_dir: str = ".vlora/datasets"
     out_dir: str = ".vlora/adapters/fused"
@@ -105,10 +107,34 @@ def domains_of(requirements: dict[str, float], trainer) -> list:
 
 
 def print_event(event) -> None:
+    from fusion.spec import baseline_reason, below_baseline
+
     accs = ", ".join(f"{k} {v:.2f}" for k, v in event.accuracies.items())
-    why = f" (below requirement: {', '.join(event.violations)})" if event.violations else ""
-    print(f"[fusion step {event.step}] {event.action:<11} {event.domain} -> adapter {event.adapter}: {accs}{why}",
-          file=sys.stderr, flush=True)
+    if event.action == "reject":  # one line: the domain, its score, why it gets no adapter
+        print(f"[fusion step {event.step}] reject      {event.domain}: {accs}, "
+              f"{baseline_reason(event.baselines[event.domain])}: no adapter serves it", file=sys.stderr, flush=True)
+        return
+    below = [d for d in event.violations if below_baseline(event.baselines.get(d))]
+    why = "; ".join(([f"below requirement: {', '.join(d for d in event.violations if d not in below)}"]
+                     if set(event.violations) - set(below) else [])
+                    + [f"{d} {baseline_reason(event.baselines[d])}" for d in below])
+    print(f"[fusion step {event.step}] {event.action:<11} {event.domain} -> adapter {event.adapter}: {accs}"
+          + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
+
+
+def result_lines(result) -> list[str]:
+    """The fused adapters, each domain's score beside its requirement and its majority baseline
+    (train/baselines.py), and one line per domain fusion refused for being no better than it."""
+    from train.baselines import baseline_cell
+
+    def score(a, d: str) -> str:
+        base = baseline_cell(a.baselines.get(d))
+        return f"{d} {a.accuracies[d]:.2f} (>= {a.requirements[d]:.2f}" + (f"; {base})" if base else ")")
+
+    rows = [{"adapter": a.name, "domains": " + ".join(a.domains),
+             "accuracies": ", ".join(score(a, d) for d in a.domains), "met": a.met} for a in result.adapters]
+    lines = [format_table(rows)] if rows else []
+    return lines + [f"REJECTED: {d}, {why}: no adapter serves it" for d, why in result.rejected.items()]
 
 
 def run_fusion(cfg: DictConfig, log=None) -> dict:
@@ -148,7 +174,7 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     domains = domains_of(requirements, trainer)
     try:
         result = fuse(domains, trainer, order=job.order, seed=job.seed, workdir=work, progress=print_event,
-                      place_missed=job.place_missed)
+                      place_missed=job.place_missed, refuse_at_baseline=not job.accept_at_baseline)
     except ValueError as e:
         if "journal" in str(e):  # the domains or their requirements changed since the interrupted run
             raise SystemExit(f"vlora fusion: {e}\nrun with fusion.resume=false to start over, or with "
@@ -158,21 +184,21 @@ def run_fusion(cfg: DictConfig, log=None) -> dict:
     questions = {d.name: trainer.dataset(d.name).info.question for d in result.order}
     media = {d.name: trainer.dataset(d.name).info.media for d in result.order}
     manifest_path = export_adapters(result, trainer, out, run=job.name,
-                                    extra={"model": ref.name, "model_path": str(ref.path), "base": base},
+                                    extra={"model": ref.name, "model_path": str(ref.path), "base": base,
+                                           # why a domain has no route: what a reader of the manifest asks
+                                           "rejected": result.rejected},
                                     questions=questions, media=media)
     manifest = read_manifest(manifest_path)
     names = {e["index"]: e["name"] for e in manifest["adapters"]}
     seconds = time.perf_counter() - start
-    rows = [{"adapter": names[a.index], "domains": " + ".join(a.domains),
-             "accuracies": ", ".join(f"{d} {a.accuracies[d]:.2f} (>= {a.requirements[d]:.2f})" for d in a.domains),
-             "met": a.met} for a in result.adapters]
     print(f"\n{len(domains)} domains -> {len(result.adapters)} adapters, {trainer.train_calls} training runs, "
           f"{seconds:.0f} s; manifest {manifest_path}\n")
-    print(format_table(rows))
+    named = [dataclasses.replace(a, name=names[a.index]) for a in result.adapters]
+    print("\n".join(result_lines(dataclasses.replace(result, adapters=named))))
     return {"manifest": str(manifest_path), "adapters": len(result.adapters), "result": result,
             "manifest_data": manifest, "seconds": seconds, "train_calls": trainer.train_calls, "model": ref,
-            "trainer": trainer, "order": job.order,
-            "place_missed": job.place_missed}
+            "trainer": trainer, "order": job.order, "rejected": result.rejected,
+            "place_missed": job.place_missed, "accept_at_baseline": job.accept_at_baseline}
 
 
 def run(cfg: DictConfig) -> dict:

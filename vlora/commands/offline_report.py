@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fusion import fuse
 from fusion.confidence import requirement_within, score_interval
+from train.baselines import baseline_cell, beats_cell
 from train.data import teacher_agreement
 from train.evaluate import lm_view, zero_shot
 
@@ -47,9 +48,11 @@ def order_row(name: str, result, domains) -> dict:
     """One fusion of the domains, summed up: the order they were tried in, how many adapters came
     out, how many domains each holds on average, and whether every requirement was met."""
     where = {d: a for a in result.adapters for d in a.domains}
-    missed = [d.name for d in domains if where[d.name].accuracies[d.name] < d.requirement]
+    missed = [d.name if d.name in where else f"{d.name} (rejected)" for d in domains
+              if d.name not in where or where[d.name].accuracies[d.name] < d.requirement]
+    placed = sum(d.name in where for d in domains)  # a rejected domain is in no adapter
     return {"order": name, "tried": " > ".join(d.name for d in result.order), "adapters": len(result.adapters),
-            "domains_per_adapter": round(len(domains) / len(result.adapters), 2),
+            "domains_per_adapter": round(placed / len(result.adapters), 2) if result.adapters else 0.0,
             "groups": " | ".join("+".join(a.domains) for a in result.adapters),
             "all_met": not missed, "missed": ", ".join(missed) or "-"}
 
@@ -61,7 +64,8 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     order = [d for d in result.order]
     where = {d: a for a in result.adapters for d in a.domains}
     alone = {e.domain: e.accuracies[e.domain] for e in result.events
-             if e.action in ("open", "alone_fails", "fuse_missed")}  # the steps that trained a domain alone
+             if e.action in ("open", "alone_fails", "fuse_missed", "reject")}  # the steps that trained a domain alone
+    refused = {e.domain: e for e in result.events if e.action == "reject"}
     rows, per_domain, all_in_one = [], {}, {}
     if opts.per_domain:
         for i, d in enumerate(order):
@@ -79,26 +83,34 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         base = None
         if int(opts.base_eval_limit) > 0:  # 0: skip the base model's zero-shot answers
             base, _ = zero_shot(trainer.vlm, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
-        adapter = where[d.name]
         teacher = teacher_agreement(data.path)
-        rows.append({"domain": d.name, "task": d.task, "requirement": d.requirement,
-                     "teacher_vs_truth": teacher, "base_zero_shot": None if base is None else round(base, 3),
-                     "one_adapter_per_domain": round(per_domain[d.name], 3) if per_domain else None,
-                     "one_adapter_for_all": round(all_in_one[d.name], 3) if all_in_one else None,
-                     "fused": round(adapter.accuracies[d.name], 3), "eval_items": data.size("eval"),
-                     "fused_95": score_interval(d.task, adapter.accuracies[d.name], data.size("eval")),
-                     "fused_adapter": adapter.name,
-                     # the fused adapter's agreement with its teacher, over the teacher's with the truth
-                     "fused_of_teacher": round(adapter.accuracies[d.name] / teacher, 3) if teacher else None,
-                     "meets_requirement": adapter.accuracies[d.name] >= d.requirement})
+        row = {"domain": d.name, "task": d.task, "requirement": d.requirement,
+               "teacher_vs_truth": teacher, "base_zero_shot": None if base is None else round(base, 3),
+               "one_adapter_per_domain": round(per_domain[d.name], 3) if per_domain else None,
+               "one_adapter_for_all": round(all_in_one[d.name], 3) if all_in_one else None}
+        if d.name in refused:
+            rows.append(rejected_row(row, refused[d.name], data.size("eval")))
+        else:
+            adapter = where[d.name]
+            verdict = adapter.baselines.get(d.name)
+            rows.append({**row, "fused": round(adapter.accuracies[d.name], 3),
+                         # beside the score: what always answering the most common training label scores
+                         "majority": baseline_cell(verdict), "beats_majority": beats_cell(verdict),
+                         "eval_items": data.size("eval"),
+                         "fused_95": score_interval(d.task, adapter.accuracies[d.name], data.size("eval")),
+                         "fused_adapter": adapter.name,
+                         # the fused adapter's agreement with its teacher, over the teacher's with the truth
+                         "fused_of_teacher": round(adapter.accuracies[d.name] / teacher, 3) if teacher else None,
+                         "meets_requirement": adapter.accuracies[d.name] >= d.requirement})
         print(f"[report] {d.name}: base {'-' if base is None else f'{base:.2f}'}, fused "
-              f"{adapter.accuracies[d.name]:.2f}", file=log, flush=True)
+              f"{'-' if rows[-1]['fused'] is None else format(rows[-1]['fused'], '.2f')}", file=log, flush=True)
     label = lambda o: f"{o} (seed {cfg.seed})" if o == "seeded" else o  # noqa: E731
     orders = [order_row(label(fused.get("order", "size_desc")), result, order)]
     for other in opts.get("other_orders") or []:  # the same domains fused again, tried in another order
         print(f"[report] fusing again in {label(other)} order", file=log, flush=True)
         again = fuse(order, trainer, order=other, seed=int(cfg.seed), progress=print_event,
-                     place_missed=fused.get("place_missed", "best"))
+                     place_missed=fused.get("place_missed", "best"),
+                     refuse_at_baseline=not fused.get("accept_at_baseline", False))
         orders.append(order_row(label(other), again, order))
     comparison = None
     if opts.compare_lm_head and opts.compare_lm_head in {d.name for d in order}:
@@ -112,12 +124,27 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         "one_adapter_for_all": None if opts.all_in_one else
         "no single adapter for all domains was trained for comparison (offline.all_in_one=false)",
         "teacher_vs_truth": "the domain's dataset records no teacher-vs-truth agreement (its data has no ground truth)",
-        "fused_of_teacher": "no teacher-vs-truth agreement to compare with",
-        "fused_95": "detect scores F1, which is no share of items: no binomial interval"}
+        "fused_of_teacher": "no teacher-vs-truth agreement to compare with, or no adapter (REJECTED)",
+        "fused_95": "detect scores F1, which is no share of items: no binomial interval; or no adapter (REJECTED)",
+        "fused": "fusion rejected the domain (its REJECTED line says why): no adapter serves it",
+        "majority": "detect scores F1, which is no share of items: no majority baseline",
+        "beats_majority": "detect scores F1, which is no share of items: no majority baseline"}
     return {"model": fused["model"].name, "domains": rows, "adapters": counts, "orders": orders,
             "head_vs_lm_head": comparison,
             "train_calls": trainer.train_calls, "manifest": fused["manifest"],
             "not_measured": not_measured(rows, why_empty)}
+
+
+def rejected_row(row: dict, event, eval_items: int) -> dict:
+    """The report row of a domain fusion refused: its score alone beside its majority baseline, and
+    no fused adapter; `rejected` says why (a line under the table, not a column)."""
+    from fusion.spec import baseline_reason
+
+    verdict = event.baselines[event.domain]
+    return {**row, "fused": None, "majority": baseline_cell(verdict), "beats_majority": beats_cell(verdict),
+            "eval_items": eval_items, "fused_95": None, "fused_adapter": "REJECTED", "fused_of_teacher": None,
+            "meets_requirement": False,
+            "rejected": f"{event.accuracies[event.domain]:.3f} alone, {baseline_reason(verdict)}"}
 
 
 def adapter_counts(opts, domains: int, fused: int) -> dict[str, int]:
@@ -159,17 +186,24 @@ def domain_lines(report: dict) -> list[str]:
     rows = report.get("domains") or []
     if not rows:
         return []
-    missed = [r for r in rows if r.get("meets_requirement") is False]
-    shown = [{**r, "meets_requirement": MISSED if r.get("meets_requirement") is False else r.get("meets_requirement")}
+    missed = [r for r in rows if r.get("meets_requirement") is False and not r.get("rejected")]
+    shown = [{**{k: v for k, v in r.items() if k != "rejected"},
+              "meets_requirement": MISSED if r.get("meets_requirement") is False else r.get("meets_requirement")}
              for r in rows]
     table, notes = explained_table(shown, report.get("not_measured") or {})
     lines = ["```", table, "```"]
+    lines += [f"REJECTED: {r['domain']} {r['rejected']}: fusion gave it no adapter, so routing serves it from the "
+              "base model" for r in rows if r.get("rejected")]
     for r in missed:
         lines.append(f"{MISSED}: {r['domain']} fused {r['fused']} < requirement {r['requirement']} "
                      f"(adapter {r['fused_adapter']}); routing skips that adapter for {r['domain']} and falls back "
                      "to the next adapter that meets it, else the base model")
-    if not missed:
+    if not missed and not any(r.get("rejected") for r in rows):
         lines.append(f"Every domain meets its requirement ({len(rows)} domains).")
+    for r in rows:  # a fused score no better than always answering the majority (kept: fusion.accept_at_baseline)
+        if (r.get("beats_majority") or "").startswith("NO") and not r.get("rejected"):
+            lines.append(f"NO BETTER THAN MAJORITY: {r['domain']} fused {r['fused']} against {r['majority']} "
+                         f"({r['beats_majority']}); its adapter shows no knowledge beyond the label counts")
     for r in rows:  # a verdict that another draw of the eval items could turn
         lo_hi = r.get("fused_95")
         if requirement_within(lo_hi, r["requirement"]):
@@ -215,7 +249,7 @@ def _plot(report: dict, path: Path) -> None:
         ax.bar(xs, [r[key] for r in rows if r[key] is not None], width, label=label)
     ax.scatter([i + 0.4 - width / 2 for i in range(len(rows))], [r["requirement"] for r in rows], marker="_",
                s=400, color="black", label="requirement", zorder=3)
-    missed = [i for i, r in enumerate(rows) if r.get("meets_requirement") is False]
+    missed = [i for i, r in enumerate(rows) if r.get("meets_requirement") is False and r["fused"] is not None]
     if missed:
         ax.scatter([i + 4 * width for i in missed], [rows[i]["fused"] + 0.04 for i in missed], marker="x",
                    color="red", s=60, label="fused misses requirement", zorder=4)

@@ -5,13 +5,15 @@ with seeded random weights and a locally trained tokenizer, at tiny and publishe
     model, processor = load_pretrained("zoo/qwen2_vl_tiny")  # Auto classes, no network
 """
 
-from .build import build_checkpoint, build_model, build_processor, build_tokenizer_and_ids, read_zoo_record
+from .build import (build_checkpoint, build_model, build_processor, build_tokenizer_and_ids, random_weights,
+                    read_zoo_record)
 from .configs import hf_config
 from .load import load_pretrained
 from .specs import ARCHITECTURES, SPECS, ImageSpec, ModelSpec, TextSpec, VisionSpec, get_spec
 
 __all__ = [
     "ARCHITECTURES", "SPECS", "ImageSpec", "ModelSpec", "TextSpec", "VisionSpec", "get_spec", "hf_config",
-    "build_checkpoint", "build_model", "build_processor", "build_tokenizer_and_ids", "read_zoo_record",
+    "build_checkpoint", "build_model", "build_processor", "build_tokenizer_and_ids", "random_weights",
+    "read_zoo_record",
     "load_pretrained",
 ]

@@ -2,8 +2,12 @@
 
 A directory holds what `from_pretrained` expects of a real checkpoint (config.json,
 generation_config.json, model.safetensors, tokenizer and processor files) plus `zoo.json`,
-which records the spec and seed it was built from. Building is atomic (a temporary directory
-renamed at the end), so an interrupted build never leaves a half checkpoint behind.
+which records the spec and seed it was built from and that its weights are random
+(`"weights": "random"`). That record travels with a copy of the directory, so `random_weights`
+still knows the copy for what it is; a checkpoint saved by `save_pretrained` elsewhere (a world
+pretraining, a user's fine-tune) has no zoo.json and counts as trained. Building is atomic (a
+temporary directory renamed at the end), so an interrupted build never leaves a half checkpoint
+behind.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from .specs import ModelSpec, get_spec
 from .tokenizer import build_llava_tokenizer, build_qwen_tokenizer
 
 ZOO_FILE = "zoo.json"
+RANDOM = "random"  # zoo.json "weights": what build_checkpoint writes (seeded random initialisation)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -90,9 +95,12 @@ def build_checkpoint(name: str, out_dir: str | Path, seed: int = 0, dtype: str |
     spec = get_spec(name)
     dtype = dtype or ("bfloat16" if spec.size == "full" else "float32")
     out_dir = Path(out_dir)
-    record = {"name": name, "seed": seed, "dtype": dtype, "spec": dataclasses.asdict(spec)}
+    record = {"name": name, "seed": seed, "dtype": dtype, "spec": dataclasses.asdict(spec), "weights": RANDOM}
     if out_dir.exists() and not overwrite:
-        if read_zoo_record(out_dir) == json.loads(json.dumps(record)):
+        existing = read_zoo_record(out_dir)
+        if existing is not None:
+            existing.setdefault("weights", RANDOM)  # written before the field existed: random all the same
+        if existing == json.loads(json.dumps(record)):
             return out_dir
         raise FileExistsError(f"{out_dir} exists and was not built from zoo model {name!r} with seed {seed} "
                               f"and dtype {dtype}; pass overwrite=True (zoo.overwrite=true) to replace it")
@@ -118,3 +126,11 @@ def read_zoo_record(path: str | Path) -> dict | None:
     """The zoo.json of a checkpoint directory, or None for a checkpoint from elsewhere."""
     file = Path(path) / ZOO_FILE
     return json.loads(file.read_text()) if file.exists() else None
+
+
+def random_weights(path: str | Path) -> dict | None:
+    """The zoo.json of the checkpoint at `path` when it says the weights are the zoo's random ones
+    (a build, or a copy of one), else None: a checkpoint from elsewhere is taken as trained."""
+    record = read_zoo_record(path)
+    # records written before the "weights" field came only from build_checkpoint: random too
+    return record if record is not None and record.get("weights", RANDOM) == RANDOM else None

@@ -23,6 +23,7 @@ def _small_demo():
                         "offline.other_orders=[]",
                         f"distill.only={DOMAINS}", f"fusion.only={DOMAINS}", "fusion.domains.exists_bus=0.3",
                         "+fusion.domains.exists_truck=0.1", "train.base=model", "train.epochs=1",
+                        "train.allow_random_base=true",  # the un-pretrained tiny model on purpose (fast)
                         # its adapters learn nothing in one epoch: kept (flagged) so the plumbing runs
                         "fusion.accept_at_baseline=true",
                         "distill.domains.exists_bus.size=40", "distill.domains.exists_truck.size=40"]

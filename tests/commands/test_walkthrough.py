@@ -79,7 +79,9 @@ def test_bring_your_own_camera_teacher_and_checkpoint(tiny_zoo, tmp_path):
     assert domain["split"]["kind"] == "time" and sum(domain["sizes"].values()) == SECONDS
 
     # 2. train: one adapter with a count head on my checkpoint
-    _vlora(user, "train", f"model.path={checkpoint}", "train.base=model", "train.dataset_dir=.vlora/datasets/people",
+    # (the stand-in checkpoint has the zoo's random weights, which train refuses unless forced)
+    _vlora(user, "train", f"model.path={checkpoint}", "train.base=model", "train.allow_random_base=true",
+           "train.dataset_dir=.vlora/datasets/people",
            "train.out_dir=.vlora/adapters/people", "train.epochs=1", "train.batch_size=4", "adapter.rank=4")
     meta = json.loads((user / ".vlora/adapters/people/meta.json").read_text())
     assert meta["base_model"]["path"] == str(Path(checkpoint).resolve()) and meta["base_model"]["fingerprint"]

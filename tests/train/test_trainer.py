@@ -143,8 +143,10 @@ def test_train_command_writes_an_adapter_and_prints_metrics(tiny_zoo, vlora_home
     from vlora.config import compose
 
     path = tiny_domain(vlora_home, "exists_bus", tiny_zoo["qwen2_vl_tiny"], limit=12)
-    cfg = compose("train", ["train.base=model", f"train.dataset_dir={path}", f"train.out_dir={tmp_path / 'bus'}",
-                            "train.epochs=1", "train.batch_size=4", "train.save_every=1", "adapter.rank=4"])
+    # the random tiny model on purpose (the plumbing is under test, not what it learns): forced
+    cfg = compose("train", ["train.base=model", "train.allow_random_base=true", f"train.dataset_dir={path}",
+                            f"train.out_dir={tmp_path / 'bus'}", "train.epochs=1", "train.batch_size=4",
+                            "train.save_every=1", "adapter.rank=4"])
     out = train_command.run(cfg)
     adapter = tmp_path / "bus"
     assert out["adapter"] == str(adapter) and (adapter / "adapter_model.safetensors").is_file()

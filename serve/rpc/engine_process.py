@@ -151,13 +151,13 @@ class EngineProcess:
 
     def call(self, fn, timeout: float = 30.0):
         """fn(engine) in the engine process (fn picklable); its value, or its exception raised here."""
-        return self._ask(("call", None, fn), timeout)
+        return self._ask(timeout, "call", fn)
 
     @property
     def counters(self) -> Counter:
         """The engine loop's counters (asked of the engine process) and the front end's own."""
         try:
-            remote = self._ask(("counters", None), 5.0)
+            remote = self._ask(5.0, "counters")
         except (RuntimeError, TimeoutError, OSError):
             remote = {}
         return Counter(remote) + self._local
@@ -170,14 +170,15 @@ class EngineProcess:
         with self._send_lock:
             self._conn.send_bytes(data)
 
-    def _ask(self, message: tuple, timeout: float):
+    def _ask(self, timeout: float, kind: str, *args):
+        """Sends (kind, call_id, *args) and waits for the engine process's reply to that call_id."""
         call_id = next(self._ids)
         box: dict[str, Any] = {}
         done = threading.Event()
         with self._lock:
             self._calls[call_id] = (box, done)
         try:
-            self._send((message[0], call_id, *message[2:]))
+            self._send((kind, call_id, *args))
         except OSError:
             self._calls.pop(call_id, None)
             raise RuntimeError(self._gone or "the engine process is not running") from None

@@ -17,7 +17,7 @@ FLOORS = {
     "serve.models": 2, "serve.lora": 2, "serve.orchestrator": 2,
     "serve.engine": 3, "train": 3, "fusion": 3,
     "serve.rpc": 4, "serve.sim": 4,
-    "serve.distributed": 5, "apps.common": 5,
+    "serve.distributed": 5, "serve.http": 5, "apps.common": 5,
     "apps.video_analytics": 6, "apps.visual_retrieval": 6,
     "bench": 7,
     "vlora": 8,

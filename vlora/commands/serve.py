@@ -244,8 +244,10 @@ def start_server(cfg: DictConfig, token: str, connections: int = 0, sources=None
     check_config(cfg, token, listens=False)  # it listens on a free port
     plan = plan_serve(cfg, sources)
     limits = Limits.from_dict(OmegaConf.to_container(cfg.rpc, resolve=True))
-    return RpcServer(build_engine(cfg, plan), token, "127.0.0.1", 0, limits,
-                     max(connections, int(cfg.rpc.max_connections))).start()
+    engine = build_engine(cfg, plan)
+    if engine.needs_warm_up:  # the app waits for its own server anyway: warm before it listens
+        engine.warm_up()
+    return RpcServer(engine, token, "127.0.0.1", 0, limits, max(connections, int(cfg.rpc.max_connections))).start()
 
 
 def identities(cfg: DictConfig):
@@ -294,11 +296,52 @@ def _announce(cfg: DictConfig, server) -> Path | None:
         return None
 
 
+def _warm_line(report: dict) -> None:
+    if "error" in report:
+        print(f"vlora serve: the warm-up failed ({report['error']}); serving cold", file=sys.stderr, flush=True)
+        return
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in report.get("phases", {}).items())
+    print(f"vlora serve: ready: warmed up in {report['seconds']:.1f} s ({report['requests']} requests, "
+          f"{report['steps']} steps: {phases})", flush=True)
+
+
+def http_config(cfg: DictConfig):
+    """The `http:` block as serve.http.HttpConfig, checked (and its packages) before anything is built."""
+    from serve.http.config import HttpConfig, missing_packages
+
+    raw = cfg.get("http")
+    try:
+        http = HttpConfig.from_dict(OmegaConf.to_container(raw, resolve=True) if raw is not None else None)
+    except (TypeError, ValueError) as e:
+        fail(str(e).removeprefix("HttpConfig.__init__() "))
+    if http.enabled:
+        missing = missing_packages()
+        if missing:
+            fail(missing)
+        if (str(http.host), http.port) == (str(cfg.rpc.host), int(cfg.rpc.port)) and http.port:
+            fail(f"http.port={http.port} is rpc.port too; give the HTTP API a port of its own")
+        try:
+            check_port(str(http.host), int(http.port))
+        except SystemExit as e:  # its line names rpc.*: say it of http.*
+            fail(str(e).removeprefix("vlora serve: ").replace("rpc.", "http."))
+    return http
+
+
+def _http_server(server, http, base_model: str):
+    from serve.http import HttpServer
+
+    try:
+        return HttpServer(server.state, http, base_model)
+    except OSError as e:  # taken since check_port
+        fail(f"cannot listen on {http.host}:{http.port} for http ({e.strerror or e}); pass http.port=<free port>")
+
+
 def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
     rpc = cfg.rpc
     check_config(cfg, rpc.token, listens=int(os.environ.get("RANK", 0)) == 0)  # tensor parallel: rank 0 serves
+    http = http_config(cfg) if int(os.environ.get("RANK", 0)) == 0 else None
     plan = plan_serve(cfg)
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
     tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1
@@ -338,16 +381,26 @@ def run(cfg: DictConfig):
              else f"cannot listen on {rpc.host}:{rpc.port} ({e})")
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     address = []  # the address file the apps find this server by (vlora.commands.address), once listening
+    front = _http_server(server, http, plan.name) if http is not None and http.enabled else None
 
     def ready():
         address.append(_announce(cfg, server))
+        if front is not None:  # the OpenAI-compatible API over the same state (serve.http)
+            front.start()
+            print(f"vlora serve: HTTP (OpenAI API) on http://{front.host}:{front.port}/v1", flush=True)
         print(f"vlora serve: listening on {server.host}:{server.port}", flush=True)
+        if getattr(server.loop, "warming", None) is not None:
+            print("vlora serve: warming the engine up before it takes work (health says state 'warming'; "
+                  "engine.warm_up=off skips it)", flush=True)
+            server.loop.when_warm(_warm_line)
 
     try:
         server.serve_forever(ready=ready)
     except KeyboardInterrupt:
         server.close()
     finally:
+        if front is not None:
+            front.close()
         if address:
             remove_address(address[0], server.port)
         if tensor_parallel:  # the leader releases its followers, then the group ends together

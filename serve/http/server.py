@@ -1,0 +1,85 @@
+"""The HTTP front end's server: uvicorn on a thread of its own over the app, beside (or without) RPyC.
+
+    http = HttpServer(rpc_server.state, HttpConfig(port=8000), base_model="qwen2_vl_tiny").start()
+    ...; http.close()
+
+It shares the RPyC server's state (engine loop or process, limits, tenants, quotas, counters), so
+both front ends serve one engine under one budget. The socket is bound here, before start() returns.
+Requests in progress past http.max_concurrent are answered 503 at once; idle keep-alive connections
+close after http.keep_alive_s; a body must arrive within http.body_timeout_s.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+from serve.rpc.state import ServerState
+
+from .config import HttpConfig
+from .errors import error_body
+from .session import Front
+
+
+class ConcurrencyLimit:
+    """ASGI middleware: at most `limit` HTTP requests in progress; the next gets 503 (OpenAI-style body)."""
+
+    def __init__(self, app, limit: int, state: ServerState):
+        self.app, self.limit, self.state, self.active = app, limit, state, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.active >= self.limit:
+            self.state.count("http_errors_503")
+            body = json.dumps(error_body("busy", f"{self.active} requests are in progress, the server's limit "
+                                                 "(http.max_concurrent); retry shortly")).encode()
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})
+            return await send({"type": "http.response.body", "body": body})
+        self.active += 1  # one event loop: no lock needed
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
+class HttpServer:
+    def __init__(self, state: ServerState, config: HttpConfig, base_model: str):
+        import uvicorn
+
+        from .app import create_app
+
+        self.front = Front(state, base_model)
+        app = ConcurrencyLimit(create_app(self.front, config), config.max_concurrent, state)
+        family = socket.getaddrinfo(config.host, config.port or 0, type=socket.SOCK_STREAM)[0][0]
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((config.host, config.port or 0))
+        self._socket.listen(1024)
+        self.host, self.port = config.host, self._socket.getsockname()[1]
+        # httptools when installed (uvicorn[standard]); h11 otherwise. No access log: one line a request
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                                     timeout_keep_alive=int(max(1, config.keep_alive_s)),
+                                                     limit_concurrency=config.max_concurrent * 2,
+                                                     server_header=False))
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "HttpServer":
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name="vlora-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        self._socket.close()
+
+    def __enter__(self) -> "HttpServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

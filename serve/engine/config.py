@@ -56,6 +56,9 @@ class EngineConfig:
     profile_shapes: dict | None = None  # serve.orchestrator.ProfileShapes fields for profile="measure"
     switch_method: str = "auto"  # merge kernel: "auto" (one_shot on GPU, addmm on CPU), "one_shot" (Triton), "addmm"
     seed: int = 0  # the generator of sampled requests without their own seed
+    # made-up traffic through every shape before the server takes work (serve/engine/warmup.py):
+    # "auto" on a GPU only, "on", "off"
+    warm_up: str = "auto"
     # > 1: this process is one rank of a tensor-parallel group (serve.distributed); torch.distributed
     # must be initialised with this world size, and every rank gets the same requests and calls
     tensor_parallel_size: int = 1
@@ -88,6 +91,8 @@ class EngineConfig:
             if any(n < 1 for n in bounds):
                 raise ValueError(f"{name} must be bounds >= 1, got {bounds}")
             setattr(self, name, bounds)
+        if self.warm_up not in ("auto", "on", "off"):
+            raise ValueError(f"warm_up={self.warm_up!r}: use auto (on a GPU only), on or off")
         if self.adapter_slots < 0:
             raise ValueError(f"adapter_slots must be >= 0 (0 = no adapters), got {self.adapter_slots}")
         if self.tensor_parallel_size < 1:

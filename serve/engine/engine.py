@@ -151,6 +151,32 @@ class Engine:
         # request ids of the last step's batch, None while a step is planning: when a step raises, only
         # these can have caused a failure past planning (the RPC loop tries them alone, serve/rpc/step_failures.py)
         self.last_batch: tuple[str, ...] | None = None
+        self.warm_report = None  # serve/engine/warmup.py's report once warm_up() ran
+
+    # ---- warm-up ----------------------------------------------------------------------------------
+    @property
+    def needs_warm_up(self) -> bool:
+        from .warmup import wanted
+
+        return self.warm_report is None and wanted(self.config.warm_up, self.device.type)
+
+    def warm_up(self):
+        """Runs made-up waves of requests through every shape serving meets (serve/engine/warmup.py),
+        once; the caller's thread must be the only one stepping. Returns the WarmReport."""
+        if self.warm_report is None:
+            from .warmup import warm_up
+
+            if self.has_unfinished():
+                raise RuntimeError("warm_up() runs before any request is added")
+            try:
+                self.warm_report = warm_up(self)
+            except BaseException:  # nothing made up may stay in flight to meet real requests
+                for request_id in list(self._requests):
+                    self.abort(request_id)
+                self._pending.clear()
+                raise
+            log.info("engine %s", self.warm_report.line())
+        return self.warm_report
 
     # ---- modes ------------------------------------------------------------------------------------
     def _cost_profile(self, config: EngineConfig) -> CostProfile:

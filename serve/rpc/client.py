@@ -181,6 +181,22 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._call("health")
 
+    def wait_ready(self, timeout_s: float = 600.0, on_wait=None) -> dict[str, Any]:
+        """Waits while the server warms its engine up (health state "warming"); returns the health
+        reply once it takes work. on_wait(reply) is called once, on the first warming reply."""
+        deadline = time.monotonic() + timeout_s
+        told = False
+        while True:
+            health = self.health()
+            if health.get("state") != "warming":
+                return health
+            if not told and on_wait is not None:
+                on_wait(health)
+                told = True
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server was still warming up after {timeout_s:g} s")
+            time.sleep(0.5)
+
     def metrics(self, fmt: str = "json"):
         reply = self._call("metrics", fmt)
         return reply["text"] if fmt == "prometheus" else reply

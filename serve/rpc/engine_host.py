@@ -11,6 +11,7 @@ slow to read cannot stall a step).
 Messages, front end -> engine: ("add", request, prepared, meta), ("abort", request_id),
 ("call", call_id, fn) (fn(engine), picklable: a module-level function or operator.methodcaller),
 ("counters", call_id), ("stop",). Engine -> front end: ("ready", info) or ("failed", message) once,
+then ("warm", report) once the engine's warm-up is over (info["warming"] says whether one runs),
 then ("event", request_id, event), ("reply", call_id, ok, value), ("culprit", fingerprint, why).
 """
 
@@ -104,9 +105,11 @@ def host(conn, build, idle_wait_s: float, log_level: int) -> None:
     sender.start()
     loop = EngineLoop(engine, idle_wait_s)
     loop.culprits.on_record = lambda key, why: outbox.put(("culprit", key, why))
+    loop.on_warm = lambda report: outbox.put(("warm", report))
+    info = dict(info_of(engine), warming=bool(getattr(engine, "needs_warm_up", False)))
+    outbox.put(("ready", info))  # before the loop starts: its ("warm", ...) can only come after
     loop.start()
     trimmer = trim_when_idle(lambda: not engine.has_unfinished())
-    outbox.put(("ready", info_of(engine)))
     try:
         _serve(conn, loop, outbox)
     finally:

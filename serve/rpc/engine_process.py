@@ -28,6 +28,7 @@ from .culprits import Culprits
 from .engine_host import dumps, host, receive
 from .gate import GATE
 from .loop import Ticket
+from .warming import WarmState
 
 log = logging.getLogger("vlora.serve.rpc")
 
@@ -59,7 +60,7 @@ class FrontEngine:
         raise AttributeError(name)
 
 
-class EngineProcess:
+class EngineProcess(WarmState):
     def __init__(self, build, idle_wait_s: float = 0.05, start_timeout_s: float | None = None):
         self._build, self.idle_wait_s, self.start_timeout_s = build, idle_wait_s, start_timeout_s
         self.engine: FrontEngine | None = None
@@ -92,6 +93,8 @@ class EngineProcess:
             text = message[1]
             raise SystemExit(text) if text.startswith("vlora ") else RuntimeError(f"the engine's build failed: {text}")
         self.engine = FrontEngine(message[1])
+        if message[1].get("warming"):  # the engine process warms up now; ("warm", report) says when done
+            self.warming_since = time.monotonic()
         self._router = threading.Thread(target=self._route, name="vlora-engine-router", daemon=True)
         self._router.start()
         return self
@@ -151,6 +154,7 @@ class EngineProcess:
 
     def call(self, fn, timeout: float = 30.0):
         """fn(engine) in the engine process (fn picklable); its value, or its exception raised here."""
+        self.refuse_if_warming()
         return self._ask(timeout, "call", fn)
 
     @property
@@ -218,6 +222,8 @@ class EngineProcess:
                     done.set()
             elif kind == "culprit":
                 self.culprits.learn(message[1], message[2])
+            elif kind == "warm":
+                self.warmed(message[1])
         self._died()
 
     def _finish(self, request_id: str, event: dict) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from .culprits import Culprits
 from .gate import GATE
 from .step_failures import StepFailures
+from .warming import WarmState
 
 log = logging.getLogger("vlora.serve.rpc")
 
@@ -69,7 +70,7 @@ def _ms(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round((b - a) * 1e3, 3)
 
 
-class EngineLoop(StepFailures):
+class EngineLoop(StepFailures, WarmState):
     def __init__(self, engine, idle_wait_s: float = 0.05):
         self.engine = engine
         self.idle_wait_s = idle_wait_s
@@ -83,9 +84,13 @@ class EngineLoop(StepFailures):
         self._restarts: Counter[str] = Counter()  # request id -> unattributed failures it was restarted for
         self._failure_sites: set[tuple] = set()  # (exception type, file, line) already logged with a traceback
         self.lock = threading.Lock()  # held around engine calls so stats() from other threads is consistent
+        # the engine's warm-up (serve/engine/warmup.py) runs first on the loop's thread (WarmState)
+        self.warming_since: float | None = None
 
     # ---- any thread ----------------------------------------------------------------------------
     def start(self) -> "EngineLoop":
+        if getattr(self.engine, "needs_warm_up", False):  # set before the thread: no submit slips in ahead
+            self.warming_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="vlora-engine", daemon=True)
         self._thread.start()
         return self
@@ -114,6 +119,7 @@ class EngineLoop(StepFailures):
 
     def call(self, fn, timeout: float = 30.0):
         """Run fn(engine) on the engine thread (adapter loading, stats) and return its result."""
+        self.refuse_if_warming()  # the thread is busy warming up: answer now rather than time out
         box: dict[str, Any] = {}
         done = threading.Event()
         self.post_call(fn, box, done)
@@ -132,11 +138,22 @@ class EngineLoop(StepFailures):
 
     # ---- engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.warming_since is not None:
+            self._warm_up()
         while not self._stop.is_set():
             busy = self.engine.has_unfinished()
             self._drain(block=not busy)
             if self.engine.has_unfinished():
                 self._step()
+
+    def _warm_up(self) -> None:
+        try:
+            with self.lock:
+                report = self.engine.warm_up()  # logs its own line
+            self.warmed(report.to_dict())
+        except Exception as e:  # a warm-up is a speed-up: serving goes on cold, and the log says why
+            log.error("engine warm-up failed (%s: %s); serving without it", type(e).__name__, e)
+            self.warmed({"error": f"{type(e).__name__}: {e}"})
 
     def _drain(self, block: bool) -> None:
         try:

@@ -87,7 +87,13 @@ def check_connection(target: ServerTarget, app: str) -> None:
 
     where = f"{target.host}:{target.port}"
     try:
-        Client(target.host, target.port, target.token, timeout_s=10.0, reconnect=False).close()
+        client = Client(target.host, target.port, target.token, timeout_s=10.0, reconnect=False)
+        try:  # a server still warming its engine up refuses work: wait here, once, not per stream
+            client.wait_ready(on_wait=lambda h: print(f"{app}: the server at {where} is warming its engine up "
+                                                      f"({h.get('warming_s', 0):.0f} s so far); waiting",
+                                                      file=sys.stderr, flush=True))
+        finally:
+            client.close()
     except AuthError as e:
         if "refused the token" in str(e):
             fail(app, f"the server at {where} refused the token: set VLORA_TOKEN to the token `vlora serve` was "

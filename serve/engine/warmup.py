@@ -1,0 +1,129 @@
+"""Warm-up: the engine runs the shapes serving will meet before anyone is told it is ready.
+
+A cold GPU engine compiles on first use: Triton kernels per tiling bucket and specialisation (the
+LoRA shrink/expand tiles per token bucket, the paged and segment attention), the merge kernel the
+first time a policy folds an adapter in, cuBLAS heuristics per GEMM shape, the head batches. Hit by
+many cameras at once, each of those compiles stalls a step that already carries every camera's
+chunk, and the backlog never drains (a 24-camera point right after start answered 26 of 72 chunks,
+p95 6.6 s, where a warm server holds p95 0.3 s).
+
+So before the server takes work, the engine serves waves of made-up requests through its own
+`add_request` / `step` path: 1, 2, 4, ... up to `max_batch_size` requests at once, each with a
+picture (a video chunk on Qwen models, an image on LLaVA) of noise that no cache can answer,
+spread over the base model and every loaded adapter, in head mode for adapters with a head and as a
+few generated tokens otherwise, then the same waves on one adapter alone (the policy may fold it
+in). That walks the prefill token buckets, chunked prefill, mixed prefill + decode steps, the
+decode batch sizes, the head batches and the adapter mixes the policy turns into modes. The caches
+the waves filled are dropped afterwards; the step log keeps them (marked by `warm_report`).
+
+`warm_up(engine)` returns where the time went, per phase, which `vlora serve` logs and the health
+reply carries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger("vlora.serve.engine")
+
+MODES = ("auto", "on", "off")
+
+
+@dataclass
+class WarmReport:
+    seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    requests: int = 0
+    steps: int = 0
+
+    def to_dict(self) -> dict:
+        return {"seconds": round(self.seconds, 3), "phases": {k: round(v, 3) for k, v in self.phases.items()},
+                "requests": self.requests, "steps": self.steps}
+
+    def line(self) -> str:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
+        return f"warmed up in {self.seconds:.1f} s ({self.requests} requests, {self.steps} steps: {parts})"
+
+
+def wanted(mode: str, device_type: str) -> bool:
+    """auto: on a GPU only (a CPU compiles nothing lazily that a warm-up would save)."""
+    if mode not in MODES:
+        raise ValueError(f"warm_up={mode!r}: use one of {list(MODES)}")
+    return mode == "on" or (mode == "auto" and device_type == "cuda")
+
+
+def wave_sizes(max_batch_size: int) -> list[int]:
+    """1, 2, 4, ... and max_batch_size itself: every decode-graph bucket and head batch gets a wave."""
+    sizes, n = [], 1
+    while n < max_batch_size:
+        sizes.append(n)
+        n *= 2
+    return sizes + [max_batch_size]
+
+
+def _picture(engine, rng: np.random.Generator, side: int, frames: int) -> dict:
+    """Noise (never the same twice, so neither the encoder cache nor the prefix cache answers it)."""
+    if engine.model.args.is_qwen:
+        return {"video": rng.integers(0, 256, (frames, side, side, 3), dtype=np.uint8)}
+    return {"images": [rng.integers(0, 256, (side, side, 3), dtype=np.uint8)]}
+
+
+def _targets(engine) -> list[tuple[str | None, str | None]]:
+    """(adapter, head domain or None) of every loaded adapter, and the base model (None, None)."""
+    out: list[tuple[str | None, str | None]] = [(None, None)]
+    for info in engine.list_adapters():
+        heads = info.get("heads") or {}
+        out.append((info["name"], next(iter(heads), None)))
+    return out
+
+
+def _run_wave(engine, requests) -> int:
+    """Adds every request, steps until they are done; returns the steps taken."""
+    ids = [engine.add_request(r) for r in requests]
+    steps, open_ids = 0, set(ids)
+    while open_ids:
+        for out in engine.step():
+            if out.finished:
+                open_ids.discard(out.request_id)
+        steps += 1
+        if steps > 100_000:  # a wave that never ends is a bug to report, not a start-up that hangs
+            raise RuntimeError(f"warm-up: {len(open_ids)} request(s) unfinished after {steps} steps")
+    return steps
+
+
+def warm_up(engine, side: int = 448, frames: int = 6, answer_tokens: int = 4, seed: int = 0) -> WarmReport:
+    """Runs the waves on `engine` (whose step loop must not be running elsewhere); returns the report."""
+    from .request import Request, SamplingParams
+
+    rng = np.random.default_rng(seed)
+    report = WarmReport()
+    start = time.perf_counter()
+    sampling = SamplingParams(max_tokens=answer_tokens, ignore_eos=True, detokenize=False)
+    targets = _targets(engine)
+    sizes = wave_sizes(engine.config.max_batch_size)
+
+    def request(adapter, domain, i) -> Request:
+        head = domain is not None and i % 2 == 0  # adapters with a head: half head answers, half tokens
+        return Request(prompt="What is in this picture?", adapter=adapter, output_mode="head" if head else "generate",
+                       task=domain if head else None, sampling=sampling, request_id=f"warm-up-{report.requests + i}",
+                       app="warm-up", **_picture(engine, rng, side, frames))
+
+    def phase(name: str, waves) -> None:
+        t0 = time.perf_counter()
+        for wave in waves:
+            report.steps += _run_wave(engine, wave)
+            report.requests += len(wave)
+        report.phases[name] = report.phases.get(name, 0.0) + time.perf_counter() - t0
+
+    # every adapter and the base model in each wave: the mixes unmerged / mixture steps see
+    phase("mixed waves", ([request(*targets[i % len(targets)], i) for i in range(n)] for n in sizes))
+    adapted = [t for t in targets if t[0] is not None]
+    if adapted:  # one adapter alone: what a policy folds into the weights (the merge kernels too)
+        phase("one-adapter waves", ([request(*adapted[0], i) for i in range(n)] for n in sizes))
+    engine.drop_caches()  # noise is nobody's prefix or picture
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,131 @@
+"""The engine's warm-up (serve/engine/warmup.py) and the server's `warming` state (serve/rpc/warming.py):
+the waves run every adapter, head and batch size and leave nothing behind that changes an answer;
+while warming, the server answers health with state "warming" and refuses work and engine calls
+with the `warming` kind, then takes work once warm (Client.wait_ready)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from adapter_cases import make_adapter, make_head, one_thread, write_meta  # noqa: F401 - one_thread: fixture
+
+from serve import Engine, EngineConfig
+from serve.engine import Request, SamplingParams
+from serve.engine.warmup import wanted, wave_sizes
+from serve.rpc import Client, RpcServer, ServerError
+
+NAME = "qwen2_vl_tiny"
+TOKEN = "warm-up-token"
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_zoo, tmp_path_factory):
+    path = make_adapter(tiny_zoo[NAME], tmp_path_factory.mktemp("warm") / "counter", ["q_proj", "v_proj"], 8, 16, 5)
+    make_head(path / "heads" / "vehicles", "count", 128, seed=3)
+    write_meta(path, {"vehicles": "count"})
+    return path
+
+
+def _engine(tiny_zoo, adapter, warm_up: str = "on") -> Engine:
+    return Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=4, warm_up=warm_up,
+                                               adapters=(f"counter={adapter}",)))
+
+
+def _requests() -> list[Request]:
+    clip = np.random.default_rng(7).integers(0, 256, (4, 56, 56, 3), dtype=np.uint8)
+    greedy = SamplingParams(max_tokens=5)
+    return [Request(prompt="How many cars?", video=clip, adapter="counter", sampling=greedy),
+            Request(prompt="How many cars?", video=clip, adapter="counter", output_mode="head", task="vehicles"),
+            Request(prompt="Describe it.", images=[clip[0]], sampling=greedy)]
+
+
+def _answers(engine: Engine) -> list:
+    outs = engine.generate(_requests())
+    return [(o.token_ids, o.head.to_dict() if o.head is not None else None) for o in outs]
+
+
+def test_wave_sizes_and_when_it_runs():
+    assert wave_sizes(1) == [1] and wave_sizes(4) == [1, 2, 4] and wave_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert wanted("auto", "cuda") and not wanted("auto", "cpu") and wanted("on", "cpu") and not wanted("off", "cuda")
+    with pytest.raises(ValueError, match="warm_up"):
+        EngineConfig(warm_up="yes")
+
+
+def test_the_warm_up_runs_every_wave_and_changes_no_answer(tiny_zoo, adapter):
+    cold = _engine(tiny_zoo, adapter, warm_up="off")
+    assert not cold.needs_warm_up
+    want = _answers(cold)
+    engine = _engine(tiny_zoo, adapter)
+    assert engine.needs_warm_up
+    report = engine.warm_up()
+    # mixed waves (base + adapter) and the adapter alone, 1 + 2 + 4 requests each
+    assert report.requests == 14 and set(report.phases) == {"mixed waves", "one-adapter waves"}
+    assert report.steps >= 6 and engine.warm_up() is report and not engine.needs_warm_up  # once
+    assert not engine.has_unfinished() and len(engine.runner.encoder_cache) == 0  # nothing made up stays
+    assert engine.runner.counters["items_encoded"] >= 14  # every request's picture went through the tower
+    assert _answers(engine) == want
+
+
+class _HeldWarmUp(Engine):
+    """The real engine, whose warm-up waits for the test to let it finish."""
+
+    release = threading.Event()
+
+    def warm_up(self):
+        assert self.release.wait(60)
+        return super().warm_up()
+
+
+def test_a_warming_server_refuses_work_then_serves(tiny_zoo, adapter):
+    engine = _HeldWarmUp(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=2, warm_up="on",
+                                                      adapters=(f"counter={adapter}",)))
+    server = RpcServer(engine, TOKEN, "127.0.0.1", 0).start()
+    try:
+        with Client("127.0.0.1", server.port, TOKEN) as client:
+            health = client.health()
+            assert health["state"] == "warming" and health["healthy"] and "warming_s" in health
+            clip = np.zeros((2, 56, 56, 3), dtype=np.uint8)
+            with pytest.raises(ServerError) as refused:
+                client.submit_video("How many cars?", clip, adapter="counter", sampling={"max_tokens": 2})
+            assert refused.value.kind == "warming" and "Client.wait_ready" in str(refused.value)
+            with pytest.raises(ServerError) as listing:
+                client.list_adapters()
+            assert listing.value.kind == "warming"
+            seen = []
+            _HeldWarmUp.release.set()
+            ready = client.wait_ready(timeout_s=120, on_wait=seen.append)
+            assert ready["state"] == "ready" and ready["warm_up_s"] > 0
+            final = client.submit_video("How many cars?", clip, adapter="counter", sampling={"max_tokens": 2}).result(120)
+            assert len(final["token_ids"]) == 2
+            assert [a["name"] for a in client.list_adapters()] == ["counter"]
+    finally:
+        server.close()
+
+
+def warm_engine(checkpoint, adapter) -> Engine:
+    """Built in the engine process (module-level, so the spawned interpreter finds it)."""
+    return Engine(checkpoint, EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=2, warm_up="on",
+                                           adapters=(f"counter={adapter}",)))
+
+
+def test_the_engine_process_tells_its_front_end_when_warm(tiny_zoo, adapter):
+    from functools import partial
+
+    from serve.rpc import EngineProcess
+
+    loop = EngineProcess(partial(warm_engine, str(tiny_zoo[NAME]), str(adapter))).start()
+    told = []
+    loop.when_warm(told.append)
+    server = RpcServer(loop, TOKEN, "127.0.0.1", 0).start()
+    try:
+        with Client("127.0.0.1", server.port, TOKEN) as client:
+            ready = client.wait_ready(timeout_s=120)
+            assert ready["state"] == "ready" and ready["warm_up_s"] > 0
+            assert told and told[0]["requests"] == 6  # waves of 1 and 2, mixed and one-adapter
+            clip = np.zeros((2, 56, 56, 3), dtype=np.uint8)
+            final = client.submit_video("How many?", clip, adapter="counter", output_mode="head").result(120)
+            assert "count" in final["head"]
+    finally:
+        server.close()

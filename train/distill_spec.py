@@ -107,7 +107,7 @@ class DomainSpec:
             raise DomainError(f"{where}: frames_per_clip must be an int >= 1, got {self.frames_per_clip!r}")
         if isinstance(self.teacher, Mapping):
             self.teacher = dict(self.teacher)
-            if not isinstance(self.teacher.get("_target_"), str):
+            if not isinstance(self.teacher.get("_target_"), str) and self.teacher.get("kind") != "process":
                 raise DomainError(f"{where}: a teacher mapping needs _target_ (a dotted path to a class or callable), "
                                   f"got {self.teacher}")
         elif not isinstance(self.teacher, str) or not self.teacher:

@@ -13,6 +13,8 @@ predictions: `detect(frame) -> [Detection(cls, score, box)]`, `classify(frame) -
     teacher = build_teacher("yolo_world", TeacherSettings(dir=".vlora/teachers"))  # built-ins, cached
     teacher = build_teacher({"_target_": "mypkg.PeopleCounter", "threshold": 0.5}, settings)  # a plug-in
     teacher = build_teacher("people_counter", settings)   # an entry point of the group vlora.teachers
+    teacher = build_teacher({"kind": "process", "python": "/opt/cv4/bin/python", "target": "people.Hog"}, settings)
+                                                           # another interpreter's teacher (process.py)
 
 A user's own class or callable becomes a teacher through the small protocol of `plugins`
 (`count(frame) -> int`, `classify(frame) -> str`, `exists(frame) -> bool`, `detect(frame) ->
@@ -29,6 +31,7 @@ from .fit import (ClassifierSpec, fit_sklearn_teacher, fit_torch_teacher, load_s
 from .labels import DataObject, DataTruth, LabelsTeacher, largest_object, moving_direction, truth_answer
 from .opencv import ColorBlobDetector, MotionDirection
 from .plugins import METHOD_TARGETS, PluginTeacher, load_object, protocol_targets, wrap_teacher
+from .process import ProcessTeacher, ProcessTeacherError
 from .registry import (BUILTIN, BY_PATH, ENTRY_POINTS, REGISTRY, TRAINED, TeacherSettings, build_teacher, register,
                        teacher_fingerprint, teacher_names, teacher_targets)
 from .yolo import YoloTeacher, ultralytics_offline
@@ -44,6 +47,7 @@ __all__ = [
     "tiny_cnn",
     "LabelsTeacher", "DataTruth", "DataObject", "truth_answer", "largest_object", "moving_direction",
     "PluginTeacher", "wrap_teacher", "load_object", "protocol_targets", "METHOD_TARGETS",
+    "ProcessTeacher", "ProcessTeacherError",
     "TeacherSettings", "build_teacher", "teacher_fingerprint", "teacher_names", "teacher_targets", "BUILTIN",
     "BY_PATH", "REGISTRY", "ENTRY_POINTS", "register", "TRAINED",
 ]

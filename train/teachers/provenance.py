@@ -220,6 +220,8 @@ def checkpoint_paths(teacher) -> list[str]:
     """Files and directories a teacher's answers are read from, as its config names them."""
     spec = getattr(teacher, "spec", None)
     found = []
+    args = getattr(teacher, "arguments", None)  # a process teacher: its target's arguments, not its interpreter
+    spec = args if isinstance(args, dict) else spec
     if isinstance(spec, dict):
         for key, value in spec.items():
             if not isinstance(value, (str, os.PathLike)) or key in ("_target_", "object", "entry_point"):
@@ -236,9 +238,11 @@ def teacher_provenance(teacher, hashes: FileHashes | None = None) -> dict[str, d
     """{"code": {label: digest}, "checkpoints": {path: digest}} of a teacher (see the docstring)."""
     hashes = hashes or FileHashes()
     code: dict[str, str] = {}
-    for name, file in code_modules(teacher).items():
-        for label, f in module_files(name, file).items():
-            code[label] = hashlib.sha256(f.read_bytes()).hexdigest()[:16]  # source: small, read each run
+    # a teacher run by another interpreter names the files that interpreter loaded (process.py)
+    files = teacher.code_files() if callable(getattr(teacher, "code_files", None)) else {
+        label: f for name, file in code_modules(teacher).items() for label, f in module_files(name, file).items()}
+    for label, f in files.items():
+        code[label] = hashlib.sha256(f.read_bytes()).hexdigest()[:16]  # source: small, read each run
     return {"code": dict(sorted(code.items())),
             "checkpoints": {p: hashes.digest(p) for p in checkpoint_paths(teacher)}}
 

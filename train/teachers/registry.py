@@ -13,6 +13,8 @@ A teacher spec (a domain's `teacher`, or what the video app's shadow teacher nam
                       What it builds is wrapped by `plugins.PluginTeacher` unless it is a Teacher.
                       Our own classes load user files this way, with the user's preprocessing:
                       {_target_: train.teachers.SklearnTeacher, path: model.joblib, preprocess: mypkg.features}
+    {kind: process, python: /opt/cv4/bin/python, target: people.HogPeople, args: {...}, path: [dir]}
+                      a teacher class run by another interpreter behind a frame protocol (process.py)
 
 Built-ins:
 
@@ -42,6 +44,7 @@ from .fit import ClassifierSpec, fit_sklearn_teacher, fit_torch_teacher, load_sk
 from .labels import LabelsTeacher
 from .opencv import ColorBlobDetector, MotionDirection
 from .plugins import load_object, protocol_targets, wrap_teacher
+from .process import ProcessTeacher, check_spec
 from .provenance import FileHashes, teacher_provenance, update_with_model
 from .yolo import YoloTeacher
 from .yolo_world import YoloWorldSpec, train_world_yolo
@@ -61,6 +64,7 @@ class TeacherSettings:
     torch_class: ClassifierSpec = field(default_factory=lambda: ClassifierSpec(target="class", seed=1200))
     opencv_color: dict = field(default_factory=lambda: {"colors": ["red", "blue"]})
     opencv_motion: dict = field(default_factory=dict)
+    process: dict = field(default_factory=dict)  # defaults of process teachers: batch, timeout_s, start_timeout_s
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TeacherSettings":
@@ -150,7 +154,7 @@ def _entry_point_names() -> list[str]:
 
 def teacher_names() -> list[str]:
     return (list(REGISTRY) + _entry_point_names() + [f"{k}:<{v}>" for k, v in BY_PATH.items()]
-            + ["{_target_: dotted.path, ...}"])
+            + ["{_target_: dotted.path, ...}", "{kind: process, python: <interpreter>, target: module.Class, ...}"])
 
 
 def _mapping(spec: Mapping) -> tuple[str, dict, str | None]:
@@ -175,10 +179,17 @@ def _is_bare_function(obj, args: dict) -> bool:
     return not inspect.isclass(obj) and callable(obj) and not {k for k in args if k != "_partial_"}
 
 
+def _is_process(spec) -> bool:
+    return isinstance(spec, Mapping) and spec.get("kind") == "process"
+
+
 def teacher_targets(spec: str | Mapping, settings: TeacherSettings) -> frozenset[str] | None:
     """What teacher `spec` answers, known without building it (None when only the built teacher
     can tell: a model by path, a factory); raises TeacherError for an unknown name or a `_target_`
     that cannot be imported or has none of the teacher methods."""
+    if _is_process(spec):  # another interpreter's teacher: its worker tells, once started
+        check_spec(spec, settings.process)
+        return None
     if isinstance(spec, Mapping):
         target, args, _ = _mapping(spec)
         obj = load_object(target)
@@ -210,6 +221,10 @@ def build_teacher(spec: str | Mapping, settings: TeacherSettings, log: TextIO | 
     """The teacher `spec` names (see the module docstring), training or fitting a built-in one
     into `settings.dir` if needed. A plug-in carries its spec for `teacher_fingerprint`."""
     log = log or sys.stderr
+    if _is_process(spec):
+        teacher = ProcessTeacher(spec, settings.process)
+        print(f"teacher {teacher.name}: {teacher.detail}", file=log, flush=True)
+        return teacher
     if isinstance(spec, Mapping):
         return _build_plugin(spec, log)
     if not isinstance(spec, str) or not spec:

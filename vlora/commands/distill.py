@@ -50,7 +50,8 @@ def run(cfg: DictConfig) -> dict[str, DistillResult]:
                      label_workers=cfg.distill.label_workers)
     results = distill(specs, teacher_settings(cfg), job, sys.stderr)
     rows = [{"domain": r.name, "task": s.task,
-             "teacher": s.teacher if isinstance(s.teacher, str) else s.teacher.get("_name_", s.teacher["_target_"]),
+             "teacher": s.teacher if isinstance(s.teacher, str) else
+             s.teacher.get("_name_") or s.teacher.get("name") or s.teacher.get("_target_") or s.teacher.get("target"),
              "source": s.source.get("kind", "world"), "train": r.sizes["train"],
              "eval": r.sizes["eval"],
              "teacher_vs_truth": f"{r.agreement['value']:.3f} ({r.agreement['metric']})" if r.agreement else "-",

@@ -18,11 +18,13 @@ is counted as a mode switch in the stream's metrics.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from adapters.manifest import domains_for, select_adapter
 from adapters.sources import read_sources
+
+from .baselines import NOT_RECORDED, baseline_text, domain_record, expected_text, no_better, recorded_baselines
 
 HEAD_MODES = ("auto", "never", "always")
 
@@ -55,6 +57,25 @@ class Route:
     # what the selected domain was trained on ("image" | "clip"; None: unknown or the base model): a
     # video app sends an image domain one frame of its chunk, as the head saw in training
     media: str | None = None
+    domain: str | None = None  # the manifest domain selected
+    question: str | None = None  # the one question that domain's items asked (its head answers it)
+    labels: tuple[str, ...] = ()  # a classify / binary domain's labels (meta.json): what its text answers name
+    # the selection's recorded baselines (apps.common.baselines): name -> {"accuracy", ...}; {} = none recorded
+    baselines: dict = field(default_factory=dict)
+    via: str = ""  # why the app looked up this key (e.g. "question matches domain digits"); "" = the task's own
+
+    @property
+    def no_better(self) -> bool:
+        """The selected adapter is no better than its majority baseline (as its training recorded)."""
+        return self.selected is not None and no_better(self.expected_accuracy, self.baselines)
+
+    def accuracy_text(self) -> str:
+        """"expected 0.438 against majority always '2' 0.438: NO BETTER (p=1)"; "" without a selection."""
+        return expected_text(self.expected_accuracy, self.baselines) if self.selected else ""
+
+    def cell(self) -> str:
+        """The report's route column: where it went, and why the app looked there when it chose."""
+        return f"{self.adapter or 'base'}/{self.output_mode}" + (f" ({self.via})" if self.via else "")
 
     def degrade(self, why: str) -> "Route | None":
         """The next fallback after the server refused this route, or None at the base model."""
@@ -66,8 +87,24 @@ class Route:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "adapter": self.adapter, "head": self.head, "output_mode": self.output_mode,
-                "selected": self.selected, "expected_accuracy": self.expected_accuracy, "reason": self.reason,
-                "media": self.media}
+                "selected": self.selected, "expected_accuracy": self.expected_accuracy,
+                "baseline": baseline_text(self.expected_accuracy, self.baselines) if self.selected else None,
+                "baselines": dict(self.baselines), "no_better": self.no_better, "reason": self.reason,
+                "media": self.media, "domain": self.domain, "question": self.question, "labels": list(self.labels),
+                "via": self.via}
+
+
+def route_cell(route: dict[str, Any]) -> str:
+    """`Route.cell` of a route as a report holds it (`Route.to_dict`)."""
+    return f"{route.get('adapter') or 'base'}/{route.get('output_mode')}" + (f" ({route['via']})" if route.get("via") else "")
+
+
+def route_worth(route: dict[str, Any]) -> str:
+    """A reported route's expected accuracy beside its recorded baseline, "" when it selected
+    nothing: "expected 0.438; majority baseline always '2' 0.438: adapter NO BETTER (p=1)"."""
+    if not route.get("selected") or route.get("expected_accuracy") is None:
+        return ""
+    return f"expected {route['expected_accuracy']:.3f}; {route.get('baseline') or NOT_RECORDED}"
 
 
 def load_manifest(path) -> dict[str, Any] | None:
@@ -104,7 +141,12 @@ def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | N
                                     + (f" and meets its requirement ({missed} skipped)" if missed else "")
                                     + ": base model")
     skipped = f"; {missed} skipped" if missed else ""
-    picked = replace(base, selected=sel.adapter, expected_accuracy=sel.accuracy)
+    record = domain_record(sel.path, sel.domain)  # meta.json: the baselines and labels training recorded
+    question = manifest["tasks"].get(sel.domain, {}).get("question") or record.get("question")
+    labels = tuple(str(v) for v in record.get("labels") or ())
+    picked = replace(base, selected=sel.adapter, expected_accuracy=sel.accuracy, domain=sel.domain,
+                     question=question, labels=labels, baselines=recorded_baselines(record))
+    worth = baseline_text(sel.accuracy, picked.baselines)  # beside the accuracy: what it is worth
     if sel.adapter not in caps.adapters:
         if load is None:
             return replace(picked, reason=f"adapter {sel.adapter} ({sel.domain}) is not served: base model")
@@ -115,7 +157,7 @@ def resolve_route(key: str, accuracy_target: float, manifest: dict[str, Any] | N
     use_head = heads == "always" or (heads == "auto" and bool(sel.head))
     return replace(picked, adapter=sel.adapter, head=sel.head if use_head else None, media=sel.media,
                    output_mode="head" if use_head else "generate",
-                   reason=f"manifest: {sel.adapter} ({sel.domain}, accuracy {sel.accuracy}){skipped}")
+                   reason=f"manifest: {sel.adapter} ({sel.domain}, accuracy {sel.accuracy}){skipped}; {worth}")
 
 
 def _other_questions(manifest: dict[str, Any], key: str, question: str | None) -> str:

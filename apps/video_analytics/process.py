@@ -110,7 +110,7 @@ def run_chunk(runner, chunk: Chunk) -> None:
             _refused(runner, spec, ServerError("rejected", "the server answered a head request without a head"))
         latency = (arrived - chunk.ready) * 1e3
         latencies.append(latency)
-        pred = spec.predict(final, width, height)
+        pred = spec.predict(final, width, height, route.labels)  # text read against the domain's labels
         truth = _truth_value(spec, chunk, width, height)
         score = None if truth is None else spec.score(pred, truth)
         server_ms = (final.get("timing") or {}).get("total_ms")

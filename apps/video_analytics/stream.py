@@ -92,6 +92,11 @@ class StreamRunner:
             snap["annotated"] = str(self.annotator.path)
         return snap
 
+    def route_lines(self) -> list[str]:
+        """One line per task: where it is served and why, with the adapter's expected accuracy beside
+        the baseline its training recorded (a route no better than its baseline says so)."""
+        return [f"stream {self.config.name}, task {label}: {r.cell()}: {r.reason}" for label, r in self.routes.items()]
+
     def event(self, event: str, **fields) -> None:
         self.record({"type": "event", "stream": self.config.name, "event": event, **fields})
 
@@ -203,7 +208,7 @@ class StreamRunner:
         # chunk's truth describes): a clip of 30 frames is not what its head learnt to read
         send, media = ((self.client.submit_image, frames[len(frames) // 2]) if route.media == "image"
                        else (self.client.submit_video, frames))
-        return send(spec.question(), media, adapter=route.adapter, output_mode=route.output_mode,
+        return send(spec.asked(route), media, adapter=route.adapter, output_mode=route.output_mode,
                     sampling=spec.sampling_params(), app=self.config.app, slo_ms=spec.latency_ms,
                     tag=f"{self.config.name}/{chunk.index}/{spec.label}", encoding=self.config.encoding,
                     # an adapter fused from several domains has a head per domain

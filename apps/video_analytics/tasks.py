@@ -1,25 +1,38 @@
-"""What a stream asks of each chunk: detection, counting, and action (direction of motion).
+"""What a stream asks of each chunk: detection, counting, action (direction of motion) and
+classification (one label per chunk, e.g. which digit a camera shows, or what kind of object the
+largest one is).
 
 A `TaskSpec` names the task, the objects it is about, its accuracy target (which picks the
 adapter and head from the fusion manifest, see routing.py) and its latency target. This module
 also turns a chunk's ground truth into the task's exact answer and scores a prediction against
 it; the definitions match the distillation teachers' (train/teachers/labels.py): counts and
-boxes of the queried classes in the middle frame, and the direction of the largest moving object.
+boxes of the queried classes in the middle frame, the direction of the largest moving object, and
+for classify the class of the largest object (the world's truth; on other footage a classify task
+is scored by its shadow teacher only).
+
+A classify task names its domain (`manifest_key: digits`) or asks the domain's question
+(`prompt: Which digit is this?`): with a domain and no prompt it asks the question that domain's
+items asked, which is what its head was trained on. Its labels are the domain's (meta.json), read
+by routing, so generated text is parsed against them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from world import DIRECTIONS, ObjectTruth
+from world import CLASS_SIZES, DIRECTIONS, ObjectTruth
 from world.qa import plural
 
 from apps.common.answers import Prediction, from_head, from_text, match_boxes
 from .shadow import shadow_from_dict
 from .sources import FrameTruth
 
+if TYPE_CHECKING:
+    from apps.common.routing import Route
+
 VEHICLES = ("car", "bus", "truck")
+CLASSIFY_QUESTION = "What kind of object is the largest one?"  # the world's classify domain (class_main) asks it
 
 
 @dataclass(frozen=True)
@@ -35,13 +48,15 @@ TASKS: dict[str, TaskKind] = {
     "detect": TaskKind("detect", ("car",), "detect", 48),
     "count": TaskKind("count", VEHICLES, "count", 8),
     "direction": TaskKind("label", None, "direction", 8, DIRECTIONS),
+    # labels: the routed domain's (Route.labels); the world's classes when it records none
+    "classify": TaskKind("label", None, "classify", 8, tuple(CLASS_SIZES)),
 }
-ALIASES = {"detection": "detect", "counting": "count", "action": "direction"}
+ALIASES = {"detection": "detect", "counting": "count", "action": "direction", "classification": "classify"}
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    task: str  # detect | count | direction (aliases: detection, counting, action)
+    task: str  # detect | count | direction | classify (aliases: detection, counting, action, classification)
     accuracy_target: float = 0.0  # the cheapest manifest adapter reaching it serves the task
     latency_ms: float | None = None  # the task's latency target (sent as the request's SLO)
     classes: tuple[str, ...] | None = None  # objects the task is about; None: the task's default
@@ -93,17 +108,28 @@ class TaskSpec:
             return f"How many {things} are there?"
         if self.task == "detect":
             return f"Where are the {things}?"
+        if self.task == "classify":
+            return CLASSIFY_QUESTION
         return "Which way is the largest moving object going?"
+
+    def asked(self, route: "Route | None" = None) -> str:
+        """The question sent on `route`: the task's prompt; with a domain named (manifest_key) and no
+        prompt, the question that domain's items asked (its head answers that one); else question()."""
+        if not self.prompt and self.manifest_key and route is not None and route.question:
+            return route.question
+        return self.question()
 
     def sampling_params(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens or self.kind.max_tokens, **self.sampling}
 
     # ---- answers ----------------------------------------------------------------------------------
-    def predict(self, final: dict[str, Any], width: int, height: int) -> Prediction:
-        """A server's final event as this task's Prediction (head output when present, else text)."""
+    def predict(self, final: dict[str, Any], width: int, height: int, labels: tuple[str, ...] = ()) -> Prediction:
+        """A server's final event as this task's Prediction (head output when present, else text read
+        against `labels`, the routed domain's, or the task's own when empty)."""
         if final.get("head") is not None:
             return from_head(self.kind.answer, final["head"], width, height)
-        return from_text(self.kind.answer, final.get("text", ""), width, height, self.kind.labels, self.box_scale)
+        return from_text(self.kind.answer, final.get("text", ""), width, height, tuple(labels) or self.kind.labels,
+                         self.box_scale)
 
     def truth(self, truth: FrameTruth, width: int, height: int) -> Any:
         """The exact answer for a chunk whose middle frame has `truth`, frames sent at width x height."""
@@ -115,6 +141,8 @@ class TaskSpec:
             fx, fy = width / sw, height / sh
             return [(o.box[0] * fx, o.box[1] * fy, o.box[2] * fx, o.box[3] * fy)
                     for o in sorted(objects, key=lambda o: o.box[:2])]
+        if self.task == "classify":  # the class of the largest object, as the world's class teacher answers
+            return max(objects, key=lambda o: (_area(o), -o.track_id)).cls if objects else None
         moving = [o for o in objects if truth.clip.directions[o.track_id] != "stationary"]
         if not moving:
             return "stationary"

@@ -1,6 +1,13 @@
-"""The retrieval application: each query's image and question go to the adapter its kind routes
-to (the fusion manifest's choice by task, the base model when there is none), answers are
-parsed, scored when known and drawn when they hold boxes.
+"""The retrieval application: each query's image and question go to the adapter its question or
+kind routes to (a manifest domain that asked the question, else the manifest's choice for the
+kind's task type, the base model when there is none; plan.py), answers are parsed, scored when
+known and drawn when they hold boxes.
+
+`heads`: auto answers with a task head where the routed domain has one; never generates text;
+always answers every query of a head's kind (ground, count, exists, classify, ...) with a head, and
+such a query no head can answer (no domain, a domain without a head, an adapter the server lacks or
+a head it refuses) gets an error saying why instead of a generated answer. Captions and QA, whose
+lm domains carry no head, are generated in every mode.
 
     app = RetrievalApp(client, ImageCollection(root), RetrievalConfig(), manifest, out_dir="out")
     app.ask(Query("image_00001.png", "Where is the red car?"))   # one query -> result dict
@@ -12,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
@@ -23,6 +30,7 @@ from apps.common.routing import Route, ServerCaps, resolve_route
 from .collection import BadImage
 from .draw import draw_result
 from .fit import GROUNDINGS, fit_image, map_boxes, native_box_size
+from .plan import Plan, plan_query
 from .queries import KINDS, Query
 from .report import summarise
 from .scoring import predict, score
@@ -30,9 +38,11 @@ from .scoring import predict, score
 REFUSALS = ("rejected", "unsupported", "bad_argument")
 # query kind -> the manifest domain or task type that serves it
 DEFAULT_ROUTES = {"ground": "detect", "count": "count", "exists": "binary", "color": "qa", "direction": "qa",
-                  "caption": "qa", "qa": "qa"}
-# kinds answered in text: their domains are lm domains, which carry no task head
-GENERATED = ("caption", "qa")
+                  "classify": "classify", "caption": "qa", "qa": "qa"}
+
+
+class RouteRefused(Exception):
+    """A query that its route cannot answer as configured (heads=always without a head)."""
 
 
 @dataclass
@@ -71,6 +81,13 @@ def route_kind(route_name: str) -> str:
     return route_name.split(": ", 1)[0]
 
 
+def _always_refusal(route: Route, plan: Plan) -> str | None:
+    """Why heads=always cannot answer on `route`, or None when a head answers."""
+    if (route.output_mode == "head" and route.head) or plan.generated:  # captions and QA have no head to use
+        return None
+    return f"heads=always: no task head serves this query ({route.reason})"
+
+
 class RetrievalApp:
     def __init__(self, client, collection, config: RetrievalConfig | None = None,
                  manifest: dict[str, Any] | None = None, out_dir: str | Path | None = None):
@@ -79,41 +96,42 @@ class RetrievalApp:
         self.manifest = manifest
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.routes: dict[str, Route] = {}
+        self.refused: dict[str, str] = {}  # route name -> why heads=always cannot answer on it
         self.mode_switches = 0
         self._caps: ServerCaps | None = None
 
+    def plan(self, query: Query) -> Plan:
+        """How the query is routed (plan.py): by a domain that asked its question, else by its kind."""
+        return plan_query(query, self.config.routes, self.manifest)
+
+    def prepared(self, query: Query) -> Query:
+        """The query as it is answered and scored: a guessed kind becomes its domain's."""
+        kind = self.plan(query).kind
+        return query if kind == query.kind else replace(query, kind=kind)
+
     def route_key(self, query: Query) -> str:
-        """Which queries share a route: those of one kind, or, where the kind's task type has
-        domains that record the one question they answer (a head answers only its own), those of
-        one kind and question."""
-        key = self.config.routes[query.kind]
-        tasks = (self.manifest or {}).get("tasks") or {}
-        if query.kind in GENERATED or self._is_lm(key) or key in tasks:
-            return query.kind
-        if any(t.get("question") for t in tasks.values() if t["task"] == key):
-            return f"{query.kind}: {' '.join(query.question.split())}"
-        return query.kind
+        """Which queries share a route: those of one kind, or, where their question picks a domain or
+        the kind's task type has domains that record the one question they answer (a head answers
+        only its own), those of one kind and question."""
+        return self.plan(query).name
 
     def route(self, query: Query) -> Route:
-        name = self.route_key(query)
-        if name not in self.routes:
+        plan = self.plan(query)
+        if plan.name not in self.routes:
             if self._caps is None:
                 try:
                     self._caps = ServerCaps.probe(self.client)
                 except Exception:  # a server without list_adapters serves the base model
                     self._caps = ServerCaps()
             load = self.client.load_adapter if self.config.load_adapters else None
-            key = self.config.routes[query.kind]
-            heads = "never" if query.kind in GENERATED or self._is_lm(key) else self.config.heads
-            question = query.question if name != query.kind else None
-            self.routes[name] = resolve_route(key, self.config.accuracy_target, self.manifest, self._caps, heads, load,
-                                              question)
-        return self.routes[name]
-
-    def _is_lm(self, key: str) -> bool:
-        """Whether `key` (a domain or task type) names an lm domain of the manifest, or the lm type."""
-        tasks = (self.manifest or {}).get("tasks") or {}
-        return (tasks[key].get("task") if key in tasks else key) == "lm"
+            # heads=always is checked below: routing itself gives a head only where the domain has one
+            heads = "never" if plan.generated else "auto" if self.config.heads == "always" else self.config.heads
+            route = resolve_route(plan.key, self.config.accuracy_target, self.manifest, self._caps, heads, load,
+                                  plan.question)
+            self.routes[plan.name] = replace(route, via=plan.via)
+            if self.config.heads == "always" and _always_refusal(route, plan):
+                self.refused[plan.name] = _always_refusal(route, plan)
+        return self.routes[plan.name]
 
     def _degrade(self, name: str, error: ServerError, sent: Route) -> bool:
         """After a refusal of a request sent on route `sent`: True when there is a route to retry on.
@@ -123,6 +141,9 @@ class RetrievalApp:
             return False
         if self.routes[name] != sent:
             return True
+        if self.config.heads == "always" and sent.output_mode == "head":  # no fallback to text: say why
+            self.refused[name] = f"heads=always: the server refused head {sent.head} of {sent.adapter} ({error.message})"
+            return False
         route = sent.degrade(error.message)
         if route is None:
             return False
@@ -134,6 +155,8 @@ class RetrievalApp:
         """Send `image` (BGR, already within max_frame_pixels) with the query's question."""
         while True:
             route = self.route(query)
+            if self.route_key(query) in self.refused:
+                raise RouteRefused(self.refused[self.route_key(query)])
             try:
                 return self.client.submit_image(query.question, [image[:, :, ::-1].copy()], adapter=route.adapter,
                                                 output_mode=route.output_mode,
@@ -150,7 +173,7 @@ class RetrievalApp:
         """The server's final event for `query` as a Prediction whose boxes are pixels of the photo
         (width, height): parsed in the frame sent (sent_size), native boxes by config.grounding."""
         pred = predict(query.kind, final, *sent_size, self.config.box_scale,
-                       native_box_size(self.config.grounding, *sent_size))
+                       native_box_size(self.config.grounding, *sent_size), self.route(query).labels)
         pred.boxes = map_boxes(pred.boxes, sent_size, photo_size)
         return pred
 
@@ -161,9 +184,12 @@ class RetrievalApp:
         h, w = image.shape[:2]
         sh, sw = sent.shape[:2]
         out: dict[str, Any] = {"id": query.id, "image": query.image, "question": query.question, "kind": query.kind,
-                               "route": {"adapter": route.adapter, "output_mode": route.output_mode},
+                               "route": {"adapter": route.adapter, "output_mode": route.output_mode,
+                                         "domain": route.domain, "via": route.via},
                                "answers": query.answers, "box": query.box,
                                "latency_ms": round((time.perf_counter() - started) * 1e3, 2)}
+        if query.meta:  # the query line's own keys, carried through
+            out["meta"] = query.meta
         if (sw, sh) != (w, h):
             out["sent_size"] = [sw, sh]
         if final is None:
@@ -182,7 +208,7 @@ class RetrievalApp:
 
     def run(self, queries: Iterable[Query]) -> list[dict[str, Any]]:
         """Answer queries, `concurrency` at a time; results in the order of the queries."""
-        queries = list(queries)
+        queries = [self.prepared(q) for q in queries]
         results: list[dict[str, Any] | None] = [None] * len(queries)
         pending: dict[int, tuple[Any, float, Any, Any, Route]] = {}
         nxt = 0
@@ -194,9 +220,11 @@ class RetrievalApp:
                     sent = fit_image(image, self.config.max_frame_pixels)
                     stream = self._submit(q, sent)
                     pending[nxt] = (stream, started, image, sent, self.routes[self.route_key(q)])
-                except (KeyError, IOError, ServerError) as e:
+                except (KeyError, IOError, ServerError, RouteRefused) as e:
                     results[nxt] = {"id": q.id, "image": q.image, "question": q.question, "kind": q.kind,
                                     "error": e.args[0] if isinstance(e, KeyError) else str(e)}
+                    if q.meta:
+                        results[nxt]["meta"] = q.meta
                     if isinstance(e, (KeyError, BadImage)):  # the query's own input is at fault; nothing was sent
                         results[nxt]["input_error"] = True
                 nxt += 1
@@ -219,7 +247,7 @@ class RetrievalApp:
                             continue
                         except ServerError as again:
                             e = again
-                    error = str(e)
+                    error = self.refused.get(self.route_key(queries[i])) or str(e)
                 del pending[i]
                 results[i] = self._result(queries[i], image, sent, final, error, started, route)
         return results

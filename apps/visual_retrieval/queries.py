@@ -5,8 +5,11 @@ Query file, one object per line:
     {"image": "image_00003.png", "question": "How many cars are there?", "answer": "2"}
     {"image": "image_00003.png", "question": "Where is the red car?", "box": [12, 40, 52, 60]}
     {"image": "photo.jpg", "question": "Describe the image.", "kind": "caption"}
+    {"image": "d0007.png", "question": "Which digit is this?", "answer": "7", "split": "eval"}
 `answer` (or `answers`, several acceptable ones) and `box` (pixels of the image) are optional;
-`kind` defaults to the kind read off the question (`classify`).
+`kind` defaults to the kind read off the question (`classify`), and a question that a manifest
+domain asked takes that domain's kind when the app routes it (app.py). Any other key is the
+query's own metadata (`meta`): kept as it is and carried into its result.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import numpy as np
 
 from world import referring_expressions
 
-KINDS = ("caption", "ground", "count", "exists", "color", "direction", "qa")
+KNOWN_KEYS = ("image", "question", "kind", "answer", "answers", "box", "id")  # others: the query's metadata
+KINDS = ("caption", "ground", "count", "exists", "color", "direction", "classify", "qa")
 _RULES = (("caption", r"^(describe|caption)\b|\bcaption\b"),
           ("ground", r"^(where (is|are)|locate|find|point to|box)\b"),
           ("count", r"^how many\b"),
@@ -48,11 +52,14 @@ class Query:
     answers: list[str] = field(default_factory=list)  # acceptable answers, when known
     box: list[float] | None = None  # the referred object's box (x1, y1, x2, y2) in image pixels, when known
     id: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)  # the query line's other keys, carried into its result
+    guessed: bool = False  # the kind was read off the wording, not given: a domain's question may set it
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():
             raise ValueError(f"query {self.id or self.image!r}: question must be a non-empty string")
-        self.kind = self.kind or classify(self.question)
+        if not self.kind:
+            self.kind, self.guessed = classify(self.question), True
         if self.kind not in KINDS:
             raise ValueError(f"query {self.id or self.image!r}: kind must be one of {KINDS}, got {self.kind!r}")
         if self.box is not None and (len(self.box) != 4 or not all(isinstance(v, (int, float)) for v in self.box)):
@@ -63,28 +70,33 @@ class Query:
         return bool(self.answers) or self.box is not None
 
     def to_dict(self) -> dict[str, Any]:
+        """The query line: its metadata keys beside the known ones, a guessed kind left out."""
         d = asdict(self)
+        meta, guessed = d.pop("meta"), d.pop("guessed")
         if d["box"] is None:
             del d["box"]
-        return d
+        if guessed:
+            del d["kind"]
+        return {**meta, **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], line: int | None = None) -> "Query":
         where = f"line {line}" if line is not None else "query"
         if not isinstance(d, dict) or "image" not in d or "question" not in d:
             raise ValueError(f"{where}: a query needs 'image' and 'question', got {d!r}")
-        known = {"image", "question", "kind", "answer", "answers", "box", "id"}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(known)}")
+        meta = {k: v for k, v in d.items() if k not in KNOWN_KEYS}  # the user's own keys: passed through
         answers = d.get("answers") or ([] if d.get("answer") is None else [d["answer"]])
+        if isinstance(answers, str):  # one answer given as `answers`: not its characters
+            answers = [answers]
+        if not isinstance(answers, list):
+            raise ValueError(f"{where}: answers must be a list of strings, got {answers!r}")
         return cls(str(d["image"]), d["question"], d.get("kind") or "", [str(a) for a in answers], d.get("box"),
-                   str(d.get("id", line if line is not None else "")))
+                   str(d.get("id", line if line is not None else "")), meta)
 
 
 def read_queries(path: str | os.PathLike, skipped: list[dict[str, Any]] | None = None) -> list[Query]:
-    """The queries of a JSON-lines file. A malformed line (not JSON, a missing or unknown key, a bad
-    kind or box) raises ValueError, unless `skipped` is a list: then the line is left out and
+    """The queries of a JSON-lines file. A malformed line (not JSON, a missing key, a bad kind, box
+    or answers; other keys are the query's metadata, not an error) raises ValueError, unless `skipped` is a list: then the line is left out and
     {"line": n, "error": why} appended to it, so one bad line does not cost the whole batch."""
     out = []
     for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):

@@ -26,6 +26,7 @@ ARTICLES = {"a", "an", "the"}
 ANSWER_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ground": ("detect", ()), "count": ("count", ()), "exists": ("yes_no", ()),
     "color": ("label", tuple(COLORS)), "direction": ("label", DIRECTIONS),
+    "classify": ("label", ()),  # the labels are the routed domain's (Route.labels)
     "caption": ("text", ()), "qa": ("text", ()),
 }
 IOU_THRESHOLD = 0.5
@@ -68,10 +69,12 @@ def token_f1(text: str, reference: str) -> float:
 
 
 def predict(kind: str, final: dict[str, Any], width: int, height: int, box_scale: str = "auto",
-            native_size: tuple[int, int] | None = None) -> Prediction:
+            native_size: tuple[int, int] | None = None, labels: tuple[str, ...] = ()) -> Prediction:
     """The server's final event as the Prediction a query of `kind` expects, boxes in pixels of the
-    width x height frame sent (`native_size`: see apps.common.answers.parse_boxes)."""
-    answer_kind, labels = ANSWER_KINDS[kind]
+    width x height frame sent (`native_size`: see apps.common.answers.parse_boxes); text labels are
+    read against `labels` (the routed domain's) when given, else the kind's own."""
+    answer_kind, own = ANSWER_KINDS[kind]
+    labels = tuple(labels) or own
     if final.get("head") is not None:
         return from_head(answer_kind, final["head"], width, height)
     return from_text(answer_kind, final.get("text", ""), width, height, labels, box_scale, native_size)

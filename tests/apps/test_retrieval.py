@@ -13,7 +13,7 @@ import pytest
 from apps_server import MODEL, TOKEN, connector, serving
 
 from apps.video_analytics import Prediction, parse_boxes, parse_yes_no
-from apps.visual_retrieval import (ImageCollection, Query, RetrievalApp, RetrievalConfig, classify, read_queries,
+from apps.visual_retrieval import (DEFAULT_ROUTES, ImageCollection, Query, RetrievalApp, RetrievalConfig, classify, read_queries,
                                    score, token_f1, vqa_normalise, vqa_score, world_queries, write_queries)
 from world import WorldConfig, referring_expressions, write_world
 
@@ -43,9 +43,9 @@ def test_query_kinds_and_the_query_file(tmp_path):
     assert (first.kind, first.answers, first.id) == ("count", ["2"], "1")
     assert (second.kind, second.box, second.id) == ("ground", [1, 2, 3, 4], "x")
     assert read_queries(write_queries([first, second], tmp_path / "again.jsonl")) == [first, second]
-    path.write_text('{"image": "a.png", "question": "Hi?", "colour": "red"}\n')
-    with pytest.raises(ValueError, match=r"line 1: unknown key\(s\) \['colour'\]"):
-        read_queries(path)
+    path.write_text('{"image": "a.png", "question": "Hi?", "colour": "red"}\n')  # a key of the user's own
+    (own,) = read_queries(path)
+    assert own.meta == {"colour": "red"} and read_queries(write_queries([own], tmp_path / "own.jsonl")) == [own]
     with pytest.raises(ValueError, match="kind must be one of"):
         Query("a.png", "Hi?", kind="poem")
 
@@ -100,7 +100,8 @@ def test_batch_mode_scores_known_answers_and_draws_boxes(server, world, tmp_path
     assert [r["id"] for r in rows] == [q.id for q in queries]
     assert "no image 'missing.png'" in rows[-1]["error"] and report["overall"]["errors"] == 1
     done = [r for r in rows if "error" not in r]
-    assert all(r["route"] == {"adapter": None, "output_mode": "generate"} for r in done)
+    assert all((r["route"]["adapter"], r["route"]["output_mode"]) == (None, "generate") for r in done)
+    assert all(r["route"]["via"] == f"routes.{r['kind']}={DEFAULT_ROUTES[r['kind']]}" for r in done)  # and why
     scored = [r for r in done if "correct" in r["scores"]]
     assert len(scored) == len(done), "every world query has a known answer"
     assert report["overall"]["accuracy"] == pytest.approx(np.mean([r["scores"]["correct"] for r in scored]))
@@ -170,8 +171,8 @@ def test_visual_retrieval_command_runs_world_queries(tiny_zoo, world, tmp_path, 
 
 def test_caption_and_qa_queries_go_in_generate_mode(server, world, tmp_path):
     """Captions and free questions are answered in text (their lm domains carry no head), even when
-    heads are forced for the other kinds; a head refusal of the others degrades their route once,
-    with the reason of the request that was refused, however many were in flight on it."""
+    heads are forced for the other kinds; a count with no head to answer it under heads=always is
+    an error that says why, not a generated answer (heads=always is never ignored)."""
     collection = ImageCollection(world / "images")
     names = collection.names
     queries = [Query(names[i % len(names)], "Describe the image.", id=f"c{i}") for i in range(3)]
@@ -181,11 +182,13 @@ def test_caption_and_qa_queries_go_in_generate_mode(server, world, tmp_path):
         app = RetrievalApp(client, collection, RetrievalConfig(max_new_tokens=4, concurrency=4, heads="always"),
                            None, tmp_path)
         rows = app.run(queries)
-    assert all("error" not in r for r in rows), [r.get("error") for r in rows]
-    assert all(r["route"]["output_mode"] == "generate" for r in rows if r["kind"] in ("caption", "qa"))
+    texts = [r for r in rows if r["kind"] in ("caption", "qa")]
+    assert all("error" not in r for r in texts), [r.get("error") for r in texts]
+    assert all(r["route"]["output_mode"] == "generate" for r in texts)
     assert "refused" not in app.routes["caption"].reason and "refused" not in app.routes["qa"].reason
-    assert app.routes["count"].output_mode == "generate" and app.mode_switches == 1
-    assert app.routes["count"].reason.startswith("head refused")
+    counts = [r for r in rows if r["kind"] == "count"]
+    assert [r["error"] for r in counts] == ["heads=always: no task head serves this query (no fusion manifest: "
+                                            "base model)"] * 4 and app.mode_switches == 0
 
 
 def test_count_and_exists_queries_are_routed_by_their_question(server, world, tmp_path):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import shlex
 import sys
 import tempfile
@@ -76,6 +77,12 @@ class StreamsBenchJob:
     engine_only: bool = True  # also the workload on the engine in process (bench/streams_engine.py)
     engine_only_rates: tuple[float, ...] = (20.0, 30.0, 40.0)  # paced in-process arrivals, chunks/s
     warmup_point_s: float = 3.0  # an unmeasured point per mode first (kernel compiles, graph shapes)
+    engine_warm_up: bool = True  # the engine's own warm-up before it is ready (vlora serve's default on a GPU)
+    # Triton's and Inductor's on-disk caches in empty folders, as on a fresh machine: without it a
+    # second run finds every kernel compiled by the first and no cold start is measured
+    fresh_caches: bool = True
+    cold_streams: int = 0  # > 0: a point of this many streams right after the engine is ready, before any other
+    cold_seconds: float = 10.0  # the cold point's measured seconds, from its first chunk
     hf_baseline: bool = True
     hf_batch: int = 8
     hf_batches: int = 4  # timed batches (after one warm-up batch)
@@ -104,6 +111,8 @@ class StreamsBenchJob:
         if self.image_size % 28:
             raise ValueError(f"image_size must be a multiple of 28 (14-pixel patches merged 2 x 2), "
                              f"got {self.image_size}")
+        if self.cold_streams < 0 or not self.cold_seconds > 0:
+            raise ValueError("cold_streams must be >= 0 (0: no cold point) and cold_seconds positive")
         if not self.seconds > 0 or self.warmup_s < 0 or self.drain_s < 0 or not self.target_ms > 0:
             raise ValueError("seconds and target_ms must be positive, warmup_s and drain_s >= 0")
         if self.encoding not in ("raw", "png", "jpeg"):
@@ -188,7 +197,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
 
     from .streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
     from .streams_load import run_point
-    from .streams_report import summarize, write_report
+    from .streams_report import cold_summary, summarize, write_report
 
     cuda = job.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -198,6 +207,10 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
         raise ValueError(f"model {job.model!r}: the streams evaluation sends video chunks, which only the "
                          "Qwen2-VL / Qwen2.5-VL zoo models take")
     device_name = device_label(job.device)
+    if job.fresh_caches:  # before anything compiles; both are read when a kernel is first compiled
+        caches = Path(tempfile.mkdtemp(prefix="streams-caches-"))
+        os.environ["TRITON_CACHE_DIR"] = str(caches / "triton")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches / "inductor")
     command = job.command or " ".join([Path(sys.argv[0]).name] + [shlex.quote(a) for a in sys.argv[1:]])
     _log(f"building {job.model} ({job.dtype}) on {job.device} and rendering {job.chunk_pool} chunks")
     workdir = Path(tempfile.mkdtemp(prefix="streams-bench-"))
@@ -207,14 +220,30 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     flops = chunk_flops(hf, processor, job, chunks[0])
     engine, names = _engine(job, workdir, hf, flops["prompt_tokens"])
     load_s = time.perf_counter() - t0
-    tflops = matmul_tflops(job)
-    _log(f"ready in {load_s:.1f} s: {flops['prompt_tokens']} prompt tokens and {flops['patches']} patches per chunk, "
-         f"{flops['head'] / 1e12:.2f} TFLOP per chunk (head), matmul {tflops:.1f} TFLOP/s")
+    warm = None
+    if job.engine_warm_up:
+        t1 = time.perf_counter()
+        warm = dict(engine.warm_up(side=job.image_size, frames=job.frames_per_chunk).to_dict(),
+                    wall_s=time.perf_counter() - t1)
+        _log(f"engine warm-up: {warm}")
+    start_s = time.perf_counter() - t0
+    _log(f"ready in {start_s:.1f} s (model and engine {load_s:.1f} s): {flops['prompt_tokens']} prompt tokens and "
+         f"{flops['patches']} patches per chunk, {flops['head'] / 1e12:.2f} TFLOP per chunk (head)")
     rows = []
+    if job.cold_streams:  # first, before the matmul timing or any warm-up point touches the GPU
+        rows.append(run_point(engine, job, job.modes[0], job.cold_streams, chunks, names, cold=True))
+    tflops = matmul_tflops(job)
+    _log(f"matmul {tflops:.1f} TFLOP/s")
     for mode in job.modes:
         if job.warmup_point_s > 0:
             run_point(engine, job, mode, min(job.stream_counts), chunks, names, seconds=job.warmup_point_s)
         rows += search(lambda n: run_point(engine, job, mode, n, chunks, names), job.stream_counts, job.refine)
+    if job.cold_streams and not any(r["point"] == "warm" and r["mode"] == job.modes[0] and r["streams"] == job.cold_streams
+                                    for r in rows):  # the warm point the cold one is compared with
+        rows.append(run_point(engine, job, job.modes[0], job.cold_streams, chunks, names))
+    visual_tokens = flops["patches"] // 4  # 2 x 2 patches merge into one token (Qwen2-VL / Qwen2.5-VL)
+    for row in rows:
+        row["vision_tokens_per_s"] = row["chunks_per_s"] * visual_tokens
     in_process = None
     if job.engine_only:
         from .streams_engine import engine_only, format_engine_only
@@ -228,6 +257,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
         _log(f"transformers: {hf_result['chunks_per_s']:.2f} chunks/s")
     summary = summarize(rows, job, flops, tflops, hf_result)
     meta = dict(device=device_name, date=time.strftime("%Y-%m-%d"), command=command, engine_load_s=load_s,
+                start_s=start_s, warm_up=warm, cold=cold_summary(rows, job), visual_tokens_per_chunk=visual_tokens,
                 matmul_tflops=tflops, flops=flops, hf=hf_result, summary=summary, adapters=names, engine_only=in_process,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 job=dataclasses.asdict(job))

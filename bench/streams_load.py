@@ -43,8 +43,9 @@ def _stamped(chunk: np.ndarray, serial: int) -> np.ndarray:
 
 
 def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters: list[str],
-              seconds: float | None = None) -> dict:
+              seconds: float | None = None, cold: bool = False) -> dict:
     """Runs n streams; returns the point's row. `seconds` given: an unmeasured warm-up of that length.
+    cold: the point right after the server is ready, measured from its first chunk for `cold_seconds`.
 
     The cameras (client threads) run in a process of their own, as real cameras would: in the
     server's process their encoding and polling would take the server's interpreter lock, and past
@@ -57,11 +58,13 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     from serve.rpc import Limits, RpcServer
 
     warm_up = seconds is not None
-    first = 0 if warm_up else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
-    measured = math.ceil(seconds if warm_up else job.seconds)
+    first = 0 if warm_up or cold else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
+    measured = math.ceil(seconds if warm_up else job.cold_seconds if cold else job.seconds)
+    leftover = engine.abort_all()  # each point starts from an idle engine (a point's drain said so, or this does)
     token = secrets.token_hex(16)
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8).start()
-    _log(f"{'warm-up ' if warm_up else ''}mode={mode} streams={n}: {first + measured} chunks each")
+    label = "warm-up " if warm_up else "cold " if cold else ""
+    _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
@@ -81,10 +84,11 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
         cameras.join(timeout=30)
         if cameras.is_alive():
             cameras.kill()
-    _settle(server)
+    settled = _settle(server)
     server.close()
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
-    _log(("warm-up " if warm_up else "") + " ".join(
+    row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover)
+    _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
     return row
 
@@ -173,11 +177,16 @@ def _cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np.ndar
     results.put((records, dict(errors), t0))
 
 
-def _settle(server, timeout_s: float = 60.0) -> None:
-    """Waits until the engine holds no request (aborts of late chunks have been carried out)."""
+def _settle(server, timeout_s: float = 60.0) -> bool:
+    """Waits until the engine holds no request (aborts of late chunks have been carried out); False
+    if it still held some after timeout_s (the next point aborts them before it starts)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and server.loop.call(lambda e: e.has_unfinished()):
+    while server.loop.call(lambda e: e.has_unfinished()):
+        if time.monotonic() > deadline:
+            _log(f"the engine still held requests {timeout_s:g} s after the point's drain")
+            return False
         time.sleep(0.05)
+    return True
 
 
 def _row(job, mode: str, n: int, records: list[dict], errors: Counter, window_start: float, seconds: int) -> dict:

@@ -160,19 +160,19 @@ class Engine:
 
         return self.warm_report is None and wanted(self.config.warm_up, self.device.type)
 
-    def warm_up(self):
+    def warm_up(self, **shape):
         """Runs made-up waves of requests through every shape serving meets (serve/engine/warmup.py),
-        once; the caller's thread must be the only one stepping. Returns the WarmReport."""
+        once; the caller's thread must be the only one stepping. shape: the pictures' `side` and
+        `frames` (default a 448-pixel, 6-frame chunk). Returns the WarmReport."""
         if self.warm_report is None:
             from .warmup import warm_up
 
             if self.has_unfinished():
                 raise RuntimeError("warm_up() runs before any request is added")
             try:
-                self.warm_report = warm_up(self)
+                self.warm_report = warm_up(self, **shape)
             except BaseException:  # nothing made up may stay in flight to meet real requests
-                for request_id in list(self._requests):
-                    self.abort(request_id)
+                self.abort_all()
                 self._pending.clear()
                 raise
             log.info("engine %s", self.warm_report.line())
@@ -313,6 +313,13 @@ class Engine:
         tracked = self._requests.pop(request_id)
         self._pending.append(self._output(tracked, [], finished=True))
         return True
+
+    def abort_all(self) -> int:
+        """Stops every request in flight (a benchmark point's leftovers); returns how many."""
+        ids = list(self._requests)
+        for request_id in ids:
+            self.abort(request_id)
+        return len(ids)
 
     def drop_caches(self) -> dict[str, int]:
         """Forgets the prefix cache's free blocks and the encoder cache (running requests keep their

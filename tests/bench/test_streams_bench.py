@@ -42,10 +42,22 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
                             "bench.streams.drain_s=20", "bench.streams.chunk_pool=4", "bench.streams.adapters=2",
                             "bench.streams.max_batch_size=8", "bench.streams.max_tokens_per_step=1024",
                             "bench.streams.hf_batch=2", "bench.streams.hf_batches=2", "bench.streams.engine_only_rates=[2.0]",
+                            "bench.streams.cold_streams=2", f"bench.streams.cold_seconds={seconds}",
                             f"bench.out_dir={tmp_path}"])
     result = run(cfg)
     rows, meta = result["streams"], result["meta"]
 
+    # the cold point first (right after the engine's warm-up), the searches, then the warm point it is compared with
+    assert [(r["point"], r["mode"], r["streams"]) for r in rows] == \
+        [("cold", "head", 2)] + [("warm", m, n) for m in ("head", "generate") for n in counts] + [("warm", "head", 2)]
+    assert all(r["settled"] and r["leftover_before"] == 0 for r in rows)
+    cold = meta["cold"]
+    assert cold["streams"] == 2 and cold["cold_p95_ms"] == rows[0]["p95_ms"] and cold["warm_p95_ms"] == rows[-1]["p95_ms"]
+    assert cold["cold_vs_warm"] == pytest.approx(rows[0]["p95_ms"] / rows[-1]["p95_ms"])
+    assert meta["warm_up"]["requests"] == 2 * (1 + 2 + 4 + 8) and meta["start_s"] >= meta["engine_load_s"]
+    visual = meta["visual_tokens_per_chunk"]
+    assert visual == 3 * 2 * 2 and all(r["vision_tokens_per_s"] == pytest.approx(r["chunks_per_s"] * visual) for r in rows)
+    rows = [r for r in rows if r["point"] == "warm"][:-1]
     assert [(r["mode"], r["streams"]) for r in rows] == [(m, n) for m in ("head", "generate") for n in counts]
     flops = meta["flops"]
     assert flops["patches"] == 3 * 4 * 4  # 6 frames of 56^2: 3 temporal groups of 4 x 4 patches
@@ -71,9 +83,9 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     with open(out / "streams.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert [(t["mode"], int(t["streams"]), float(t["p95_ms"])) for t in table] == \
-        [(r["mode"], r["streams"], pytest.approx(r["p95_ms"])) for r in rows]
+        [(r["mode"], r["streams"], pytest.approx(r["p95_ms"])) for r in result["streams"]]
     saved = _strict_json((out / "streams.json").read_text())
-    assert saved["meta"]["summary"][0]["mode"] == "head" and len(saved["rows"]) == len(rows)
+    assert saved["meta"]["summary"][0]["mode"] == "head" and len(saved["rows"]) == len(result["streams"])
     assert saved["meta"]["job"]["model"] == "qwen2_vl_tiny" and saved["meta"]["job"]["dtype"] == "float32"
     assert (out / "streams.png").stat().st_size > 1000
 

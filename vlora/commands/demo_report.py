@@ -8,6 +8,10 @@ Verdicts of a scored task with target t:
     NO ADAPTER  score < t on the base model: routing found no adapter (the reason says why)
     NO TARGET   t is 0: the score is shown, not judged
     NOT SCORED  no ground truth on the source (or nothing answered)
+
+Beside each route's expected accuracy (what the adapter scored in training) is the majority baseline
+its training recorded (always answering the most common training label, on the same eval items),
+and a route whose adapter is no better than it says so: "always '2' 0.438 NO BETTER".
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ MISSES = (MISSED, NO_ADAPTER)
 STREAM_REASONS = {"accuracy": "no ground truth on this source (only the synthetic world carries it)",
                   "agreement": "no shadow teacher on this stream and task, or it compared no chunk yet",
                   "compared": "no shadow teacher on this stream and task",
-                  "p50_ms": "no chunk answered", "p95_ms": "no chunk answered", "p99_ms": "no chunk answered"}
+                  "p50_ms": "no chunk answered", "p95_ms": "no chunk answered", "p99_ms": "no chunk answered",
+                  "expected": "no adapter was selected (the base model answers)",
+                  "baseline": "no adapter was selected (the base model answers)"}
 RETRIEVAL_REASONS = {"accuracy": "no query of this kind had a known answer",
-                     "p50_ms": "no query of this kind was answered", "p95_ms": "no query of this kind was answered"}
+                     "p50_ms": "no query of this kind was answered", "p95_ms": "no query of this kind was answered",
+                     "expected": "no adapter was selected (the base model answers)",
+                     "baseline": "no adapter was selected (the base model answers)"}
 LINE_ONLY = ("reason", "metric", "requests", "slo_violations", "latency_ms")  # in the task's line, not the table
 
 
@@ -41,6 +49,26 @@ def task_targets(streams: list[dict[str, Any]]) -> dict[tuple[str, str], dict[st
             out[(config.name, t.label)] = {"target": float(t.accuracy_target), "latency_ms": t.latency_ms,
                                            "metric": "F1" if t.task == "detect" else "accuracy"}
     return out
+
+
+def expected_cell(route: dict[str, Any]) -> float | None:
+    """The accuracy the selected adapter reached in training; None when routing selected none."""
+    value = route.get("expected_accuracy") if route.get("selected") else None
+    return None if value is None else round(float(value), 3)
+
+
+def baseline_cell(route: dict[str, Any]) -> str | None:
+    """The selected adapter's majority baseline beside its expected accuracy: "always '2' 0.438",
+    flagged "NO BETTER" when the adapter is no better than it; "not recorded" when its meta.json has
+    none; None when routing selected no adapter."""
+    if not route.get("selected"):
+        return None
+    majority = (route.get("baselines") or {}).get("majority")
+    if not majority:
+        return "not recorded"
+    answer = majority.get("answer")
+    shown = "" if answer is None else f"always {answer!r} " if isinstance(answer, str) else f"always {answer} "
+    return f"{shown}{float(majority['accuracy']):.3f}" + (" NO BETTER" if route.get("no_better") else "")
 
 
 def verdict(score: float | None, target: float, adapter: str | None) -> str:
@@ -65,6 +93,7 @@ def stream_rows(va: dict[str, Any], targets: dict[tuple[str, str], dict[str, Any
             rows.append({"stream": name, "task": task, "route": f"{route['adapter'] or 'base'}/{route['output_mode']}",
                          "target": goal["target"], "accuracy": score,
                          "verdict": verdict(score, goal["target"], route["adapter"]),
+                         "expected": expected_cell(route), "baseline": baseline_cell(route),
                          "answers": t["requests"], "unparsed": t["unparsed"],
                          "chunks": s["chunks_processed"], "dropped": s["chunks_dropped"],
                          "p50_ms": lat["p50"], "p95_ms": lat["p95"], "p99_ms": lat["p99"],
@@ -79,6 +108,7 @@ def stream_rows(va: dict[str, Any], targets: dict[tuple[str, str], dict[str, Any
 def retrieval_rows(vr: dict[str, Any], target: float = 0.0) -> list[dict[str, Any]]:
     """A row per query kind with the route(s) its queries took (a kind routed per question may
     take several), as `vlora visual_retrieval` prints them."""
+    from apps.common.routing import route_cell
     from apps.visual_retrieval import route_kind
 
     rows = []
@@ -87,9 +117,12 @@ def retrieval_rows(vr: dict[str, Any], target: float = 0.0) -> list[dict[str, An
         adapter = next((r["adapter"] for r in routes if r["adapter"]), None)
         lat = k.get("latency_ms") or {}
         score = k["accuracy"]
-        rows.append({"kind": kind, "route": ",".join(sorted({f"{r['adapter'] or 'base'}/{r['output_mode']}"
-                                                             for r in routes})) or "-",
+        expected = [expected_cell(r) for r in routes if expected_cell(r) is not None]
+        baselines = sorted({baseline_cell(r) for r in routes if baseline_cell(r) is not None})
+        rows.append({"kind": kind, "route": ",".join(sorted({route_cell(r) for r in routes})) or "-",
                      "target": target, "accuracy": score, "verdict": verdict(score, target, adapter),
+                     "expected": ",".join(f"{e:.3f}" for e in sorted(set(expected))) or None,
+                     "baseline": ",".join(baselines) or None,
                      "queries": k["queries"], "errors": k["errors"], "p50_ms": lat.get("p50"), "p95_ms": lat.get("p95"),
                      "metric": "accuracy", "reason": "; ".join(dict.fromkeys(r["reason"] for r in routes if r["reason"]))})
     return rows

@@ -64,7 +64,10 @@ def run_streams(job: VideoJob, port: int, out=None) -> dict[str, Any]:
                                 job.load_adapters, job.datasets_dir)
         try:
             for s in streams:
-                for line in manager.add(s).warnings:  # frame sizes unlike the distillation's: said before any answer
+                runner = manager.add(s)
+                for line in runner.route_lines():  # where each task goes, its expected accuracy beside its baseline
+                    print(f"video_analytics: route: {line}", file=out, flush=True)
+                for line in runner.warnings:  # frame sizes unlike the distillation's: said before any answer
                     print(f"video_analytics: warning: {line}", file=out, flush=True)
             last = time.monotonic()
             while job.duration_s is None or time.monotonic() - began < job.duration_s:
@@ -114,6 +117,12 @@ def print_report(report: dict[str, Any]) -> None:
         for task, t in s["tasks"].items():
             if (t.get("shadow") or {}).get("last_error"):
                 print(f"{name:<10} {task}: shadow teacher {t['shadow']['teacher']}: {t['shadow']['last_error']}")
+    from apps.common.routing import route_worth
+
+    for name, s in report["streams"].items():  # what each routed adapter is expected to score, beside its baseline
+        for task, route in s["routes"].items():
+            if route_worth(route):
+                print(f"{name:<10} {task}: {route['adapter'] or route['selected']} {route_worth(route)}")
     print("accuracy: against ground truth (sources that carry it: synthetic); '-' where the source has none")
     print("agree: agreement with the shadow teacher " + (", ".join(sorted(teachers)) if teachers else "(none set)")
           + " over the n chunks it compared (a sampled share; '-' where it compared none)")

@@ -101,6 +101,7 @@ def run_queries(job: RetrievalJob, port: int, stdin=None, stdout=None) -> dict[s
 
 
 def print_report(report: dict[str, Any]) -> None:
+    from apps.common.routing import route_cell, route_worth
     from apps.visual_retrieval import route_kind
 
     print(f"{'kind':<10} {'route':<22} {'queries':>7} {'errors':>6} {'accuracy':>8} {'p50 ms':>8} {'p95 ms':>8} "
@@ -109,11 +110,14 @@ def print_report(report: dict[str, Any]) -> None:
     for kind, s in rows.items():
         # a kind routed per question (its heads each answer one question) has several routes
         routes = [r for name, r in report["routes"].items() if route_kind(name) == kind]
-        where = ",".join(sorted({f"{r['adapter'] or 'base'}/{r['output_mode']}" for r in routes}))
+        where = ",".join(sorted({route_cell(r) for r in routes}))  # where, and why when a question chose it
         acc = "-" if s["accuracy"] is None else f"{s['accuracy']:.3f}"
         lat = s["latency_ms"]
         print(f"{kind:<10} {where:<22} {s['queries']:>7} {s['errors']:>6} {acc:>8} {lat['p50'] or '-':>8} "
               f"{lat['p95'] or '-':>8} {lat['p99'] or '-':>8}")
+    for name, r in report["routes"].items():  # what each routed adapter is expected to score, beside its baseline
+        if route_worth(r):
+            print(f"route {name}: {r['adapter'] or r['selected']} {route_worth(r)}")
     overall = report["overall"]
     if overall.get("input_errors"):
         print(f"{overall['input_errors']} input error(s): images missing, truncated or corrupt (not sent)")

@@ -2,6 +2,12 @@
 
 A repeated image or clip (same pixels) is encoded once: later requests, and a preempted
 request recomputing its prompt, take its embeddings from here.
+
+An adapter that adapts the vision tower (serve/lora/tower.py) makes its requests' tower outputs
+its own: their items are keyed by image and adapter (`tower_key`: name and load version, so a
+reload is not served the old weights' output), and no other adapter's entry can answer them.
+Items of requests without an adapter, or with one that leaves the tower alone, keep the
+image-only key, so they share their cache hits as before.
 """
 
 from __future__ import annotations
@@ -9,6 +15,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+
+
+def tower_key(content_hash: str, adapter: str, version: int) -> str:
+    """The key of an item encoded with `adapter`'s LoRA on the tower (never equal to an image-only key)."""
+    return f"{content_hash}|tower:{adapter}#{version}"
 
 
 class EncoderCache:

@@ -11,6 +11,9 @@ at their last chunk, get their task head's answer in `seq.state.head_result`.
 
 from __future__ import annotations
 
+import dataclasses
+from contextlib import nullcontext
+
 import torch
 
 from heads import prompt_token_xy
@@ -20,7 +23,7 @@ from serve.models.vision import token_cells
 from .config import EngineConfig
 from serve.forward.context import StepContext, step_context
 from .cuda_graph import DecodeGraphs
-from .encoder_cache import EncoderCache
+from .encoder_cache import EncoderCache, tower_key
 from .inputs import StepInputs, attach_vision, build_step_inputs, release_vision
 from .kv_cache import KVCache, blocks_for_gpu_budget, bytes_per_block
 from .sampling import sample
@@ -93,6 +96,20 @@ class ModelRunner:
         seed = seq.state.sampling.seed
         if seed is not None:
             seq.state.generator = torch.Generator(device=self.device).manual_seed(seed)
+        if seq.state.vision and self._adapts_tower(seq.adapter):  # its tower outputs are its adapter's own
+            seq.state.vision = [dataclasses.replace(it, content_hash=tower_key(it.content_hash, seq.adapter,
+                                                                               seq.adapter_version))
+                                for it in seq.state.vision]
+
+    def _adapts_tower(self, adapter: str | None) -> bool:
+        return adapter is not None and self.lora is not None and self.lora.tower is not None \
+            and self.lora.adapts_tower(adapter)
+
+    def _tower_step(self, entries: list[tuple[Sequence, int]]):
+        """The step's encoder calls apply each tower-adapting request's adapter to its items."""
+        slots = {it.content_hash: self.lora.slot_of(seq.adapter) for seq, _ in entries
+                 if seq.state.vision and self._adapts_tower(seq.adapter) for it in seq.state.vision}
+        return self.lora.tower.step(slots) if slots else nullcontext()
 
     @torch.no_grad()
     def run(self, batch: ScheduledBatch) -> dict[int, int]:
@@ -101,7 +118,8 @@ class ModelRunner:
         inputs = build_step_inputs(self.model, entries, self.block_size, self.device)
         if self.lora is not None:
             inputs.context.lora = self.lora.step_batch([(seq.adapter, n) for seq, n in entries])
-        attach_vision(self.model, inputs, entries, self.encoder_cache, self.config.max_vision_batch, self.counters)
+        with self._tower_step(entries):
+            attach_vision(self.model, inputs, entries, self.encoder_cache, self.config.max_vision_batch, self.counters)
         hidden = self._forward(inputs)
         release_vision(entries)
         self._collect_heads(entries, hidden)

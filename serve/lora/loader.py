@@ -18,9 +18,11 @@ alpha / r (alpha / sqrt(r) with rsLoRA; `rank_pattern` / `alpha_pattern` per mod
 keeps one scale per kind and slot, so a module whose scale differs from its kind's first one
 gets the ratio folded into its B (exact in fp32; the usual uniform config folds nothing).
 
-Anything the serving model cannot apply exactly (LoRA on the vision tower or the embeddings,
-DoRA, LoRA biases, modules_to_save, a shape that does not fit the model) is refused with an
-`AdapterLoadError` that names the directory and what is wrong.
+The vision tower's projections (`train_vision_tower`) are kinds `tower.*` of their own, one layer
+per tower block (serve/lora/tower_shapes.py says which keys land where), read alike when the
+server is given the tower's layout. Anything the serving model cannot apply exactly (LoRA on the
+embeddings, the merger or projector, DoRA, LoRA biases, modules_to_save, a shape that does not fit
+the model) is refused with an `AdapterLoadError` that names the directory and what is wrong.
 """
 
 from __future__ import annotations
@@ -139,34 +141,48 @@ def _scale(config: dict, module_key: str, rank: int, path: Path) -> float:
 
 
 def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, ProjectionShape], max_rank: int,
-                 dtype: torch.dtype) -> tuple[AdapterWeights, AdapterSpec]:
+                 dtype: torch.dtype, tower=None) -> tuple[AdapterWeights, AdapterSpec]:
     """Reads and checks a PEFT directory against the serving model's projections.
 
     shapes: the projection kinds the pool holds (kinds left out cannot be adapted);
-    max_rank: the pool's rank; dtype: the pool's dtype.
+    max_rank: the pool's rank; dtype: the pool's dtype; tower: the vision tower's
+    `tower_shapes.TowerLayout` when the pool holds its kinds (None: tower tensors are refused).
     """
     path = Path(path)
     config = read_config(path)
     tensors = read_tensors(path)
+    layers_of = {kind: num_layers for kind in shapes} | (dict(tower.layers) if tower is not None else {})
     slot_of = {name: (kind, i) for kind, s in shapes.items() for i, name in enumerate(s.slice_names)}
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}  # (layer, module) -> {"A": .., "B": ..}
     keys: dict[tuple[int, str], str] = {}
     unserved = []
     for key, tensor in tensors.items():
         m = _KEY.match(key)
-        if m is None or any(marker in m["prefix"] for marker in _VISION_MARKERS) or m["module"] not in slot_of:
+        module_key = re.sub(r"^base_model\.model\.", "", key).rsplit(".lora_", 1)[0]
+        located = None if tower is None or not key.endswith(("lora_A.weight", "lora_B.weight")) \
+            else tower.locate(module_key)
+        if located is not None:  # a tower projection: its kind is its one slice's name
+            layer, module, ab = located[1], located[0], key[-len("A.weight")]
+            if layer < 0:  # a CLIP layer past LLaVA's feature layer: never run, nothing to apply
+                continue
+            tensor = tensor.flatten(1) if tensor.dim() > 2 else tensor  # the patch embedding's conv kernels
+        elif m is None or any(marker in m["prefix"] for marker in _VISION_MARKERS) or m["module"] not in slot_of:
             unserved.append(key)
             continue
-        layer = int(m["layer"])
-        pairs.setdefault((layer, m["module"]), {})[m["ab"]] = tensor
-        keys[(layer, m["module"])] = re.sub(r"^base_model\.model\.", "", key).rsplit(".lora_", 1)[0]
+        else:
+            layer, module, ab = int(m["layer"]), m["module"], m["ab"]
+        pairs.setdefault((layer, module), {})[ab] = tensor
+        keys[(layer, module)] = module_key
     if unserved:
+        tower_part = (f" and the vision tower's {sorted(k.removeprefix('tower.') for k in tower.shapes)}"
+                      if tower is not None else " (no vision tower: this model's tower takes no LoRA)")
         raise fail(path, f"{len(unserved)} tensor(s) adapt modules the server does not apply LoRA to, e.g. "
-                          f"{unserved[:3]}; served: the language model's {sorted(slot_of)} (no vision tower, "
-                          "embeddings or LM head)")
+                          f"{unserved[:3]}; served: the language model's "
+                          f"{sorted(n for n in slot_of if not n.startswith('tower.'))}{tower_part} "
+                          "(no embeddings, merger, projector or LM head)")
     if not pairs:
         raise fail(path, f"{WEIGHTS_FILE} holds no LoRA weights")
-    ranks_host = {kind: torch.zeros(num_layers, len(s.slices), dtype=torch.int32) for kind, s in shapes.items()}
+    ranks_host = {kind: torch.zeros(layers_of[kind], len(s.slices), dtype=torch.int32) for kind, s in shapes.items()}
     checked = {}
     for (layer, module), ab in sorted(pairs.items()):
         kind, i = slot_of[module]
@@ -175,8 +191,8 @@ def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, Projection
         if set(ab) != {"A", "B"}:
             raise fail(path, f"{where} has lora_{''.join(ab)} but not both lora_A and lora_B")
         a, b = ab["A"], ab["B"]
-        if layer >= num_layers:
-            raise fail(path, f"{where}: layer {layer} does not exist (the model has {num_layers} layers)")
+        if layer >= layers_of[kind]:
+            raise fail(path, f"{where}: layer {layer} does not exist (the model has {layers_of[kind]} layers)")
         if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
             raise fail(path, f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} are not [r, in], [out, r]")
         a, b = cut_to_shard(a, b, shape.shard)
@@ -190,7 +206,7 @@ def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, Projection
             raise fail(path, f"{where}: weights are not finite floats (a corrupt file?)")
         ranks_host[kind][layer, i] = rank
         checked[(layer, module)] = (kind, i, a, b, _scale(config, where, rank, path))
-    weights, folded = _pack(checked, ranks_host, shapes, num_layers, dtype)
+    weights, folded = _pack(checked, ranks_host, shapes, layers_of, dtype)
     module_ranks: dict[str, int] = {}
     for (_, module), (_, _, a, _, _) in checked.items():
         module_ranks[module] = max(module_ranks.get(module, 0), a.shape[0])
@@ -201,12 +217,12 @@ def read_adapter(path: str | Path, num_layers: int, shapes: dict[str, Projection
     except ValueError as e:
         raise fail(path, str(e)) from e
     spec = AdapterSpec(str(path), max(module_ranks.values()), {n: module_ranks[n] for n in targets}, targets,
-                       len({layer for layer, _ in checked}), weights.nbytes,
+                       len({layer for layer, module in checked if not module.startswith("tower.")}), weights.nbytes,
                        scales_folded=folded, meta=meta)
     return weights, spec
 
 
-def _pack(checked: dict, ranks_host: dict, shapes: dict[str, ProjectionShape], num_layers: int,
+def _pack(checked: dict, ranks_host: dict, shapes: dict[str, ProjectionShape], layers_of: dict[str, int],
           dtype: torch.dtype) -> tuple[AdapterWeights, bool]:
     lora_a, lora_b, ranks, scales = {}, {}, {}, {}
     folded = False
@@ -215,8 +231,8 @@ def _pack(checked: dict, ranks_host: dict, shapes: dict[str, ProjectionShape], n
         if not mine:
             continue
         r_pad = -(-int(ranks_host[kind].max()) // 16) * 16
-        a_out = torch.zeros(num_layers, len(shape.slices), r_pad, shape.in_features, dtype=dtype)
-        b_out = torch.zeros(num_layers, shape.out_features, r_pad, dtype=dtype)
+        a_out = torch.zeros(layers_of[kind], len(shape.slices), r_pad, shape.in_features, dtype=dtype)
+        b_out = torch.zeros(layers_of[kind], shape.out_features, r_pad, dtype=dtype)
         base_scale = None
         for (layer, _), (_, i, a, b, scale) in sorted(mine.items()):
             rank = a.shape[0]

@@ -37,6 +37,9 @@ from .loader import AdapterLoadError, AdapterSpec, model_shapes, read_adapter
 from .metadata import LoraBatch, LoraGraphBuffers, build_lora_batch, resolve_backend
 from .modes import MixtureGraphBuffers, WeightMerger, build_mixture_batch
 from .pool import AdapterPool, HostCache, PoolConfig
+from .tower import TowerLoRA
+from .tower_shapes import PREFIX as TOWER
+from .tower_shapes import tower_layout, tower_of
 
 
 @dataclass
@@ -77,8 +80,15 @@ class AdapterManager:
         shapes = {k: s for k, s in shapes.items() if set(s.slice_names) & set(config.targets)}
         self.targets = tuple(config.targets)
         self.backend = self.configured_backend = resolve_backend(config.backend, device, dtype)
-        self.pool = AdapterPool(self.num_layers, shapes, config.slots, config.max_rank, dtype, device)
+        tower = tower_of(model) if config.tower else None
+        self.tower_layout = tower_layout(tower) if tower is not None else None  # None: tower LoRA is refused
+        if self.tower_layout is not None:
+            shapes |= self.tower_layout.shapes
+        self.pool = AdapterPool(self.num_layers, shapes, config.slots, config.max_rank, dtype, device,
+                                layers=self.tower_layout.layers if self.tower_layout is not None else None)
         self.layers = wrap_projections(lm, self.pool, overlap_shrink=config.overlap_shrink)
+        self.tower = None if tower is None else TowerLoRA(getattr(model.vision, "inner", model.vision), tower,
+                                                          self.pool, self.configured_backend)
         self.host = HostCache(config.host_cache, pin=device.type == "cuda")
         self.records: dict[str, AdapterRecord] = {}
         self.slots: list[str | None] = [None] * config.slots
@@ -128,8 +138,9 @@ class AdapterManager:
 
     # ---- registry --------------------------------------------------------------------------
     def _read(self, path: str | Path):
-        weights, spec = read_adapter(path, self.num_layers, self.pool.shapes, self.config.max_rank, self.dtype)
-        outside = [m for m in spec.targets if m not in self.targets]
+        weights, spec = read_adapter(path, self.num_layers, self.pool.shapes, self.config.max_rank, self.dtype,
+                                     self.tower_layout)
+        outside = [m for m in spec.targets if m not in self.targets and not m.startswith(TOWER)]
         if outside:  # only reachable when lora_targets drops a slice of a fused kind the pool holds
             raise AdapterLoadError(f"adapter directory {str(path)!r} adapts {outside}, outside the server's "
                                    f"lora_targets {list(self.targets)}")
@@ -198,6 +209,10 @@ class AdapterManager:
 
     def list(self) -> list[dict]:
         return [r.info(r.name in self.host, r.name == self.merged) for r in self.records.values()]
+
+    def adapts_tower(self, name: str) -> bool:
+        """Whether the adapter's LoRA reaches the vision tower (its items' tower outputs are its own)."""
+        return any(m.startswith(TOWER) for m in self.get(name).spec.targets)
 
     def select_head(self, name: str, task: str | None):
         record = self.get(name)

@@ -6,6 +6,9 @@ once at start and never reallocated, so layer views and captured CUDA graphs sta
     lora_a[kind]: [L, n_slices, S, R, in]     lora_b[kind]: [L, S, out, R]
     ranks[kind]:  int32 [L, n_slices, S]      scales[kind]: float32 [S]
 
+(L: the language model's layers; a vision tower's kinds, `tower.*` (serve/lora/tower.py), have
+their own L, one per tower block, and share the slots: a slot holds both halves of its adapter.)
+
 Layer l's views `lora_a[kind][l]` ([n_slices, S, R, in]), `lora_b[kind][l]` ([S, out, R]),
 `ranks[kind][l]` and `scales[kind]` are exactly what `kernels.add_lora` takes; the stacked
 tensors are what `kernels.merge_lora_` takes (with ranks reduced over layers), so the
@@ -37,6 +40,7 @@ class PoolConfig:
     targets: tuple[str, ...] = ALL_TARGETS  # modules adapters may adapt; other kinds get no pool
     backend: str = "auto"  # "triton" (ATMM kernels), "torch" (plain PyTorch), "auto": triton on GPU in fp16/bf16
     overlap_shrink: bool = False  # triton on a GPU: the shrink beside the base matmul (kernels.add_lora_beside)
+    tower: bool = True  # slots for the vision tower's projections too (serve/lora/tower.py)
 
     def __post_init__(self) -> None:
         if self.slots < 1 or self.host_cache < 0 or self.max_rank < 1:
@@ -51,16 +55,18 @@ class PoolConfig:
 
 class AdapterPool:
     def __init__(self, num_layers: int, shapes: dict[str, ProjectionShape], num_slots: int, max_rank: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, layers: dict[str, int] | None = None):
+        """layers: kind -> its layer count where it is not `num_layers` (the vision tower's kinds)."""
         self.num_layers, self.num_slots, self.dtype, self.device = num_layers, num_slots, dtype, device
         self.rank = -(-max_rank // 16) * 16  # the kernels need a multiple of 16
         self.shapes = dict(shapes)
+        self.layers = {kind: (layers or {}).get(kind, num_layers) for kind in self.shapes}
         self.lora_a: dict[str, torch.Tensor] = {}
         self.lora_b: dict[str, torch.Tensor] = {}
         self.ranks: dict[str, torch.Tensor] = {}
         self.scales: dict[str, torch.Tensor] = {}
         for kind, s in self.shapes.items():
-            n = len(s.slices)
+            n, num_layers = len(s.slices), self.layers[kind]
             self.lora_a[kind] = torch.zeros(num_layers, n, num_slots, self.rank, s.in_features, dtype=dtype,
                                             device=device)
             self.lora_b[kind] = torch.zeros(num_layers, num_slots, s.out_features, self.rank, dtype=dtype,

@@ -80,6 +80,7 @@ class ClipVisionTower(nn.Module):
         self.embeddings = _Embeddings(vc)
         self.pre_layrnorm = nn.LayerNorm(vc.hidden_size, eps=vc.layer_norm_eps)
         self.encoder = _Encoder(vc, max(self.indices))  # the layers past the deepest feature never run
+        self.depth = depth  # the checkpoint's layers (an adapter of the tower may adapt the unrun ones)
 
     def forward(self, pixels: torch.Tensor) -> list[torch.Tensor]:
         """pixels [N, 3, S, S] -> the hidden states [N, 1 + patches, D] of each feature layer, in order."""

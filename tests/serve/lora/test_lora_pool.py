@@ -201,10 +201,10 @@ def _corruptions(adapters, tiny_zoo, root):
     qwen = load_pretrained(tiny_zoo[NAME])[0]
     from peft import LoraConfig, get_peft_model
 
-    tower = get_peft_model(qwen, LoraConfig(r=4, target_modules=r".*visual.*\.qkv"))
-    tower.save_pretrained(str(root / "tower"))
-    tower.unload()
-    bad.append((root / "tower", "does not apply LoRA to"))
+    merger = get_peft_model(qwen, LoraConfig(r=4, target_modules=r".*visual.*merger\.mlp\.0"))  # the tower is served
+    merger.save_pretrained(str(root / "merger"))
+    merger.unload()
+    bad.append((root / "merger", "does not apply LoRA to"))
     make_adapter(load_pretrained(tiny_zoo["llava_1_5_tiny"])[0], root / "llava", ["k_proj"], 4, 4, seed=1)
     bad.append((root / "llava", "another base model"))
     make_adapter(qwen, root / "wide", ["q_proj"], 32, 32, seed=2)

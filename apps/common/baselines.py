@@ -2,8 +2,8 @@
 
 `vlora train` writes, per domain of an adapter's meta.json, the majority baseline of its eval score
 (train/baselines.py: {"answer", "accuracy", "n", "wins", "losses", "p_value", "better", ...}) under
-`baseline` (or `baselines.majority`); other baselines (a zero-shot score, ...) may sit beside it
-under `baselines.<name>`. A route carries them, so that every place that shows an expected accuracy
+`baseline` (or `baselines.majority`); the base model's zero-shot score on the same items may sit
+beside it under `baselines.zero_shot` (absent or null where it was not measured). A route carries them, so that every place that shows an expected accuracy
 shows what always answering the most common label scores beside it, and flags an adapter that is no
 better:
 
@@ -20,6 +20,9 @@ from typing import Any
 from adapters.meta import read_meta
 
 NOT_RECORDED = "baseline: not recorded"
+# the baselines of `baselines.<name>` shown beside the majority's (teacher_vs_truth, also recorded
+# there, is the labels' quality, no score an adapter must beat)
+OTHERS = ("zero_shot",)
 
 
 def _accuracy(record: Any) -> float | None:
@@ -37,9 +40,13 @@ def recorded_baselines(record: dict[str, Any] | None) -> dict[str, dict[str, Any
     out: dict[str, dict[str, Any]] = {}
     if isinstance(record.get("baseline"), dict):
         out["majority"] = record["baseline"]
-    for name, value in (record.get("baselines") or {}).items() if isinstance(record.get("baselines"), dict) else ():
-        if isinstance(value, (dict, int, float)) and name not in out:
-            out[str(name)] = value if isinstance(value, dict) else {"accuracy": value}
+    others = record.get("baselines") if isinstance(record.get("baselines"), dict) else {}
+    if isinstance(others.get("majority"), dict) and "majority" not in out:
+        out["majority"] = others["majority"]
+    for name in OTHERS:
+        value = others.get(name)
+        if isinstance(value, (dict, int, float)) and not isinstance(value, bool):
+            out[name] = value if isinstance(value, dict) else {"accuracy": value}
     return {name: b for name, b in out.items() if _accuracy(b) is not None}
 
 

@@ -61,6 +61,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     first = 0 if warm_up or cold else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
     measured = math.ceil(seconds if warm_up else job.cold_seconds if cold else job.seconds)
     leftover = engine.abort_all()  # each point starts from an idle engine (a point's drain said so, or this does)
+    steps_before = engine.num_steps
     token = secrets.token_hex(16)
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8).start()
     label = "warm-up " if warm_up else "cold " if cold else ""
@@ -87,7 +88,8 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     settled = _settle(server)
     server.close()
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
-    row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover)
+    row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
+               **_steps(engine, engine.num_steps - steps_before))
     _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
     return row
@@ -187,6 +189,15 @@ def _settle(server, timeout_s: float = 60.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def _steps(engine, n: int) -> dict:
+    """The point's engine steps: how many, and the slowest five as (sequences, tokens, ms), which is
+    where a compile on first use shows (a step seconds long among steps of tens of ms)."""
+    log = list(engine.step_log)[-n:] if n > 0 else []
+    slow = sorted(log, key=lambda e: -e[3])[:5]
+    return {"steps": n, "step_max_ms": slow[0][3] * 1e3 if slow else math.nan,
+            "slow_steps": [[seqs, tokens, round(s * 1e3, 1)] for seqs, tokens, _, s in slow]}
 
 
 def _row(job, mode: str, n: int, records: list[dict], errors: Counter, window_start: float, seconds: int) -> dict:

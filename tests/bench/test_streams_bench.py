@@ -50,7 +50,8 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     # the cold point first (right after the engine's warm-up), the searches, then the warm point it is compared with
     assert [(r["point"], r["mode"], r["streams"]) for r in rows] == \
         [("cold", "head", 2)] + [("warm", m, n) for m in ("head", "generate") for n in counts] + [("warm", "head", 2)]
-    assert all(r["settled"] and r["leftover_before"] == 0 for r in rows)
+    assert all(r["settled"] and r["leftover_before"] == 0 and r["steps"] > 0 for r in rows)
+    assert all(len(r["slow_steps"]) == min(5, r["steps"]) and r["step_max_ms"] == pytest.approx(r["slow_steps"][0][2], abs=0.06) for r in rows)
     cold = meta["cold"]
     assert cold["streams"] == 2 and cold["cold_p95_ms"] == rows[0]["p95_ms"] and cold["warm_p95_ms"] == rows[-1]["p95_ms"]
     assert cold["cold_vs_warm"] == pytest.approx(rows[0]["p95_ms"] / rows[-1]["p95_ms"])

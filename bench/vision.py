@@ -8,7 +8,9 @@ Per batch of N chunks (each `frames` frames of `image_size`^2, i.e. frames / 2 f
 - host CPU ms per chunk of the prompt path as the server runs it on JPEG frames: the processor
   (decode + preprocessing on the host) against `pixels="device"` (header, hashes, tokens);
 - device ms per chunk of the deferred pixels (nvJPEG decode when torchvision has it, resize,
-  normalise, patchify), batched as the encoder batches them.
+  normalise, patchify), batched as the encoder batches them;
+- with `tower_lora=true`, what LoRA on the tower costs (bench/vision_lora.py): the pass with a
+  rank-`tower_lora_rank` adapter on every item, and with items of `tower_lora_adapters` adapters.
 Random weights of the zoo's full-size spec; nothing is downloaded.
 """
 
@@ -39,6 +41,9 @@ class VisionBenchJob:
     repeats: int = 10
     cpu_repeats: int = 20
     seed: int = 0
+    tower_lora: bool = False  # also time the tower with LoRA adapters on it (bench/vision_lora.py)
+    tower_lora_rank: int = 16
+    tower_lora_adapters: int = 4  # adapters the mixed pass spreads its items over
     out_dir: str = "results/vision"
     command: str | None = None
 
@@ -165,6 +170,15 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
             got = ours(pixels, ours.layout(grids)).float()
             want = getattr(out := reference(pixels, grid_thw=grid_t), "pooler_output", out).float()
             row["rel_diff_vs_transformers"] = float((got - want).norm() / want.norm())
+            if job.tower_lora:
+                from .vision_lora import time_tower_lora
+
+                ours.compiled = False
+                row.update(time_tower_lora(ours, pixels, grids, job.tower_lora_rank, job.tower_lora_adapters,
+                                           lambda fn: _time_gpu(fn, job.repeats) / n))
+                print(f"[vision] {n} chunks: tower LoRA rank {job.tower_lora_rank} x{row['tower_lora_overhead']:.2f} "
+                      f"(one adapter), x{row['tower_lora_mixed_overhead']:.2f} ({job.tower_lora_adapters} adapters) "
+                      f"over {row['tower_ms_per_chunk_no_lora']:.2f} ms/chunk", flush=True)
         best = min(v for k, v in row.items() if k.startswith("ours_") and k.endswith("ms_per_chunk") and v == v)
         row["speedup"] = row["transformers_ms_per_chunk"] / best
         row["ours_tflops"] = flops / n / (best * 1e-3) / 1e12

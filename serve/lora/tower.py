@@ -40,13 +40,14 @@ from .tower_shapes import tower_projections
 class TowerLoRA:
     """The hooks on one tower and the item slots of the pass it runs."""
 
-    def __init__(self, encoder: nn.Module, tower: nn.Module, pool: AdapterPool, backend: str):
+    def __init__(self, encoder: nn.Module | None, tower: nn.Module, pool: AdapterPool, backend: str):
+        """encoder: the module whose forward takes the items (None: the caller `bind`s each pass itself)."""
         self.pool, self.op = pool, OPS[backend]
         self.slots_by_key: dict[str, int] = {}  # content key -> slot, for the step (`step`)
         self._items: list[tuple[int, int | None]] | None = None  # (slot, rows or None: a batch row) per item
         self._batch: tuple[tuple, LoraBatch | None] | None = None  # (rows shape, batch) of the current pass
-        self.handles = [encoder.register_forward_pre_hook(self._begin),
-                        encoder.register_forward_hook(self._end)]
+        self.handles = [] if encoder is None else [encoder.register_forward_pre_hook(self._begin),
+                                                   encoder.register_forward_hook(self._end)]
         for kind, layer, module in tower_projections(tower):
             if kind in pool.kinds:
                 self.handles.append(module.register_forward_hook(self._adder(kind, layer)))
@@ -65,16 +66,22 @@ class TowerLoRA:
             self.slots_by_key, self._items, self._batch = {}, None, None
 
     # ---- hooks ----------------------------------------------------------------------------------
-    def _begin(self, module, args) -> None:
-        items = args[0]
-        slots = [self.slots_by_key.get(it.content_hash, NO_LORA) for it in items]
-        # Qwen items are t * h * w pixel rows of the packed pass; a CLIP item is one batch row
-        self._items = None if all(s == NO_LORA for s in slots) else [
-            (s, None if it.grid_thw is None else int(np.prod(it.grid_thw))) for s, it in zip(slots, items)]
+    def bind(self, slots: list[int], rows: list[int | None]) -> None:
+        """The next passes' items: each one's slot (-1: no LoRA) and pixel rows (None: one batch row, CLIP)."""
+        self._items = None if all(s == NO_LORA for s in slots) else list(zip(slots, rows))
         self._batch = None
 
-    def _end(self, module, args, output) -> None:
+    def unbind(self) -> None:
         self._items, self._batch = None, None
+
+    def _begin(self, module, args) -> None:
+        items = args[0]
+        # Qwen items are t * h * w pixel rows of the packed pass; a CLIP item is one batch row
+        self.bind([self.slots_by_key.get(it.content_hash, NO_LORA) for it in items],
+                  [None if it.grid_thw is None else int(np.prod(it.grid_thw)) for it in items])
+
+    def _end(self, module, args, output) -> None:
+        self.unbind()
 
     def _rows_batch(self, y: torch.Tensor) -> LoraBatch | None:
         """The pass's segments: every row (of [rows, out], or [N, S, out] flattened) with its item's slot.

@@ -161,3 +161,34 @@ def test_an_adapter_of_the_merger_is_refused_and_the_tower_can_be_left_unserved(
     with pytest.raises(AdapterLoadError, match="this model's tower takes no LoRA"):
         plain.load("tower", tower_adapters[name]["tower"])
 
+
+
+def test_the_tower_through_the_triton_interpreter_computes_what_the_torch_op_computes(tiny_zoo, tower_adapters):
+    if torch.cuda.is_available():  # the CPU engine's Triton kernels run only under the interpreter (CPU hosts)
+        pytest.skip("CPU hosts only; tests/serve/lora/test_tower_lora_gpu.py runs the kernels on a GPU")
+    from serve.lora.metadata import OPS
+
+    # bf16 so the ATMM kernels run; one pass holds a picture under "tower", the same under "tower2" and a
+    # picture of no adapter (Qwen2.5-VL: window order, and the patch embedding's K = 1176)
+    name = "qwen2_5_vl_tiny"
+    engine = _engine(name, tiny_zoo, tower_adapters, dtype="bfloat16", lora_backend="triton")
+    tower = engine.lora.tower
+    assert tower.op is OPS["triton"]
+    items = [it for im in (image(0, 56, 84), image(0, 56, 84), image(4, 84, 56))
+             for it in engine.processor.process("x", None, [im]).vision]
+    items[1].content_hash += "|other"  # the same pixels under a second adapter
+    slots = {}
+    for adapter, item in zip(("tower", "tower2"), items):
+        assert engine.lora.ready(adapter)
+        slots[item.content_hash] = engine.lora.slot_of(adapter)
+    outs = {}
+    for op in ("triton", "torch"):
+        tower.op = OPS[op]
+        with tower.step(slots):
+            outs[op] = [e.float() for e in engine.model.encode(items)]
+    plain = [e.float() for e in engine.model.encode(items)]  # outside a step: no LoRA
+    for got, want in zip(outs["triton"], outs["torch"]):
+        assert (got - want).abs().max() < 0.05 * want.abs().max()  # bf16 roundings in different orders
+    assert (outs["torch"][0] - outs["torch"][1]).abs().max() > 0.1  # two adapters, two outputs
+    assert (outs["torch"][0] - plain[0]).abs().max() > 0.1
+    assert torch.equal(outs["triton"][2], plain[2])  # the item of no adapter is untouched

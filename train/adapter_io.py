@@ -69,7 +69,9 @@ def write_meta(path: Path, state: AdapterState, vlm, name: str, extra: dict | No
         domains[d] = {**rec, "head": f"{HEADS_DIR}/{d}" if d in state.heads else None,
                       "accuracy": acc.get("accuracy"), "metric": acc.get("metric"), "n_eval": acc.get("n"),
                       # the score's majority baseline (train/baselines.py): a reader sees what it is worth
-                      "baseline": acc.get("baseline")}
+                      "baseline": acc.get("baseline"),
+                      # beside it: the base model zero-shot and the teacher's agreement with the truth
+                      "baselines": acc.get("baselines")}
     meta = {
         "name": name,
         "tasks": sorted({rec["task"] for rec in state.domains.values()}),
@@ -109,9 +111,12 @@ def load_adapter(path: str | Path) -> AdapterState:
     for d, rec in meta["domains"].items():
         if rec.get("head"):
             heads[d] = HeadState.of(load_head(path / rec["head"]))
-        domains[d] = {k: v for k, v in rec.items() if k not in ("head", "accuracy", "metric", "n_eval", "baseline")}
+        domains[d] = {k: v for k, v in rec.items() if k not in ("head", "accuracy", "metric", "n_eval", "baseline",
+                                                               "baselines")}
         if rec.get("accuracy") is not None:
             accs[d] = {"accuracy": rec["accuracy"], "metric": rec["metric"], "n": rec["n_eval"]}
             if "baseline" in rec:  # meta written before baselines has none: the memo is then incomplete
                 accs[d]["baseline"] = rec["baseline"]
+            if rec.get("baselines") is not None:
+                accs[d]["baselines"] = rec["baselines"]
     return AdapterState(lora, heads, domains, accs, int(meta.get("index", 0)))

@@ -13,6 +13,9 @@ baseline here.
     verdict = domain_baseline(domain, preds, targets)           # or compare_to_majority(task, ...)
     verdict["better"]   # False: "no better than always answering 2"
     baseline_line("count_people", metrics)   # the one-line flag for reports, "" when it beats it
+
+The same sign test puts an adapter beside the base model answering zero-shot (train/zero_shot.py,
+metrics["baselines"]["zero_shot"]); `zero_shot_line` is its flag.
 """
 
 from __future__ import annotations
@@ -63,15 +66,32 @@ def compare_to_majority(task: str, preds: Sequence, targets: Sequence, train_lab
         raise ValueError(f"task {task!r} has no majority baseline; tasks with one: {list(BASELINE_TASKS)}")
     if len(preds) != len(targets) or not targets:
         raise ValueError(f"a baseline needs paired predictions and targets, got {len(preds)} and {len(targets)}")
-    same = _same(task)
     answer = majority(list(train_labels))
-    adapter_right = [same(p, t) for p, t in zip(preds, targets)]
-    base_right = [same(answer, t) for t in targets]
-    wins = sum(a and not b for a, b in zip(adapter_right, base_right))
-    losses = sum(b and not a for a, b in zip(adapter_right, base_right))
+    base_right = item_scores(task, [answer] * len(targets), targets)
+    return {"answer": answer, "accuracy": sum(base_right) / len(targets),
+            **paired_verdict(item_scores(task, preds, targets), base_right, alpha)}
+
+
+def item_scores(task: str, preds: Sequence, targets: Sequence) -> list[float]:
+    """Each item's score: 1.0 / 0.0 for a right / wrong answer, or for detect the item's own F1 at
+    IoU 0.5 (its boxes against its targets), so two answerers compare item by item on any task."""
+    if task == "detect":
+        from heads import f1_at_iou
+
+        return [float(f1_at_iou([p], [t], 0.5)) for p, t in zip(preds, targets)]
+    same = _same(task)
+    return [1.0 if p is not None and same(p, t) else 0.0 for p, t in zip(preds, targets)]  # None: no answer read
+
+
+def paired_verdict(adapter_scores: Sequence[float], base_scores: Sequence[float], alpha: float = ALPHA) -> dict:
+    """The sign test of an adapter against a baseline on the same items: {"n", "wins" (items where
+    the adapter scores higher), "losses" (lower), "p_value", "alpha", "better"}; ties tell nothing."""
+    if len(adapter_scores) != len(base_scores) or not base_scores:
+        raise ValueError(f"a paired test needs scores of the same items, got {len(adapter_scores)} and {len(base_scores)}")
+    wins = sum(a > b for a, b in zip(adapter_scores, base_scores))
+    losses = sum(b > a for a, b in zip(adapter_scores, base_scores))
     p = sign_test_p(wins, losses)
-    return {"answer": answer, "accuracy": sum(base_right) / len(targets), "n": len(targets), "wins": wins,
-            "losses": losses, "p_value": p, "alpha": alpha, "better": p < alpha}
+    return {"n": len(base_scores), "wins": wins, "losses": losses, "p_value": p, "alpha": alpha, "better": p < alpha}
 
 
 def training_answers(domain) -> list:
@@ -105,12 +125,48 @@ def beats_cell(verdict: dict | None) -> str | None:
 
 
 def baseline_note(metrics: dict) -> str:
-    """" against always 2 0.438: NO BETTER (p=1)" for a log line after a score; "" without a baseline."""
-    verdict = metrics.get("baseline")
-    if not verdict:
+    """" against always 2 0.438: NO BETTER (p=1); zero-shot 0.312: better (p=0.002)" for a log line
+    after a score; each part only where its baseline was taken (evaluations before zero-shot
+    baselines carry no "baselines")."""
+    verdict, note = metrics.get("baseline"), ""
+    if verdict:
+        note = (f" against {baseline_cell(verdict)}: {'better' if verdict['better'] else 'NO BETTER'} "
+                f"(p={verdict['p_value']:.3g})")
+    if "baselines" in metrics:
+        shot = metrics["baselines"].get("zero_shot")
+        note += (";" if note else "") + (" zero-shot: not measured" if not shot else
+                                         f" zero-shot {shot['accuracy']:.3f}: {'better' if shot['better'] else 'NO BETTER'}"
+                                         f" (p={shot['p_value']:.3g})")
+    return note
+
+
+def zero_shot_cell(metrics: dict) -> str:
+    """"0.312" (the base model's zero-shot score on the same items) or "not measured", for a table cell."""
+    shot = (metrics.get("baselines") or {}).get("zero_shot")
+    return "not measured" if not shot else f"{shot['accuracy']:.3f}"
+
+
+def teacher_cell(metrics: dict) -> str:
+    """The teacher's agreement with the truth, "0.953", or "-" where the data records no truth."""
+    value = (metrics.get("baselines") or {}).get("teacher_vs_truth")
+    return "-" if value is None else f"{value:.3f}"
+
+
+def zero_shot_text(verdict: dict) -> str:
+    """Why an adapter counts as no better than its base model answering alone, in words."""
+    unread = f", {verdict['unparsed']} of its answers unreadable" if verdict.get("unparsed") else ""
+    return (f"no better than the base model answering zero-shot ({verdict['accuracy']:.3f} on {verdict['n']} eval "
+            f"items{unread}; it wins {verdict['wins']} and loses {verdict['losses']} of the items where the two "
+            f"differ, one-sided sign test p={verdict['p_value']:.3g} >= {verdict['alpha']})")
+
+
+def zero_shot_line(name: str, metrics: dict) -> str:
+    """The one-line flag of an adapter no better than its base model zero-shot; "" when it beats it
+    or the zero-shot answers were not measured."""
+    shot = (metrics.get("baselines") or {}).get("zero_shot")
+    if not shot or shot["better"]:
         return ""
-    return (f" against {baseline_cell(verdict)}: {'better' if verdict['better'] else 'NO BETTER'} "
-            f"(p={verdict['p_value']:.3g})")
+    return f"NO BETTER THAN ZERO-SHOT: {name} {metrics['metric']} {metrics['accuracy']:.3f} is {zero_shot_text(shot)}"
 
 
 def no_better_text(verdict: dict) -> str:

@@ -96,11 +96,14 @@ def split_size(domain: DomainData, split: str, limit: int | None, doing: str) ->
 
 
 def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval", batch_size: int = 32,
-             max_new_tokens: int = 8, limit: int | None = None) -> dict:
-    """{"accuracy": score, "metric": name, "n": items, "task": type, "baseline": verdict} on `split`
-    of `domain`; the verdict compares the score with always answering the most common training
-    label on the same items (train/baselines.py; None for detect). Detect heads at another
-    threshold than the default add "f1_at_0.5"."""
+             max_new_tokens: int = 8, limit: int | None = None, zero_shot=None) -> dict:
+    """{"accuracy": score, "metric": name, "n": items, "task": type, "baseline": verdict, "baselines":
+    {"zero_shot": verdict, "teacher_vs_truth": agreement}} on `split` of `domain`. "baseline"
+    compares the score with always answering the most common training label on the same items
+    (train/baselines.py; None for detect); "zero_shot" with the base model's own answers to them
+    (train/zero_shot.py; None without `zero_shot`, a `ZeroShot`, or off the eval split);
+    "teacher_vs_truth" is what domain.json records (None without ground truth). Detect heads at
+    another threshold than the default add "f1_at_0.5"."""
     info = domain.info
     n = split_size(domain, split, limit, "evaluate")
     if info.task != "lm" and head is None:
@@ -114,7 +117,8 @@ def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval"
             preds += greedy_decode(vlm, items, max_new_tokens)
             targets += [r["answer"] for r in chunk]
         return {"accuracy": float(exact_match(preds, targets)), "metric": METRICS["lm"], "n": n, "task": "lm",
-                "baseline": domain_baseline(domain, preds, targets)}
+                "baseline": domain_baseline(domain, preds, targets),
+                "baselines": other_baselines(vlm, domain, split, preds, targets, zero_shot)}
     # detect at a calibrated threshold: the same outputs decoded at the default one too
     default = [] if info.task == "detect" and head.config.score_threshold != DEFAULT_SCORE_THRESHOLD else None
     for outputs, batch_targets in head_outputs(vlm, head, domain, split, n, batch_size):
@@ -131,7 +135,20 @@ def evaluate(vlm, head: TaskHead | None, domain: DomainData, split: str = "eval"
     else:
         score = accuracy(preds, targets)
     extra["baseline"] = domain_baseline(domain, preds, targets)
+    extra["baselines"] = other_baselines(vlm, domain, split, preds, targets, zero_shot)
     return {"accuracy": float(score), "metric": METRICS[info.task], "n": n, "task": info.task, **extra}
+
+
+def other_baselines(vlm, domain: DomainData, split: str, preds: list, targets: list, zero_shot=None) -> dict:
+    """The baselines beside the majority: the base model's zero-shot verdict on the same items
+    (None: not measured) and the teacher's agreement with the truth (None: no ground truth)."""
+    from .data import teacher_agreement
+    from .zero_shot import compare_to_zero_shot
+
+    verdict = None
+    if zero_shot is not None and split == "eval":  # the base's answers are generated for the eval split
+        verdict = compare_to_zero_shot(domain.info.task, preds, targets, zero_shot.record(vlm, domain))
+    return {"zero_shot": verdict, "teacher_vs_truth": teacher_agreement(domain.path)}
 
 
 def at_default_note(metrics: dict) -> str:

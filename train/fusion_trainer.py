@@ -52,7 +52,7 @@ class LoraTrainer:
 
     def __init__(self, vlm: VisionLM, datasets_root: str | Path, cfg: TrainConfig,
                  head_overrides: dict | None = None, log=None, rehearsal: float = 0.0, refit_epochs: int = 0,
-                 epochs: dict[str, int] | None = None):
+                 epochs: dict[str, int] | None = None, zero_shot=None):
         if rehearsal < 0 or isinstance(refit_epochs, bool) or not isinstance(refit_epochs, int) or refit_epochs < 0:
             raise ValueError(f"LoraTrainer: rehearsal ({rehearsal!r}) and refit_epochs ({refit_epochs!r}) "
                              "must be >= 0 (refit_epochs an int)")
@@ -63,6 +63,7 @@ class LoraTrainer:
         self.rehearsal, self.refit_epochs = float(rehearsal), refit_epochs
         self.epochs = dict(epochs or {})
         self.head_overrides = head_overrides or {}
+        self.zero_shot = zero_shot  # train.zero_shot.ZeroShot: every evaluation beside the base's answers
         self.log = log or sys.stderr
         self._data: dict[str, DomainData] = {}
         self.train_calls = 0
@@ -145,7 +146,8 @@ class LoraTrainer:
                              "train it on the domain first")
         self.vlm.load_lora_state(state.lora)
         head = state.heads[name].build(self.vlm.device) if name in state.heads else None
-        metrics = evaluate(self.vlm, head, data, "eval", self.cfg.eval_batch_size, self.cfg.max_new_tokens)
+        metrics = evaluate(self.vlm, head, data, "eval", self.cfg.eval_batch_size, self.cfg.max_new_tokens,
+                           zero_shot=self.zero_shot)
         state.accuracies[name] = metrics  # a memo of this state's score, not a change of its weights
         print(f"[fusion eval] {name}: {metrics['metric']} {metrics['accuracy']:.3f}{at_default_note(metrics)}"
               f"{baseline_note(metrics)}", file=self.log, flush=True)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heads import HeadConfig, TaskHead, build_head
+from world.progress import ProgressLine
 
 from .baselines import baseline_note
 from .calibrate import calibrate_threshold, describe
@@ -113,12 +114,14 @@ def _batch_loss(module: torch.nn.Module, head: TaskHead | None, batch: dict, tar
 
 def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: TaskHead | None = None,
                   checkpoint_dir: str | Path | None = None, resume: bool = True, log=None,
-                  evaluate_at_end: bool = True) -> TrainResult:
+                  evaluate_at_end: bool = True, zero_shot=None) -> TrainResult:
     """Train the LoRA currently in `vlm` (continuing from its weights) and `head` on `domain`.
 
     head: the domain's head to train (a fresh one from domain.json when None; ignored for lm).
     checkpoint_dir: where resumable checkpoints go (every cfg.save_every steps); with `resume`,
     a checkpoint there is loaded first and training continues from its step.
+    zero_shot: a `train.zero_shot.ZeroShot`; the final evaluation then puts the score beside the
+    base model's own answers (None: "zero-shot: not measured").
     """
     log = log or sys.stderr
     info, start_time = domain.info, time.perf_counter()
@@ -154,7 +157,7 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
 
     rank, world = acc.process_index, acc.num_processes
     module.train()
-    last_print, t0, step0 = 0.0, time.perf_counter(), step
+    last_print, t0, step0, bar = 0.0, time.perf_counter(), step, ProgressLine(log)
     while step < total:
         epoch, in_epoch = divmod(step, per_epoch)
         order = np.random.default_rng([cfg.seed, epoch]).permutation(n)
@@ -185,12 +188,13 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
             if now - last_print > 0.5 or step == total:
                 last_print = now
                 rate = (step - step0) / max(now - t0, 1e-9)
-                print(f"\r[train {info.name}] step {step}/{total} epoch {epoch + 1}/{cfg.epochs} "
-                      f"loss {loss_sum:.4f} ({rate:.1f} steps/s)", end="", file=log, flush=True)
+                bar.update(f"[train {info.name}] step {step}/{total} epoch {epoch + 1}/{cfg.epochs} "
+                           f"loss {loss_sum:.4f} ({rate:.1f} steps/s)")
             if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
                 metrics = evaluate(vlm, head, domain, "eval", cfg.eval_batch_size, cfg.max_new_tokens)
                 history.append({"step": step, "eval": metrics})
-                print(f"\n[train {info.name}] step {step}: eval {metrics['metric']} {metrics['accuracy']:.3f}",
+                bar.end()  # the eval line below the progress it interrupts
+                print(f"[train {info.name}] step {step}: eval {metrics['metric']} {metrics['accuracy']:.3f}",
                       file=log, flush=True)
                 module.train()
             if checkpoint_dir is not None and cfg.save_every and (step % cfg.save_every == 0 or step == total):
@@ -200,12 +204,13 @@ def train_adapter(vlm: VisionLM, domain: DomainData, cfg: TrainConfig, head: Tas
             if step >= total:
                 break
     if total:
-        print(file=log, flush=True)
+        bar.end()
     module.eval()
     if cfg.calibrate_threshold and info.task == "detect":
         print(describe(info.name, calibrate_threshold(vlm, head, domain, batch_size=cfg.eval_batch_size)),
               file=log, flush=True)
-    metrics = evaluate(vlm, head, domain, "eval", cfg.eval_batch_size, cfg.max_new_tokens) if evaluate_at_end else {}
+    metrics = evaluate(vlm, head, domain, "eval", cfg.eval_batch_size, cfg.max_new_tokens,
+                       zero_shot=zero_shot) if evaluate_at_end else {}
     if metrics:
         print(f"[train {info.name}] {total} steps, eval {metrics['metric']} {metrics['accuracy']:.3f}"
               f"{at_default_note(metrics)}{baseline_note(metrics)} "

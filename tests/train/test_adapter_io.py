@@ -82,7 +82,7 @@ def test_adapter_directory_layout_meta_and_head_round_trip(trained, tmp_path):
     for a, b in zip(original(hidden, mask).values(), loaded(hidden, mask).values()):
         assert torch.equal(a, b)
     assert back.accuracies == {data.name: {k: state.accuracies[data.name][k]
-                                           for k in ("accuracy", "metric", "n", "baseline")}}
+                                           for k in ("accuracy", "metric", "n", "baseline", "baselines")}}
     assert isinstance(back.accuracies[data.name]["baseline"]["answer"], int), "the majority count rides along"
 
 

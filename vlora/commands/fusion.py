@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import to_dataclass
 from .table import format_table
-from .train import model_ref, split_train_node
+from .train import model_ref, split_train_node, zero_shot_baseline
 
 
 @dataclass
@@ -91,7 +91,7 @@ def build_trainer(cfg: DictConfig, datasets_dir: str, log=None, rehearsal: float
     vlm = VisionLM(ref, to_dataclass(LoraSpec, cfg.adapter), job.train_vision_tower, job.mixed_precision,
                    job.device, seed=cfg.seed, gradient_checkpointing=job.gradient_checkpointing)
     return LoraTrainer(vlm, datasets_dir, tcfg, log=log, rehearsal=rehearsal, refit_epochs=refit_epochs,
-                       epochs=epochs), ref
+                       epochs=epochs, zero_shot=zero_shot_baseline(job, log)), ref
 
 
 def domains_of(requirements: dict[str, float], trainer) -> list:
@@ -122,19 +122,32 @@ def print_event(event) -> None:
           + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
 
 
+def member_metrics(adapter, domain: str) -> dict:
+    """The evaluation a fused adapter's state records for a member (LoraTrainer's memo: score,
+    majority and zero-shot verdicts); {} for states that keep none (scripted trainers)."""
+    return dict((getattr(adapter.state, "accuracies", None) or {}).get(domain) or {})
+
+
 def result_lines(result) -> list[str]:
-    """The fused adapters, each domain's score beside its requirement and its majority baseline
-    (train/baselines.py), and one line per domain fusion refused for being no better than it."""
-    from train.baselines import baseline_cell
+    """The fused adapters, each domain's score beside its requirement, its majority baseline and
+    the base model's zero-shot score (train/baselines.py), one line per domain fusion refused for
+    being no better than its majority, and one per member no better than the base zero-shot."""
+    from train.baselines import baseline_cell, zero_shot_cell, zero_shot_line
 
     def score(a, d: str) -> str:
         base = baseline_cell(a.baselines.get(d))
-        return f"{d} {a.accuracies[d]:.2f} (>= {a.requirements[d]:.2f}" + (f"; {base})" if base else ")")
+        metrics = member_metrics(a, d)
+        shot = f"zero-shot {zero_shot_cell(metrics)}" if metrics else None
+        extra = "; ".join(x for x in (base, shot) if x)
+        return f"{d} {a.accuracies[d]:.2f} (>= {a.requirements[d]:.2f}" + (f"; {extra})" if extra else ")")
 
     rows = [{"adapter": a.name, "domains": " + ".join(a.domains),
              "accuracies": ", ".join(score(a, d) for d in a.domains), "met": a.met} for a in result.adapters]
     lines = [format_table(rows)] if rows else []
-    return lines + [f"REJECTED: {d}, {why}: no adapter serves it" for d, why in result.rejected.items()]
+    lines += [f"REJECTED: {d}, {why}: no adapter serves it" for d, why in result.rejected.items()]
+    flags = [zero_shot_line(f"{d} on {a.name}", member_metrics(a, d)) for a in result.adapters for d in a.domains
+             if member_metrics(a, d)]
+    return lines + [f for f in flags if f]
 
 
 def run_fusion(cfg: DictConfig, log=None) -> dict:

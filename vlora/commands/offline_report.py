@@ -19,7 +19,8 @@ from fusion import fuse
 from fusion.confidence import requirement_within, score_interval
 from train.baselines import baseline_cell, beats_cell
 from train.data import teacher_agreement
-from train.evaluate import lm_view, zero_shot
+from train.evaluate import lm_view
+from train.zero_shot import first_items_score
 
 from .fusion import print_event
 from .table import format_table
@@ -81,8 +82,11 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
     for d in order:
         data = trainer.dataset(d.name)
         base = None
-        if int(opts.base_eval_limit) > 0:  # 0: skip the base model's zero-shot answers
-            base, _ = zero_shot(trainer.vlm, data, int(opts.base_eval_limit), trainer.cfg.max_new_tokens)
+        zero_shot = getattr(trainer, "zero_shot", None)  # None: train.zero_shot_baseline=false
+        if int(opts.base_eval_limit) > 0 and zero_shot is not None:  # 0: skip the column
+            # the zero-shot baseline's answers (cached per base and eval split), read as served answers are
+            record = zero_shot.record(trainer.vlm, data)
+            base = first_items_score(d.task, record, int(opts.base_eval_limit))
         teacher = teacher_agreement(data.path)
         row = {"domain": d.name, "task": d.task, "requirement": d.requirement,
                "teacher_vs_truth": teacher, "base_zero_shot": None if base is None else round(base, 3),
@@ -93,9 +97,15 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         else:
             adapter = where[d.name]
             verdict = adapter.baselines.get(d.name)
+            shot = ((getattr(adapter.state, "accuracies", None) or {}).get(d.name) or {}).get("baselines") or {}
             rows.append({**row, "fused": round(adapter.accuracies[d.name], 3),
                          # beside the score: what always answering the most common training label scores
                          "majority": baseline_cell(verdict), "beats_majority": beats_cell(verdict),
+                         # and the base model's own answers to the same items, by the same test
+                         "beats_zero_shot": beats_cell(shot.get("zero_shot")),
+                         # the base's score on the items fusion evaluated, where the column was not measured apart
+                         "base_zero_shot": row["base_zero_shot"] if row["base_zero_shot"] is not None or not
+                         shot.get("zero_shot") else round(shot["zero_shot"]["accuracy"], 3),
                          "eval_items": data.size("eval"),
                          "fused_95": score_interval(d.task, adapter.accuracies[d.name], data.size("eval")),
                          "fused_adapter": adapter.name,
@@ -117,8 +127,11 @@ def build_report(cfg, fused: dict, trainer, log=None) -> dict:
         comparison = head_vs_lm(trainer, trainer.dataset(opts.compare_lm_head))
     counts = adapter_counts(opts, len(order), len(result.adapters))
     why_empty = {
-        "base_zero_shot": None if int(opts.base_eval_limit) > 0 else
-        "the base model's zero-shot answers were not measured (offline.base_eval_limit=0)",
+        "base_zero_shot": None if int(opts.base_eval_limit) > 0 and getattr(trainer, "zero_shot", None) else
+        "the base model's zero-shot answers were not measured (offline.base_eval_limit=0 or "
+        "train.zero_shot_baseline=false)",
+        "beats_zero_shot": "zero-shot: not measured (train.zero_shot_baseline=false, or evaluations from before "
+        "it); or no adapter (REJECTED)",
         "one_adapter_per_domain": None if opts.per_domain else
         "no adapter per domain was trained for comparison (offline.per_domain=false)",
         "one_adapter_for_all": None if opts.all_in_one else
@@ -142,6 +155,7 @@ def rejected_row(row: dict, event, eval_items: int) -> dict:
 
     verdict = event.baselines[event.domain]
     return {**row, "fused": None, "majority": baseline_cell(verdict), "beats_majority": beats_cell(verdict),
+            "beats_zero_shot": None,
             "eval_items": eval_items, "fused_95": None, "fused_adapter": "REJECTED", "fused_of_teacher": None,
             "meets_requirement": False,
             "rejected": f"{event.accuracies[event.domain]:.3f} alone, {baseline_reason(verdict)}"}
@@ -204,6 +218,11 @@ def domain_lines(report: dict) -> list[str]:
         if (r.get("beats_majority") or "").startswith("NO") and not r.get("rejected"):
             lines.append(f"NO BETTER THAN MAJORITY: {r['domain']} fused {r['fused']} against {r['majority']} "
                          f"({r['beats_majority']}); its adapter shows no knowledge beyond the label counts")
+    for r in rows:  # a fused score no better than the base model answering alone (zero-shot)
+        if (r.get("beats_zero_shot") or "").startswith("NO") and not r.get("rejected"):
+            lines.append(f"NO BETTER THAN ZERO-SHOT: {r['domain']} fused {r['fused']} against the base model's "
+                         f"{r.get('base_zero_shot')} ({r['beats_zero_shot']}); its adapter adds nothing the base "
+                         "does not answer alone")
     for r in rows:  # a verdict that another draw of the eval items could turn
         lo_hi = r.get("fused_95")
         if requirement_within(lo_hi, r["requirement"]):

@@ -40,6 +40,7 @@ class TrainJob:
     gradient_checkpointing: bool = False
     pretrain: dict | None = None  # conf/pretrain.yaml `pretrain:` keys for base=pretrained (None: its defaults)
     allow_random_base: bool = False  # base=model on a zoo checkpoint with random weights (refused otherwise)
+    zero_shot_baseline: bool = True  # the base model's own answers to the eval items beside the score
 
     def __post_init__(self) -> None:
         if self.base not in BASES:
@@ -100,6 +101,28 @@ def model_ref(cfg: DictConfig, job: TrainJob, log=None) -> ModelRef:
     return ref
 
 
+# a domain's task -> the kind of answer the apps read from generated text (apps/common/answers.py)
+ANSWER_KIND = {"count": "count", "binary": "yes_no", "classify": "label", "detect": "detect", "lm": "text"}
+
+
+def served_answer(info, text: str):
+    """Generated text read as the apps read a served answer, in the head's target form (a count,
+    "yes"/"no", a label, unit boxes, the text for lm); None where it holds no answer."""
+    from apps.common.answers import from_text
+
+    pred = from_text(ANSWER_KIND[info.task], text, 1, 1, labels=info.labels or ())  # 1 x 1: boxes in units
+    if info.task == "detect":
+        return [list(b) for b in pred.boxes] if pred.parsed else None
+    return pred.value() if pred.parsed else None
+
+
+def zero_shot_baseline(job: TrainJob, log=None):
+    """The base model's zero-shot baseline (train/zero_shot.py) where train.zero_shot_baseline is on."""
+    from train.zero_shot import ZeroShot
+
+    return ZeroShot(served_answer, log=log) if job.zero_shot_baseline else None
+
+
 def head_options(cfg: DictConfig, task: str) -> dict:
     head = OmegaConf.to_container(cfg.head, resolve=True) if cfg.get("head") is not None else {}
     if head and head.get("type") != task:
@@ -109,16 +132,21 @@ def head_options(cfg: DictConfig, task: str) -> dict:
 
 
 def score_lines(name: str, task: str, metrics: dict, steps: int, seconds: float) -> list[str]:
-    """The eval score's table with its majority baseline beside it (train/baselines.py), and a line
-    flagging an adapter no better than always answering the most common training label."""
-    from train.baselines import baseline_cell, baseline_line, beats_cell
+    """The eval score's table with its baselines beside it (train/baselines.py: always answering the
+    most common training label; the base model zero-shot; the teacher against the truth), and a
+    line flagging an adapter no better than either of the first two."""
+    from train.baselines import (baseline_cell, baseline_line, beats_cell, teacher_cell, zero_shot_cell,
+                                 zero_shot_line)
 
     verdict = metrics.get("baseline")
+    shot = (metrics.get("baselines") or {}).get("zero_shot")
     row = {"domain": name, "task": task, "metric": metrics["metric"], "accuracy": round(metrics["accuracy"], 3),
            "majority": baseline_cell(verdict) or "-", "beats_majority": beats_cell(verdict) or "- (no share of items)",
-           "eval_items": metrics["n"], "steps": steps, "seconds": round(seconds, 1)}
-    flag = baseline_line(name, metrics)
-    return [format_table([row])] + ([f"\n{flag}"] if flag else [])
+           "zero_shot": zero_shot_cell(metrics), "beats_zero_shot": beats_cell(shot) or "-",
+           "teacher_vs_truth": teacher_cell(metrics), "eval_items": metrics["n"], "steps": steps,
+           "seconds": round(seconds, 1)}
+    flags = [line for line in (baseline_line(name, metrics), zero_shot_line(name, metrics)) if line]
+    return [format_table([row])] + ([""] + flags if flags else [])
 
 
 def run(cfg: DictConfig) -> dict:
@@ -136,7 +164,8 @@ def run(cfg: DictConfig) -> dict:
         from heads import build_head
 
         head = build_head(head_config_for(data.info, vlm.hidden_size, options))
-    result = train_adapter(vlm, data, tcfg, head=head, checkpoint_dir=job.out_dir, resume=job.resume)
+    result = train_adapter(vlm, data, tcfg, head=head, checkpoint_dir=job.out_dir, resume=job.resume,
+                           zero_shot=zero_shot_baseline(job, sys.stderr))
     name = data.name
     heads = {name: HeadState.of(result.head)} if result.head is not None else {}
     state = AdapterState(result.lora, heads, {name: domain_record(data, result.steps)}, {name: result.metrics})

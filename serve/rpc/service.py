@@ -59,7 +59,7 @@ class VLoRAService(AdapterCalls, rpyc.Service):
         if not isinstance(tenant, Tenant):  # a server built without the token check: one operator
             from .tenants import SINGLE_TENANT, Quotas
 
-            tenant = Tenant(SINGLE_TENANT, "operator", "", Quotas())
+            tenant = Tenant(SINGLE_TENANT, "operator", "", Quotas.sole())
         self.tenant, self._conn = tenant, conn
         self.state.connected(tenant)
         self._connected = True

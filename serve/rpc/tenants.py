@@ -51,6 +51,13 @@ class Quotas:
     connections: int = 16
 
     @classmethod
+    def sole(cls) -> "Quotas":
+        """The single token's: its holder shares the server with nobody, so what bounds it is the
+        server's own limits (max_connections, max_pixels_in_flight, the per-connection queues), not
+        a tenant's share of them (16 connections refused the 17th camera of a one-team server)."""
+        return cls(queued=1 << 40, in_flight=1 << 40, pixels=1 << 40, connections=1 << 40)
+
+    @classmethod
     def parse(cls, raw: Any, where: str, base: "Quotas | None" = None) -> "Quotas":
         base = base or cls()
         if raw is None:
@@ -173,7 +180,7 @@ class TenantRegistry:
     @classmethod
     def single(cls, token: str) -> "TenantRegistry":
         check_token(token)
-        return cls({SINGLE_TENANT: Tenant(SINGLE_TENANT, "operator", token_hash(token))})
+        return cls({SINGLE_TENANT: Tenant(SINGLE_TENANT, "operator", token_hash(token), Quotas.sole())})
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TenantRegistry":

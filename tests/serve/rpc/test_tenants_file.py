@@ -69,6 +69,8 @@ def test_the_single_token_is_the_operator():
     registry = TenantRegistry.single("single-token-123")
     assert registry.identify(b"single-token-123").operator
     assert registry.identify(b"single-token-124") is None
+    # the only tenant: bounded by the server's limits, not a share of them (a 17th camera was refused)
+    assert registry.identify(b"single-token-123").quotas.connections >= 1 << 20
     with pytest.raises(ValueError, match="8 to"):
         TenantRegistry.single("short")
 

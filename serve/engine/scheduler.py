@@ -19,8 +19,10 @@ Tenants (serve/engine/tenancy.py): the step's prompt tokens are shared by defici
 over flows, a flow being a tenant's connection (`Sequence.tenant`, `owner`): tenants by their
 weight, a tenant's share split between its connections with work, tokens nobody wants going
 round again. A flow with nothing running is admitted first (and `_make_room` frees it a slot of
-a full batch), and at most `tenant_max_running` of a tenant's sequences run at once. With one
-flow every token is its own and the step is what it was before tenants.
+a full batch and the blocks of its first chunk), and at most `tenant_max_running` of a tenant's
+sequences run at once. While several tenants have work, a tenant over its share of the batch carries
+at most the others' per-weight tokens (`tenant_step_cap`). With one flow every token is its own and
+the step is what it was before tenants.
 
 The policy (serve/engine/order.py) says only who comes first. An orchestrator (serve/engine/planner.py) may
 also hand `schedule` a `StepPlan`: running sequences it pauses are left out of the step (they
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .order import ArrivalOrder, FairShare, SchedulingPolicy, fair_interleave  # noqa: F401 (imported from here too)
 from .sequence import Sequence, SequenceStatus
-from .tenancy import FairShares, flow_of, newcomers_first
+from .tenancy import FairShares, busiest_flow, flow_of, newcomers_first, step_caps
 
 
 class AdapterGate:
@@ -62,6 +64,9 @@ class SchedulerConfig:
     # prompt tokens a step may carry while some sequence is decoding (None: the whole budget): each
     # decode token waits for its step, so a step full of prefill makes every generated token slow
     max_prefill_with_decode: int | None = None
+    # while several tenants have work, one over its share of the batch carries at most the others'
+    # per-weight tokens (serve/engine/tenancy.py step_caps); off: the step is work-conserving
+    tenant_step_cap: bool = True
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_tokens_per_step < 1:
@@ -106,6 +111,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.shares = FairShares()  # each step's prompt tokens by deficit round robin over flows
+        self._caps: dict | None = None  # this step's tokens left to tenants over their share
 
     # ---- queue --------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -155,39 +161,47 @@ class Scheduler:
         self.waiting.append(seq)
 
     def _make_room(self, plan: StepPlan) -> list[Sequence]:
-        """Fair share of a full batch: a waiting sequence whose flow (tenant, connection) has nothing
-        running gets a slot, by preempting (recompute) the latest sequence of the busiest flow: the
-        one whose tenant holds the most slots for its weight, then the one holding the most slots.
-        A flow's last slot is taken only for another tenant that holds none. Work-conserving: with
-        room in the batch, or one flow, nothing is preempted."""
-        if len(self.running) < self.config.max_batch_size:
-            return []
+        """Fair share of a full batch and of the KV blocks: a waiting sequence whose flow (tenant,
+        connection) has nothing running gets a slot, and the blocks of its first chunk, by preempting
+        (recompute) the latest sequences of the busiest flow (tenancy.busiest_flow). Work-conserving:
+        with room in the batch and the blocks free, or one flow, nothing is preempted."""
+        cfg = self.config
         holding = Counter(flow_of(s) for s in self.running)
         tenants = Counter(s.tenant for s in self.running)
         weight = {s.tenant: s.tenant_weight for s in self.running}
         allowed = None if plan.admit is None else set(plan.admit)
-        newcomers: list = []
+        newcomers: dict = {}  # flow -> its first waiting sequence
         for seq in self.waiting:
             f = flow_of(seq)
             if f in holding or f in newcomers or (allowed is not None and seq.request_id not in allowed):
                 continue
             if seq.tenant_max_running is not None and tenants[seq.tenant] >= seq.tenant_max_running:
                 continue
-            newcomers.append(f)
+            newcomers[f] = seq
         victims = []
-        for tenant, _ in newcomers:
-            busiest = max(holding, key=lambda g: (tenants[g[0]] / weight[g[0]], holding[g]))
-            if not (holding[busiest] > 1 or (busiest[0] != tenant and tenants[busiest[0]] > 1 and not tenants[tenant])):
-                break
-            victim = [s for s in self.policy.order(self.running) if flow_of(s) == busiest][-1]
-            self.running.remove(victim)
-            self._preempt(victim)
-            holding[busiest] -= 1
-            tenants[busiest[0]] -= 1
-            if not holding[busiest]:
-                del holding[busiest]
-            victims.append(victim)
+        for taken, ((tenant, _), seq) in enumerate(newcomers.items()):
+            while len(self.running) + taken >= cfg.max_batch_size or not self._fits(seq):
+                busiest = busiest_flow(holding, tenants, weight, tenant)
+                if busiest is None:
+                    return victims
+                victim = [s for s in self.policy.order(self.running) if flow_of(s) == busiest][-1]
+                self.running.remove(victim)
+                self._preempt(victim)
+                holding[busiest] -= 1
+                tenants[busiest[0]] -= 1
+                if not holding[busiest]:
+                    del holding[busiest]
+                victims.append(victim)
         return victims
+
+    def _fits(self, seq: Sequence) -> bool:
+        """Whether a waiting sequence's first chunk gets its blocks this step, after a block for each
+        running sequence that grows into a new one."""
+        cfg, bm = self.config, self.block_manager
+        cached = bm.num_cached_tokens(seq)
+        chunk = min(seq.num_tokens - cached, cfg.max_tokens_per_step, cfg.max_prefill_with_decode or cfg.max_tokens_per_step)
+        growth = sum(bm.blocks_for(s.num_computed_tokens + 1) > len(s.block_table) for s in self.running)
+        return bm.can_allocate(seq, cached + max(chunk, 1) + growth * bm.block_size)
 
     def schedule(self, plan: StepPlan | None = None) -> ScheduledBatch:
         cfg, bm = self.config, self.block_manager
@@ -213,6 +227,8 @@ class Scheduler:
         decodes = sum(seq.num_computed_tokens >= seq.prompt_len for seq in active)
         capacity = max(0, min(budget - decodes, prefill))
         allowance = self.shares.allowances(active, candidates, capacity, cfg.max_batch_size - len(running))
+        # tokens left to each tenant over its share while others have work (tenancy.step_caps)
+        self._caps = step_caps(active, candidates, cfg.max_batch_size - len(running)) if cfg.tenant_step_cap else None
         used: Counter = Counter()
         i = 0
         while i < len(running) and budget > 0:
@@ -221,6 +237,8 @@ class Scheduler:
             n = min(seq.num_remaining, budget, prefill if prompt_chunk else budget)
             if prompt_chunk:
                 n = min(n, allowance.get(flow_of(seq), 0))
+            if self._caps is not None and seq.tenant in self._caps:
+                n = min(n, self._caps[seq.tenant])
             if n <= 0 or seq.request_id in plan.pause or (not cfg.chunked_prefill and n < seq.num_remaining):
                 i += 1
                 continue
@@ -233,6 +251,7 @@ class Scheduler:
             else:
                 bm.append(seq, n)
                 batch.entries.append((seq, n))
+                self._spend_cap(seq.tenant, n)
                 budget -= n
                 if prompt_chunk:
                     prefill -= n
@@ -275,6 +294,10 @@ class Scheduler:
                 continue
             if allowance is not None:
                 n = min(n, allowance[f])
+            if self._caps is not None and seq.tenant in self._caps:
+                n = min(n, self._caps[seq.tenant])
+                if n <= 0 or (not cfg.chunked_prefill and n < need):
+                    continue  # its tenant carries its part of this step already
             if not bm.can_allocate(seq, cached + n):
                 break
             if seq.adapter is not None and not self.adapters.ready(seq.adapter):
@@ -287,12 +310,17 @@ class Scheduler:
             self.running.append(seq)
             tenants[seq.tenant] += 1
             batch.entries.append((seq, n))
+            self._spend_cap(seq.tenant, n)
             budget -= n
             prefill -= n
             used[f] += n
             if allowance is not None:
                 allowance[f] -= n
         return budget, prefill, skipped
+
+    def _spend_cap(self, tenant, n: int) -> None:
+        if self._caps is not None and tenant in self._caps:
+            self._caps[tenant] -= n
 
     def postprocess(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:
         """Advances the scheduled sequences; `sampled` maps seq_id -> next token for those whose

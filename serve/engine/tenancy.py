@@ -11,6 +11,19 @@ then runs as it did before tenants.
 A flow whose turn cannot be used because its next prompt must run whole (chunked prefill off) and
 does not fit keeps its unused tokens as credit (the "deficit") for the next step, up to one step's
 worth, so a long prompt is not starved by a stream of short ones.
+
+Two more guards keep a flooding tenant from slowing another's requests:
+
+- **room** (`busiest_flow`): a flow with nothing running gets a slot of a full batch and the KV blocks
+  of its first chunk by preempting (recompute) the busiest flow's latest sequence. Without the
+  blocks, a victim behind 200-token decodes that had taken every block waited until the flood's
+  own growth preempted one of them: up to 13 steps in a simulation of the soak's `long` flood.
+- **step cap** (`step_caps`): while several tenants have work, a tenant holding more sequences than
+  its weight's share of them carries at most its weight's part of the largest per-weight demand of
+  the tenants within their share (at least one token), decode tokens included. A victim's decode
+  step then carries one flood token, not seven: on CPU a step costs about its tokens, and seven
+  flood decodes doubled the victim's decode step of the tiny model. The cost is the flooding
+  tenant's own throughput while another tenant has work; a tenant alone is never capped.
 """
 
 from __future__ import annotations
@@ -111,3 +124,50 @@ class FairShares:
                 if used.get(f, 0) < self.demand.get(f, 0) and a > used.get(f, 0):
                     credit[f] = min(capacity, a - used.get(f, 0))
         self.credit = credit
+
+
+def busiest_flow(holding: Counter, tenants: Counter, weight: dict, newcomer_tenant) -> Flow | None:
+    """The flow to preempt for a newcomer of `newcomer_tenant`: the one whose tenant holds the most
+    running sequences for its weight, then the one holding the most. None when taking from it is not
+    fair: its last sequence, unless it is another tenant's, that tenant holds more than one and the
+    newcomer's tenant holds none."""
+    if not holding:
+        return None
+    busiest = max(holding, key=lambda g: (tenants[g[0]] / weight[g[0]], holding[g]))
+    if holding[busiest] > 1 or (busiest[0] != newcomer_tenant and tenants[busiest[0]] > 1
+                                and not tenants[newcomer_tenant]):
+        return busiest
+    return None
+
+
+def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int) -> dict | None:
+    """Tokens each tenant over its share may carry this step; None when no one is capped.
+
+    active: the running sequences the step may run; candidates: the waiting ones it may admit (a
+    tenant counts at most `slots` of them). A tenant's demand is a token per decoding sequence and
+    the prompt tokens it still wants; it holds its running sequences, one more if it has only
+    candidates. Over its share: it holds more than its weight's part of all held."""
+    demand, held, weight = Counter(), Counter(), {}
+    for seq in active:
+        decoding = seq.num_computed_tokens >= seq.prompt_len
+        demand[seq.tenant] += 1 if decoding else seq.num_remaining
+        held[seq.tenant] += 1
+        weight[seq.tenant] = seq.tenant_weight
+    counted: Counter = Counter()
+    for seq in candidates:
+        if counted[seq.tenant] >= slots:
+            continue
+        counted[seq.tenant] += 1
+        demand[seq.tenant] += seq.num_tokens - seq.num_computed_tokens
+        weight.setdefault(seq.tenant, seq.tenant_weight)
+    for tenant in counted:
+        held[tenant] = held[tenant] or 1  # a tenant arriving holds the slot it is about to take
+    if len(demand) < 2:
+        return None
+    total_held, total_weight = sum(held.values()), sum(weight.values())
+    over = {t for t in demand if held[t] > total_held * weight[t] / total_weight}
+    within = [demand[t] / weight[t] for t in demand if t not in over and demand[t] > 0]
+    if not over or not within:
+        return None
+    level = max(within)
+    return {t: max(1, int(level * weight[t])) for t in over}

@@ -1,0 +1,123 @@
+"""A flooding tenant cannot make another tenant's steps long or keep it out of the KV blocks: the
+newcomer's room (blocks as well as a slot) and the per-step token cap of serve/engine/tenancy.py.
+Scheduler only, no model: step composition is what the victim's latency follows on CPU."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from serve.engine.block_manager import BlockManager
+from serve.engine.scheduler import FairShare, Scheduler, SchedulerConfig
+from serve.engine.sequence import Sequence
+from serve.engine.tenancy import step_caps
+
+_n = iter(range(10**6))
+
+
+def _seq(tenant, owner=None, n_prompt=30, max_tokens=200, weight=1.0):
+    base = 1000 * next(_n)  # distinct prompts: no prefix-cache hits between them
+    return Sequence(f"{tenant}-{base}", list(range(base + 1, base + n_prompt + 1)), max_tokens=max_tokens,
+                    arrival_time=float(base), owner=owner or tenant, tenant=tenant, tenant_weight=weight)
+
+
+def _sched(blocks=48, batch=8, cap=True):
+    # the soak's server: 48 blocks of 16 tokens, a batch of 8, the serve defaults' token budgets
+    config = SchedulerConfig(max_batch_size=batch, max_tokens_per_step=4096, max_model_len=4096,
+                             max_prefill_with_decode=2048, tenant_step_cap=cap)
+    return Scheduler(config, BlockManager(blocks, 16), FairShare())
+
+
+def _step(s):
+    batch = s.schedule()
+    s.postprocess(batch, {q.seq_id: 7 for q, n in batch.entries if q.num_computed_tokens + n == q.num_tokens})
+    return batch
+
+
+def _tokens(batch):
+    out = Counter()
+    for q, n in batch.entries:
+        out[q.tenant] += n
+    return out
+
+
+def _long_flood(s, steps=300):
+    """The soak's `long` flood: 256 requests of 200 tokens, run until they hold every block."""
+    for _ in range(256):
+        s.add(_seq("flood"))
+    for _ in range(steps):
+        _step(s)
+
+
+def test_a_victim_gets_kv_blocks_held_by_a_flood_at_its_first_step():
+    s = _sched()
+    _long_flood(s)
+    for _ in range(20):
+        for _ in range(7):  # the flood's sequences grow into the free blocks again
+            _step(s)
+        victim = _seq("victim", max_tokens=2)
+        s.add(victim)
+        first = _step(s)
+        # before: it waited up to 13 steps, until the flood's own growth preempted one of its sequences
+        assert any(q is victim for q, _ in first.entries), "the victim was not admitted at its first step"
+        while victim.finish_reason is None:
+            _step(s)
+
+
+def test_a_victims_steps_carry_at_most_its_own_tokens_of_the_flood():
+    s = _sched()
+    _long_flood(s)
+    for _ in range(10):
+        for _ in range(7):
+            _step(s)
+        victim = _seq("victim", max_tokens=3)
+        s.add(victim)
+        while victim.finish_reason is None:
+            batch = _step(s)
+            if any(q is victim for q, _ in batch.entries):
+                mine = _tokens(batch)
+                # before: seven flood decodes beside its one decode token, 149 tokens of a
+                # preempted flood sequence's recompute beside its 30-token prompt
+                assert mine["flood"] <= max(1, mine["victim"]), mine
+
+
+def test_the_cap_is_the_flood_tenants_not_the_victims():
+    """A victim's long prompt beside a flood's decodes is not cut to the flood's few tokens."""
+    s = _sched(blocks=400)
+    for _ in range(7):
+        s.add(_seq("flood"))
+    for _ in range(3):
+        _step(s)
+    s.add(_seq("victim", n_prompt=600, max_tokens=2))
+    assert _tokens(_step(s)) == {"flood": 7, "victim": 600}
+
+
+def test_a_tenant_alone_and_tenants_within_their_share_are_not_capped():
+    s = _sched(blocks=400)
+    for _ in range(8):
+        s.add(_seq("only"))
+    for _ in range(3):
+        assert _tokens(_step(s)) in ({"only": 240}, {"only": 8})
+    a, b = _seq("a", max_tokens=50), _seq("b", n_prompt=4, max_tokens=50)
+    assert step_caps([a, b], [], 0) is None  # one sequence each: neither holds more than its share
+    two = _sched(blocks=400)
+    for tenant in ("a", "a", "b", "b"):
+        two.add(_seq(tenant))
+    _step(two)
+    assert _tokens(_step(two)) == {"a": 2, "b": 2}
+
+
+def test_weights_set_the_cap_and_the_cap_can_be_turned_off():
+    heavy = [_seq("flood", weight=2.0) for _ in range(7)]
+    for q in heavy:
+        q.num_computed_tokens = q.prompt_len  # decoding
+    victim = _seq("victim", weight=1.0)
+    victim.num_computed_tokens = victim.prompt_len
+    assert step_caps([*heavy, victim], [], 0) == {"flood": 2}  # twice the victim's one token per weight
+    s = _sched(cap=False)
+    _long_flood(s)
+    victim = _seq("victim", max_tokens=3)
+    s.add(victim)
+    steps = []
+    while victim.finish_reason is None:
+        steps.append(_tokens(_step(s)))
+    assert any(t["flood"] > max(1, t["victim"]) for t in steps if t["victim"]), "off: the flood decodes as before"

@@ -89,6 +89,7 @@ class SoakJob:
     log_max_bytes: int = 1 << 20
     seed: int = 0
     server_overrides: tuple = ()  # more `vlora serve` overrides, e.g. ("rpc.gate_share=0.5",)
+    phases: tuple = ()  # which of PHASES run (in PHASES' order); empty: all of them
     command: str = ""
 
 
@@ -125,6 +126,13 @@ def _phase(name: str, job: SoakJob, port: int, tokens: dict, unloaded_p95_ms: fl
         return flood_phase(port, victim, job.flood_s, job.flood_depth, job.flood_tokens, job.flood_probes,
                            job.probe_tokens, unloaded_p95_ms, job.fairness_max_ratio)
     return fuzz_phase(port, token, job.fuzz_s, job.fuzz_bytes_count, job.fuzz_calls_count, job.seed)
+
+
+def _phases(job: SoakJob) -> tuple:
+    unknown = sorted(set(job.phases) - set(PHASES))
+    if unknown:
+        raise ValueError(f"bench.soak.phases: no phase(s) {unknown}; valid: {list(PHASES)} (empty: all)")
+    return tuple(p for p in PHASES if not job.phases or p in job.phases)
 
 
 def _settle(server: ServerUnderTest, token: str, job: SoakJob) -> dict:
@@ -225,6 +233,7 @@ def _tenants(home: Path, checkpoint: str) -> tuple[dict, Path]:
 
 def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
     """Runs the soak; returns (check rows, the full report) and writes soak.json and soak.csv."""
+    names = _phases(job)  # a misspelt phase is refused before the server is built
     home = Path(tempfile.mkdtemp(prefix="vlora-soak-"))
     checkpoint = job.checkpoint
     if checkpoint is None:
@@ -250,7 +259,7 @@ def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
         base["rss_mb"] = round(server.rss_mb(), 1)
         print(f"soak: baseline p50 {base['latency']['p50_ms']:.0f} ms, p95 {base['latency']['p95_ms']:.0f} ms, "
               f"RSS {base['rss_mb']:.0f} MB", file=sys.stderr, flush=True)
-        for name in PHASES:
+        for name in names:
             t0 = time.monotonic()
             try:
                 phases[name] = _phase(name, job, server.port, tokens, base["latency"]["p95_ms"], home / "adapter_root")

@@ -10,6 +10,7 @@ victim's client for one interpreter: what is measured is the server, not the soa
     queue2048   eight connections keeping 256 one-token requests queued each (2,048 in all)
     topup32     32 connections each topping up 8 one-token requests
     poll32      32 connections calling poll() in a loop, no engine work at all
+    none        no flood: the victim's probes alone, measured the same way (where its time goes unloaded)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from bench.soak_server import latency_summary
 
 FRAME = np.zeros((32, 32, 3), np.uint8)
 FLOODS = {"long": (1, 256, 200), "topup4": (4, 8, 1), "queue2048": (8, 256, 1), "topup32": (32, 8, 1),
-          "poll32": (32, 0, 0)}  # name -> (connections, requests kept queued per connection, tokens each)
+          "poll32": (32, 0, 0), "none": (0, 0, 0)}  # name -> (connections, requests kept queued per connection, tokens each)
 
 
 def _poll_loop(port: int, token: str, stop, stats: Counter) -> None:
@@ -58,6 +59,29 @@ def _flood_process(port: int, token: str, name: str, ready, stop, out) -> None:
     out.put(dict(stats))
 
 
+PARTS = ("submit_ms", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "after_ms")
+
+
+def _parts(total_ms: float, submit_ms: float, timing: dict) -> dict:
+    """One probe's time by where it went: the submit call (the client's round trip: the gate's wait,
+    frame decoding, preparation, the hand-off to the engine), inside it frame decoding and
+    preparation, then the engine's queue, prefill and decode, and `after_ms`: the rest (the final
+    event's way back through the front end and the client's poll)."""
+    engine = sum(timing.get(k) or 0.0 for k in ("queue_ms", "prefill_ms", "decode_ms"))
+    return {"total_ms": total_ms, "submit_ms": submit_ms, **{k: timing.get(k) or 0.0 for k in PARTS[1:-1]},
+            "after_ms": total_ms - submit_ms - engine}
+
+
+def where_the_time_goes(parts: list[dict]) -> dict:
+    """The mean of each part over all probes and over the slowest tenth (the tail that sets p95)."""
+    if not parts:
+        return {}
+    tail = sorted(parts, key=lambda p: p["total_ms"])[-max(1, len(parts) // 10):]
+    mean = lambda rows, k: round(sum(r[k] for r in rows) / len(rows), 2)  # noqa: E731
+    return {"all": {k: mean(parts, k) for k in ("total_ms", *PARTS)},
+            "tail": {k: mean(tail, k) for k in ("total_ms", *PARTS)}}
+
+
 def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
                  unloaded_p95_ms: float, max_ratio: float) -> dict:
     """One phase per flood in `names`, one after another; each returns the victim's latency and ratio."""
@@ -69,7 +93,7 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
         proc = ctx.Process(target=_flood_process, args=(port, attacker, name, ready, stop, queue), daemon=True)
         proc.start()
-        latencies, errors = [], Counter()
+        latencies, errors, parts = [], Counter(), []
         try:
             ready.wait(60)
             time.sleep(min(2.0, seconds / 4))  # the flood's queues fill first
@@ -78,9 +102,12 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
                 while len(latencies) < probes and time.monotonic() < end:
                     start = time.perf_counter()
                     try:
-                        client.submit_image("How many cars?", [FRAME], sampling={
-                            "max_tokens": probe_tokens, "ignore_eos": True}).result(max(5.0, end - time.monotonic() + 30))
+                        stream = client.submit_image("How many cars?", [FRAME], sampling={
+                            "max_tokens": probe_tokens, "ignore_eos": True})
+                        submitted = time.perf_counter()
+                        final = stream.result(max(5.0, end - time.monotonic() + 30))
                         latencies.append((time.perf_counter() - start) * 1e3)
+                        parts.append(_parts(latencies[-1], (submitted - start) * 1e3, final.get("timing") or {}))
                     except (ServerError, TimeoutError) as e:
                         errors[getattr(e, "kind", type(e).__name__)] += 1
         finally:
@@ -96,7 +123,7 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         ratio = None if probe is None else round(probe["p95_ms"] / unloaded_p95_ms, 2)
         out[name] = {"actions": sum(v for k, v in flood.items() if k in ("submitted", "calls")) + len(latencies),
                      "flood": flood, "probe": probe, "victim_errors": dict(errors), "unloaded_p95_ms": unloaded_p95_ms,
-                     "ratio": ratio, "max_ratio": max_ratio,
+                     "ratio": ratio, "max_ratio": max_ratio, "where": where_the_time_goes(parts),
                      "ok": ratio is not None and not errors and ratio <= max_ratio}
         time.sleep(1.0)  # what the flood left queued drains (its connections closed: aborted)
     return out

@@ -62,7 +62,8 @@ class HttpServer:
         # httptools when installed (uvicorn[standard]); h11 otherwise. No access log: one line a request
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                      timeout_keep_alive=int(max(1, config.keep_alive_s)),
-                                                     limit_concurrency=config.max_concurrent * 2,
+                                                     # connections and tasks, a backstop: the JSON 503 is ConcurrencyLimit's
+                                                     limit_concurrency=config.max_concurrent * 2 + 64,
                                                      server_header=False))
         self._thread: threading.Thread | None = None
 

@@ -15,6 +15,10 @@ copy runs on a side stream (ordered after the work already queued) and `ready` t
 its event has completed, so the scheduler keeps serving other requests while the swap lands.
 The scheduler sees only `ready`, `acquire` and `release` (serve.engine.scheduler.AdapterGate).
 
+The pool also holds the vision tower's projections (serve/lora/tower.py, unless PoolConfig.tower
+is off): an adapter trained with `train_vision_tower` takes one slot for both halves, and
+`tower.step(slots_by_key)` applies its tower part to its requests' items in the step's encoder pass.
+
 Modes (serve/lora/modes.py): `set_merged(name)` folds a resident adapter into the base weights
 (holding a reference on it, so its slot is neither evicted nor unloaded while merged) and
 `set_merged(None)` folds it out again; while one is merged, `step_batch` builds mixture metadata.

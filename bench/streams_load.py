@@ -57,6 +57,10 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
 
     from serve.rpc import Limits, RpcServer
 
+    if getattr(job, "transport", "rpc") == "http":  # the same point through the OpenAI-compatible API
+        from .streams_http import run_http_point
+
+        return run_http_point(engine, job, mode, n, chunks, adapters, seconds, cold)
     warm_up = seconds is not None
     first = 0 if warm_up or cold else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
     measured = math.ceil(seconds if warm_up else job.cold_seconds if cold else job.seconds)

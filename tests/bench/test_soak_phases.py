@@ -1,0 +1,37 @@
+"""The soak's chosen phases (`bench.soak.phases`) and each flood's account of where the victim's time
+went, against a real `vlora serve` on CPU. Times are not asserted (a shared machine's noise would
+decide them), only that the parts are there and add up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.soak_floods import PARTS
+from vlora.commands.bench import run
+from vlora.config import compose
+
+
+def test_a_misspelt_phase_is_refused_before_a_server_starts(tmp_path):
+    cfg = compose("bench", ["bench.suite=soak", "+bench.soak.phases=[floods,flod]", f"bench.out_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=r"bench.soak.phases: no phase\(s\) \['flod'\]"):
+        run(cfg)
+    assert not (tmp_path / "cpu").exists()
+
+
+def test_only_the_chosen_phases_run_and_each_flood_says_where_the_time_went(tiny_zoo, tmp_path):
+    cfg = compose("bench", ["bench.suite=soak", "bench.soak.preset=quick", "+bench.soak.phases=[floods]",
+                            "bench.soak.quick.floods=[none]", f"bench.soak.checkpoint={tiny_zoo['qwen2_vl_tiny']}",
+                            f"bench.out_dir={tmp_path}"])
+    run(cfg)
+    report = json.loads((tmp_path / "cpu" / "soak.json").read_text())
+    assert list(report["phases"]) == ["floods"]
+    for name, flood in report["phases"]["floods"]["by_flood"].items():
+        assert flood["probe"]["n"] > 0, name
+        for rows in ("all", "tail"):
+            where = flood["where"][rows]
+            assert set(where) == {"total_ms", *PARTS}
+            assert where["queue_ms"] + where["prefill_ms"] + where["decode_ms"] > 0
+            spent = sum(where[k] for k in ("submit_ms", "queue_ms", "prefill_ms", "decode_ms", "after_ms"))
+            assert spent == pytest.approx(where["total_ms"], abs=0.1), (name, rows, where)

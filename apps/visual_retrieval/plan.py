@@ -11,8 +11,10 @@ and its answer is scored as a label. Domains of these task types are matched so:
 
 A query whose kind was given explicitly is matched only by a domain whose head answers that kind
 (a caption request is never answered by a count head). Every other query goes by its kind through
-`routes` (kind -> domain or task type), as before; where that task type's domains each record the
-one question they answer, queries of one kind and question share a route.
+`routes` (kind -> domain or task type): where that names a domain of these task types
+(`routes.qa=digits`), the query is asked as that domain's kind, with its head; where it names a task
+type whose domains each record the one question they answer, queries of one kind and question
+share a route.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def plan_query(query, routes: dict[str, str], manifest: dict[str, Any] | None) -
                     f"question matches domain {', '.join(domains)}")
     key = routes[query.kind]
     via = f"routes.{query.kind}={key}"
+    if tasks.get(key, {}).get("task") in DOMAIN_KINDS:  # `routes` names a domain with a head: asked as its kind
+        task = tasks[key]["task"]
+        kind = query.kind if query.kind in SERVES[task] else DOMAIN_KINDS[task]
+        return Plan(query.kind if kind == query.kind else f"{kind}: {via}", kind, key, None, False, via)
     lm = (tasks[key].get("task") if key in tasks else key) == "lm"
     generated = query.kind in GENERATED or lm
     if not generated and key not in tasks and any(t.get("question") for t in tasks.values() if t["task"] == key):

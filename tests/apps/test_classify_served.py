@@ -127,6 +127,13 @@ def test_both_apps_serve_the_classify_head_at_trains_eval_accuracy(trained, serv
     assert [r["meta"] for r in rows] == [{"item": i} for i in range(n)]  # the user's key, carried through
     retrieval_answers = [r["prediction"]["label"] for r in rows]
     assert all(r["prediction"]["source"] == "head" for r in rows)
+    # heads=never: the same adapter in text, read against the domain's labels; auto: its head
+    for heads, mode in (("never", "generate"), ("auto", "head")):
+        again = visual_retrieval.run(compose("visual_retrieval", common + [
+            f"queries={tmp_path / 'queries.jsonl'}", f"collection={photos}", f"heads={heads}", "draw=none",
+            f"run_name={heads}", "max_new_tokens=2"]))
+        (route,) = again["routes"].values()
+        assert (route["adapter"], route["output_mode"]) == ("digits", mode), heads
 
     # video analytics: the same pictures as a lossless recording, one chunk each, a classify task
     (user / "shadow").mkdir()

@@ -30,7 +30,7 @@ from apps.common.routing import Route, ServerCaps, resolve_route
 from .collection import BadImage
 from .draw import draw_result
 from .fit import GROUNDINGS, fit_image, map_boxes, native_box_size
-from .plan import Plan, plan_query
+from .plan import Plan, always_refusal, plan_query
 from .queries import KINDS, Query
 from .report import summarise
 from .scoring import predict, score
@@ -81,12 +81,6 @@ def route_kind(route_name: str) -> str:
     return route_name.split(": ", 1)[0]
 
 
-def _always_refusal(route: Route, plan: Plan) -> str | None:
-    """Why heads=always cannot answer on `route`, or None when a head answers."""
-    if (route.output_mode == "head" and route.head) or plan.generated:  # captions and QA have no head to use
-        return None
-    return f"heads=always: no task head serves this query ({route.reason})"
-
 
 class RetrievalApp:
     def __init__(self, client, collection, config: RetrievalConfig | None = None,
@@ -129,8 +123,8 @@ class RetrievalApp:
             route = resolve_route(plan.key, self.config.accuracy_target, self.manifest, self._caps, heads, load,
                                   plan.question)
             self.routes[plan.name] = replace(route, via=plan.via)
-            if self.config.heads == "always" and _always_refusal(route, plan):
-                self.refused[plan.name] = _always_refusal(route, plan)
+            if self.config.heads == "always" and always_refusal(route, plan):
+                self.refused[plan.name] = always_refusal(route, plan)
         return self.routes[plan.name]
 
     def _degrade(self, name: str, error: ServerError, sent: Route) -> bool:

@@ -76,3 +76,11 @@ def plan_query(query, routes: dict[str, str], manifest: dict[str, Any] | None) -
         # the task type's heads each answer one question: this one's domain, if any, serves it
         return Plan(f"{query.kind}: {_spoken(query.question)}", query.kind, key, query.question, False, via)
     return Plan(query.kind, query.kind, key, None, generated, via)
+
+
+def always_refusal(route, plan: Plan) -> str | None:
+    """Why heads=always cannot answer on `route` (apps.common.routing.Route), or None when a head
+    answers; captions and QA, whose lm domains carry no head, are generated in every mode."""
+    if (route.output_mode == "head" and route.head) or plan.generated:
+        return None
+    return f"heads=always: no task head serves this query ({route.reason})"

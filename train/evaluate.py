@@ -13,7 +13,6 @@ what the calibration bought.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterator
 
 import torch
@@ -156,25 +155,6 @@ def at_default_note(metrics: dict) -> str:
     return f" (at {DEFAULT_SCORE_THRESHOLD:g}: {metrics['f1_at_0.5']:.3f})" if "f1_at_0.5" in metrics else ""
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"[^a-z0-9 ]", "", str(text).lower()).strip()
-
-
 def lm_view(data):
     """The same domain, answered by the LM head: targets are the `answer` texts."""
     return dataclasses.replace(data, info=dataclasses.replace(data.info, task="lm"))
-
-
-def zero_shot(vlm, data, limit: int, max_new_tokens: int) -> tuple[float, float]:
-    """Exact match of the base model's decoded answers on the first `limit` eval items (any task:
-    its `answer` texts, compared lower case without punctuation), and how many items were scored.
-    Leaves `vlm`'s LoRA reset (B = 0)."""
-    vlm.reset_lora(0)  # B = 0: the LoRA adds nothing, this is the base model
-    view = lm_view(data)
-    rows = [view.splits["eval"][i] for i in range(min(limit, view.size("eval")))]
-    preds = []
-    for start in range(0, len(rows), 16):
-        items = vlm.encoder.encode_many(rows[start:start + 16], view.info)
-        preds += greedy_decode(vlm, items, max_new_tokens)
-    hits = [_norm(p) == _norm(r["answer"]) for p, r in zip(preds, rows)]
-    return sum(hits) / max(1, len(hits)), float(len(rows))

@@ -45,7 +45,7 @@ class ZeroShot:
             raise ValueError(f"zero-shot max_new_tokens={max_new_tokens!r}: must be an int >= 1 or None")
         self.parse, self.max_new_tokens, self.batch_size = parse, max_new_tokens, batch_size
         self.log = log or sys.stderr
-        self._texts: dict[str, list[str]] = {}
+        self._records: dict[str, dict] = {}  # key -> the parsed record: fusion evaluates a domain many times
         self._base: dict[str, str] = {}  # checkpoint path -> weights fingerprint
 
     def record(self, vlm, domain) -> dict:
@@ -60,25 +60,25 @@ class ZeroShot:
             raise ValueError(f"domain {domain.info.name!r}: the eval split is empty; no zero-shot baseline")
         tokens = self.max_new_tokens or answer_budget(vlm, split["answer"])
         key, base = self._key(vlm, domain.info.name, split, tokens)
-        texts = self._texts.get(key)
+        if key in self._records:
+            return self._records[key]
         cache = Path(domain.path) / CACHE_DIR / f"{key}.json"
-        if texts is None and cache.is_file():
-            texts = json.loads(cache.read_text()).get("texts")
+        texts = _read(cache)
         if texts is None or len(texts) != len(split):
             texts = base_answers(vlm, domain, tokens, self.batch_size)
             _write(cache, {"base": base, "eval_fingerprint": _eval_fingerprint(split), "max_new_tokens": tokens,
                            "texts": texts}, self.log)
-        self._texts[key] = texts
         info = domain.info
         parsed = [self.parse(info, t) for t in texts]
         targets = [head_target(info, r) if info.task != "lm" else r["answer"] for r in _rows(split)]
         answers = [([] if a is None else a) if info.task == "detect" else a for a in parsed]
         scores = item_scores(info.task, answers, targets)
         accuracy = f1_at_iou(answers, targets, 0.5) if info.task == "detect" else sum(scores) / len(scores)
-        return {"accuracy": float(accuracy), "n": len(texts), "unparsed": sum(a is None for a in parsed),
-                "read": [a is not None for a in parsed], "scores": scores, "answers": answers, "targets": targets,
-                "texts": texts,
-                "max_new_tokens": tokens, "base": base}
+        self._records[key] = {
+            "accuracy": float(accuracy), "n": len(texts), "unparsed": sum(a is None for a in parsed),
+            "read": [a is not None for a in parsed], "scores": scores, "answers": answers, "targets": targets,
+            "texts": texts, "max_new_tokens": tokens, "base": base}
+        return self._records[key]
 
     def _key(self, vlm, name: str, split, tokens: int) -> tuple[str, str]:
         from adapters.base import fingerprint
@@ -143,6 +143,15 @@ def _rows(split) -> list[dict]:
 def _eval_fingerprint(split) -> str:
     # `datasets` keeps a fingerprint of a split's content and of every transform made to it
     return str(getattr(split, "_fingerprint", None) or f"rows:{len(split)}")
+
+
+def _read(path: Path) -> list[str] | None:
+    """The cached texts, or None where there are none or the file is damaged (they are generated again)."""
+    try:
+        texts = json.loads(path.read_text()).get("texts") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return texts if isinstance(texts, list) and all(isinstance(t, str) for t in texts) else None
 
 
 def _write(path: Path, record: dict, log) -> None:

@@ -6,7 +6,6 @@ zero-shot score and the teacher's agreement with the truth beside it."""
 from __future__ import annotations
 
 import json
-import shutil
 
 TEACHER = {"value": 0.9, "metric": "top1"}  # as `vlora distill` records it for data with ground truth
 

@@ -98,6 +98,9 @@ def test_the_base_answers_whatever_lora_is_loaded_and_is_cached_beside_the_datas
     assert again == record, "another process reads the cache"
     with pytest.raises(AssertionError, match="generated again"):  # another decoding length is another baseline
         ZeroShot(served_answer, max_new_tokens=5).record(vlm, data)
+    cached[0].write_text("{damaged")  # an interrupted write: generated again, not a crash
+    with pytest.raises(AssertionError, match="generated again"):
+        ZeroShot(served_answer, max_new_tokens=4).record(vlm, data)
 
 
 def _learned_nothing(vlora_home, tiny_zoo, root):

@@ -34,6 +34,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from world.progress import ProgressLine
+
 from .distill_augment import augmented_media, combinations, copy_id, transform_answer
 from .distill_io import (CREATED_BY, DOMAIN_FILE, AnswerCache, dump_answer, evenly_spaced, load_answer,
                          load_distilled, read_domain, save_domain, split_ids, target_fields)
@@ -100,7 +102,7 @@ def check_pairing(spec: DomainSpec, teacher: Teacher, source=None) -> Query:
 
 def _label_answers(spec, teacher, query, items, source, cache, log, progress, workers: int = 1) -> None:
     todo = [it for it in items if it.id not in cache.records]
-    done, start, last = len(items) - len(todo), time.monotonic(), 0.0
+    done, start, last, bar = len(items) - len(todo), time.monotonic(), 0.0, ProgressLine(log)
     pool = ThreadPoolExecutor(workers) if workers > 1 and todo else None
 
     def flush(samples):
@@ -116,8 +118,8 @@ def _label_answers(spec, teacher, query, items, source, cache, log, progress, wo
         done += len(samples)
         if progress and (time.monotonic() - last > 0.5 or done == len(items)):
             last = time.monotonic()
-            print(f"\rdistill {spec.name}: {done}/{len(items)} {spec.media}s labelled by {teacher.name} "
-                  f"({time.monotonic() - start:.0f} s)", end="", file=log, flush=True)
+            bar.update(f"distill {spec.name}: {done}/{len(items)} {spec.media}s labelled by {teacher.name} "
+                       f"({time.monotonic() - start:.0f} s)")
 
     batch = []
     try:
@@ -132,7 +134,7 @@ def _label_answers(spec, teacher, query, items, source, cache, log, progress, wo
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     if progress and todo:
-        print(file=log)
+        bar.end()
 
 
 def _resolved(spec: DomainSpec, teacher: Teacher, source, answers: list[Any]) -> tuple[list | None, int | None, int | None]:
@@ -266,7 +268,7 @@ def _augmented(spec: DomainSpec, train: list[dict], kept: dict, caps: tuple, cli
                progress: bool) -> list[dict]:
     """The mirrored / reversed copies of the training rows (distill_augment), labelled from the
     teacher's answers to the originals."""
-    combos, out, start = combinations(spec.augment), [], time.monotonic()
+    combos, out, start, bar = combinations(spec.augment), [], time.monotonic(), ProgressLine(log)
     for n, row in enumerate(train, 1):
         answer, (w, h) = kept[row["id"]]
         for combo in combos:
@@ -274,8 +276,10 @@ def _augmented(spec: DomainSpec, train: list[dict], kept: dict, caps: tuple, cli
             fields = target_fields(spec.task, transform_answer(answer, combo, spec.target, w, h), w, h, *caps)
             out.append({**row, "id": copy, **augmented_media(row, combo, copy, clip_dir), **fields})
         if progress and (n % 64 == 0 or n == len(train)):
-            print(f"\rdistill {spec.name}: {n}/{len(train)} training items copied x{len(combos)} ({'+'.join(spec.augment)}, "
-                  f"{time.monotonic() - start:.0f} s)", end="\n" if n == len(train) else "", file=log, flush=True)
+            bar.update(f"distill {spec.name}: {n}/{len(train)} training items copied x{len(combos)} "
+                       f"({'+'.join(spec.augment)}, {time.monotonic() - start:.0f} s)")
+    if progress and train:
+        bar.end()
     return out
 
 

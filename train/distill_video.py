@@ -22,6 +22,7 @@ from typing import Any, Iterator, TextIO
 import numpy as np
 
 from world import write_video
+from world.progress import ProgressLine
 from world.sampling import ChunkCutter, FrameSampler, resize_frame
 
 from .distill_sources import Item, SourceError, SourceSpec, file_identity
@@ -101,7 +102,7 @@ class VideoSource:
             records = json.loads(index.read_text())["chunks"]
         else:
             (out / "chunks").mkdir(parents=True, exist_ok=True)
-            records = []
+            records, bar = [], ProgressLine(log)
             for n, chunk in enumerate(self._chunks()):
                 frames = [resize_frame(f, self.spec.width, self.spec.height) for _, _, f in chunk]
                 file = write_video(out / "chunks" / f"{n:06d}.mp4", frames, self.chunking.rate(self.fps))
@@ -109,9 +110,9 @@ class VideoSource:
                                 "frames": [i for i, _, _ in chunk], "t_start": round(chunk[0][1], 4),
                                 "t_end": round(chunk[-1][1], 4)})
                 if progress and log is not None:
-                    print(f"\r  {self.path.name}: {n + 1} chunks written", end="", file=log, flush=True)
+                    bar.update(f"  {self.path.name}: {n + 1} chunks written")
             if progress and log is not None and records:
-                print(file=log)
+                bar.end()
             index.write_text(json.dumps({"source": str(self.path.resolve()), "chunks": records}, indent=1) + "\n")
         if len(records) < 2:
             raise SourceError(f"{self.where}: video {self.path} gives {len(records)} whole chunk(s) of "

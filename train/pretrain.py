@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from world import WorldConfig
+from world.progress import ProgressLine
 
 from .pretrain_data import collate_examples, encode_example, encode_pixels, sample_example
 from .pretrain_losses import RegionProbe, conversation_losses, vision_loss
@@ -239,6 +240,7 @@ def pretrain(base: str | Path, out: str | Path, cfg: PretrainConfig, log=None, f
     total = cfg.total_steps
     batches = _batches(_Batches(cfg, world, processor, video_ok, placeholder_ids, pad_id), step, cfg.workers)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.mixed_precision == "bf16")
+    bar = ProgressLine(log)
     while step < total:
         vision_only, batch = next(batches)
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -259,8 +261,8 @@ def pretrain(base: str | Path, out: str | Path, cfg: PretrainConfig, log=None, f
         recent = losses[max(len(losses) - 20, 0 if vision_only else cfg.vision_steps):]  # this phase only
         answer_text = "vision tower only" if vision_only else \
             f"answer loss {sum(a for a, _ in recent) / len(recent):.3f}"
-        print(f"\r[pretrain] step {step}/{total} {answer_text}, region loss "
-              f"{sum(r for _, r in recent) / len(recent):.3f} ({elapsed:.0f} s)", end="", file=log, flush=True)
+        bar.update(f"[pretrain] step {step}/{total} {answer_text}, region loss "
+                   f"{sum(r for _, r in recent) / len(recent):.3f} ({elapsed:.0f} s)")
         out_of_time = cfg.max_seconds is not None and elapsed >= cfg.max_seconds
         if step % cfg.save_every == 0 and step < total and not out_of_time:
             partial.mkdir(parents=True, exist_ok=True)
@@ -271,7 +273,7 @@ def pretrain(base: str | Path, out: str | Path, cfg: PretrainConfig, log=None, f
             (partial / "state.pt.tmp").replace(partial / "state.pt")
         if out_of_time:
             break
-    print(file=log, flush=True)
+    bar.end()
     model.to("cpu")  # saved from the CPU so the checkpoint loads anywhere
     _save(model, processor, base, out, cfg, step, losses, elapsed)
     shutil.rmtree(partial, ignore_errors=True)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from heads import TaskHead
+from world.progress import ProgressLine
 
 from .data import DomainData, batch_token_xy, collate, head_target
 from .evaluate import hidden_states
@@ -94,7 +95,7 @@ def train_mixed(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, log=None) ->
     module = maybe_compile(AdapterModule(vlm.model, None).to(vlm.device), cfg.compile)
     module.train()
     names = "+".join(p.data.name for p in parts)
-    step, last_print, t0 = 0, 0.0, time.perf_counter()
+    step, last_print, t0, bar = 0, 0.0, time.perf_counter(), ProgressLine(log)
     for epoch in range(cfg.epochs):
         batches = _epoch_batches(parts, cfg.batch_size, cfg.seed, epoch)
         for k in range(0, len(batches), cfg.grad_accum):
@@ -120,10 +121,10 @@ def train_mixed(vlm: VisionLM, parts: list[Part], cfg: TrainConfig, log=None) ->
             now = time.perf_counter()
             if now - last_print > 0.5 or step == total:
                 last_print = now
-                print(f"\r[train {names}] step {step}/{total} epoch {epoch + 1}/{cfg.epochs} loss {loss_sum:.4f} "
-                      f"({step / max(now - t0, 1e-9):.1f} steps/s)", end="", file=log, flush=True)
+                bar.update(f"[train {names}] step {step}/{total} epoch {epoch + 1}/{cfg.epochs} loss {loss_sum:.4f} "
+                           f"({step / max(now - t0, 1e-9):.1f} steps/s)")
     if total:
-        print(file=log, flush=True)
+        bar.end()
     module.eval()
     for h in heads:
         h.eval()

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Sequence
 import cv2
 import numpy as np
 
+from .progress import ProgressLine
 from .qa import QAPair, caption, qa_pairs
 from .render import render_clip, render_image
 from .config import CLIP_KIND, IMAGE_KIND, WorldConfig
@@ -224,7 +225,7 @@ def write_world(cfg: WorldConfig, out_dir: str | os.PathLike, n_images: int, n_c
     todo = [("image", i) for i in range(n_images)] + [("clip", i) for i in range(n_clips)]
     kept = {key: rec for key, rec in recs.items() if (root / rec["file"]).exists()}
     missing = [key for key in todo if key not in kept]
-    out, made, last = [], 0, 0.0
+    out, made, last, bar = [], 0, 0.0, ProgressLine(sys.stderr)
     with open(root / PARTIAL, "a") as log, _renderer(cfg, root, workers, len(missing)) as render:
         rendered = render(missing)
         for k, key in enumerate(todo):
@@ -237,10 +238,9 @@ def write_world(cfg: WorldConfig, out_dir: str | os.PathLike, n_images: int, n_c
             out.append(rec)
             if progress and (time.monotonic() - last > 0.1 or k == len(todo) - 1):
                 last = time.monotonic()
-                print(f"\rworld {root}: {k + 1}/{len(todo)} items ({made} rendered, "
-                      f"{k + 1 - made} kept)", end="", file=sys.stderr, flush=True)
+                bar.update(f"world {root}: {k + 1}/{len(todo)} items ({made} rendered, {k + 1 - made} kept)")
     if progress and todo:
-        print(file=sys.stderr)
+        bar.end()
     _write_atomic(root / TRUTH, "".join(_dumps(r) + "\n" for r in out))
     totals = {c: 0 for c in cfg.classes}
     for r in out:

@@ -115,6 +115,9 @@ class PreemptingLog(io.StringIO):
             raise Preempted(text)
         return super().write(text)
 
+    def isatty(self) -> bool:  # a terminal's progress shows every step (a log's, one every 30 s)
+        return True
+
 
 def test_pretrain_resumes_to_the_uninterrupted_result(tiny_zoo, tmp_path):
     """Two vision-only steps, then six full ones; preempted during step 7, resumed from step 6."""

@@ -20,6 +20,7 @@ from typing import TextIO
 import numpy as np
 
 from world import WorldConfig, render_image
+from world.progress import ProgressLine
 
 from .base import Query, TeacherError
 from .classifiers import FEATURES, SklearnTeacher, TorchTeacher, frame_tensor
@@ -73,15 +74,15 @@ def render_labelled(spec: ClassifierSpec, start: int, n: int, seed: int | None =
                     log: TextIO | None = None) -> tuple[list[np.ndarray], list[str]]:
     """RGB frames of world images start..start+n-1 and their target labels from the truth."""
     cfg, query = spec.world_config(seed), Query(spec.target, spec.classes or None)
-    frames, labels = [], []
+    frames, labels, bar = [], [], ProgressLine(log)
     for i in range(start, start + n):
         bgr, truth = render_image(cfg, i)
         frames.append(np.ascontiguousarray(bgr[..., ::-1]))
         labels.append(truth_answer(truth, query).label)
         if log is not None and ((i - start + 1) % 100 == 0 or i == start + n - 1):
-            print(f"\r  rendered {i - start + 1}/{n}", end="", file=log, flush=True)
+            bar.update(f"  rendered {i - start + 1}/{n}")
     if log is not None:
-        print(file=log)
+        bar.end()
     return frames, labels
 
 
@@ -175,6 +176,7 @@ def fit_torch_teacher(spec: ClassifierSpec, out_dir: str | Path, name: str = "to
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=1e-4)
         steps = spec.epochs * -(-n // spec.batch)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=spec.lr, total_steps=steps)
+        bar = ProgressLine(log)
         for epoch in range(spec.epochs):
             model.train()
             perm, total = torch.randperm(n), 0.0
@@ -189,8 +191,8 @@ def fit_torch_teacher(spec: ClassifierSpec, out_dir: str | Path, name: str = "to
                 opt.step()
                 sched.step()
                 total += float(loss.detach()) * len(idx)
-            print(f"\r  epoch {epoch + 1}/{spec.epochs} loss {total / n:.3f}", end="", file=log, flush=True)
-        print(file=log)
+            bar.update(f"  epoch {epoch + 1}/{spec.epochs} loss {total / n:.3f}")
+        bar.end()
         model.eval()
         with torch.inference_mode():
             acc = float((model(x[n:]).argmax(1) == t[n:]).float().mean())

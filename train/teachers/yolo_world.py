@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import cv2
 
 from world import WorldConfig, render_image
+from world.progress import ProgressLine
 
 from .yolo import process_threads_kept, ultralytics_offline
 
@@ -92,7 +93,7 @@ def write_yolo_dataset(cfg: WorldConfig, root: str | Path, n_train: int, n_val: 
     for name, n in (("n_train", n_train), ("n_val", n_val)):
         if n < 1:
             raise ValueError(f"{name} must be >= 1, got {n}")
-    total, done = n_train + n_val, 0
+    total, done, bar = n_train + n_val, 0, ProgressLine(log or sys.stderr)
     for split, indices in (("train", range(n_train)), ("val", range(n_train, total))):
         (root / "images" / split).mkdir(parents=True, exist_ok=True)
         (root / "labels" / split).mkdir(parents=True, exist_ok=True)
@@ -106,8 +107,8 @@ def write_yolo_dataset(cfg: WorldConfig, root: str | Path, n_train: int, n_val: 
                     raise IOError(f"cannot write {img}")
             done += 1
             if done % 50 == 0 or done == total:
-                print(f"\ryolo dataset {root}: {done}/{total} images", end="", file=log or sys.stderr, flush=True)
-    print(file=log or sys.stderr)
+                bar.update(f"yolo dataset {root}: {done}/{total} images")
+    bar.end()
     names = "\n".join(f"  {i}: {c}" for i, c in enumerate(cfg.classes))
     data = root / "data.yaml"
     data.write_text(f"path: {root.resolve()}\ntrain: images/train\nval: images/val\nnames:\n{names}\n")

@@ -65,3 +65,20 @@ def test_every_report_flags_an_uninformative_adapter(tiny_zoo, vlora_home, tmp_p
     text = (write_report(report, tmp_path / "report") / "report.md").read_text()
     assert "REJECTED: exists_bus 1.000 alone, no better than always answering 'no'" in text
     assert "beats_zero_shot" in text and "always 'no' 1.000" in text
+
+    # kept anyway (fusion.accept_at_baseline): the `vlora train` adapter as the fused one, its meta read back
+    from fusion import FusedAdapter, FusionResult
+    from train import load_adapter
+    from vlora.commands.fusion import result_lines
+
+    state = load_adapter(tmp_path / "bus")
+    kept = FusedAdapter(0, "fused_0", ["exists_bus"], {"exists_bus": metrics["accuracy"]}, {"exists_bus": 0.5}, True,
+                        state, baselines={"exists_bus": metrics["baseline"]})
+    result = FusionResult([kept], [], fused["result"].order)
+    fusion_text = "\n".join(result_lines(result))
+    assert (f"exists_bus 1.00 (>= 0.50; always 'no' 1.000; zero-shot {shot['accuracy']:.3f}; teacher vs truth 0.90)"
+            in fusion_text)
+    report = build_report(cfg, {**fused, "result": result}, fused["trainer"])
+    assert report["domains"][0]["beats_zero_shot"] == f"{'yes' if shot['better'] else 'NO'} (p={shot['p_value']:.3g})"
+    text = (write_report(report, tmp_path / "report") / "report.md").read_text()
+    assert "NO BETTER THAN MAJORITY: exists_bus fused 1.0 against always 'no' 1.000 (NO (p=1))" in text

@@ -138,7 +138,9 @@ def result_lines(result) -> list[str]:
         base = baseline_cell(a.baselines.get(d))
         metrics = member_metrics(a, d)
         shot = f"zero-shot {zero_shot_cell(metrics)}" if metrics else None
-        extra = "; ".join(x for x in (base, shot) if x)
+        teacher = (metrics.get("baselines") or {}).get("teacher_vs_truth")
+        teacher = None if teacher is None else f"teacher vs truth {teacher:.2f}"
+        extra = "; ".join(x for x in (base, shot, teacher) if x)
         return f"{d} {a.accuracies[d]:.2f} (>= {a.requirements[d]:.2f}" + (f"; {extra})" if extra else ")")
 
     rows = [{"adapter": a.name, "domains": " + ".join(a.domains),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,7 +31,9 @@ from typing import Any, Callable, Sequence
 from .baselines import ALPHA, item_scores, paired_verdict
 
 CACHE_DIR = "zero_shot"  # beside the dataset's splits
-MAX_NEW_TOKENS = 48  # a box list's answer is long; head answers stop after a few tokens anyway
+# The base is given room for the teacher's longest answer, and at least for a sentence: a base that
+# answers "There are 3 cars." must not be cut off before its number (the apps let it write 32).
+MIN_NEW_TOKENS, MAX_NEW_TOKENS = 12, 48
 
 Parse = Callable[[Any, str], Any]  # (DomainInfo, generated text) -> the answer as the head's target, None: unreadable
 
@@ -38,7 +41,8 @@ Parse = Callable[[Any, str], Any]  # (DomainInfo, generated text) -> the answer 
 class ZeroShot:
     """The base model's answers on domains' eval items, generated once per (base, eval split) and
     kept in memory and beside each dataset. `max_new_tokens`: None sizes it per domain from the
-    longest eval answer (+ its end token), at most MAX_NEW_TOKENS."""
+    longest eval answer (+ its end token), within [MIN_NEW_TOKENS, MAX_NEW_TOKENS]; decoding stops
+    where every answer has ended."""
 
     def __init__(self, parse: Parse, max_new_tokens: int | None = None, batch_size: int = 16, log=None):
         if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or int(max_new_tokens) < 1):
@@ -129,10 +133,10 @@ def base_answers(vlm, domain, max_new_tokens: int, batch_size: int = 16) -> list
 
 
 def answer_budget(vlm, answers: Sequence[str]) -> int:
-    """Tokens enough for the longest teacher answer and its end token, at most MAX_NEW_TOKENS."""
+    """Tokens enough for the longest teacher answer and its end token, within [MIN_NEW_TOKENS, MAX_NEW_TOKENS]."""
     tok = vlm.processor.tokenizer
     longest = max((len(tok(str(a), add_special_tokens=False)["input_ids"]) for a in answers), default=1)
-    return max(1, min(MAX_NEW_TOKENS, longest + 1))
+    return max(MIN_NEW_TOKENS, min(MAX_NEW_TOKENS, longest + 1))
 
 
 def _rows(split) -> list[dict]:
@@ -157,7 +161,7 @@ def _read(path: Path) -> list[str] | None:
 def _write(path: Path, record: dict, log) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # one per process: every rank of a run may write
         tmp.write_text(json.dumps(record))
         tmp.replace(path)
     except OSError as e:  # a read-only dataset: the answers stay memoised in this process only

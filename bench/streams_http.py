@@ -28,7 +28,7 @@ from collections import Counter
 
 import numpy as np
 
-from .streams_load import HEAD_TASK, _log, _row, _settle, _stamped, _steps
+from .streams_load import HEAD_TASK, TIMING_KEYS, _log, _row, _settle, _stamped, _steps
 
 
 def run_http_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters: list[str],
@@ -131,7 +131,8 @@ def _http_cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np
         record = {"stream": i, "chunk": k, "sent": sent, "done": done, "latency_ms": (done - sent) * 1e3,
                   "measured": k >= first, "finished": final is not None}
         if final is not None:
-            record["prompt_tokens"] = final["usage"]["prompt_tokens"]
+            timing = (final.get("vlora") or {}).get("timing") or {}
+            record.update({key: timing.get(key) for key in TIMING_KEYS}, prompt_tokens=final["usage"]["prompt_tokens"])
             if mode == "head" and not (final.get("vlora") or {}).get("head"):
                 errors["no_head"] += 1
             elif mode == "generate" and final["usage"]["completion_tokens"] != job.answer_tokens:

@@ -102,8 +102,11 @@ def whole(chat: bool, rid: str, model: str, choices: list[Choice], head: bool) -
     """The non-streaming response."""
     body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": model, "choices": [_choice(chat, c) for c in choices], "usage": usage(choices)}
+    # the server's own timing of the first choice, as the RPyC final event has it (frame decoding,
+    # preprocessing, queue, prefill, decode, prompt tokens)
+    body["vlora"] = {"timing": (choices[0].final or {}).get("timing")}
     if head:
-        body["vlora"] = {"heads": [c.head for c in choices], "head": choices[0].head}
+        body["vlora"].update(heads=[c.head for c in choices], head=choices[0].head)
     return body
 
 

@@ -168,6 +168,18 @@ def test_tenant_quota_and_server_concurrency(server):
     assert _post(server, _chat(), "q").status_code == 200
 
 
+def test_a_client_that_goes_away_frees_the_engine(server):
+    state = server["rpc"].state
+    aborted = state.counters["http_aborted"]
+    with pytest.raises(httpx.ReadTimeout):  # not streamed: the server notices between its waits for events
+        httpx.post(server["url"] + "/v1/chat/completions", json=_chat(max_tokens=512, ignore_eos=True), timeout=0.5,
+                   headers={"Authorization": f"Bearer {server['tokens']['ops']}"})
+    deadline = time.monotonic() + 20
+    while state.counters["http_aborted"] == aborted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert state.counters["http_aborted"] == aborted + 1 and state.usage["ops"].queued == 0
+
+
 def test_a_slow_body_times_out(server):
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=10) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

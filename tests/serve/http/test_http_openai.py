@@ -84,6 +84,7 @@ def test_chat_with_images_video_frames_and_adapters_gives_rpyc_tokens(setup):
             want = rpc.submit_image("How many cars?", [img0], adapter=adapter, sampling=SAMPLING).result(60)
             assert reply.choices[0].message.content == want["text"] and reply.usage.completion_tokens == 6
             assert reply.usage.prompt_tokens == want["timing"]["prompt_tokens"]
+            assert reply.model_extra["vlora"]["timing"]["prefill_ms"] >= 0  # the server's timing, as RPyC's
         frames = {"type": "video", "video": [_url(png0), _url(_png(2)[1]), _url(png1), _url(png1)]}
         reply = client.chat.completions.create(model=NAME, messages=_user(frames, text="Which way?"), max_tokens=6,
                                                extra_body={"ignore_eos": True})

@@ -30,7 +30,7 @@ from apps.common.routing import Route, ServerCaps, resolve_route
 from .collection import BadImage
 from .draw import draw_result
 from .fit import GROUNDINGS, fit_image, map_boxes, native_box_size
-from .plan import Plan, always_refusal, plan_query
+from .plan import Plan, RouteRefused, always_refusal, plan_query
 from .queries import KINDS, Query
 from .report import summarise
 from .scoring import predict, score
@@ -40,9 +40,6 @@ REFUSALS = ("rejected", "unsupported", "bad_argument")
 DEFAULT_ROUTES = {"ground": "detect", "count": "count", "exists": "binary", "color": "qa", "direction": "qa",
                   "classify": "classify", "caption": "qa", "qa": "qa"}
 
-
-class RouteRefused(Exception):
-    """A query that its route cannot answer as configured (heads=always without a head)."""
 
 
 @dataclass
@@ -81,7 +78,6 @@ def route_kind(route_name: str) -> str:
     return route_name.split(": ", 1)[0]
 
 
-
 class RetrievalApp:
     def __init__(self, client, collection, config: RetrievalConfig | None = None,
                  manifest: dict[str, Any] | None = None, out_dir: str | Path | None = None):
@@ -91,17 +87,27 @@ class RetrievalApp:
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.routes: dict[str, Route] = {}
         self.refused: dict[str, str] = {}  # route name -> why heads=always cannot answer on it
+        self._plans: dict[tuple[str, str, bool], Plan] = {}  # (question, kind, guessed) -> its plan
         self.mode_switches = 0
         self._caps: ServerCaps | None = None
 
     def plan(self, query: Query) -> Plan:
         """How the query is routed (plan.py): by a domain that asked its question, else by its kind."""
-        return plan_query(query, self.config.routes, self.manifest)
+        key = (query.question, query.kind, query.guessed)
+        if key not in self._plans:
+            self._plans[key] = plan_query(query, self.config.routes, self.manifest)
+        return self._plans[key]
 
     def prepared(self, query: Query) -> Query:
-        """The query as it is answered and scored: a guessed kind becomes its domain's."""
-        kind = self.plan(query).kind
-        return query if kind == query.kind else replace(query, kind=kind)
+        """The query as it is answered and scored: asked as its domain's kind where its question or
+        `routes` picked a domain with a head. The prepared query keeps the plan that picked it (a qa
+        query that routes.qa sent to a classify domain is not re-routed as a classify query)."""
+        plan = self.plan(query)
+        if plan.kind == query.kind:
+            return query
+        prepared = replace(query, kind=plan.kind)
+        self._plans[(prepared.question, prepared.kind, prepared.guessed)] = plan
+        return prepared
 
     def route_key(self, query: Query) -> str:
         """Which queries share a route: those of one kind, or, where their question picks a domain or

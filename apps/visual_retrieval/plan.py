@@ -32,6 +32,10 @@ SERVES = {"classify": ("classify", "color", "direction"), "count": ("count",), "
 GENERATED = ("caption", "qa")
 
 
+class RouteRefused(Exception):
+    """A query that its route cannot answer as configured (heads=always without a head)."""
+
+
 @dataclass(frozen=True)
 class Plan:
     name: str  # queries with one name share a route: "count", or "<kind>: <question>"

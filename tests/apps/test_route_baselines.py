@@ -93,6 +93,11 @@ def test_a_question_a_domain_asked_routes_to_that_domain(tmp_path):
     routed = plan_query(Query("a.png", "What is this?"), {**ROUTES, "qa": "digits"}, manifest)  # routes.qa=digits
     assert (routed.name, routed.kind, routed.key, routed.generated) == ("classify: routes.qa=digits", "classify",
                                                                         "digits", False)
+    from apps.visual_retrieval import RetrievalApp, RetrievalConfig
+
+    app = RetrievalApp(None, None, RetrievalConfig(routes={"qa": "digits"}), manifest)
+    asked = app.prepared(Query("a.png", "What is this?"))  # answered and scored as the domain's kind ...
+    assert asked.kind == "classify" and app.plan(asked).key == "digits"  # ... on the route that chose it
 
 
 def test_a_query_lines_own_keys_are_its_metadata(tmp_path):

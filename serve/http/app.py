@@ -87,9 +87,13 @@ def create_app(front: Front, config: HttpConfig) -> Starlette:
         if job.stream:
             return StreamingResponse(stream(session, job, choices, rid, chat), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
+        tasks = [asyncio.ensure_future(follow(session, r, c, request)) for r, c in zip(session.ids, choices)]
         try:
-            await asyncio.gather(*(follow(session, rid_, c, request) for rid_, c in zip(session.ids, choices)))
-        finally:
+            await asyncio.gather(*tasks)
+        finally:  # one choice failed (or the client left): the others stop waiting, and the engine stops too
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             if not all(c.done for c in choices):
                 with anyio.CancelScope(shield=True):
                     await run(session.abort)
@@ -113,6 +117,7 @@ def create_app(front: Front, config: HttpConfig) -> Starlette:
 
     async def stream(session: Session, job, choices: list[Choice], rid: str, chat: bool):
         created, queue = int(time.time()), asyncio.Queue()
+        request_path = "/v1/chat/completions" if chat else "/v1/completions"
 
         async def pump(request_id: str, choice: Choice):
             async def out(text: str, first: bool, done: bool = False):
@@ -123,6 +128,8 @@ def create_app(front: Front, config: HttpConfig) -> Starlette:
                 await follow(session, request_id, choice, out=out)
             except HttpError as e:  # the status is sent already: the error comes as an event, as OpenAI's do
                 await queue.put(sse(e.body()))
+            except Exception as e:
+                await queue.put(sse(error_body("internal", failure(request_path, e))))
             finally:
                 await queue.put(None)
 
@@ -193,12 +200,16 @@ def create_app(front: Front, config: HttpConfig) -> Starlette:
                    405: f"{request.method} is not taken by {request.url.path[:100]!r}"}.get(exc.status_code, "bad request")
         return JSONResponse(error_body(kind, message), exc.status_code)
 
-    async def failed(request: Request, exc: Exception):
+    def failure(path: str, exc: Exception) -> str:
+        """Logs an internal error with an incident id; returns what the client is told (never the error itself)."""
         incident = f"h{next(incidents)}"
-        log.error("internal error %s on %s: %s: %s", incident, request.url.path[:100], type(exc).__name__,
-                  str(exc)[:200], exc_info=exc)
+        log.error("internal error %s on %s: %s: %s", incident, path[:100], type(exc).__name__, str(exc)[:200],
+                  exc_info=exc)
         front.state.count("errors_internal")
-        return JSONResponse(error_body("internal", f"the server failed on this request (incident {incident}, in its log)"), 500)
+        return f"the server failed on this request (incident {incident}, in its log)"
+
+    async def failed(request: Request, exc: Exception):
+        return JSONResponse(error_body("internal", failure(request.url.path, exc)), 500)
 
     routes = [Route("/v1/chat/completions", chat_route, methods=["POST"]),
               Route("/v1/completions", completions_route, methods=["POST"]),

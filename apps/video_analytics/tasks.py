@@ -1,14 +1,15 @@
-"""What a stream asks of each chunk: detection, counting, action (direction of motion) and
+"""What a stream asks of each chunk: detection, counting, action (direction of motion),
 classification (one label per chunk, e.g. which digit a camera shows, or what kind of object the
-largest one is).
+largest one is) and existence (yes / no: is there a bus?) - every task type a domain can have but
+lm's free text, each answered by its domain's head.
 
 A `TaskSpec` names the task, the objects it is about, its accuracy target (which picks the
 adapter and head from the fusion manifest, see routing.py) and its latency target. This module
 also turns a chunk's ground truth into the task's exact answer and scores a prediction against
 it; the definitions match the distillation teachers' (train/teachers/labels.py): counts and
-boxes of the queried classes in the middle frame, the direction of the largest moving object, and
-for classify the class of the largest object (the world's truth; on other footage a classify task
-is scored by its shadow teacher only).
+boxes of the queried classes in the middle frame, the direction of the largest moving object, for
+classify the class of the largest object and for exists whether any queried object is there (the
+world's truth; on other footage a task is scored by its shadow teacher only).
 
 A classify task names its domain (`manifest_key: digits`) or asks the domain's question
 (`prompt: Which digit is this?`): with a domain and no prompt it asks the question that domain's
@@ -50,13 +51,15 @@ TASKS: dict[str, TaskKind] = {
     "direction": TaskKind("label", None, "direction", 8, DIRECTIONS),
     # labels: the routed domain's (Route.labels); the world's classes when it records none
     "classify": TaskKind("label", None, "classify", 8, tuple(CLASS_SIZES)),
+    "exists": TaskKind("yes_no", ("bus",), "binary", 4),  # a binary domain: "Is there a bus?"
 }
-ALIASES = {"detection": "detect", "counting": "count", "action": "direction", "classification": "classify"}
+ALIASES = {"detection": "detect", "counting": "count", "action": "direction", "classification": "classify",
+           "binary": "exists"}
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    task: str  # detect | count | direction | classify (aliases: detection, counting, action, classification)
+    task: str  # detect | count | direction | classify | exists (aliases: detection, counting, action, ...)
     accuracy_target: float = 0.0  # the cheapest manifest adapter reaching it serves the task
     latency_ms: float | None = None  # the task's latency target (sent as the request's SLO)
     classes: tuple[str, ...] | None = None  # objects the task is about; None: the task's default
@@ -110,6 +113,8 @@ class TaskSpec:
             return f"Where are the {things}?"
         if self.task == "classify":
             return CLASSIFY_QUESTION
+        if self.task == "exists":  # the world's binary domains ask "Is there a bus?"
+            return f"Is there {_article(classes[0])}?" if classes and len(classes) == 1 else f"Are there any {things}?"
         return "Which way is the largest moving object going?"
 
     def asked(self, route: "Route | None" = None) -> str:
@@ -143,6 +148,8 @@ class TaskSpec:
                     for o in sorted(objects, key=lambda o: o.box[:2])]
         if self.task == "classify":  # the class of the largest object, as the world's class teacher answers
             return max(objects, key=lambda o: (_area(o), -o.track_id)).cls if objects else None
+        if self.task == "exists":
+            return "yes" if objects else "no"
         moving = [o for o in objects if truth.clip.directions[o.track_id] != "stationary"]
         if not moving:
             return "stationary"
@@ -158,6 +165,10 @@ class TaskSpec:
         if self.task == "count" and value is not None:
             out["abs_error"] = abs(value - truth)
         return out
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
 
 
 def _area(o: ObjectTruth) -> int:

@@ -2,8 +2,8 @@
 without a server: the baseline a route shows is the one the adapter's meta.json records (majority
 and zero-shot; "not recorded" without), flagged where the adapter is no better; the demo's online
 rows put it beside the expected accuracy; a question a domain asked routes to it whatever its
-wording suggests; a query line's own keys are its metadata; the video app's classify task reads its
-truth, question and labels."""
+wording suggests; a query line's own keys are its metadata; the video app's classify and exists
+tasks read their truth, question and labels."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_a_query_lines_own_keys_are_its_metadata(tmp_path):
     assert read_queries(write_queries([query], tmp_path / "again.jsonl")) == [query]
 
 
-def test_the_classify_task_asks_its_domains_question_and_reads_its_labels(tmp_path):
+def test_the_classify_and_exists_tasks_ask_their_domains_and_read_their_answers(tmp_path):
     from world import WorldConfig, render_clip
 
     manifest, caps = _manifest(tmp_path), ServerCaps(frozenset({"fused_0"}))
@@ -130,3 +130,8 @@ def test_the_classify_task_asks_its_domains_question_and_reads_its_labels(tmp_pa
     largest = max(objects, key=lambda o: ((o.box[2] - o.box[0]) * (o.box[3] - o.box[1]), -o.track_id))
     assert world.truth(FrameTruth(clip, 2), 64, 64) == largest.cls
     assert world.score(world.predict({"head": {"label": largest.cls}}, 64, 64), largest.cls)["correct"]
+    exists = task_from_dict({"task": "binary", "classes": [largest.cls]})  # a binary domain's task: yes / no
+    assert exists.task == "exists" and exists.key == "binary" and exists.question().startswith("Is there a")
+    assert exists.truth(FrameTruth(clip, 2), 64, 64) == "yes"
+    assert exists.score(exists.predict({"head": {"answer": "yes"}}, 64, 64), "yes")["correct"]
+    assert exists.predict({"text": "No, there is none."}, 64, 64).label == "no"

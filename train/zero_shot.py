@@ -49,7 +49,7 @@ class ZeroShot:
             raise ValueError(f"zero-shot max_new_tokens={max_new_tokens!r}: must be an int >= 1 or None")
         self.parse, self.max_new_tokens, self.batch_size = parse, max_new_tokens, batch_size
         self.log = log or sys.stderr
-        self._records: dict[str, dict] = {}  # key -> the parsed record: fusion evaluates a domain many times
+        self._records: dict[str, dict] = {}  # parsed records: fusion evaluates a domain many times
         self._base: dict[str, str] = {}  # checkpoint path -> weights fingerprint
 
     def record(self, vlm, domain) -> dict:
@@ -64,8 +64,9 @@ class ZeroShot:
             raise ValueError(f"domain {domain.info.name!r}: the eval split is empty; no zero-shot baseline")
         tokens = self.max_new_tokens or answer_budget(vlm, split["answer"])
         key, base = self._key(vlm, domain.info.name, split, tokens)
-        if key in self._records:
-            return self._records[key]
+        memo = f"{key}/{domain.info.task}"  # the same texts read for another task (a head domain's lm view)
+        if memo in self._records:
+            return self._records[memo]
         cache = Path(domain.path) / CACHE_DIR / f"{key}.json"
         texts = _read(cache)
         if texts is None or len(texts) != len(split):
@@ -78,11 +79,11 @@ class ZeroShot:
         answers = [([] if a is None else a) if info.task == "detect" else a for a in parsed]
         scores = item_scores(info.task, answers, targets)
         accuracy = f1_at_iou(answers, targets, 0.5) if info.task == "detect" else sum(scores) / len(scores)
-        self._records[key] = {
+        self._records[memo] = {
             "accuracy": float(accuracy), "n": len(texts), "unparsed": sum(a is None for a in parsed),
             "read": [a is not None for a in parsed], "scores": scores, "answers": answers, "targets": targets,
             "texts": texts, "max_new_tokens": tokens, "base": base}
-        return self._records[key]
+        return self._records[memo]
 
     def _key(self, vlm, name: str, split, tokens: int) -> tuple[str, str]:
         from adapters.base import fingerprint

@@ -66,9 +66,16 @@ def wave_sizes(max_batch_size: int) -> list[int]:
 
 
 def _picture(engine, rng: np.random.Generator, side: int, frames: int) -> dict:
-    """Noise (never the same twice, so neither the encoder cache nor the prefix cache answers it)."""
+    """Noise (never the same twice, so neither the encoder cache nor the prefix cache answers it).
+    An engine that decodes JPEG on its device (pixels=device) gets JPEG frames, as the server hands
+    it cameras' frames: the decoder's first use is part of what a cold server pays."""
     if engine.model.args.is_qwen:
-        return {"video": rng.integers(0, 256, (frames, side, side, 3), dtype=np.uint8)}
+        clip = rng.integers(0, 256, (frames, side, side, 3), dtype=np.uint8)
+        if getattr(engine.processor, "pixel_spec", None) is not None:
+            import cv2
+
+            return {"video": [cv2.imencode(".jpg", f, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes() for f in clip]}
+        return {"video": clip}
     return {"images": [rng.integers(0, 256, (side, side, 3), dtype=np.uint8)]}
 
 

@@ -62,6 +62,9 @@ def _decode_cpu(frames: list[bytes]) -> np.ndarray:
     return np.ascontiguousarray(np.stack(out))
 
 
+_DECODE_STREAMS: dict = {}  # device -> the stream nvJPEG's outputs are allocated on
+
+
 def _decode(frames: list[bytes], device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         try:
@@ -70,7 +73,21 @@ def _decode(frames: list[bytes], device: torch.device) -> torch.Tensor:
             decode_jpeg = None
         if decode_jpeg is not None:
             data = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in frames]
-            return torch.stack(decode_jpeg(data, mode=ImageReadMode.RGB, device=device)).permute(0, 2, 3, 1)
+            # torchvision allocates the outputs on the current stream but nvJPEG writes them on a stream
+            # of its own that waits for nothing: on the compute stream, a block freed by a kernel still
+            # queued there is handed out and overwritten under it (illegal memory accesses under many
+            # cameras, none with CUDA_LAUNCH_BLOCKING=1). On a stream of their own the outputs come from
+            # blocks no queued compute kernel holds; the compute stream then waits for the decode.
+            main = torch.cuda.current_stream(device)
+            side = _DECODE_STREAMS.get(device)
+            if side is None:
+                side = _DECODE_STREAMS[device] = torch.cuda.Stream(device)
+            with torch.cuda.stream(side):
+                decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)  # ends with side waiting for it
+            main.wait_stream(side)
+            for image in decoded:
+                image.record_stream(main)  # freed later from main: not reused on side before main is done
+            return torch.stack(decoded).permute(0, 2, 3, 1)
     return torch.from_numpy(_decode_cpu(frames)).to(device, non_blocking=True)
 
 

@@ -129,3 +129,17 @@ def test_the_engine_process_tells_its_front_end_when_warm(tiny_zoo, adapter):
             assert "count" in final["head"]
     finally:
         server.close()
+
+
+def test_an_engine_that_decodes_jpeg_on_its_device_warms_up_on_jpeg_frames(tiny_zoo):
+    from serve.engine.warmup import _picture
+
+    rng = np.random.default_rng(0)
+    host = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=64, max_batch_size=2, adapter_slots=0))
+    device = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=64, max_batch_size=2, adapter_slots=0,
+                                                  pixels="device", warm_up="on"))
+    assert isinstance(_picture(host, rng, 56, 2)["video"], np.ndarray)
+    frames = _picture(device, rng, 56, 2)["video"]
+    assert len(frames) == 2 and all(isinstance(f, bytes) and f[:2] == b"\xff\xd8" for f in frames)  # JPEG
+    report = device.warm_up(side=56, frames=2)
+    assert report.requests == 3 and device.runner.counters["items_encoded"] >= 3 and not device.has_unfinished()

@@ -59,17 +59,23 @@ def _flood_process(port: int, token: str, name: str, ready, stop, out) -> None:
     out.put(dict(stats))
 
 
-PARTS = ("submit_ms", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "after_ms")
+PARTS = ("submit_ms", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "pipe_ms", "after_ms")
 
 
 def _parts(total_ms: float, submit_ms: float, timing: dict) -> dict:
     """One probe's time by where it went: the submit call (the client's round trip: the gate's wait,
     frame decoding, preparation, the hand-off to the engine), inside it frame decoding and
     preparation, then the engine's queue, prefill and decode, and `after_ms`: the rest (the final
-    event's way back through the front end and the client's poll)."""
+    event's way back through the front end and the client's poll), of which `pipe_ms` is its way
+    from the engine process to the front end."""
     engine = sum(timing.get(k) or 0.0 for k in ("queue_ms", "prefill_ms", "decode_ms"))
+    server = timing.get("total_ms") or 0.0  # the front end's start of the submit to the engine's final
     return {"total_ms": total_ms, "submit_ms": submit_ms, **{k: timing.get(k) or 0.0 for k in PARTS[1:-1]},
-            "after_ms": total_ms - submit_ms - engine}
+            "after_ms": total_ms - submit_ms - engine,
+            # the hand-off in (prepared -> the engine takes it) and the way out (the engine's final,
+            # through the front end and the poll, to the client; at most this, with the submit's gate wait)
+            "handoff_ms": server - engine - (timing.get("frame_decode_ms") or 0.0) - (timing.get("preprocess_ms") or 0.0),
+            "out_ms": total_ms - server - (timing.get("pipe_ms") or 0.0)}
 
 
 def where_the_time_goes(parts: list[dict]) -> dict:
@@ -78,8 +84,8 @@ def where_the_time_goes(parts: list[dict]) -> dict:
         return {}
     tail = sorted(parts, key=lambda p: p["total_ms"])[-max(1, len(parts) // 10):]
     mean = lambda rows, k: round(sum(r[k] for r in rows) / len(rows), 2)  # noqa: E731
-    return {"all": {k: mean(parts, k) for k in ("total_ms", *PARTS)},
-            "tail": {k: mean(tail, k) for k in ("total_ms", *PARTS)}}
+    keys = ("total_ms", *PARTS, "handoff_ms", "out_ms")
+    return {"all": {k: mean(parts, k) for k in keys}, "tail": {k: mean(tail, k) for k in keys}}
 
 
 def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,

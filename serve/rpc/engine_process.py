@@ -207,7 +207,7 @@ class EngineProcess(WarmState):
             if kind == "event":
                 _, request_id, event = message
                 if event["type"] in ("final", "error"):
-                    self._finish(request_id, event)
+                    self._finish(request_id, event, time.perf_counter())
                 else:
                     ticket = self._tickets.get(request_id)
                     if ticket is not None:
@@ -226,10 +226,14 @@ class EngineProcess(WarmState):
                 self.warmed(message[1])
         self._died()
 
-    def _finish(self, request_id: str, event: dict) -> None:
+    def _finish(self, request_id: str, event: dict, arrived: float | None = None) -> None:
         with self._lock:
             ticket = self._tickets.pop(request_id, None)
         if ticket is not None:
+            timing = event.get("timing")
+            if arrived is not None and timing and timing.get("total_ms") is not None:
+                # the final's way from the engine's step loop to here (one clock for both processes)
+                timing["pipe_ms"] = round((arrived - ticket.submitted) * 1e3 - timing["total_ms"], 3)
             ticket.put(event)
 
     def _died(self) -> None:

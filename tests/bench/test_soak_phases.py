@@ -1,5 +1,6 @@
 """The soak's chosen phases (`bench.soak.phases`) and each flood's account of where the victim's time
-went, against a real `vlora serve` on CPU. Times are not asserted (a shared machine's noise would
+went (the final event's `timing.pipe_ms` among it: its way from the engine process to the front end),
+against a real `vlora serve` on CPU. Times are not asserted (a shared machine's noise would
 decide them), only that the parts are there and add up."""
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def test_only_the_chosen_phases_run_and_each_flood_says_where_the_time_went(tiny
         assert flood["probe"]["n"] > 0, name
         for rows in ("all", "tail"):
             where = flood["where"][rows]
-            assert set(where) == {"total_ms", *PARTS}
+            assert set(where) == {"total_ms", *PARTS, "handoff_ms", "out_ms"}
             assert where["queue_ms"] + where["prefill_ms"] + where["decode_ms"] > 0
+            assert where["pipe_ms"] > 0  # the final's way from the engine process, measured by the front end
             spent = sum(where[k] for k in ("submit_ms", "queue_ms", "prefill_ms", "decode_ms", "after_ms"))
             assert spent == pytest.approx(where["total_ms"], abs=0.1), (name, rows, where)

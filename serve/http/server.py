@@ -59,8 +59,10 @@ class HttpServer:
         self._socket.bind((config.host, config.port or 0))
         self._socket.listen(1024)
         self.host, self.port = config.host, self._socket.getsockname()[1]
-        # httptools when installed (uvicorn[standard]); h11 otherwise. No access log: one line a request
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+        # h11, not httptools: h11 refuses 16 KiB of headers still incomplete, httptools (llhttp) read
+        # headers of any size. No access log: one line a request
+        self._server = uvicorn.Server(uvicorn.Config(app, http="h11", log_level="warning", access_log=False,
+                                                     lifespan="off",
                                                      timeout_keep_alive=int(max(1, config.keep_alive_s)),
                                                      # connections and tasks, a backstop: the JSON 503 is ConcurrencyLimit's
                                                      limit_concurrency=config.max_concurrent * 2 + 64,

@@ -137,6 +137,9 @@ def test_each_key_sees_and_uses_its_own_adapters(setup):
                     "b": sorted([NAME, "shared"])}
     listed = {m.id: m for m in _openai(setup, "a").models.list()}
     assert listed["shared"].model_extra["vlora"]["heads"] == {"vehicles": "count"}
+    assert _openai(setup, "a").models.retrieve("mine").owned_by == "a"
+    with pytest.raises(openai.NotFoundError):
+        _openai(setup, "b").models.retrieve("mine")
     assert _openai(setup, "a").chat.completions.create(model="mine", messages=_user(), max_tokens=2).choices
     with pytest.raises(openai.NotFoundError, match="no model 'mine'"):  # a's adapter is not b's
         _openai(setup, "b").chat.completions.create(model="mine", messages=_user(), max_tokens=2)

@@ -1,0 +1,32 @@
+"""The streams suite's point over HTTP (bench/streams_http.py), on the tiny model: the cameras' process
+sends its chunks as video frames through the OpenAI-compatible API, every chunk is answered, the row
+is the RPyC point's with the server's timing filled in, and a job with `transport = "http"` takes
+this path from bench.streams_load.run_point."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+
+def test_a_streams_point_over_http(tiny_zoo):
+    from bench.streams import StreamsBenchJob
+    from bench.streams_load import run_point
+    from serve import Engine, EngineConfig
+
+    engine = Engine(tiny_zoo["qwen2_vl_tiny"], EngineConfig(device="cpu", num_kv_blocks=96))
+    job = StreamsBenchJob(model="qwen2_vl_tiny", device="cpu", image_size=56, frames_per_chunk=2, answer_tokens=2,
+                          seconds=1.0, warmup_s=0.0, drain_s=20.0, target_ms=20_000.0, modes=("generate",),
+                          engine_only=False, hf_baseline=False)
+    job.transport = "http"  # what a `transport` option of the suite would set
+    chunks = [np.random.default_rng(i).integers(0, 256, (2, 56, 56, 3), dtype=np.uint8) for i in range(2)]
+    row = run_point(engine, job, "generate", 2, chunks, ["base"])  # "base": the HTTP server's base model id
+    assert row["transport"] == "http" and row["errors"] == 0, row["error_kinds"]
+    assert row["sent"] == row["done"] == 2 and row["unfinished"] == 0 and row["settled"]
+    assert not math.isnan(row["frame_decode_ms"]) and not math.isnan(row["prefill_ms"])  # vlora.timing

@@ -50,6 +50,9 @@ COMMANDS = {
 }
 
 
+# the long offline commands: where stderr is not a terminal, its progress bars arrive as lines
+LINES_ON_STDERR = frozenset({"zoo", "world", "teachers", "distill", "pretrain", "train", "fusion", "offline"})
+
 # plain commands (argparse, no Hydra): subcommand -> (module with main(argv) -> exit status, help)
 PLAIN = {"tenants": ("vlora.commands.tenants", "the server's tenants file: add a tenant (prints its token), list")}
 
@@ -78,7 +81,13 @@ def main(argv: list[str] | None = None) -> None:
 
     run = importlib.import_module(module_name).run
     sys.argv = [f"vlora-{name}", *rest]  # Hydra parses sys.argv
-    hydra_entry(config_name, run)()
+    if name not in LINES_ON_STDERR:
+        hydra_entry(config_name, run)()
+        return
+    from .commands.capture import StderrLines
+
+    with StderrLines():  # stderr to a file: progress bars become lines (a terminal sees them as ever)
+        hydra_entry(config_name, run)()
 
 
 if __name__ == "__main__":

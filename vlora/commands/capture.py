@@ -12,11 +12,19 @@ ANSI escape codes removed, a line rewritten by carriage returns kept at its last
 progress bar of a thousand updates is one line, not one line of a thousand states; one that runs
 for minutes also leaves its state every PROGRESS_EVERY_S). verbose:
 the console also gets every byte, as it came.
+
+A command that is also a stage of another (`vlora offline` inside `vlora demo`) opens its capture
+through `command_stages`: alone it captures to its own log; inside another capture its stage lines
+and output go to that one, as before.
+
+    with command_stages("offline", out / "offline.log", verbose) as say:
+        say("[offline 1/3] teachers and distilled datasets")
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
 import sys
@@ -66,6 +74,8 @@ class TerminalLines:
 
 
 class CapturedOutput:
+    active = 0  # captures open in this process: a command run inside one writes to it
+
     def __init__(self, log_path: str | Path, verbose: bool = False, progress_every_s: float = PROGRESS_EVERY_S):
         self.log_path = Path(log_path)
         self.verbose = verbose
@@ -78,6 +88,7 @@ class CapturedOutput:
         _flush_std()
         self._saved = {fd: os.dup(fd) for fd in (1, 2)}
         self._console = self._saved[2]
+        self._console_is_terminal = os.isatty(self._console)
         read_fd, write_fd = os.pipe()
         for fd in (1, 2):
             os.dup2(write_fd, fd)
@@ -90,6 +101,7 @@ class CapturedOutput:
                                   for fd in (1, 2))
         self._pump = threading.Thread(target=self._pump_lines, name="captured-output", daemon=True)
         self._pump.start()
+        CapturedOutput.active += 1
         return self
 
     def say(self, line: str) -> None:
@@ -102,6 +114,7 @@ class CapturedOutput:
         _write_all(2, data)
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        CapturedOutput.active -= 1
         _flush_std()
         ours, (sys.stdout, sys.stderr) = (sys.stdout, sys.stderr), self._streams
         for stream in ours:
@@ -130,7 +143,7 @@ class CapturedOutput:
             data = os.read(self._read_fd, 65536)
             if not data:
                 break
-            if self.verbose:
+            if self.verbose and self._console_is_terminal:
                 _write_all(self._console, data)
             done = lines.feed(data)
             if not done and time.monotonic() - last >= self.progress_every_s:
@@ -140,15 +153,96 @@ class CapturedOutput:
                 last = time.monotonic()
         self._write(lines.close())
 
+    def _tee_lines(self, lines: list[str]) -> None:
+        """verbose, to a console that is a file or a pipe: the log's clean lines, not the raw bytes"""
+        if self.verbose and not self._console_is_terminal and lines:
+            try:
+                _write_all(self._console, "".join(line + "\n" for line in lines).encode())
+            except OSError:
+                pass
+
     def _write(self, lines: list[str]) -> None:
         if not lines:
             return
+        self._tee_lines(lines)
         with self._lock:
             try:
                 self._log.write("".join(line + "\n" for line in lines))
                 self._log.flush()  # a user may follow the log while the run goes on
             except (OSError, ValueError):  # a full disk or a closed log must not stop the pump: writers would block
                 pass
+
+
+@contextlib.contextmanager
+def command_stages(name: str, log_path: str | Path, verbose: bool = False):
+    """say(line) for a command's stage lines (see the module docstring): alone, the command's
+    output goes to `log_path` and the console gets the stage lines (verbose: everything too)."""
+    if CapturedOutput.active:
+        yield lambda line: print(line, file=sys.stderr, flush=True)
+        return
+    with CapturedOutput(log_path, verbose=verbose) as captured:
+        captured.say(f"[{name}] output of every stage: {log_path}")
+        yield captured.say
+
+
+class StderrLines:
+    """While on, and only where stderr is not a terminal (a log file, a pipe): what reaches file
+    descriptor 2 (progress bars of torch, transformers or ultralytics, child processes) arrives
+    there as the lines a terminal would end up showing, a line rewritten by carriage returns at
+    most every `every_s` seconds, instead of one huge line of every state. On a terminal, or
+    inside a capture (which cleans its log the same way), it does nothing.
+
+        with StderrLines():
+            hydra_entry("distill", run)()
+    """
+
+    def __init__(self, every_s: float = PROGRESS_EVERY_S):
+        self.every_s = every_s
+        self.on = False
+
+    def __enter__(self) -> "StderrLines":
+        if CapturedOutput.active or os.isatty(2):
+            return self
+        _flush_std()
+        self._saved = os.dup(2)
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        self._read_fd, self.on = read_fd, True
+        self._pump = threading.Thread(target=self._pump_lines, name="stderr-lines", daemon=True)
+        self._pump.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.on:
+            return
+        _flush_std()
+        os.dup2(self._saved, 2)  # the pump ends at the pipe's end (a child that outlived the run may hold it)
+        self._pump.join(timeout=10)
+        if not self._pump.is_alive():
+            os.close(self._read_fd)
+            os.close(self._saved)
+        self.on = False
+
+    def _pump_lines(self) -> None:
+        lines, last = TerminalLines(), time.monotonic()
+        while True:
+            data = os.read(self._read_fd, 65536)
+            if not data:
+                break
+            done = lines.feed(data)
+            if not done and lines.progress() and time.monotonic() - last >= self.every_s:
+                done = [lines.progress()]
+            if done:
+                self._out(done)
+                last = time.monotonic()
+        self._out(lines.close())
+
+    def _out(self, done: list[str]) -> None:
+        try:
+            _write_all(self._saved, "".join(line + "\n" for line in done).encode())
+        except OSError:
+            pass  # stderr's file went away: writers must not block on a full pipe
 
 
 def _flush_std() -> None:

@@ -3,6 +3,9 @@
 Trains the YOLO detector, fits the scikit-learn and torch classifiers (each cached under
 ${paths.home}/teachers/<name>/ with its held-out metrics in teacher.json), then prints a table
 and writes ${paths.home}/teachers/report.json. A second run reuses every cached teacher.
+What the training writes (ultralytics' logger and progress, the classifiers' epochs) goes to
+${paths.home}/teachers/teachers.log; the console gets one line per teacher, then the table
+(`verbose=true`: everything on the console too).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from train.teachers import BUILTIN, TRAINED, TeacherSettings, build_teacher
 
+from .capture import command_stages
 from .table import format_table
 
 
@@ -43,10 +47,13 @@ def run(cfg: DictConfig) -> list[dict]:
     if bad:
         raise ValueError(f"build lists {bad}; the teachers `vlora teachers` trains are {list(TRAINED)}")
     rows = []
-    for name in names:
-        start = time.perf_counter()
-        build_teacher(name, settings, sys.stderr)
-        rows.append(_summary(name, settings, time.perf_counter() - start))
+    with command_stages("teachers", Path(settings.dir) / "teachers.log", bool(cfg.get("verbose", False))) as say:
+        for i, name in enumerate(names, 1):
+            say(f"[teachers {i}/{len(names)}] {name} ({BUILTIN[name]}): trained once, then reused from "
+                f"{Path(settings.dir) / name}")
+            start = time.perf_counter()
+            build_teacher(name, settings, sys.stderr)
+            rows.append(_summary(name, settings, time.perf_counter() - start))
     report = Path(settings.dir) / "report.json"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps(rows, indent=2) + "\n")

@@ -30,6 +30,9 @@ class EngineConfig:
     # prompt tokens per step while some request is decoding (None: all of max_tokens_per_step): caps
     # how long each generated token waits behind other requests' prefill (video chunks: ~800 each)
     max_prefill_with_decode: int | None = None
+    # while tenants share a step, one over its share of the batch carries at most the others' tokens
+    # per weight (serve/engine/tenancy.py step_caps); False: the step is work-conserving
+    tenant_step_cap: bool = True
     enable_prefix_cache: bool = True
     encoder_cache_items: int = 64  # vision-encoder outputs kept by image hash (0 = off)
     max_vision_batch: int = 64  # images / clips / frame groups per vision-tower call (one packed pass each)

@@ -121,3 +121,15 @@ def test_weights_set_the_cap_and_the_cap_can_be_turned_off():
     while victim.finish_reason is None:
         steps.append(_tokens(_step(s)))
     assert any(t["flood"] > max(1, t["victim"]) for t in steps if t["victim"]), "off: the flood decodes as before"
+
+
+def test_the_serve_key_reaches_the_engines_scheduler(tiny_zoo):
+    from omegaconf import OmegaConf
+
+    from serve import Engine, EngineConfig
+    from vlora.config import compose
+
+    values = OmegaConf.to_container(compose("serve", ["engine.tenant_step_cap=false"]).engine, resolve=True)
+    config = EngineConfig.from_dict({**values, "device": "cpu", "num_kv_blocks": 32})
+    assert config.tenant_step_cap is False
+    assert Engine(tiny_zoo["qwen2_vl_tiny"], config).scheduler.config.tenant_step_cap is False

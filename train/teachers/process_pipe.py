@@ -4,6 +4,7 @@ the worker was asked and the end of its stderr."""
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import os
 import select
@@ -17,10 +18,11 @@ from typing import Sequence
 import numpy as np
 
 from .base import TeacherError
-from .process_worker import HEADER, pack_message, payload_sizes
+from .process_worker import HEADER, message_parts, payload_sizes
 
 WORKER = Path(__file__).with_name("process_worker.py")
 STDERR_TAIL = 30  # lines of the worker's stderr an error shows
+PIPE_BYTES = 1 << 20  # the pipes' buffer (Linux's default limit for one process): 64 KiB by default
 
 
 class ProcessTeacherError(TeacherError):
@@ -45,6 +47,11 @@ class Worker:
         self.failed: str | None = None
         threading.Thread(target=self._read_stderr, name="teacher-worker-stderr", daemon=True).start()
         os.set_blocking(self.proc.stdin.fileno(), False)
+        for pipe in (self.proc.stdin, self.proc.stdout):  # frames are megabytes: fewer, larger writes
+            try:
+                fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+            except OSError:
+                pass  # not Linux, or above the system's limit: the default size works, more slowly
 
     def _read_stderr(self) -> None:
         for raw in iter(self.proc.stderr.readline, b""):
@@ -56,7 +63,7 @@ class Worker:
                 raise ProcessTeacherError(self.failed)
             deadline = time.monotonic() + timeout_s
             try:
-                self._send(pack_message(header, arrays), deadline)
+                self._send(message_parts(header, arrays), deadline)
                 head = json.loads(self._recv(self._recv(HEADER.size, deadline, True), deadline))
                 arrays = [np.frombuffer(self._recv(n, deadline), dtype=a["dtype"]).reshape(a["shape"])
                           for a, n in zip(head.get("arrays", []), payload_sizes(head))]
@@ -79,15 +86,17 @@ class Worker:
         tail = "\n".join(f"  | {line}" for line in self.tail) or "  | (nothing)"
         return f"{self.what} in {self.python}: the worker {why}; its stderr ends:\n{tail}"
 
-    def _send(self, data: bytes, deadline: float) -> None:
-        fd, view = self.proc.stdin.fileno(), memoryview(data)
-        while view:
-            if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
-                raise TimeoutError
-            try:
-                view = view[os.write(fd, view):]
-            except BlockingIOError:
-                continue
+    def _send(self, parts: list, deadline: float) -> None:
+        fd = self.proc.stdin.fileno()
+        for part in parts:
+            view = memoryview(part)
+            while view:
+                if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+                    raise TimeoutError
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    continue
 
     def _recv(self, n: int, deadline: float, header: bool = False):
         fd, chunks, left = self.proc.stdout.fileno(), [], n
@@ -121,7 +130,7 @@ class Worker:
         if self.proc.poll() is None and not self.failed:
             try:
                 with self.lock:
-                    self._send(pack_message({"op": "bye"}), time.monotonic() + 5.0)
+                    self._send(message_parts({"op": "bye"}), time.monotonic() + 5.0)
             except (TimeoutError, OSError):
                 pass
             self._wait(5.0)

@@ -37,12 +37,18 @@ METHODS = ("detect", "count", "classify", "exists", "direction", "__call__")
 HEADER = struct.Struct(">I")
 
 
-def pack_message(header, arrays=()):
-    """One message: the header with each array's shape and dtype, then the arrays' bytes."""
+def message_parts(header, arrays=()):
+    """One message as buffers to write in turn: the length, the header with each array's shape and
+    dtype, then each array's bytes (views, not copies: a batch of frames is megabytes)."""
     arrays = [np.ascontiguousarray(a) for a in arrays]
     header = dict(header, arrays=[{"shape": list(a.shape), "dtype": a.dtype.str} for a in arrays])
     head = json.dumps(header).encode("utf-8")
-    return b"".join([HEADER.pack(len(head)), head] + [a.tobytes() for a in arrays])
+    return [HEADER.pack(len(head)), head] + [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays if a.size]
+
+
+def pack_message(header, arrays=()):
+    """One message as one bytes object."""
+    return b"".join(message_parts(header, arrays))
 
 
 def payload_sizes(header):
@@ -63,7 +69,8 @@ def read_message(stream):
     header = json.loads(read_exact(stream, size).decode("utf-8"))
     arrays = []
     for spec, nbytes in zip(header.get("arrays", []), payload_sizes(header)):
-        buf = bytearray(read_exact(stream, nbytes)) if nbytes else bytearray()
+        buf = bytearray(nbytes)
+        stream.readinto_exact(memoryview(buf))
         arrays.append(np.frombuffer(buf, dtype=np.dtype(spec["dtype"])).reshape(spec["shape"]))
     return header, arrays
 
@@ -198,14 +205,22 @@ class _Buffered:
         self.raw = raw
 
     def read(self, n):
-        chunks, left = [], n
-        while left:
-            data = self.raw.read(min(left, 1 << 20))
-            if not data:
+        buf = bytearray(n)
+        got = self._readinto(memoryview(buf))
+        return bytes(buf[:got])
+
+    def readinto_exact(self, view):
+        if self._readinto(view) < len(view):
+            raise EOFError("the parent closed the pipe")
+
+    def _readinto(self, view):
+        got = 0
+        while got < len(view):
+            k = self.raw.readinto(view[got:])
+            if not k:
                 break
-            chunks.append(data)
-            left -= len(data)
-        return b"".join(chunks)
+            got += k
+        return got
 
 
 if __name__ == "__main__":

@@ -196,10 +196,13 @@ class Scheduler:
 
     def _fits(self, seq: Sequence) -> bool:
         """Whether a waiting sequence's first chunk gets its blocks this step, after a block for each
-        running sequence that grows into a new one."""
+        running sequence that grows into a new one. A chunk of more than half the cache counts as
+        fitting: nothing is preempted for it (it waits for blocks as before)."""
         cfg, bm = self.config, self.block_manager
         cached = bm.num_cached_tokens(seq)
         chunk = min(seq.num_tokens - cached, cfg.max_tokens_per_step, cfg.max_prefill_with_decode or cfg.max_tokens_per_step)
+        if bm.blocks_for(cached + chunk) - bm.blocks_for(cached) > bm.num_blocks // 2:
+            return True
         growth = sum(bm.blocks_for(s.num_computed_tokens + 1) > len(s.block_table) for s in self.running)
         return bm.can_allocate(seq, cached + max(chunk, 1) + growth * bm.block_size)
 

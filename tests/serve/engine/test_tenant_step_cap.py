@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from serve.engine.block_manager import BlockManager
-from serve.engine.scheduler import FairShare, Scheduler, SchedulerConfig
+from serve.engine.scheduler import FairShare, Scheduler, SchedulerConfig, StepPlan
 from serve.engine.sequence import Sequence
 from serve.engine.tenancy import step_caps
 
@@ -133,3 +133,13 @@ def test_the_serve_key_reaches_the_engines_scheduler(tiny_zoo):
     config = EngineConfig.from_dict({**values, "device": "cpu", "num_kv_blocks": 32})
     assert config.tenant_step_cap is False
     assert Engine(tiny_zoo["qwen2_vl_tiny"], config).scheduler.config.tenant_step_cap is False
+
+
+def test_a_newcomer_whose_first_chunk_needs_over_half_the_cache_preempts_no_one():
+    s = _sched()
+    _long_flood(s)
+    running = len(s.running)
+    s.add(_seq("victim", n_prompt=16 * 30, max_tokens=2))  # 30 of the 48 blocks
+    before = s.num_preemptions
+    assert s._make_room(StepPlan()) == []
+    assert s.num_preemptions == before and len(s.running) == running

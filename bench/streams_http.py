@@ -28,15 +28,13 @@ from collections import Counter
 
 import numpy as np
 
-from .streams_load import HEAD_TASK, TIMING_KEYS, _log, _row, _settle, _stamped, _steps
+from .streams_load import HEAD_TASK, TIMING_KEYS, _log, _row, _settle, _stamped, _steps, run_cameras
 
 
 def run_http_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters: list[str],
                    seconds: float | None = None, cold: bool = False) -> dict:
     """bench.streams_load.run_point over HTTP: n streams against a fresh server on loopback."""
     import dataclasses
-    import multiprocessing
-    import queue
     from types import SimpleNamespace
 
     from serve.http import HttpConfig, HttpServer
@@ -53,25 +51,9 @@ def run_http_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], ada
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=8).start()
     http = HttpServer(server.state, HttpConfig(port=0, max_concurrent=max(256, 8 * n)), "base").start()
     _log(f"{'warm-up ' if warm_up else ''}http mode={mode} streams={n}: {first + measured} chunks each")
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
     plain = SimpleNamespace(**dataclasses.asdict(job))
-    cameras = ctx.Process(target=_http_cameras, args=(plain, mode, n, http.port, token, chunks, adapters, first,
-                                                      first + measured, results), name="cameras", daemon=True)
-    cameras.start()
-    deadline = time.monotonic() + first + measured + job.drain_s + 120
-    try:
-        while True:
-            try:
-                records, errors, t0 = results.get(timeout=1.0)
-                break
-            except queue.Empty:
-                if not cameras.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError(f"the camera process ended without results (exit code {cameras.exitcode})")
-    finally:
-        cameras.join(timeout=30)
-        if cameras.is_alive():
-            cameras.kill()
+    records, errors, t0 = run_cameras(_http_cameras, (plain, mode, n, http.port, token, chunks, adapters, first,
+                                                      first + measured), first + measured + job.drain_s + 120)
     settled = _settle(server)
     http.close()
     server.close()

@@ -51,8 +51,6 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     server's process their encoding and polling would take the server's interpreter lock, and past
     capacity (more chunks pending, more polls) starve the engine loop itself."""
     import dataclasses
-    import multiprocessing
-    import queue
     from types import SimpleNamespace
 
     from serve.rpc import Limits, RpcServer
@@ -70,25 +68,9 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8).start()
     label = "warm-up " if warm_up else "cold " if cold else ""
     _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
     plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
-    cameras = ctx.Process(target=_cameras, args=(plain, mode, n, server.port, token, chunks, adapters, first,
-                                                 first + measured, results), name="cameras", daemon=True)
-    cameras.start()
-    deadline = time.monotonic() + first + measured + job.drain_s + 120
-    try:
-        while True:
-            try:
-                records, errors, t0 = results.get(timeout=1.0)
-                break
-            except queue.Empty:
-                if not cameras.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError(f"the camera process ended without results (exit code {cameras.exitcode})")
-    finally:
-        cameras.join(timeout=30)
-        if cameras.is_alive():
-            cameras.kill()
+    records, errors, t0 = run_cameras(_cameras, (plain, mode, n, server.port, token, chunks, adapters, first,
+                                                 first + measured), first + measured + job.drain_s + 120)
     settled = _settle(server)
     server.close()
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
@@ -97,6 +79,30 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
     return row
+
+
+def run_cameras(target, args: tuple, timeout_s: float) -> tuple:
+    """Runs target(*args, results) in a spawned camera process; returns what it puts on results
+    ((records, errors, t0)), or raises when it ends without or runs past timeout_s."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    cameras = ctx.Process(target=target, args=(*args, results), name="cameras", daemon=True)
+    cameras.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                if not cameras.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"the camera process ended without results (exit code {cameras.exitcode})")
+    finally:
+        cameras.join(timeout=30)
+        if cameras.is_alive():
+            cameras.kill()
 
 
 def _cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np.ndarray], adapters: list[str],

@@ -1,6 +1,6 @@
 """The soak's fairness floods: an attacker tenant loads the server in one of several ways while a
-victim tenant sends single requests one after another; the victim's p95 over its unloaded p95 is
-the fairness ratio (target: 2x).
+victim tenant sends single requests one after another; the victim's p95 over its unloaded p95
+(measured right before each flood) is the fairness ratio (target: 2x).
 
 The flood runs in a process of its own, so that its client threads do not compete with the
 victim's client for one interpreter: what is measured is the server, not the soak's own process.
@@ -88,34 +88,49 @@ def where_the_time_goes(parts: list[dict]) -> dict:
     return {"all": {k: mean(parts, k) for k in keys}, "tail": {k: mean(tail, k) for k in keys}}
 
 
-def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
-                 unloaded_p95_ms: float, max_ratio: float) -> dict:
-    """One phase per flood in `names`, one after another; each returns the victim's latency and ratio."""
+def _probe(port: int, victim: str, probes: int, probe_tokens: int, seconds: float) -> tuple[list, list, Counter]:
+    """The victim's single requests one after another: (latencies ms, their parts, errors by kind)."""
     from serve.rpc import Client, ServerError
 
+    latencies, parts, errors = [], [], Counter()
+    end = time.monotonic() + seconds
+    with Client("127.0.0.1", port, victim) as client:
+        while len(latencies) < probes and time.monotonic() < end:
+            start = time.perf_counter()
+            try:
+                stream = client.submit_image("How many cars?", [FRAME], sampling={
+                    "max_tokens": probe_tokens, "ignore_eos": True})
+                submitted = time.perf_counter()
+                final = stream.result(max(5.0, end - time.monotonic() + 30))
+                latencies.append((time.perf_counter() - start) * 1e3)
+                parts.append(_parts(latencies[-1], (submitted - start) * 1e3, final.get("timing") or {}))
+            except (ServerError, TimeoutError) as e:
+                errors[getattr(e, "kind", type(e).__name__)] += 1
+    return latencies, parts, errors
+
+
+def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
+                 unloaded_p95_ms: float, max_ratio: float) -> dict:
+    """One phase per flood in `names`, one after another; each returns the victim's latency and ratio.
+
+    Right before each flood the victim's probes run alone (`quiet`): the ratio is the flood's p95
+    over that p95, measured under the same conditions of the machine. On a machine shared with other
+    work the soak's baseline, minutes earlier, can sit at half or twice the floor of the moment
+    (12 vs 24 ms p95 in two runs three minutes apart on 2 shared cores); `ratio_to_baseline` keeps
+    the ratio to it as well."""
     ctx = mp.get_context("spawn")
     out: dict = {}
     for name in names:
+        quiet_latencies, quiet_parts, _ = _probe(port, victim, probes, probe_tokens, seconds)
+        quiet = latency_summary(quiet_latencies) if quiet_latencies else None
         ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
         proc = ctx.Process(target=_flood_process, args=(port, attacker, name, ready, stop, queue), daemon=True)
         proc.start()
-        latencies, errors, parts = [], Counter(), []
+        latencies, parts, errors = [], [], Counter()
         try:
             ready.wait(60)
             time.sleep(min(2.0, seconds / 4))  # the flood's queues fill first
-            end = time.monotonic() + seconds
-            with Client("127.0.0.1", port, victim) as client:
-                while len(latencies) < probes and time.monotonic() < end:
-                    start = time.perf_counter()
-                    try:
-                        stream = client.submit_image("How many cars?", [FRAME], sampling={
-                            "max_tokens": probe_tokens, "ignore_eos": True})
-                        submitted = time.perf_counter()
-                        final = stream.result(max(5.0, end - time.monotonic() + 30))
-                        latencies.append((time.perf_counter() - start) * 1e3)
-                        parts.append(_parts(latencies[-1], (submitted - start) * 1e3, final.get("timing") or {}))
-                    except (ServerError, TimeoutError) as e:
-                        errors[getattr(e, "kind", type(e).__name__)] += 1
+            latencies, parts, errors = _probe(port, victim, probes, probe_tokens, seconds)
         finally:
             stop.set()
             try:
@@ -126,10 +141,13 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
             if proc.is_alive():
                 proc.kill()
         probe = latency_summary(latencies) if latencies else None
-        ratio = None if probe is None else round(probe["p95_ms"] / unloaded_p95_ms, 2)
+        reference = quiet["p95_ms"] if quiet is not None else unloaded_p95_ms
+        ratio = None if probe is None else round(probe["p95_ms"] / reference, 2)
         out[name] = {"actions": sum(v for k, v in flood.items() if k in ("submitted", "calls")) + len(latencies),
-                     "flood": flood, "probe": probe, "victim_errors": dict(errors), "unloaded_p95_ms": unloaded_p95_ms,
-                     "ratio": ratio, "max_ratio": max_ratio, "where": where_the_time_goes(parts),
+                     "flood": flood, "probe": probe, "victim_errors": dict(errors), "quiet": quiet,
+                     "unloaded_p95_ms": unloaded_p95_ms, "ratio": ratio, "max_ratio": max_ratio,
+                     "ratio_to_baseline": None if probe is None else round(probe["p95_ms"] / unloaded_p95_ms, 2),
+                     "where": where_the_time_goes(parts), "where_quiet": where_the_time_goes(quiet_parts),
                      "ok": ratio is not None and not errors and ratio <= max_ratio}
         time.sleep(1.0)  # what the flood left queued drains (its connections closed: aborted)
     return out

@@ -29,7 +29,8 @@ def test_only_the_chosen_phases_run_and_each_flood_says_where_the_time_went(tiny
     report = json.loads((tmp_path / "cpu" / "soak.json").read_text())
     assert list(report["phases"]) == ["floods"]
     for name, flood in report["phases"]["floods"]["by_flood"].items():
-        assert flood["probe"]["n"] > 0, name
+        assert flood["probe"]["n"] > 0 and flood["quiet"]["n"] > 0, name  # the flood's probes and the quiet ones before
+        assert flood["ratio"] == round(flood["probe"]["p95_ms"] / flood["quiet"]["p95_ms"], 2)
         for rows in ("all", "tail"):
             where = flood["where"][rows]
             assert set(where) == {"total_ms", *PARTS, "handoff_ms", "out_ms"}

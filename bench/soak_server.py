@@ -38,6 +38,19 @@ class ServerUnderTest:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         self.port = self._wait_listening(start_timeout_s)
+        self._wait_ready(start_timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """On a GPU the server listens while it warms its engine up (engine.warm_up=auto) and refuses
+        submissions until then: the soak's baseline waits for it, or it would measure refusals."""
+        from serve.rpc import Client
+
+        try:
+            with Client("127.0.0.1", self.port, self.token) as client:
+                client.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
 
     def _wait_listening(self, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s

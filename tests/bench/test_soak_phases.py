@@ -21,12 +21,16 @@ def test_a_misspelt_phase_is_refused_before_a_server_starts(tmp_path):
     assert not (tmp_path / "cpu").exists()
 
 
-def test_only_the_chosen_phases_run_and_each_flood_says_where_the_time_went(tiny_zoo, tmp_path):
+def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_says_where_the_time_went(
+        tiny_zoo, tmp_path):
     cfg = compose("bench", ["bench.suite=soak", "bench.soak.preset=quick", "+bench.soak.phases=[floods]",
                             "bench.soak.quick.floods=[none]", f"bench.soak.checkpoint={tiny_zoo['qwen2_vl_tiny']}",
+                            # a server that warms up first, as on a GPU: it refuses work until ready
+                            "bench.soak.server_overrides=['engine.warm_up=on']",
                             f"bench.out_dir={tmp_path}"])
     run(cfg)
     report = json.loads((tmp_path / "cpu" / "soak.json").read_text())
+    assert "error" not in report["baseline"] and report["baseline"]["latency"]["n"] > 0, report["baseline"]
     assert list(report["phases"]) == ["floods"]
     for name, flood in report["phases"]["floods"]["by_flood"].items():
         assert flood["probe"]["n"] > 0 and flood["quiet"]["n"] > 0, name  # the flood's probes and the quiet ones before

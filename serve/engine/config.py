@@ -75,6 +75,10 @@ class EngineConfig:
     # matmul runs, leaving the chain of dependent kernels (kernels.add_lora_beside). Off: at batch
     # 32 it measured within the run-to-run spread of the plain order (results/kernels/mix_keyed_h100/)
     lora_overlap_shrink: bool = False
+    # slots for the vision tower's projections (serve/lora/tower.py): adapters trained with
+    # train_vision_tower are served; off saves their share of the pool (7B, rank 64: ~84 MB a slot)
+    # and such adapters are refused at load
+    tower_lora: bool = True
     adapters: tuple[str, ...] = ()  # PEFT directories loaded at start: "path" (named after its folder) or "name=path"
     adapter_manifest: str | None = None  # a fusion manifest (file or folder) whose adapters load at start
     pinned_adapters: tuple[str, ...] = ()  # names kept resident once loaded

@@ -114,7 +114,8 @@ class Engine:
         self.lora = None  # the pool is allocated before the K/V cache is sized from what is left
         if config.adapter_slots > 0:
             pool = PoolConfig(config.adapter_slots, config.host_adapter_cache, config.max_lora_rank,
-                              config.lora_targets, config.lora_backend, config.lora_overlap_shrink)
+                              config.lora_targets, config.lora_backend, config.lora_overlap_shrink,
+                              tower=config.tower_lora)
             # adapters recording another base model are refused (adapters.base)
             self.lora = AdapterManager(self.model, pool, self.dtype, self.device, base_identity(self.checkpoint))
             self.lora.enable_modes(config.switch_method)  # restack weights before graphs capture them

@@ -160,6 +160,12 @@ def test_an_adapter_of_the_merger_is_refused_and_the_tower_can_be_left_unserved(
                            torch.device("cpu"))
     with pytest.raises(AdapterLoadError, match="this model's tower takes no LoRA"):
         plain.load("tower", tower_adapters[name]["tower"])
+    # the engine's switch (engine.tower_lora in conf/serve.yaml): no tower slots, such adapters refused
+    off = Engine(tiny_zoo[name], EngineConfig(device="cpu", num_kv_blocks=32, adapter_slots=2, max_lora_rank=16,
+                                              tower_lora=False))
+    assert not any(kind.startswith("tower.") for kind in off.lora.pool.kinds)
+    with pytest.raises(AdapterLoadError, match="this model's tower takes no LoRA"):
+        off.load_adapter("tower", tower_adapters[name]["tower"])
 
 
 

@@ -106,9 +106,7 @@ class VLoRAService(AdapterCalls, rpyc.Service):
 
     def _submit(self, kind: str, spec_json, blobs) -> str:
         tenant = self._who()
-        warming = getattr(self.state.loop, "refuse_if_warming", None)
-        if warming is not None:  # before any frame is decoded: a cold engine takes no work (serve.rpc.warming)
-            warming()
+        self.state.loop.refuse_if_warming()  # before any frame is decoded: a cold engine takes no work
         self._expire()
         live = sum(not t.finished.is_set() for t in self._tickets.values())
         if live >= self.state.limits.max_queued_per_connection:
@@ -227,12 +225,12 @@ class VLoRAService(AdapterCalls, rpyc.Service):
         if not loop.alive:  # the engine's thread or process is gone: say why, ask it nothing
             return reply(healthy=False, reason=getattr(loop, "down_reason", None) or "the engine is not running",
                          uptime_s=uptime, connections=self.state.connections)
-        warming = getattr(loop, "warming", None)
+        warming = loop.warming
         if warming is not None:  # the engine's thread is warming up: answer without asking it
             return reply(healthy=True, state="warming", warming_s=round(warming, 1), uptime_s=uptime,
                          connections=self.state.connections)
         stats = loop.call(methodcaller("stats"))
-        warm = getattr(loop, "warm", None) or {}
+        warm = loop.warm or {}
         return reply(healthy=True, state="ready", uptime_s=uptime, warm_up_s=warm.get("seconds"),
                      connections=self.state.connections, in_flight=stats.in_flight,
                      blocks_in_use=stats.blocks_in_use, waiting=stats.waiting, running=stats.running)

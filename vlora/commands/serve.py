@@ -389,7 +389,7 @@ def run(cfg: DictConfig):
             front.start()
             print(f"vlora serve: HTTP (OpenAI API) on http://{front.host}:{front.port}/v1", flush=True)
         print(f"vlora serve: listening on {server.host}:{server.port}", flush=True)
-        if getattr(server.loop, "warming", None) is not None:
+        if server.loop.warming is not None:
             print("vlora serve: warming the engine up before it takes work (health says state 'warming'; "
                   "engine.warm_up=off skips it)", flush=True)
             server.loop.when_warm(_warm_line)

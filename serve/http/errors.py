@@ -18,7 +18,7 @@ STATUS = {
     "unauthorized": 401, "forbidden": 403, "unknown_adapter": 404, "not_found": 404, "expired": 404,
     "method_not_allowed": 405, "timeout": 408, "too_large": 413, "unsupported_media": 415,
     "too_many_requests": 429, "too_many_adapters": 429,
-    "busy": 503, "engine_error": 503, "internal": 500,
+    "busy": 503, "engine_error": 503, "warming": 503, "internal": 500,
 }
 # the `type` field OpenAI's clients read, by status
 OPENAI_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -81,7 +81,9 @@ class Session:
             return
         try:
             self.state.with_adapters(lambda loaded: ownership.resolve(self.tenant, job.adapter, loaded))
-        except RequestError:
+        except RequestError as e:
+            if e.kind != "unknown_adapter":  # the engine could not be asked (warming, gone): that, not a 404
+                raise HttpError(e.kind, str(e)) from None
             raise HttpError("unknown_adapter", f"no model {job.adapter!r} is available to this key: GET /v1/models "
                                                "lists the base model and the adapters it may use", "model") from None
 

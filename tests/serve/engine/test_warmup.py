@@ -93,6 +93,7 @@ def test_a_warming_server_refuses_work_then_serves(tiny_zoo, adapter):
             with pytest.raises(ServerError) as listing:
                 client.list_adapters()
             assert listing.value.kind == "warming"
+            _http_refuses_while_warming(server)
             seen = []
             _HeldWarmUp.release.set()
             ready = client.wait_ready(timeout_s=120, on_wait=seen.append)
@@ -102,6 +103,28 @@ def test_a_warming_server_refuses_work_then_serves(tiny_zoo, adapter):
             assert [a["name"] for a in client.list_adapters()] == ["counter"]
     finally:
         server.close()
+
+
+def _http_refuses_while_warming(server) -> None:
+    """The OpenAI-compatible front end over the same state: a warming server is 503 (retry), not 400."""
+    pytest.importorskip("starlette")
+    import json
+    import urllib.error
+    import urllib.request
+
+    from serve.http import HttpConfig, HttpServer
+
+    http = HttpServer(server.state, HttpConfig(port=0), "base").start()
+    try:
+        body = json.dumps({"model": "counter", "messages": [{"role": "user", "content": "Hi"}]}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{http.port}/v1/chat/completions", body,
+                                         {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        text = refused.value.read().decode()
+        assert refused.value.code == 503 and "warming" in text, text
+    finally:
+        http.close()
 
 
 def warm_engine(checkpoint, adapter) -> Engine:

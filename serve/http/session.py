@@ -18,7 +18,7 @@ from serve.rpc.auth import RefusalLog
 from serve.rpc.gate import GATE
 from serve.rpc.service import VLoRAService
 from serve.rpc.state import ServerState
-from serve.rpc.tenants import SINGLE_TENANT, Quotas, Tenant
+from serve.rpc.tenants import Tenant, sole_operator
 from serve.rpc.wire import RequestError
 
 from .bodies import Job
@@ -38,7 +38,7 @@ class Front:
         """The tenant whose token the `Authorization: Bearer <token>` header carries, else 401."""
         registry = self.state.tenants
         if registry is None:  # a server built without the token check: one operator
-            return Tenant(SINGLE_TENANT, "operator", "", Quotas())
+            return sole_operator()
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_CHARS:

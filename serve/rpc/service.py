@@ -57,9 +57,9 @@ class VLoRAService(AdapterCalls, rpyc.Service):
     def on_connect(self, conn) -> None:
         tenant = conn._config.get("credentials")
         if not isinstance(tenant, Tenant):  # a server built without the token check: one operator
-            from .tenants import SINGLE_TENANT, Quotas
+            from .tenants import sole_operator
 
-            tenant = Tenant(SINGLE_TENANT, "operator", "", Quotas.sole())
+            tenant = sole_operator()
         self.tenant, self._conn = tenant, conn
         self.state.connected(tenant)
         self._connected = True

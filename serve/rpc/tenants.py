@@ -165,6 +165,12 @@ def parse_tenants(path: str | Path) -> dict[str, Tenant]:
     return tenants
 
 
+def sole_operator(token_sha256: str = "") -> Tenant:
+    """The single token's holder (or, on a server built without the token check, whoever connects):
+    the operator, bounded by the server's limits alone (Quotas.sole)."""
+    return Tenant(SINGLE_TENANT, "operator", token_sha256, Quotas.sole())
+
+
 class TenantRegistry:
     """token -> Tenant, from one token or from a tenants file (reloaded when it changes)."""
 
@@ -180,7 +186,7 @@ class TenantRegistry:
     @classmethod
     def single(cls, token: str) -> "TenantRegistry":
         check_token(token)
-        return cls({SINGLE_TENANT: Tenant(SINGLE_TENANT, "operator", token_hash(token), Quotas.sole())})
+        return cls({SINGLE_TENANT: sole_operator(token_hash(token))})
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TenantRegistry":

@@ -380,6 +380,7 @@ class Engine:
         self.num_generated_tokens += len(sampled)
         self.step_times.append(now - start)
         self.step_log.append((len(batch.entries), batch.num_tokens, batch.decode_only, now - start))
+        self.planner.observe_step(batch, now - start)
         self.num_steps += 1
         return outputs
 

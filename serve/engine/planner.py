@@ -198,3 +198,7 @@ class StepPlanner:
         extra = self._under_share(applied, set(decision.admit) | first, decision.admit, flows)
         admit = newcomers + [r for r in fair_interleave(list(decision.admit) + extra, flows.get) if r not in first]
         return StepPlan(frozenset(decision.pause), tuple(admit))
+
+    def observe_step(self, batch, seconds: float) -> None:
+        """The step just run (its ScheduledBatch) and its measured wall time: what a cost model
+        that learns from the engine's own steps is fed (nothing is learnt here yet)."""

@@ -42,6 +42,18 @@ def make_request(spec: dict, max_new: int = MAX_NEW, **sampling) -> Request:
                    sampling=params)
 
 
+def staggered(engine, specs: list[dict]) -> list:
+    """Final outputs of `specs` arriving one every two steps, each joining the running batch."""
+    ids, final = [], {}
+    for spec in specs:
+        ids.append(engine.add_request(make_request(spec)))
+        for _ in range(2):
+            final.update({o.request_id: o for o in engine.step() if o.finished})
+    while engine.has_unfinished():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    return [final[i] for i in ids]
+
+
 @functools.lru_cache(maxsize=None)
 def hf_model(path: str):
     from zoo import load_pretrained

@@ -62,6 +62,10 @@ class EngineConfig:
     # made-up traffic through every shape before the server takes work (serve/engine/warmup.py):
     # "auto" on a GPU only, "on", "off"
     warm_up: str = "auto"
+    # the next step's pictures encoded while the current step runs on the device, before the host waits
+    # for it (serve/engine/lookahead.py): "auto" on a GPU only (on the CPU the work only moves), "on", "off".
+    # Off with tensor parallelism (every rank must run the same tower calls)
+    encode_ahead: str = "auto"
     # > 1: this process is one rank of a tensor-parallel group (serve.distributed); torch.distributed
     # must be initialised with this world size, and every rank gets the same requests and calls
     tensor_parallel_size: int = 1
@@ -100,6 +104,8 @@ class EngineConfig:
             setattr(self, name, bounds)
         if self.warm_up not in ("auto", "on", "off"):
             raise ValueError(f"warm_up={self.warm_up!r}: use auto (on a GPU only), on or off")
+        if self.encode_ahead not in ("auto", "on", "off"):
+            raise ValueError(f"encode_ahead={self.encode_ahead!r}: use auto (on a GPU only), on or off")
         if self.adapter_slots < 0:
             raise ValueError(f"adapter_slots must be >= 0 (0 = no adapters), got {self.adapter_slots}")
         if self.tensor_parallel_size < 1:

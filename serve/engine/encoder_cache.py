@@ -40,6 +40,9 @@ class EncoderCache:
         self.hits += 1
         return value
 
+    def __contains__(self, key: str) -> bool:  # a look that is neither a hit nor a miss
+        return key in self._items
+
     def put(self, key: str, value: torch.Tensor) -> None:
         if self.capacity == 0:
             return

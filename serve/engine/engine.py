@@ -42,6 +42,7 @@ from serve.orchestrator import CostProfile, Mode, ProfileShapes, assumed_profile
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .lookahead import upcoming_vision
 from .model_runner import ModelRunner
 from .planner import StepPlanner
 from .preparer import Preparer
@@ -154,6 +155,11 @@ class Engine:
         # these can have caused a failure past planning (the RPC loop tries them alone, serve/rpc/step_failures.py)
         self.last_batch: tuple[str, ...] | None = None
         self.warm_report = None  # serve/engine/warmup.py's report once warm_up() ran
+        ahead = config.encode_ahead == "on" or (config.encode_ahead == "auto" and self.device.type == "cuda")
+        self.encode_ahead = ahead and config.tensor_parallel_size == 1
+        # called while a step runs on the device, before the host waits for it: a server takes in the
+        # requests that arrived during the step, so that their pictures can be encoded ahead too
+        self.during_step = None
 
     # ---- warm-up ----------------------------------------------------------------------------------
     @property
@@ -361,7 +367,7 @@ class Engine:
         for seq, _ in batch.entries:
             metrics = self._requests[seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or start
-        sampled = self.runner.run(batch)
+        sampled = self.runner.run(batch, self._ahead(batch) if self.encode_ahead else None)
         self.scheduler.postprocess(batch, sampled)
         now = time.perf_counter()
         for seq, _ in batch.entries:
@@ -383,6 +389,15 @@ class Engine:
         self.planner.observe_step(batch, now - start)
         self.num_steps += 1
         return outputs
+
+    def _ahead(self, batch):
+        def ahead() -> None:
+            if self.during_step is not None:
+                self.during_step()
+            upcoming = upcoming_vision(self.scheduler, batch, self.config.max_tokens_per_step)
+            if upcoming:
+                self.runner.encode_ahead(upcoming)
+        return ahead
 
     def _output(self, tracked: _Tracked, new_ids: list[int], finished: bool, head=None) -> RequestOutput:
         seq, metrics = tracked.seq, tracked.metrics

@@ -56,7 +56,9 @@ class ModelRunner:
         self.kv_cache.bind(model.language_model.attention_layers())
         self.max_model_len = min(config.max_model_len or args.max_position_embeddings, num_blocks * self.block_size)
         self.encoder_cache = EncoderCache(config.encoder_cache_items)
-        self.counters = {"encoder_calls": 0, "items_encoded": 0, "graph_steps": 0, "eager_steps": 0}
+        self.counters = {"encoder_calls": 0, "items_encoded": 0, "items_encoded_ahead": 0, "encode_ahead_failures": 0,
+                         "graph_steps": 0, "eager_steps": 0}
+        self._ahead_failed: set[str] = set()  # items whose encode ahead failed: left to their own step
         self.default_generator = torch.Generator(device=device).manual_seed(config.seed)
         self.graphs = None
         if device.type == "cuda" and config.cuda_graphs and backend == "triton":
@@ -112,8 +114,11 @@ class ModelRunner:
         return self.lora.tower.step(slots) if slots else nullcontext()
 
     @torch.no_grad()
-    def run(self, batch: ScheduledBatch) -> dict[int, int]:
-        """Runs one step; returns seq_id -> sampled token for sequences that reached their last token."""
+    def run(self, batch: ScheduledBatch, ahead=None) -> dict[int, int]:
+        """Runs one step; returns seq_id -> sampled token for sequences that reached their last token.
+        `ahead()`, if given, runs once the step's work is queued on the device and before the host
+        waits for its results: the engine encodes the next step's pictures there (encode_ahead), so
+        the device has work while the host plans the next step."""
         entries = batch.entries
         inputs = build_step_inputs(self.model, entries, self.block_size, self.device)
         if self.lora is not None:
@@ -122,23 +127,72 @@ class ModelRunner:
             attach_vision(self.model, inputs, entries, self.encoder_cache, self.config.max_vision_batch, self.counters)
         hidden = self._forward(inputs)
         release_vision(entries)
-        self._collect_heads(entries, hidden)
+        heads = self._launch_heads(entries, hidden)
         keep = [i for i, seq in enumerate(inputs.sample_seqs) if not seq.prefill_only]
+        seqs = [inputs.sample_seqs[i] for i in keep]
+        tokens = logits = ready = None
+        if keep:
+            rows = torch.tensor([inputs.sample_rows[i] for i in keep])
+            rows = (rows.pin_memory() if self.device.type == "cuda" else rows).to(self.device, non_blocking=True)
+            logits = self.model.compute_logits(hidden[rows]).float()  # [N, V]
+            tokens = sample(logits, [s.state.sampling for s in seqs], [s.state.generator for s in seqs],
+                            self.default_generator)
+            if tokens.is_cuda:
+                tokens = tokens.to("cpu", non_blocking=True)  # pinned, queued
+                ready = torch.cuda.Event()
+                ready.record()
+        if ahead is not None:
+            ahead()
+        if heads is not None:
+            done, pending = heads
+            for seq, result in zip(done, pending.results()):
+                seq.state.head_rows, seq.state.head_result = None, result
         if not keep:
             return {}
-        rows = torch.tensor([inputs.sample_rows[i] for i in keep])
-        rows = (rows.pin_memory() if self.device.type == "cuda" else rows).to(self.device, non_blocking=True)
-        logits = self.model.compute_logits(hidden[rows]).float()  # [N, V]
-        seqs = [inputs.sample_seqs[i] for i in keep]
-        tokens = sample(logits, [s.state.sampling for s in seqs], [s.state.generator for s in seqs],
-                        self.default_generator).tolist()
+        if ready is not None:
+            ready.synchronize()
         for i, seq in enumerate(seqs):
             if seq.state.sampling.keep_logits:
                 seq.state.logits.append(logits[i].cpu())
-        return {seq.seq_id: token for seq, token in zip(seqs, tokens)}
+        return {seq.seq_id: token for seq, token in zip(seqs, tokens.tolist())}
 
-    def _collect_heads(self, entries: list[tuple[Sequence, int]], hidden: torch.Tensor) -> None:
-        """Head-mode sequences keep their rows of this step; the last chunk runs the head."""
+    def encode_ahead(self, upcoming: list) -> int:
+        """Encodes pictures of the next step's (seq, item) pairs into the encoder cache, behind the work
+        already queued; returns how many. Items of tower-adapting requests are left to their own step
+        (their encoder call needs that step's adapter slots), as are those the cache holds already.
+        The cache keeps at most half its capacity of them, so they cannot push out each other."""
+        cache, failed = self.encoder_cache, self._ahead_failed
+        todo, seen = [], set()
+        for seq, item in upcoming:
+            key = item.content_hash
+            if key in seen or key in cache or key in failed or key in seq.state.embeds \
+                    or self._adapts_tower(seq.adapter):
+                continue
+            seen.add(key)
+            todo.append(item)
+        todo = todo[:cache.capacity // 2]
+        done = 0
+        for i in range(0, len(todo), self.config.max_vision_batch):
+            chunk = todo[i:i + self.config.max_vision_batch]
+            try:
+                embeds = self.model.encode(chunk)
+            except Exception:  # a bad picture fails at its own step, charged to its own request, not here
+                if len(failed) > 4096:
+                    failed.clear()
+                failed.update(item.content_hash for item in chunk)
+                self.counters["encode_ahead_failures"] += 1
+                continue
+            for item, emb in zip(chunk, embeds):
+                cache.put(item.content_hash, emb)
+            done += len(chunk)
+            self.counters["encoder_calls"] += 1
+            self.counters["items_encoded"] += len(chunk)
+            self.counters["items_encoded_ahead"] += len(chunk)
+        return done
+
+    def _launch_heads(self, entries: list[tuple[Sequence, int]], hidden: torch.Tensor):
+        """Head-mode sequences keep their rows of this step; at its last chunk a sequence's head is queued.
+        Returns (sequences, PendingHeads) for the step's finished prompts, or None."""
         row, done = 0, []
         for seq, n in entries:
             if seq.prefill_only:
@@ -149,14 +203,14 @@ class ModelRunner:
                 if start + n == seq.num_tokens:
                     done.append(seq)
             row += n
-        if done:  # every head answer of the step in one batch per head and one wait for the GPU
-            from serve.lora.heads import run_heads
+        if not done:
+            return None
+        from serve.lora.heads import launch_heads  # every head answer of the step in one batch per head
 
-            merge = self.model.args.spatial_merge_size
-            jobs = [(seq.state.head, torch.cat(seq.state.head_rows),
-                     self._token_xy(seq, merge) if seq.state.head.config.pooling == "dense" else None) for seq in done]
-            for seq, result in zip(done, run_heads(jobs)):
-                seq.state.head_rows, seq.state.head_result = None, result
+        merge = self.model.args.spatial_merge_size
+        jobs = [(seq.state.head, torch.cat(seq.state.head_rows),
+                 self._token_xy(seq, merge) if seq.state.head.config.pooling == "dense" else None) for seq in done]
+        return done, launch_heads(jobs)
 
     @staticmethod
     def _token_xy(seq: Sequence, merge: int) -> torch.Tensor:

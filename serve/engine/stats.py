@@ -40,6 +40,7 @@ class EngineStats:
     switch_ms_last: float = 0.0
     switch_failures: int = 0
     policy_stats: dict | None = None  # serve.orchestrator.PolicyStats.as_dict(): decisions, reasons histogram
+    items_encoded_ahead: int = 0  # of items_encoded: encoded during the step before theirs (encode_ahead)
 
 
 def collect_stats(engine) -> EngineStats:
@@ -56,7 +57,7 @@ def collect_stats(engine) -> EngineStats:
         step_time_mean_ms=sum(times) / len(times) if times else 0.0,
         step_time_last_ms=times[-1] if times else 0.0, step_times_ms=times[-256:],
         **(engine.lora.stats() if engine.lora is not None else {}),
-        **_mode_stats(engine),
+        **_mode_stats(engine), items_encoded_ahead=runner.counters["items_encoded_ahead"],
     )
 
 

@@ -82,10 +82,33 @@ def run_heads(jobs: list[tuple[TaskHead, torch.Tensor, torch.Tensor | None]]) ->
     """The HeadResult of each (head, hidden rows [P, D], token_xy [P, 2] or None) in order. The prompts
     of one head run as one padded batch (mask and cell centres built on the host), and every head's
     outputs come to the host in one wait for the GPU, not two per prompt."""
+    return launch_heads(jobs).results()
+
+
+class PendingHeads:
+    """Head outputs queued on the device and on their way to the host (pinned, non-blocking copies);
+    `results()` waits for them alone, not for work queued on the stream after them."""
+
+    def __init__(self, count: int, pending: list, ready):
+        self.count, self.pending, self.ready = count, pending, ready  # ready: a CUDA event, or None
+
+    def results(self) -> list:
+        if self.ready is not None:
+            self.ready.synchronize()  # the one wait: every head's outputs are on the host
+        results: list = [None] * self.count
+        for head, members, outputs in self.pending:
+            for i, result in zip(members, head.decode(outputs)):
+                results[i] = result
+        return results
+
+
+@torch.no_grad()
+def launch_heads(jobs: list[tuple[TaskHead, torch.Tensor, torch.Tensor | None]]) -> PendingHeads:
+    """Queues every head of `jobs` (see run_heads) and the copies of their outputs to the host."""
     groups: dict[int, tuple[TaskHead, list[int]]] = {}
     for i, (head, _, _) in enumerate(jobs):
         groups.setdefault(id(head), (head, []))[1].append(i)
-    pending, cuda = [], None
+    pending, ready = [], None
     for head, members in groups.values():
         rows = [jobs[i][1] for i in members]
         hidden = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # right padding
@@ -98,13 +121,9 @@ def run_heads(jobs: list[tuple[TaskHead, torch.Tensor, torch.Tensor | None]]) ->
             xy = torch.nn.utils.rnn.pad_sequence(cells, batch_first=True, padding_value=NOT_VISUAL)
         outputs = head(hidden, mask, xy)
         if hidden.is_cuda:
-            cuda = hidden.device
             outputs = {k: v.to("cpu", non_blocking=True) for k, v in outputs.items()}  # pinned, queued
+            ready = torch.cuda.Event()
         pending.append((head, members, outputs))
-    if cuda is not None:
-        torch.cuda.current_stream(cuda).synchronize()  # the one wait: every head's outputs are on the host
-    results: list = [None] * len(jobs)
-    for head, members, outputs in pending:
-        for i, result in zip(members, head.decode(outputs)):
-            results[i] = result
-    return results
+    if ready is not None:
+        ready.record()  # after the last copy, on the current stream
+    return PendingHeads(len(jobs), pending, ready)

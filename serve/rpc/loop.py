@@ -83,7 +83,10 @@ class EngineLoop(StepFailures, WarmState):
         self.culprits = Culprits()  # kinds of request that made a step fail (written here, read by any thread)
         self._restarts: Counter[str] = Counter()  # request id -> unattributed failures it was restarted for
         self._failure_sites: set[tuple] = set()  # (exception type, file, line) already logged with a traceback
-        self.lock = threading.Lock()  # held around engine calls so stats() from other threads is consistent
+        # held around engine calls so stats() from other threads is consistent; re-entrant, since the
+        # engine takes in arrivals (_take_arrivals) inside the step that holds it
+        self.lock = threading.RLock()
+        self._held: tuple | None = None  # a command met mid-step that must wait for the step's end
         # the engine's warm-up (serve/engine/warmup.py) runs first on the loop's thread (WarmState)
         self.warming_since: float | None = None
 
@@ -91,6 +94,8 @@ class EngineLoop(StepFailures, WarmState):
     def start(self) -> "EngineLoop":
         if getattr(self.engine, "needs_warm_up", False):  # set before the thread: no submit slips in ahead
             self.warming_since = time.monotonic()
+        if hasattr(self.engine, "during_step"):
+            self.engine.during_step = self._take_arrivals
         self._thread = threading.Thread(target=self._run, name="vlora-engine", daemon=True)
         self._thread.start()
         return self
@@ -100,6 +105,8 @@ class EngineLoop(StepFailures, WarmState):
         self._commands.put(("wake",))
         if self._thread is not None:
             self._thread.join(timeout)
+        if getattr(self.engine, "during_step", None) == self._take_arrivals:  # a later loop or caller steps it
+            self.engine.during_step = None
 
     @property
     def alive(self) -> bool:
@@ -155,11 +162,29 @@ class EngineLoop(StepFailures, WarmState):
             log.error("engine warm-up failed (%s: %s); serving without it", type(e).__name__, e)
             self.warmed({"error": f"{type(e).__name__}: {e}"})
 
+    def _take_arrivals(self) -> None:
+        """Mid-step (engine thread, while the device runs the step): requests that arrived are added,
+        so the engine can encode their pictures ahead. Only additions, in order, up to the first other
+        command (an abort or a call must not change the batch under the step; a call may load the
+        adapter a later addition needs), which waits for the step's end."""
+        while self._held is None:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                self._handle(command)
+            else:
+                self._held = command
+
     def _drain(self, block: bool) -> None:
-        try:
-            command = self._commands.get(timeout=self.idle_wait_s) if block else self._commands.get_nowait()
-        except queue.Empty:
-            return
+        if self._held is not None:
+            command, self._held = self._held, None
+        else:
+            try:
+                command = self._commands.get(timeout=self.idle_wait_s) if block else self._commands.get_nowait()
+            except queue.Empty:
+                return
         while True:
             self._handle(command)
             try:

@@ -4,7 +4,7 @@ a mixed batch arriving together, staggered with chunked prefill, and under force
 from __future__ import annotations
 
 import pytest
-from serve_cases import assert_matches_hf, case_specs, hf_generate, make_request
+from serve_cases import assert_matches_hf, case_specs, hf_generate, make_request, staggered
 
 from serve import Engine, EngineConfig
 
@@ -33,15 +33,7 @@ def test_staggered_arrivals_with_chunked_prefill_match_transformers(name, tiny_z
     # a 24-token budget splits every prompt (and some image spans) over several steps
     engine = Engine(tiny_zoo[name], EngineConfig(device="cpu", num_kv_blocks=64, kv_block_size=8,
                                                  max_tokens_per_step=24))
-    specs = case_specs(ARCHS[name])
-    ids, final = [], {}
-    for spec in specs:  # a new request every two steps, joining the running batch
-        ids.append(engine.add_request(make_request(spec)))
-        for _ in range(2):
-            final.update({o.request_id: o for o in engine.step() if o.finished})
-    while engine.has_unfinished():
-        final.update({o.request_id: o for o in engine.step() if o.finished})
-    assert_matches_hf([final[i] for i in ids], _references(name, tiny_zoo[name]))
+    assert_matches_hf(staggered(engine, case_specs(ARCHS[name])), _references(name, tiny_zoo[name]))
     assert engine.stats().blocks_in_use == 0
 
 

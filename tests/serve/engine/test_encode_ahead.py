@@ -1,0 +1,119 @@
+"""Encoding the next step's pictures while the current step runs (EngineConfig.encode_ahead,
+serve/engine/lookahead.py): answers stay those of transformers, nothing is encoded twice, the guess
+is the next step's pictures, a picture that fails ahead fails at its own step only, and the RPC loop
+takes in arrivals mid-step without reordering an abort or a call."""
+
+from __future__ import annotations
+
+import pytest
+from serve_cases import assert_matches_hf, case_specs, frames, hf_generate, make_request, staggered
+
+from serve import Engine, EngineConfig
+from serve.engine.lookahead import upcoming_vision
+from serve.rpc.loop import EngineLoop, Ticket
+
+ARCHS = {"qwen2_vl_tiny": "qwen2_vl", "llava_1_5_tiny": "llava"}
+
+
+def _engine(path, ahead: str, **kw) -> Engine:
+    return Engine(path, EngineConfig(device="cpu", num_kv_blocks=64, kv_block_size=8, max_tokens_per_step=24,
+                                     encode_ahead=ahead, **kw))
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_encoding_ahead_keeps_transformers_answers_and_encodes_each_picture_once(name, tiny_zoo):
+    specs = case_specs(ARCHS[name])
+    refs = [hf_generate(tiny_zoo[name], spec) for spec in specs]
+    ahead, plain = _engine(tiny_zoo[name], "on"), _engine(tiny_zoo[name], "off")
+    # all at once: the 24-token steps leave the later prompts' pictures for the steps after
+    assert_matches_hf(ahead.generate([make_request(s) for s in specs]), refs)
+    plain.generate([make_request(s) for s in specs])
+    got, want = ahead.stats(), plain.stats()
+    assert got.items_encoded_ahead > 0
+    assert got.items_encoded == want.items_encoded  # moved earlier, never done twice
+    assert want.items_encoded_ahead == 0 and got.blocks_in_use == 0
+    # arriving one every two steps, behind running prompts (a clean engine: no cache hits)
+    ahead, plain = _engine(tiny_zoo[name], "on"), _engine(tiny_zoo[name], "off")
+    assert_matches_hf(staggered(ahead, specs + specs[::-1]), refs + refs[::-1])
+    staggered(plain, specs + specs[::-1])
+    assert ahead.stats().items_encoded == plain.stats().items_encoded
+
+
+def test_auto_is_off_on_the_cpu_and_the_setting_is_checked(tiny_zoo):
+    assert not Engine(tiny_zoo["qwen2_vl_tiny"], EngineConfig(device="cpu", num_kv_blocks=32)).encode_ahead
+    with pytest.raises(ValueError, match="encode_ahead"):
+        EngineConfig(encode_ahead="yes")
+
+
+def test_the_guess_is_the_pictures_the_next_step_takes(tiny_zoo):
+    """One flow in arrival order: what the engine names during a step is what the next step encodes
+    (no encoder cache, so the guesses are recorded but not encoded and every step encodes its own; no
+    prefix cache: a prefix the running step is computing is not cached yet when the guess is made)."""
+    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on", max_batch_size=8, encoder_cache_items=0,
+                     enable_prefix_cache=False)
+    for seed in range(4):
+        engine.add_request(make_request(dict(prompt="Which way?", video=frames(seed, n=4, side=56))))
+    guesses, reads = [], []
+    ahead, encode = engine.runner.encode_ahead, engine.model.encode
+
+    def guessed(upcoming):
+        guesses[-1] = {it.content_hash for _, it in upcoming}
+        return ahead(upcoming)
+
+    def encoded(items):
+        reads[-1] |= {it.content_hash for it in items}
+        return encode(items)
+
+    engine.runner.encode_ahead, engine.model.encode = guessed, encoded
+    while engine.has_unfinished():
+        guesses.append(set())
+        reads.append(set())
+        engine.step()
+    assert len(reads) > 4 and sum(bool(r) for r in reads) > 2
+    for step in range(len(reads) - 1):
+        assert guesses[step] == reads[step + 1], step
+
+
+def test_a_picture_that_fails_ahead_fails_at_its_own_step(tiny_zoo):
+    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on", max_batch_size=8, enable_prefix_cache=False)
+    good = engine.add_request(make_request(dict(prompt="Which way?", video=frames(1))))
+    bad = engine.add_request(make_request(dict(prompt="Which way?", video=frames(2))))
+    poisoned = {it.content_hash for it in engine.scheduler.waiting[1].state.vision}
+    encode = engine.model.encode
+
+    def failing(items):
+        if any(it.content_hash in poisoned for it in items):
+            raise RuntimeError("corrupt picture")
+        return encode(items)
+
+    engine.model.encode = failing
+    failed_with = None
+    while engine.has_unfinished() and failed_with is None:
+        try:
+            engine.step()
+        except RuntimeError:
+            failed_with = engine.last_batch
+    assert failed_with is not None and bad in failed_with  # raised where the bad request itself ran
+    assert engine.runner.counters["encode_ahead_failures"] == 1  # tried ahead first, quietly, and only once
+
+
+def test_the_loop_takes_arrivals_mid_step_but_holds_an_abort_and_what_follows(tiny_zoo):
+    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on")
+    loop = EngineLoop(engine)
+    loop.start = None  # never started: the test drives the engine thread's methods itself
+    reqs = [make_request(dict(prompt=f"Which way, {i}?", video=frames(i))) for i in range(3)]
+    tickets = [Ticket(f"r{i}", owner="c") for i in range(3)]
+    for r, t in zip(reqs, tickets):
+        r.request_id = t.request_id
+    loop.submit(reqs[0], tickets[0])
+    loop.submit(reqs[1], tickets[1])
+    loop.abort("r0")
+    loop.submit(reqs[2], tickets[2])
+    loop._take_arrivals()
+    assert [s.request_id for s in engine.scheduler.waiting] == ["r0", "r1"]
+    assert loop._held == ("abort", "r0")
+    loop._take_arrivals()  # still held: nothing behind the abort jumps it
+    assert len(engine.scheduler.waiting) == 2
+    loop._drain(block=False)
+    assert [s.request_id for s in engine.scheduler.waiting] == ["r1", "r2"] and loop._held is None
+    assert tickets[0].events.get_nowait()["finish_reason"] == "abort"

@@ -83,6 +83,9 @@ class StreamsBenchJob:
     fresh_caches: bool = True
     cold_streams: int = 0  # > 0: a point of this many streams right after the engine is ready, before any other
     cold_seconds: float = 10.0  # the cold point's measured seconds, from its first chunk
+    # warm counts measured again after the search with the engine's encode_ahead off (an A/B in one run)
+    ahead_off_counts: tuple[int, ...] = ()
+    encode_ahead: str = "auto"  # EngineConfig's (auto: on a GPU)
     hf_baseline: bool = True
     hf_batch: int = 8
     hf_batches: int = 4  # timed batches (after one warm-up batch)
@@ -92,7 +95,7 @@ class StreamsBenchJob:
     command: str | None = None  # recorded in the JSON; default: this process's command line
 
     def __post_init__(self) -> None:
-        for name in ("stream_counts", "modes", "targets"):
+        for name in ("stream_counts", "modes", "targets", "ahead_off_counts"):
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, (str, int)) else tuple(value))
         bad = [m for m in self.modes if m not in MODES]
@@ -161,7 +164,7 @@ def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
     per_seq = prompt_tokens + job.answer_tokens + 32
     cuda = job.device.startswith("cuda")
     config = EngineConfig(device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
-                          max_tokens_per_step=job.max_tokens_per_step, seed=job.seed,
+                          max_tokens_per_step=job.max_tokens_per_step, seed=job.seed, encode_ahead=job.encode_ahead,
                           max_prefill_with_decode=job.max_prefill_with_decode,
                           num_kv_blocks=2 * job.max_batch_size * per_seq // 16 + 64 if cuda else None,
                           graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, job.max_batch_size})),
@@ -241,6 +244,12 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     if job.cold_streams and not any(r["point"] == "warm" and r["mode"] == job.modes[0] and r["streams"] == job.cold_streams
                                     for r in rows):  # the warm point the cold one is compared with
         rows.append(run_point(engine, job, job.modes[0], job.cold_streams, chunks, names))
+    for n in job.ahead_off_counts:
+        engine.encode_ahead, ahead = False, engine.encode_ahead
+        try:
+            rows.append(dict(run_point(engine, job, job.modes[0], n, chunks, names), point="warm-ahead-off"))
+        finally:
+            engine.encode_ahead = ahead
     visual_tokens = flops["patches"] // 4  # 2 x 2 patches merge into one token (Qwen2-VL / Qwen2.5-VL)
     for row in rows:
         row["vision_tokens_per_s"] = row["chunks_per_s"] * visual_tokens

@@ -138,6 +138,15 @@ def paced(engine, job, chunks, names, rate: float, seconds: float) -> dict:
 
 def engine_only(engine, job, chunks, names, rates=(20.0, 30.0, 40.0), seconds: float = 6.0) -> dict:
     out = {"full_batch": full_batch(engine, job, chunks, names)}
+    if engine.encode_ahead:  # the same batch with the next step's pictures encoded at their own step, alternated
+        runs = []
+        for ahead in (False, True, False, True):
+            engine.encode_ahead = ahead
+            try:
+                runs.append(dict(full_batch(engine, job, chunks, names), encode_ahead=ahead))
+            finally:
+                engine.encode_ahead = True
+        out["encode_ahead_ab"] = runs
     out["paced"] = [paced(engine, job, chunks, names, r, seconds) for r in rates]
     return out
 
@@ -152,6 +161,10 @@ def format_engine_only(result: dict) -> str:
                  f"{fb['gpu_ms_per_chunk']:.1f} (vision calls' span {fb['vision_span_ms_per_chunk']:.1f}, rest "
                  f"{fb['rest_gpu_ms_per_chunk']:.1f}); host syncs per step {fb['host_syncs_per_step']:.1f} "
                  f"from {fb['sync_sources']}"]
+    for run in result.get("encode_ahead_ab", []):
+        if "gpu_busy_share" in run:
+            lines.append(f"  encode_ahead={run['encode_ahead']}: {run['chunks_per_s']:.1f} chunks/s, GPU busy "
+                         f"{run['gpu_busy_share']:.0%}, GPU ms per chunk {run['gpu_ms_per_chunk']:.1f}")
     for p in result["paced"]:
         lines.append(f"  paced {p['rate']:.0f}/s: served {p['served_per_s']:.1f}/s, p50 {p['p50_ms']:.0f} ms, "
                      f"p95 {p['p95_ms']:.0f} ms, {p['steps']} steps of {p['mean_step_ms']:.1f} ms, "

@@ -55,9 +55,21 @@ def request_view(seq: Sequence, app: str | None = None, slo_ms: float | None = N
     output = 1 if head else max(1, seq.max_tokens)
     if max_model_len is not None:  # (and a running one has at least one token still to come)
         output = max(min(output, max_model_len - seq.prompt_len), seq.num_generated + 1)
+    computed = min(seq.num_computed_tokens, seq.prompt_len)
+    images = sum(s.end - max(s.start, computed) for s in seq.mm_spans if s.end > computed)
     return RequestView(seq.request_id, seq.adapter, seq.arrival_time * 1e3, max(1, seq.prompt_len),
                        output, "head" if head else "generate", app, slo_ms,
-                       priority, min(seq.num_computed_tokens, seq.prompt_len), seq.num_generated)
+                       priority, computed, seq.num_generated, min(images, max(1, seq.prompt_len)))
+
+
+def step_image_tokens(entries) -> int:
+    """Image placeholder tokens first reached by the step just run (entries = [(seq, tokens)], the
+    sequences already advanced past it): the images the vision tower encoded for it."""
+    total = 0
+    for seq, n in entries:
+        start = seq.num_computed_tokens - n
+        total += sum(s.end - s.start for s in seq.mm_spans if start <= s.start < start + n)
+    return total
 
 
 class StepPlanner:
@@ -77,6 +89,8 @@ class StepPlanner:
         self.stats = ModeStats()
         self.tp = None  # serve.models.parallel.TPGroup when this engine is one rank of a tensor-parallel group
         self.max_model_len = getattr(getattr(scheduler, "config", None), "max_model_len", None)
+        self._folds = 0  # weight folds applied by switches (merge(a) -> merge(b) is two)
+        self._switches_seen = (0, 0.0, 0)  # (switches, switch ms, folds) already handed to the policy
 
     @property
     def policy(self) -> Policy | None:
@@ -103,6 +117,7 @@ class StepPlanner:
                 self.stats.switch_failures += 1
                 mode = Mode.unmerge()
             ms = sum(self.adapters.switch_times_ms[folds:])
+            self._folds += len(self.adapters.switch_times_ms) - folds
             if mode.merged_adapter != self.mode.merged_adapter:
                 s = self.stats
                 s.switches += 1
@@ -200,5 +215,17 @@ class StepPlanner:
         return StepPlan(frozenset(decision.pause), tuple(admit))
 
     def observe_step(self, batch, seconds: float) -> None:
-        """The step just run (its ScheduledBatch) and its measured wall time: what a cost model
-        that learns from the engine's own steps is fed (nothing is learnt here yet)."""
+        """The step just run (its ScheduledBatch, sequences already advanced) and its measured wall
+        time, handed to a policy that learns from the engine's own steps (`observe`), with the
+        switches applied since the last step (their measured ms and folds)."""
+        observe = getattr(self.policy, "observe", None)
+        if observe is None or not batch.entries:
+            return
+        s = self.stats
+        folds_now = self._folds
+        seen_switches, seen_ms, seen_folds = self._switches_seen
+        self._switches_seen = (s.switches, s.switch_ms_total, folds_now)
+        switched = s.switches > seen_switches
+        observe(self.mode, [(seq.adapter, n) for seq, n in batch.entries], seconds * 1e3,
+                step_image_tokens(batch.entries), s.switch_ms_total - seen_ms if switched else 0.0,
+                folds_now - seen_folds if switched else 0)

@@ -2,8 +2,7 @@
 Algorithm 1 as printed.
 
 Both share the credits below (who starves). `decide="cost"` (conf/orchestrator/v_lora.yaml) then
-predicts, from the measured cost profile, the decode step of each candidate plan and takes the
-cheapest per token served:
+prices, from the cost model, each candidate plan and takes the cheapest per token served:
 
 - unmerge: everyone admitted (the starving first, then arrival order), every adapter through ATMM;
 - mixture(a), for a the current merged adapter and the most requested one: everyone admitted,
@@ -16,9 +15,21 @@ cheapest per token served:
   share of a step, and never past a held request's starving threshold, which makes the plan
   infeasible.
 
-Cost per token = (step_ms(plan's batch) + switch_ms / horizon) / sequences in the batch, with
-horizon the mean remaining output tokens of the batch (the steps its composition lasts). Ties
-keep the current weights. The anti-thrash dwell below applies to both ways of deciding.
+`price="step"` (the default) prices the step the engine will actually run for the plan, prefill
+chunks and their images included, with the decode steps its batch goes on with and the switch
+spread over the expected dwell (serve/orchestrator/pricing.py). `price="decode"` is the earlier
+rule: (decode step of the plan's batch + switch_ms / horizon) / sequences in the batch, horizon the
+mean remaining output tokens; it misprices prefill-heavy work (video frames, head requests),
+where unmerge's LoRA cost lies in the prefill tokens. Ties keep the current weights. The
+anti-thrash dwell below applies to both ways of deciding.
+
+The cost model learns (`learn`, serve/orchestrator/learned.py): every served step the engine
+measured (planner.observe_step -> `observe`) refits the profile's parts to the measured times, so
+the prices are the serving GPU's and the current workload's, and the decisions' predicted and
+measured step costs are in `stats.learning` and the decision log. A guard (`guard`,
+serve/orchestrator/guard.py) holds the measured cost of the steps served against what the fixed
+modes (unmerge; the most requested adapter merged) are predicted to cost for the same batches,
+and falls back to the better fixed mode for a while when the policy loses by over `guard_margin`.
 
 `decide="algorithm1"` (conf/orchestrator/v_lora_paper.yaml, for the paper's reproduction):
 
@@ -67,11 +78,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .base import BatchEstimate, Policy, fcfs
+from .adaptive import Adaptive
+from .pricing import decode_hold_price, decode_plan_price, hold_price, plan_price
 from .profile import CostProfile
 from .types import Decision, Mode, RequestView, StepView
 
 SHARE_OF = ("max_batch", "present")
 DECIDE = ("cost", "algorithm1")
+PRICE = ("step", "decode")
 # A request's starving threshold (tolerance * slo_ms / priority) is divided by; a target that rounds
 # to 0.0 (slo_ms=5e-324: 0.5 * 5e-324 == 0.0), or any target below one step's time, means "starving
 # at once", not a division by zero. One microsecond is below any step, so such a request is simply
@@ -95,10 +109,19 @@ class VLoRAConfig:
     mixture_by_cost: bool = True  # take mixture only when the profile says it is cheaper than unmerge
     lora_op: str = "atmm"
     switch_op: str = "atmm"
+    price: str = "step"  # "step": the whole step the plan runs (prefill, images) | "decode": its decode step
+    learn: bool = True  # refit the cost model to the engine's measured steps while serving
+    learn_window: float = 500.0  # steps: older measured steps weigh less (forgetting), the workload may shift
+    guard: bool = True  # fall back to the better fixed mode while the policy is measured losing to it
+    guard_window: int = 128  # steps compared before the guard judges
+    guard_margin: float = 0.05  # losing by more than this share engages the fallback
+    guard_hold_steps: int = 256  # steps of the first fallback (doubled each time it re-engages soon after)
 
     def __post_init__(self) -> None:
         if self.decide not in DECIDE:
             raise ValueError(f"decide {self.decide!r} is not one of {DECIDE}")
+        if self.price not in PRICE:
+            raise ValueError(f"price {self.price!r} is not one of {PRICE}")
         if self.share_of not in SHARE_OF:
             raise ValueError(f"share_of {self.share_of!r} is not one of {SHARE_OF}")
         for name in ("tolerance", "merge_share", "starve_share", "max_switch_share"):
@@ -108,13 +131,14 @@ class VLoRAConfig:
             raise ValueError(f"share_hysteresis must lie in [0, merge_share), got {self.share_hysteresis}")
 
 
-class VLoRAPolicy(Policy):
+class VLoRAPolicy(Adaptive, Policy):
     name = "v_lora"
 
     def __init__(self, profile: CostProfile, config: VLoRAConfig | None = None, log_size: int = 1000):
         super().__init__(profile, log_size)
         self.config = config or VLoRAConfig()
         self.lora_op, self.switch_op = self.config.lora_op, self.config.switch_op
+        self._fresh_state()
 
     # ---- credits ------------------------------------------------------------------------------
     def threshold_ms(self, r: RequestView) -> float:
@@ -126,7 +150,7 @@ class VLoRAPolicy(Policy):
 
     def credits(self, view: StepView) -> dict[str, float]:
         """request id -> credit (ms) of every waiting request."""
-        mode, p = view.mode, self.profile
+        mode, p = view.mode, self.costs
         here = BatchEstimate(p, mode, self.lora_op, view.running)
         away = None  # requests the current mode cannot run: estimated in unmerge, after the switch
         switch_ms = p.switch_cost_ms(self.switch_op, mode.merged_adapter, None)
@@ -142,7 +166,7 @@ class VLoRAPolicy(Policy):
 
     def dwell_ms(self) -> float:
         share = self.config.max_switch_share
-        return self.profile.switch_ms.get(self.switch_op, 0.0) * (1 - share) / share
+        return self.costs.switch_ms.get(self.switch_op, 0.0) * (1 - share) / share
 
     def _mixture_vs_unmerge(self, view: StepView, top: str, admit: list[RequestView]) -> str | None:
         """None when mixture(top) is the cheaper way to run `view.running` + `admit`; else why not.
@@ -152,7 +176,7 @@ class VLoRAPolicy(Policy):
         others = [r for r in (*view.running, *admit) if r.adapter != top]
         # steps the mixed batch lasts; at least one (a switch is divided by it)
         horizon = max(1, max((r.remaining_output for r in others), default=1))
-        p, cur = self.profile, view.mode.merged_adapter
+        p, cur = self.costs, view.mode.merged_adapter
         mix = p.batch_ms(Mode.mixture(top), batch, self.lora_op) + p.switch_cost_ms(self.switch_op, cur, top) / horizon
         # unmerging now costs a switch, and merging `top` again once the others are gone another
         back = 2 if cur == top else 0
@@ -193,42 +217,28 @@ class VLoRAPolicy(Policy):
             target, admit, reason = self._by_cost(view, starving)
         else:
             target, admit, reason = self._algorithm1(view, starving)
+        if self.guard is not None and self.guard.active is not None:
+            target, admit, reason = self._fallback(view, starving, self.guard.active, reason)
         return self._dwell(view, target, admit, reason, starving)
 
     # ---- decisions from the cost model -----------------------------------------------------------
     def plan_cost(self, view: StepView, mode: Mode, admit: list[RequestView], merged_only: bool = False) -> float:
-        """Predicted ms per sequence of the decode step that `mode` runs with the running requests
-        plus `admit` (as many as fit), a switch from the current weights spread over the steps the
-        batch lasts. merged_only: the batch once other adapters' running requests have finished."""
-        batch = [*view.running, *admit[:view.free_slots]]
-        if merged_only:
-            batch = [r for r in batch if r.adapter == mode.merged_adapter]
-        if not batch:
-            return float("inf")
-        p = self.profile
-        step = p.batch_ms(mode, [(r.adapter, 1) for r in batch], self.lora_op)
-        switch = p.switch_cost_ms(self.switch_op, view.mode.merged_adapter, mode.merged_adapter)
-        return (step + switch / self._horizon(batch)) / len(batch)
-
-    @staticmethod
-    def _horizon(batch: list[RequestView]) -> float:
-        """Steps a batch's composition lasts: the mean remaining output of its requests."""
-        return max(1.0, sum(r.remaining_output for r in batch) / len(batch))
+        """Predicted ms per token of running `mode` with the running requests plus `admit` (as many as
+        fit): the whole step and the decode steps after it (price="step", serve/orchestrator/pricing.py),
+        or the decode step alone per sequence (price="decode"); a switch from the current weights
+        spread over the steps the mode is expected to stay. merged_only: the batch once other
+        adapters' running requests have finished."""
+        if self.config.price == "decode":
+            return decode_plan_price(self.costs, view, mode, admit, self.lora_op, self.switch_op, merged_only)
+        return plan_price(self.costs, view, mode, admit, self.lora_op, self.switch_op, self._dwell_steps, merged_only)
 
     def hold_cost(self, view: StepView, a: str, mine: list[RequestView]) -> float:
         """hold(a): other adapters' running requests finish in mixture(a) (their remaining steps),
         then a's requests run merged; the two per-token costs weighted by their share of the
         steps the batch lasts."""
-        others = [r for r in view.running if r.adapter != a]
-        mixed = self.plan_cost(view, Mode.mixture(a), mine)
-        merged = self.plan_cost(view, Mode.mixture(a), mine, merged_only=True)
-        if not others:
-            return merged
-        horizon = self._horizon([*view.running, *mine[:view.free_slots]])
-        drain = min(horizon, max(r.remaining_output for r in others))
-        if merged == float("inf"):
-            return mixed
-        return (drain * mixed + (horizon - drain) * merged) / horizon
+        if self.config.price == "decode":
+            return decode_hold_price(self.costs, view, a, mine, self.lora_op, self.switch_op)
+        return hold_price(self.costs, view, a, mine, self.lora_op, self.switch_op, self._dwell_steps)
 
     def _by_cost(self, view: StepView, starving: list[RequestView]) -> tuple[Mode, list[RequestView], str]:
         cur = view.mode.merged_adapter
@@ -316,6 +326,8 @@ class VLoRAPaperConfig(VLoRAConfig):
     decide: str = "algorithm1"
     backfill: bool = False
     mixture_by_cost: bool = False
+    learn: bool = False  # the offline profile as it was measured
+    guard: bool = False
 
 
 class VLoRAPaperPolicy(VLoRAPolicy):

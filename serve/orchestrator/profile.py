@@ -93,9 +93,11 @@ class CostProfile:
             return 0.0
         return self.base(seqs, max(tokens, seqs)) + self.lora_ms(lora_op, lora_adapters, lora_tokens)
 
-    def batch_ms(self, mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm") -> float:
+    def batch_ms(self, mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm",
+                 image_tokens: int = 0) -> float:
         """Step time of `batch` = [(adapter, tokens this step)] in `mode`; `lora_op` is the
-        unmerged operator (mixture always runs deLoRA through ATMM)."""
+        unmerged operator (mixture always runs deLoRA through ATMM). `image_tokens` is taken for
+        the learnt model's sake (serve/orchestrator/learned.py): the profile has no vision term."""
         if not batch:
             return 0.0
         lora_tokens, adapters = 0, set()

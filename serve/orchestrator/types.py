@@ -95,6 +95,7 @@ class RequestView:
     priority: float = 1.0  # > 1: starves sooner and is served first among the starving
     computed_tokens: int = 0  # prompt tokens already prefilled (running, chunked prefill)
     generated_tokens: int = 0  # tokens generated so far (running)
+    image_tokens: int = 0  # placeholder tokens of images/clips not yet prefilled (the vision tower encodes them)
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -106,6 +107,9 @@ class RequestView:
                              f"is not one of {OUTPUT_MODES}")
         if self.priority <= 0:
             raise ValueError(f"request {self.request_id!r}: priority must be > 0, got {self.priority}")
+        if not 0 <= self.image_tokens <= self.prompt_tokens:
+            raise ValueError(f"request {self.request_id!r}: image_tokens must lie in [0, prompt_tokens="
+                             f"{self.prompt_tokens}], got {self.image_tokens}")
 
     @property
     def remaining_prompt(self) -> int:
@@ -152,6 +156,8 @@ class DecisionRecord:
     waiting: int
     running: int
     reason: str
+    predicted_ms: float | None = None  # the cost model's ms for the step this decision plans (learning policies)
+    measured_ms: float | None = None  # the step's measured ms once it ran
 
 
 @dataclass
@@ -167,8 +173,14 @@ class PolicyStats:
     paused: int = 0
     max_starving: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    # a policy that learns from measured steps (V-LoRA's): its predicted vs measured step costs
+    # (serve.orchestrator.learned.LearnedCosts.report) and its guard against the fixed modes
+    # (serve.orchestrator.guard.FixedModeGuard.report); None for a policy that does not
+    learning: dict | None = None
+    guard: dict | None = None
 
     def as_dict(self) -> dict:
         return {"decisions": self.decisions, "steps_by_mode": dict(self.steps_by_mode),
                 "switches": self.switches, "switch_ms": self.switch_ms, "admitted": self.admitted,
-                "paused": self.paused, "max_starving": self.max_starving, "reasons": dict(self.reasons)}
+                "paused": self.paused, "max_starving": self.max_starving, "reasons": dict(self.reasons),
+                "learning": self.learning, "guard": self.guard}

@@ -5,7 +5,12 @@ engine does: the scheduler (continuous batching, chunked prefill, admission unde
 and token budget, preemption when K/V blocks run out), its block manager, and the step planner
 that asks the policy for a decision every step and applies the mode. What a GPU would do is
 replaced by the profile: a mode switch costs the profile's switch time, a step the profile's
-step time for that batch in that mode, and the clock advances by both. K/V memory is unbounded
+step time for that batch in that mode, and the clock advances by both. The profile given to
+`simulate` stands for the device; the policy plans with its own (`policy.profile`), so a policy
+profiled on one GPU can be run on another's profile, and a policy that learns is handed every
+step's simulated time as the engine hands it the measured one (planner.observe_step). Measured
+step and switch times (an engine's `step_log` and switch log) can be replayed in their order
+instead, to check that simulator and engine decide alike. K/V memory is unbounded
 unless `kv_blocks` is given. Useful for tests, for quick CPU what-if studies and for checking
 that no request starves.
 """
@@ -36,6 +41,9 @@ class SimConfig:
     keep_timeline: bool = False
     kv_blocks: int | None = None  # K/V cache blocks; None: as many as the batch can ever hold (never short)
     kv_block_size: int = 16
+    # replayed in order instead of the profile's times (measured on an engine); past their end, the profile's
+    step_times_ms: Trace[float] | None = None
+    switch_times_ms: Trace[float] | None = None
 
 
 @dataclass
@@ -71,13 +79,19 @@ class SimResult:
 class _ProfileSwitcher:
     """The adapter side of the step planner, on the profile: merging costs the profile's switch time."""
 
-    def __init__(self, profile: CostProfile, op: str, merged: str | None):
+    def __init__(self, profile: CostProfile, op: str, merged: str | None, replay: Trace[float] | None = None):
         self.profile, self.op, self.merged = profile, op, merged
         self.switch_times_ms: list[float] = []
+        self.replay, self.switches = list(replay or ()), 0
 
     def set_merged(self, name: str | None) -> None:
         if name != self.merged:
-            self.switch_times_ms.append(self.profile.switch_cost_ms(self.op, self.merged, name))
+            ms = self.profile.switch_cost_ms(self.op, self.merged, name)
+            if self.switches < len(self.replay):  # one measured switch: the engine logs it whole, not per fold
+                ms = self.replay[self.switches]
+            self.switches += 1
+            folds = (self.merged is not None) + (name is not None)
+            self.switch_times_ms += [ms / folds] * folds
             self.merged = name
 
 
@@ -102,7 +116,8 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
     scheduler = Scheduler(SchedulerConfig(cfg.max_batch_size, cfg.max_tokens_per_step, cfg.chunked_prefill, longest),
                           BlockManager(blocks, cfg.kv_block_size, enable_prefix_cache=False))
     now = pending[0].arrival_ms if pending else 0.0
-    switcher = _ProfileSwitcher(profile, policy.switch_op, cfg.initial_mode.merged_adapter)
+    switcher = _ProfileSwitcher(profile, policy.switch_op, cfg.initial_mode.merged_adapter, cfg.switch_times_ms)
+    replayed = list(cfg.step_times_ms or ())
     planner = StepPlanner(policy, scheduler, switcher, cfg.max_batch_size, cfg.max_tokens_per_step,
                           request_info=lambda rid: (views[rid].app, views[rid].slo_ms, views[rid].priority),
                           clock=lambda: now)
@@ -144,6 +159,8 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
                 if records[seq.request_id].first_scheduled_ms is None:
                     records[seq.request_id].first_scheduled_ms = now
         step_ms = profile.batch_ms(mode, [(seq.adapter, n) for seq, n in batch.entries], policy.lora_op)
+        if steps < len(replayed):
+            step_ms = replayed[steps]
         if cfg.keep_timeline:
             timeline.append(StepEvent(now, str(mode), len(batch), batch.num_tokens, step_ms, admitted,
                                       len(plan.pause)))
@@ -154,6 +171,7 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
                       and seq.num_computed_tokens < seq.prompt_len}
         sampled = {seq.seq_id: 0 for seq, n in batch.entries if seq.num_computed_tokens + n >= seq.num_tokens}
         finished = scheduler.postprocess(batch, sampled)
+        planner.observe_step(batch, step_ms / 1e3)  # as the engine does after each step
         for seq, _ in batch.entries:
             rec = records[seq.request_id]
             if id(seq) in prefilling and rec.first_token_ms is None:

@@ -114,9 +114,11 @@ def test_config_policy_from_dict():
 
 def test_simulator_and_engine_take_the_same_decisions_on_one_trace(setup):  # noqa: F811
     """The same trace (every request there at the start, targets far away so no credit runs out,
-    no dwell) through the simulator and through the real engine, each with the cost policy on the
-    same profile: the decisions (mode, admitted, waiting, running) agree step for step, because both
-    drive the same scheduler and planner and the policy reads only the queue and the profile."""
+    no dwell) through the real engine and through the simulator, each with the cost policy on the
+    same profile, the policy learning from every step: the simulator replays the engine's measured
+    step and switch times, so both policies learn the same costs, and the decisions (mode,
+    admitted, waiting, running) agree step for step, because both drive the same scheduler and
+    planner and the policy reads only the queue, the profile and the steps it is shown."""
     from serve.orchestrator import RequestView, assumed_profile, build_policy
     from serve.engine import Request, SamplingParams
     from serve.sim import SimConfig, simulate
@@ -128,10 +130,6 @@ def test_simulator_and_engine_take_the_same_decisions_on_one_trace(setup):  # no
     params = {"max_switch_share": 1.0}
     limits = dict(max_batch_size=4, max_tokens_per_step=64)
 
-    sim_policy = build_policy("v_lora", assumed_profile(), params)
-    sim_policy.log = type(sim_policy.log)(maxlen=None)
-    simulate(trace, sim_policy, assumed_profile(), SimConfig(**limits))
-
     engine = make_engine(setup, policy="v_lora", policy_params=params, num_kv_blocks=256, **limits)
     policy = engine.planner.policy
     policy.log = type(policy.log)(maxlen=None)
@@ -141,6 +139,13 @@ def test_simulator_and_engine_take_the_same_decisions_on_one_trace(setup):  # no
                                    sampling=SamplingParams(max_tokens=r.output_tokens, ignore_eos=True)))
     while engine.has_unfinished():
         engine.step()
+    assert policy.stats.learning["observed"] == engine.num_steps  # every step measured was learnt from
+
+    sim_policy = build_policy("v_lora", assumed_profile(), params)
+    sim_policy.log = type(sim_policy.log)(maxlen=None)
+    measured = SimConfig(**limits, step_times_ms=[t * 1e3 for *_, t in engine.step_log],
+                         switch_times_ms=[ms for *_, ms in engine.planner.stats.switch_log])
+    simulate(trace, sim_policy, assumed_profile(), measured)
 
     def decisions(log):
         return [(d.mode, d.admitted, d.waiting, d.running) for d in log]
@@ -148,3 +153,4 @@ def test_simulator_and_engine_take_the_same_decisions_on_one_trace(setup):  # no
     modes = {d.mode for d in sim_policy.log}
     assert len(sim_policy.log) > 10 and {"merge(qv8)", "mixture(qv8)"} <= modes  # qv8 held, then the others mixed in
     assert decisions(policy.log) == decisions(sim_policy.log)
+    assert sim_policy.costs.weights == policy.costs.weights  # the same steps learnt alike

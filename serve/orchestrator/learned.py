@@ -1,0 +1,175 @@
+"""Step costs that learn from the engine's measured steps, starting from the offline profile.
+
+The offline `CostProfile` is measured at engine start with synthetic steps (or assumed): it may
+come from another GPU, it leaves out the engine's host work and the vision tower, and the
+workload can shift under it. `LearnedCosts` keeps the profile's shape and fits how much each of
+its parts costs on the steps actually served:
+
+    step_ms = w0                                   (host work of a step: scheduling, inputs, sampling)
+            + w1 * base(seqs, seqs)                (the profile's decode-shaped base step)
+            + w2 * (base(seqs, tokens) - base(seqs, seqs))   (its prefill tokens)
+            + w3..w5 * lora[op](adapters, lora_tokens)       (atmm | delora | einsum, the one the step ran)
+            + w6 * image_tokens / 1000             (the vision tower on the images this step prefills)
+
+by least squares with exponential forgetting (`window` steps: older steps weigh less, so a shifted
+workload or a warmed-up GPU is followed) and a ridge prior that pulls the weights toward
+(0, 1, 1, 1, 1, 1, 0), the offline profile, worth `prior_steps` typical steps. With no
+observation the estimates are the profile's; a part never exercised (mixture never run) keeps
+the profile's weight. Each observed step is predicted before it is learnt from, so `report()`
+gives the honest (out-of-sample) error of the predictions the policy planned with.
+
+Switches are learnt apart (the planner times them): an exponentially weighted mean of the
+measured ms per fold, starting at the profile's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+
+from .profile import LORA_OPS, CostProfile
+from .types import Mode
+
+FEATURES = ("host", "base_decode", "base_prefill", *(f"lora_{op}" for op in LORA_OPS), "image_ktokens")
+PRIOR = (0.0, 1.0, 1.0, *(1.0 for _ in LORA_OPS), 0.0)
+_LORA_AT = {op: 3 + i for i, op in enumerate(LORA_OPS)}
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """x with a @ x = b (Gaussian elimination, partial pivoting; a is symmetric positive definite here)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[p] = m[p], m[c]
+        pivot = m[c][c]
+        for r in range(c + 1, n):
+            f = m[r][c] / pivot
+            if f:
+                row, top = m[r], m[c]
+                for k in range(c, n + 1):
+                    row[k] -= f * top[k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
+
+
+class LearnedCosts:
+    """The profile's estimates, corrected by the measured steps. Offers the CostProfile methods
+    the policies plan with (`step_ms`, `batch_ms`, `switch_cost_ms`, `switch_ms`), plus `observe`."""
+
+    def __init__(self, profile: CostProfile, window: float = 500.0, prior_steps: float = 8.0,
+                 log_size: int = 256):
+        if window < 1 or prior_steps <= 0:
+            raise ValueError(f"learned costs: window must be >= 1 and prior_steps > 0, got {window}, {prior_steps}")
+        self.profile = profile
+        self.forget = 1.0 - 1.0 / window
+        self.prior_steps = prior_steps
+        n = len(FEATURES)
+        self._xx = [[0.0] * n for _ in range(n)]  # forgetful sums of x x^T and x y
+        self._xy = [0.0] * n
+        self._scale = [1.0] * n  # forgetful mean |x_i|: the prior is worth prior_steps steps of this size
+        self.weights = list(PRIOR)
+        self.switch_ms = dict(profile.switch_ms)  # op -> learnt ms of one fold
+        self.observed = 0
+        self.errors: deque[float] = deque(maxlen=log_size)  # |predicted - measured| / measured, recent steps
+        self.log: deque[tuple[str, int, int, float, float]] = deque(maxlen=log_size)  # (mode, seqs, tokens, pred, meas)
+
+    # ---- estimates (CostProfile's interface) -------------------------------------------------
+    def features(self, seqs: int, tokens: int, lora_tokens: int = 0, lora_adapters: int = 0,
+                 lora_op: str = "atmm", image_tokens: int = 0) -> list[float]:
+        p, x = self.profile, [0.0] * len(FEATURES)
+        if seqs <= 0:
+            return x
+        tokens = max(tokens, seqs)
+        decode = p.base(seqs, seqs)
+        x[0], x[1], x[2] = 1.0, decode, max(0.0, p.base(seqs, tokens) - decode)
+        if lora_tokens > 0:
+            x[_LORA_AT[lora_op]] = p.lora_ms(lora_op, lora_adapters, lora_tokens)
+        x[-1] = image_tokens / 1000.0
+        return x
+
+    def predict(self, x: list[float]) -> float:
+        return max(0.0, sum(w * v for w, v in zip(self.weights, x)))
+
+    def step_ms(self, seqs: int, tokens: int, lora_tokens: int = 0, lora_adapters: int = 0,
+                lora_op: str = "atmm", image_tokens: int = 0) -> float:
+        if seqs <= 0:
+            return 0.0
+        return self.predict(self.features(seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens))
+
+    def batch_shape(self, mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm"):
+        """(seqs, tokens, lora_tokens, adapters, op) of `batch` = [(adapter, tokens)] in `mode`
+        (the same counting as CostProfile.batch_ms)."""
+        lora_tokens, adapters = 0, set()
+        for adapter, n in batch:
+            if mode.needs_lora(adapter):
+                lora_tokens += n
+                if adapter is not None:
+                    adapters.add(adapter)
+        op = lora_op
+        if mode.kind == "mixture":
+            op, adapters = "delora", adapters | {mode.adapter}
+        return len(batch), sum(n for _, n in batch), lora_tokens, len(adapters), op
+
+    def batch_ms(self, mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm",
+                 image_tokens: int = 0) -> float:
+        if not batch:
+            return 0.0
+        return self.step_ms(*self.batch_shape(mode, batch, lora_op), image_tokens=image_tokens)
+
+    def switch_cost_ms(self, op: str, src: str | None, dst: str | None) -> float:
+        if src == dst:
+            return 0.0
+        if op not in self.switch_ms:
+            raise KeyError(f"profile {self.profile.name!r} has no switch op {op!r}; it has {sorted(self.switch_ms)}")
+        return self.switch_ms[op] * ((src is not None) + (dst is not None))
+
+    # ---- learning ------------------------------------------------------------------------------
+    def observe(self, mode: Mode, batch: Sequence[tuple[str | None, int]], measured_ms: float,
+                lora_op: str = "atmm", image_tokens: int = 0) -> float:
+        """One served step: `batch` = [(adapter, tokens)] ran in `mode` in `measured_ms`. Returns
+        the prediction made before learning from it."""
+        if not batch or not measured_ms >= 0 or measured_ms == float("inf"):
+            return float("nan")  # an empty or unmeasurable step teaches nothing
+        x = self.features(*self.batch_shape(mode, batch, lora_op), image_tokens=image_tokens)
+        predicted = self.predict(x)
+        if measured_ms > 0:
+            self.errors.append(abs(predicted - measured_ms) / measured_ms)
+        self.log.append((str(mode), len(batch), sum(n for _, n in batch), predicted, measured_ms))
+        lam, n = self.forget, len(x)
+        for i in range(n):
+            self._scale[i] = lam * self._scale[i] + (1 - lam) * abs(x[i]) if self.observed else max(abs(x[i]), 1e-3)
+            xi = x[i]
+            self._xy[i] = lam * self._xy[i] + xi * measured_ms
+            row = self._xx[i]
+            for j in range(n):
+                row[j] = lam * row[j] + xi * x[j]
+        self.observed += 1
+        self._refit()
+        return predicted
+
+    def _refit(self) -> None:
+        n = len(FEATURES)
+        ridge = [self.prior_steps * max(s, 1e-3) ** 2 for s in self._scale]
+        a = [[self._xx[i][j] + (ridge[i] if i == j else 0.0) for j in range(n)] for i in range(n)]
+        b = [self._xy[i] + ridge[i] * PRIOR[i] for i in range(n)]
+        # every part of a step costs time: a weight fitted below 0 (parts that move together) is 0
+        self.weights = [max(0.0, w) for w in _solve(a, b)]
+
+    def observe_switch(self, op: str, folds: int, measured_ms: float, share: float = 0.2) -> None:
+        """A switch of `folds` folds (merge a->b: 2) measured at `measured_ms`."""
+        if folds > 0 and measured_ms >= 0 and op in self.switch_ms:
+            self.switch_ms[op] += share * (measured_ms / folds - self.switch_ms[op])
+
+    def report(self) -> dict:
+        errors = list(self.errors)
+        return {"observed": self.observed,
+                "median_abs_rel_err": statistics.median(errors) if errors else None,
+                "within_15pct": sum(e <= 0.15 for e in errors) / len(errors) if errors else None,
+                "weights": dict(zip(FEATURES, (round(w, 4) for w in self.weights))),
+                "switch_ms": dict(self.switch_ms),
+                "recent": [dict(mode=m, seqs=s, tokens=t, predicted_ms=round(p, 3), measured_ms=round(y, 3))
+                           for m, s, t, p, y in list(self.log)[-8:]]}

@@ -79,7 +79,7 @@ class FixedModeGuard:
         if len(self._steps) < self.window:
             return None
         self.last_ratio = self.ratios()
-        best = min(FALLBACKS, key=lambda k: self.last_ratio[k])
+        best = max(FALLBACKS, key=lambda k: self.last_ratio[k])  # the cheapest fixed mode: the policy loses most to it
         if self.last_ratio[best] > 1 + self.margin:
             soon = self.released_at is not None and self.steps - self.released_at <= self.cool
             self.hold = min(self.max_hold, 2 * self.hold) if soon else self.base_hold

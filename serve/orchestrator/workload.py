@@ -129,13 +129,15 @@ def generate(spec: WorkloadSpec) -> list[RequestView]:
             break
         app = rng.choices(spec.apps, app_weights)[0]
         adapter = None if rng.random() < spec.base_share else rng.choices(names, weights)[0]
-        prompt = rng.randint(*app.frames) * app.tokens_per_frame + rng.randint(*app.text_tokens)
+        frames = rng.randint(*app.frames)
+        prompt = frames * app.tokens_per_frame + rng.randint(*app.text_tokens)
         head = rng.random() < app.head_share
         n_out = 1 if head else rng.randint(*app.output_tokens)
         out.append(RequestView(
             request_id=f"r{len(out):06d}", adapter=adapter, arrival_ms=round(t * 1e3, 3),
             prompt_tokens=prompt, output_tokens=n_out, output_mode="head" if head else "generate",
-            app=app.name, slo_ms=app.slo_ms + app.slo_per_token_ms * n_out, priority=app.priority))
+            app=app.name, slo_ms=app.slo_ms + app.slo_per_token_ms * n_out, priority=app.priority,
+            image_tokens=frames * app.tokens_per_frame))
     return out
 
 

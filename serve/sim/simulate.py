@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from serve.engine.block_manager import BlockManager
 from serve.engine.planner import StepPlanner
 from serve.engine.scheduler import Scheduler, SchedulerConfig
-from serve.engine.sequence import Sequence
+from serve.engine.sequence import MMSpan, Sequence
 from serve.orchestrator.base import Policy
 from serve.orchestrator.metrics import Metrics, RequestRecord, summarize
 from serve.orchestrator.profile import CostProfile
@@ -98,8 +98,11 @@ class _ProfileSwitcher:
 def _sequence(r: RequestView, tokens_at: int) -> Sequence:
     # distinct token ids per request: the prefix cache is off, but the ids stay meaningless anyway
     head = r.output_mode == "head"
+    # the images lead the prompt, as one span (what the planner prices and hands the policy as image tokens)
+    spans = (MMSpan(0, r.image_tokens, f"{r.request_id}-images"),) if r.image_tokens else ()
     return Sequence(r.request_id, list(range(tokens_at, tokens_at + r.prompt_tokens)), max(1, r.output_tokens),
-                    arrival_time=r.arrival_ms / 1e3, adapter=r.adapter, prefill_only=head, reuse_prefix=False)
+                    arrival_time=r.arrival_ms / 1e3, adapter=r.adapter, prefill_only=head, reuse_prefix=False,
+                    mm_spans=spans)
 
 
 def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,

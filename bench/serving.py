@@ -40,9 +40,10 @@ import numpy as np
 import torch
 
 from bench.engine import WORDS, build_random_model
-from bench.serving_replay import build_requests, replay
+from bench.serving_capacity import measure_capacity, run_order
+from bench.serving_replay import LEARNING_COLUMNS, build_requests, replay, use_policy as _use_policy
 from bench.serving_traces import record
-from bench.serving_stats import capacity_rps, plot_points, summarize_points, summary_table, verdicts
+from bench.serving_stats import learning_note, learning_summary, plot_points, summarize_points, summary_table, verdicts
 from serve.orchestrator import POLICIES, Mode, WorkloadSpec, build_policy, generate, video_analytics, \
     visual_retrieval
 from serve.sim.evaluate import METRIC_COLUMNS, EvalJob, points
@@ -50,7 +51,7 @@ from serve.sim.report import plot
 from .results import device_label, results_dir, write_csv, write_json
 
 COLUMNS = ("sweep", "x", "policy", "seed", "rate", "skewness", *METRIC_COLUMNS, "aborted", "steps_unmerge",
-           "steps_merge", "steps_mixture", "replay_s")
+           "steps_merge", "steps_mixture", "replay_s", *LEARNING_COLUMNS, "run_order")
 SWEEPS = ("rate", "skewness", "load")
 
 
@@ -71,12 +72,17 @@ class ServingBenchJob:
     sweeps: tuple[str, ...] = ("skewness",)  # rate | skewness | load
     base_rate: float | None = None  # default: the largest of `rates`
     base_skewness: float | None = None  # default: the middle of `skewness`
-    # load sweep: at each skewness, rates at these shares of unmerge-only's capacity (measured first
-    # on a burst of capacity_requests requests, or capacity_rps when given, or a capacity.json left
-    # in the results folder by an earlier run)
-    loads: tuple[float, ...] = (0.6, 0.85)
+    # load sweep: at each skewness, rates at these shares of unmerge-only's capacity (measured first,
+    # or capacity_rps when given, or a capacity.json left in the results folder by an earlier run)
+    loads: tuple[float, ...] = (0.5, 0.7, 0.85)
     capacity_rps: float | None = None
-    capacity_requests: int = 192
+    capacity_requests: int = 192  # the burst that gives the first estimate
+    # "poisson": then Poisson arrivals at capacity_overload x that estimate for capacity_probe_s, the
+    # capacity read off their finishes (the workload's arrival process, not a burst's full batches)
+    capacity_arrival: str = "poisson"
+    capacity_probe_s: float = 8.0
+    capacity_overload: float = 1.3
+    shuffle_policies: bool = True  # each (point, seed) replays the policies in its own random order
     seeds: tuple[int, ...] = ()  # traces per point (different arrivals and adapters); () = (seed,)
     tag: str = ""  # a subfolder of the device's results folder (e.g. the adapter shape)
     arrival: str = "poisson"
@@ -115,6 +121,11 @@ class ServingBenchJob:
             raise ValueError(f"loads {list(self.loads)}: shares of capacity in (0, 2] for the load sweep")
         if self.capacity_requests < 10:
             raise ValueError(f"capacity_requests must be >= 10, got {self.capacity_requests}")
+        if self.capacity_arrival not in ("burst", "poisson"):
+            raise ValueError(f"capacity_arrival must be 'burst' or 'poisson', got {self.capacity_arrival!r}")
+        if self.capacity_arrival == "poisson" and (self.capacity_probe_s <= 0 or self.capacity_overload <= 1):
+            raise ValueError(f"capacity_probe_s must be > 0 and capacity_overload > 1, got {self.capacity_probe_s}, "
+                             f"{self.capacity_overload}")
         if not self.policies or not self.rates or not self.skewness:
             raise ValueError("policies, rates and skewness must each hold at least one value")
         for name in ("targets", "adapter_dirs", "rates", "skewness", "sweeps", "policies"):
@@ -209,14 +220,6 @@ def serving_engine(job: ServingBenchJob, workdir: Path, first_policy: tuple[str,
     return Engine(ckpt, config, weights=weights), names
 
 
-def _use_policy(engine, name: str, params: dict) -> None:
-    """Puts policy `name` (fresh state) in charge of the engine, the weights unmerged."""
-    engine.planner.apply(Mode.unmerge())
-    # the planner points the engine's operators at the policy's (dLoRA: einsum, per-layer switches)
-    engine.planner.policy = None if name == "fcfs" else build_policy(name, engine.cost_profile, params)
-    engine.config.policy = name
-
-
 def _warm_up(engine, job: ServingBenchJob, names: list[str]) -> None:
     """Compiles kernels and captures graphs outside the timed runs: a few requests, a switch each way."""
     rng = np.random.default_rng(10**6)
@@ -264,26 +267,6 @@ def _points(job: ServingBenchJob, capacity: float | None) -> list[tuple[str, flo
         todo += [("load", load, dataclasses.replace(spec, rate=load * capacity, skewness=skew))
                  for skew in job.skewness for load in job.loads]
     return todo
-
-
-def measure_capacity(engine, job: ServingBenchJob, names: list[str], out: Path) -> dict:
-    """Unmerge-only's capacity (requests/s) on a burst of the job's workload at its middle
-    skewness: every request arrives within the first 0.1 s, and the served rate is read off the
-    middle 80% of the finishes (bench.serving_stats.capacity_rps). Written to capacity.json."""
-    spec = job.workload()
-    burst = dataclasses.replace(spec, rate=job.capacity_requests / 0.1, duration_s=0.1, seed=job.seed + 7 * 10**5)
-    trace = generate(burst)
-    requests = build_requests(trace, names, job.image_size, burst.seed, sum(job.text_tokens) // 2, job.video_frames[1])
-    _use_policy(engine, "unmerge_only", {})
-    records: dict = {}
-    m, extra = replay(engine, trace, requests, job.drain_s + 120.0, job.prepare_threads, records_out=records)
-    finish = [r.finish_ms for r in records.values() if r.finish_ms is not None]
-    cap = dict(capacity_rps=capacity_rps(finish), requests=len(trace), completed=m["completed"],
-               skewness=burst.skewness, policy="unmerge_only", span_s=extra["replay_s"], date=time.strftime("%Y-%m-%d"))
-    write_json(out / "capacity.json", cap)
-    print(f"capacity: unmerge-only serves {cap['capacity_rps']:.2f} requests/s ({len(trace)}-request burst, "
-          f"{m['completed']} done in {extra['replay_s']:.1f} s)", file=sys.stderr, flush=True)
-    return cap
 
 
 def _done_rows(path: Path) -> dict[tuple, dict]:
@@ -346,7 +329,9 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
         for seed in seeds:
             spec = dataclasses.replace(point, seed=seed)
             trace = requests = None
-            for name, params in policies.items():
+            order = run_order(list(policies), sweep, x, spec.skewness, seed, job.shuffle_policies)
+            for name in order:
+                params = policies[name]
                 key = (sweep, float(x), float(spec.skewness), name, int(seed))
                 if key not in done:
                     if trace is None:
@@ -359,21 +344,28 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
                     m, extra = replay(engine, trace, requests, job.drain_s, job.prepare_threads)
                     engine.planner.apply(Mode.unmerge())
                     done[key] = {"sweep": sweep, "x": x, "policy": name, "seed": seed, "rate": spec.rate,
-                                 "skewness": spec.skewness, **{k: m[k] for k in METRIC_COLUMNS}, **extra}
+                                 "skewness": spec.skewness, **{k: m[k] for k in METRIC_COLUMNS}, **extra,
+                                 "run_order": order.index(name)}
                     write_csv(out / "serving.csv", done.values(), COLUMNS)  # after every replay: resumable
                 row = done[key]
-                rows.append(row)
-                print(f"[{len(rows)}/{n}] {sweep}={x:g} skew={spec.skewness:g} seed={seed} {name}: "
+                at = len(rows) + order.index(name) + 1
+                print(f"[{at}/{n}] {sweep}={x:g} skew={spec.skewness:g} seed={seed} {name}: "
                       f"{row['avg_token_latency_ms']:.2f} ms/token, p95 {row['p95_ms']:.0f} ms, "
                       f"{row['completed']}/{row['requests']} done, {row['switches']} switches "
-                      f"({row['switch_ms']:.1f} ms)", file=sys.stderr, flush=True)
+                      f"({row['switch_ms']:.1f} ms){learning_note(row)}", file=sys.stderr, flush=True)
+            # reported in the policies' given order, whatever order they ran in
+            rows += [done[(sweep, float(x), float(spec.skewness), name, int(seed))] for name in policies]
     meta = dict(device=gpu, date=time.strftime("%Y-%m-%d"), engine_load_s=load_s, adapters=names, modes=modes,
                 capacity=capacity, seeds=list(seeds), profile=engine.cost_profile.to_dict(), torch=torch.__version__,
                 transformers=__import__("transformers").__version__, job=dataclasses.asdict(job))
     profile = engine.cost_profile
     del engine
     gc.collect()
-    _write(list(done.values()), meta, out, profile)
+    # every row of the folder, each (point, seed)'s policies in the order given (they ran shuffled)
+    rank = {name: i for i, name in enumerate(policies)}
+    groups = {k[:3] + k[4:]: i for i, k in enumerate(done)}
+    _write([done[k] for k in sorted(done, key=lambda k: (groups[k[:3] + k[4:]], rank.get(k[3], len(rank))))],
+           meta, out, profile)
     return rows, meta
 
 
@@ -388,7 +380,9 @@ def _write(rows: list[dict], meta: dict, out: Path, profile) -> None:
     checks = verdicts(summary)
     if checks:
         write_csv(out / "verdicts.csv", checks)
-    write_json(out / "serving.json", {"meta": meta, "rows": rows, "summary": summary, "verdicts": checks})
+    learnt = learning_summary(rows)
+    write_json(out / "serving.json", {"meta": meta, "rows": rows, "summary": summary, "verdicts": checks,
+                                      "learning": learnt})
     single = [r for r in rows if r["sweep"] != "load"]
     meta["plots"] = [str(p) for p in plot(single, profile, out)] if single else []
     meta["plots"] += [str(p) for p in plot_points(summary, out, f"{meta['device']}, {', '.join(meta['job']['targets'])}"
@@ -396,5 +390,9 @@ def _write(rows: list[dict], meta: dict, out: Path, profile) -> None:
     print(summary_table(summary))
     for c in checks:
         print(f"{c['sweep']}={c['x']:g} skew={c['skewness']:g}: v_lora / best fixed ({c['best_fixed']}) "
-              f"{c['ratio_best']:.3f}, / unmerge-only {c['ratio_unmerge']:.3f}"
-              f"{'' if c['overlap'] else ' (intervals apart)'}")
+              f"{c['ratio_best']:.3f}{'' if c['within_5pct'] else ' (over 5%)'}, / unmerge-only "
+              f"{c['ratio_unmerge']:.3f}{'' if c['overlap'] else ' (intervals apart)'}")
+    for s in learnt:
+        print(f"{s['policy']}: learnt step cost within {100 * s['pred_err_median']:.1f}% of measured (median over "
+              f"{s['replays']} replays' medians; {100 * s['within_15pct']:.0f}% of replays within 15%), guard fell "
+              f"back {s['guard_engaged']} times for {s['guard_fallback_steps']} steps")

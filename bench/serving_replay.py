@@ -21,7 +21,18 @@ import numpy as np
 
 from bench.engine import WORDS
 from serve.engine import Request, SamplingParams
-from serve.orchestrator import RequestRecord, RequestView, adapter_names, summarize
+from serve.orchestrator import Mode, RequestRecord, RequestView, adapter_names, build_policy, summarize
+
+
+LEARNING_COLUMNS = ("pred_err_median", "plan_err_median", "learned_steps", "guard_engaged", "guard_fallback_steps")
+
+
+def use_policy(engine, name: str, params: dict) -> None:
+    """Puts policy `name` (fresh state) in charge of the engine, the weights unmerged."""
+    engine.planner.apply(Mode.unmerge())
+    # the planner points the engine's operators at the policy's (dLoRA: einsum, per-layer switches)
+    engine.planner.policy = None if name == "fcfs" else build_policy(name, engine.cost_profile, params)
+    engine.config.policy = name
 
 
 def build_requests(trace: Sequence[RequestView], names: Sequence[str], image_size: int, seed: int,
@@ -113,5 +124,23 @@ def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], dr
              for k in ("unmerge", "merge", "mixture")}
     metrics = summarize(records.values(), switches=after.mode_switches - before.mode_switches,
                         switch_ms=after.switch_ms_total - before.switch_ms_total)
-    extra = {"aborted": aborted, **{f"steps_{k}": v for k, v in steps.items()}, "replay_s": replay_s}
+    extra = {"aborted": aborted, **{f"steps_{k}": v for k, v in steps.items()}, "replay_s": replay_s,
+             **learning_columns(getattr(after, "policy_stats", None))}
     return metrics.as_row(), extra
+
+
+def learning_columns(policy_stats: dict | None) -> dict:
+    """What a learning policy reports of its replay (one policy object per replay): the median
+    |predicted - measured| / measured of its steps (predicted before each was learnt from) and of
+    its decisions' planned steps, the steps learnt from, and how often and how long its guard fell
+    back to a fixed mode. nan / 0 for a policy that does not learn."""
+    learning = (policy_stats or {}).get("learning") or {}
+    guard = (policy_stats or {}).get("guard") or {}
+
+    def num(value):
+        return float("nan") if value is None else value
+
+    return {"pred_err_median": num(learning.get("median_abs_rel_err")),
+            "plan_err_median": num(learning.get("plan_median_abs_rel_err")),
+            "learned_steps": learning.get("observed", 0), "guard_engaged": guard.get("engaged", 0),
+            "guard_fallback_steps": guard.get("fallback_steps", 0)}

@@ -78,7 +78,7 @@ def verdicts(summary: list[dict], policy: str = "v_lora", fixed: tuple[str, ...]
         me, b = by_p[policy], by_p[best]
         unmerge = by_p.get("unmerge_only")
         out.append(dict(sweep=sweep, skewness=skew, x=x, best_fixed=best, ratio_best=me["mean"] / b["mean"],
-                        overlap=_overlap(me, b),
+                        within_5pct=me["mean"] <= 1.05 * b["mean"], overlap=_overlap(me, b),
                         ratio_unmerge=me["mean"] / unmerge["mean"] if unmerge else math.nan))
     return out
 
@@ -148,3 +148,30 @@ def plot_points(summary: list[dict], out_dir: str | Path, title: str) -> list[Pa
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def learning_note(row: dict) -> str:
+    err = row.get("pred_err_median")
+    if err is None or err == "" or (isinstance(err, float) and math.isnan(err)):
+        return ""
+    return (f", step cost predicted within {100 * float(err):.1f}% (median), "
+            f"guard fell back {row.get('guard_fallback_steps', 0)} steps")
+
+
+def learning_summary(rows: list[dict]) -> list[dict]:
+    """Per learning policy over its replays: the median of each replay's median step-cost error
+    (predicted before the step was learnt from; the target is <= 0.15), the share of replays
+    within 15%, and the guard's engagements and fallback steps in all."""
+    by_policy: dict[str, list[dict]] = {}
+    for r in rows:
+        err = r.get("pred_err_median")
+        if err not in (None, "") and not math.isnan(float(err)):
+            by_policy.setdefault(r["policy"], []).append(r)
+    out = []
+    for policy, rs in by_policy.items():
+        errs = [float(r["pred_err_median"]) for r in rs]
+        out.append(dict(policy=policy, replays=len(rs), pred_err_median=statistics.median(errs),
+                        within_15pct=sum(e <= 0.15 for e in errs) / len(errs),
+                        guard_engaged=sum(int(r.get("guard_engaged") or 0) for r in rs),
+                        guard_fallback_steps=sum(int(r.get("guard_fallback_steps") or 0) for r in rs)))
+    return out

@@ -28,7 +28,15 @@ class Adaptive:
         self._guard_top: str | None = None  # the adapter the guard's fixed merge mode holds merged
         self._stint, self._dwell_steps = 0, DWELL_PRIOR_STEPS  # steps since the last switch; their mean
         self._planned = None  # the last decision's record, waiting for its step's measured time
-        self._plan_errors: deque[float] = deque(maxlen=256)
+        self._plan_errors: deque[float] = deque(maxlen=4096)
+        self.stats.learning = self._learning_report if isinstance(self.costs, LearnedCosts) else None
+        self.stats.guard = self.guard.report if self.guard is not None else None
+
+    def _learning_report(self) -> dict:
+        report = self.costs.report()
+        errors = list(self._plan_errors)
+        report["plan_median_abs_rel_err"] = statistics.median(errors) if errors else None
+        return report
 
     def reset(self) -> None:
         super().reset()
@@ -67,17 +75,11 @@ class Adaptive:
             record.measured_ms = measured_ms
             if measured_ms > 0 and record.predicted_ms is not None:
                 self._plan_errors.append(abs(record.predicted_ms - measured_ms) / measured_ms)
-        if isinstance(costs, LearnedCosts):
-            report = costs.report()
-            errors = list(self._plan_errors)
-            report["plan_median_abs_rel_err"] = statistics.median(errors) if errors else None
-            self.stats.learning = report
         if self.guard is not None:
             unmerge, merge, self._guard_top = fixed_costs(costs, mode, batch, self.lora_op, image_tokens,
                                                           self._guard_top, self.switch_op)
             predicted = costs.batch_ms(mode, batch, self.lora_op, image_tokens)
             self.guard.observe(measured_ms, switch_ms, predicted, unmerge, merge)
-            self.stats.guard = self.guard.report()
 
     def _fallback(self, view: StepView, starving: list[RequestView], kind: str,
                   reason: str) -> tuple[Mode, list[RequestView], str]:

@@ -61,7 +61,7 @@ class LearnedCosts:
     the policies plan with (`step_ms`, `batch_ms`, `switch_cost_ms`, `switch_ms`), plus `observe`."""
 
     def __init__(self, profile: CostProfile, window: float = 500.0, prior_steps: float = 8.0,
-                 log_size: int = 256):
+                 log_size: int = 4096):
         if window < 1 or prior_steps <= 0:
             raise ValueError(f"learned costs: window must be >= 1 and prior_steps > 0, got {window}, {prior_steps}")
         self.profile = profile

@@ -25,6 +25,7 @@ difference is only which requests the policy lets in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,14 +174,15 @@ class PolicyStats:
     paused: int = 0
     max_starving: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
-    # a policy that learns from measured steps (V-LoRA's): its predicted vs measured step costs
-    # (serve.orchestrator.learned.LearnedCosts.report) and its guard against the fixed modes
-    # (serve.orchestrator.guard.FixedModeGuard.report); None for a policy that does not
-    learning: dict | None = None
-    guard: dict | None = None
+    # a policy that learns from measured steps (V-LoRA's): reports, taken when asked (as_dict), of its
+    # predicted vs measured step costs (serve.orchestrator.learned.LearnedCosts.report) and of its
+    # guard against the fixed modes (serve.orchestrator.guard.FixedModeGuard.report); None otherwise
+    learning: Callable[[], dict] | None = None
+    guard: Callable[[], dict] | None = None
 
     def as_dict(self) -> dict:
         return {"decisions": self.decisions, "steps_by_mode": dict(self.steps_by_mode),
                 "switches": self.switches, "switch_ms": self.switch_ms, "admitted": self.admitted,
                 "paused": self.paused, "max_starving": self.max_starving, "reasons": dict(self.reasons),
-                "learning": self.learning, "guard": self.guard}
+                "learning": self.learning() if self.learning else None,
+                "guard": self.guard() if self.guard else None}

@@ -129,20 +129,21 @@ def generate(spec: WorkloadSpec) -> list[RequestView]:
             break
         app = rng.choices(spec.apps, app_weights)[0]
         adapter = None if rng.random() < spec.base_share else rng.choices(names, weights)[0]
-        frames = rng.randint(*app.frames)
-        prompt = frames * app.tokens_per_frame + rng.randint(*app.text_tokens)
+        prompt = rng.randint(*app.frames) * app.tokens_per_frame + rng.randint(*app.text_tokens)
         head = rng.random() < app.head_share
         n_out = 1 if head else rng.randint(*app.output_tokens)
         out.append(RequestView(
             request_id=f"r{len(out):06d}", adapter=adapter, arrival_ms=round(t * 1e3, 3),
             prompt_tokens=prompt, output_tokens=n_out, output_mode="head" if head else "generate",
-            app=app.name, slo_ms=app.slo_ms + app.slo_per_token_ms * n_out, priority=app.priority,
-            image_tokens=frames * app.tokens_per_frame))
+            app=app.name, slo_ms=app.slo_ms + app.slo_per_token_ms * n_out, priority=app.priority))
     return out
 
 
 # ---- trace files ------------------------------------------------------------------------------
-_TRACE_FIELDS = [f.name for f in fields(RequestView) if f.name not in ("computed_tokens", "generated_tokens")]
+# image_tokens stays out of the files (and the generator leaves it 0): committed traces are checked by
+# the digest of these bytes (bench/serving_traces.py), and the simulator's profile has no vision term
+_TRACE_FIELDS = [f.name for f in fields(RequestView)
+                 if f.name not in ("computed_tokens", "generated_tokens", "image_tokens")]
 _REQUIRED = ("request_id", "arrival_ms", "adapter", "prompt_tokens", "output_tokens")
 
 

@@ -85,7 +85,7 @@ def test_load_sweep_measures_capacity_repeats_seeds_and_resumes(vlora_home, tmp_
         targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         adapter_dirs=tuple(f"{n}={p}" for n, p in adapters.items()), video_head_share=0.0,
         policies=("v_lora", "unmerge_only"), sweeps=("load",), loads=(0.5,), skewness=(0.8,), seeds=(0, 1),
-        capacity_requests=12, duration_s=1.0, drain_s=20.0, warmup_s=0.0, image_size=56, video_frames=(1, 1),
+        capacity_requests=12, capacity_probe_s=1.0, duration_s=1.0, drain_s=20.0, warmup_s=0.0, image_size=56, video_frames=(1, 1),
         video_output_tokens=(2, 2), retrieval_output_tokens=(2, 4), text_tokens=(4, 8), max_batch_size=4,
         max_tokens_per_step=512, profile="assumed", mode_other_shares=(), out_dir=str(tmp_path / "out"),
         tag="r16_all")
@@ -93,8 +93,16 @@ def test_load_sweep_measures_capacity_repeats_seeds_and_resumes(vlora_home, tmp_
     out = tmp_path / "out" / "cpu" / "r16_all"
     cap = json.loads((out / "capacity.json").read_text())
     assert cap["capacity_rps"] > 0 and cap["requests"] >= 10 and cap["completed"] == cap["requests"]
+    # the burst's estimate, then Poisson arrivals at 1.3x it: the capacity is what they were served at
+    assert cap["arrival"] == "poisson" and cap["probe_rate"] == pytest.approx(1.3 * cap["burst_rps"])
+    assert cap["capacity_rps"] == cap["poisson_rps"] or cap["lower_bound"]
     assert [(r["policy"], r["seed"]) for r in rows] == [("v_lora", 0), ("unmerge_only", 0), ("v_lora", 1),
-                                                       ("unmerge_only", 1)]
+                                                       ("unmerge_only", 1)]  # reported in the order given
+    # each seed replayed the two in its own order (seeded: a rerun keeps it)
+    assert [r["run_order"] for r in rows] == [1, 0, 0, 1]
+    learnt = rows[0]  # the learning policy reports how well it predicted the steps it served
+    assert learnt["learned_steps"] > 0 and 0 <= learnt["pred_err_median"] < 10
+    assert math.isnan(rows[1]["pred_err_median"]) and rows[1]["learned_steps"] == 0
     assert all(r["rate"] == pytest.approx(0.5 * cap["capacity_rps"]) and r["x"] == 0.5 for r in rows)
     assert rows[0]["requests"] != rows[2]["requests"] or rows[0]["avg_latency_ms"] != rows[2]["avg_latency_ms"]
     with open(out / "summary.csv", newline="") as f:

@@ -139,7 +139,7 @@ def test_simulator_and_engine_take_the_same_decisions_on_one_trace(setup):  # no
                                    sampling=SamplingParams(max_tokens=r.output_tokens, ignore_eos=True)))
     while engine.has_unfinished():
         engine.step()
-    assert policy.stats.learning["observed"] == engine.num_steps  # every step measured was learnt from
+    assert engine.stats().policy_stats["learning"]["observed"] == engine.num_steps  # every step measured was learnt from
 
     sim_policy = build_policy("v_lora", assumed_profile(), params)
     sim_policy.log = type(sim_policy.log)(maxlen=None)

@@ -159,7 +159,7 @@ def test_the_policy_falls_back_to_the_fixed_mode_the_guard_names_and_reports_it(
     batch = [(f"x{i}", 1000) for i in range(6)]  # six adapters in mixture(x0), a 50 ms switch before each step
     for _ in range(4):
         policy.observe(Mode.mixture("x0"), batch, policy.costs.batch_ms(Mode.mixture("x0"), batch), 0, 50.0, 2)
-    assert policy.guard.active == "unmerge" and policy.stats.guard["engaged"] == 1
+    assert policy.guard.active == "unmerge" and policy.stats.as_dict()["guard"]["engaged"] == 1
     assert policy.log[0].measured_ms is not None  # the first decision's step, measured
     d = policy.decide(v)
     assert d.mode == Mode.unmerge() and d.reason.startswith("guard: losing to fixed unmerge")

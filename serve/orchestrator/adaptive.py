@@ -27,6 +27,7 @@ class Adaptive:
         self.guard = FixedModeGuard(cfg.guard_window, cfg.guard_margin, cfg.guard_hold_steps) if cfg.guard else None
         self._guard_top: str | None = None  # the adapter the guard's fixed merge mode holds merged
         self._stint, self._dwell_steps = 0, DWELL_PRIOR_STEPS  # steps since the last switch; their mean
+        self._price_cache: dict | None = None
         self._planned = None  # the last decision's record, waiting for its step's measured time
         self._plan_errors: deque[float] = deque(maxlen=4096)
         self.stats.learning = self._learning_report if isinstance(self.costs, LearnedCosts) else None
@@ -43,7 +44,12 @@ class Adaptive:
         self._fresh_state()
 
     def decide(self, view: StepView) -> Decision:
-        d = super().decide(view)
+        # the plans of one decision share their planned steps; keyed by object ids, so never kept past it
+        self._price_cache = {}
+        try:
+            d = super().decide(view)
+        finally:
+            self._price_cache = None
         if d.switch:
             self._dwell_steps += DWELL_SHARE * (max(1, self._stint) - self._dwell_steps)
             self._stint = 0

@@ -230,7 +230,8 @@ class VLoRAPolicy(Adaptive, Policy):
         adapters' running requests have finished."""
         if self.config.price == "decode":
             return decode_plan_price(self.costs, view, mode, admit, self.lora_op, self.switch_op, merged_only)
-        return plan_price(self.costs, view, mode, admit, self.lora_op, self.switch_op, self._dwell_steps, merged_only)
+        return plan_price(self.costs, view, mode, admit, self.lora_op, self.switch_op, self._dwell_steps, merged_only,
+                          self._price_cache)
 
     def hold_cost(self, view: StepView, a: str, mine: list[RequestView]) -> float:
         """hold(a): other adapters' running requests finish in mixture(a) (their remaining steps),
@@ -238,7 +239,8 @@ class VLoRAPolicy(Adaptive, Policy):
         steps the batch lasts."""
         if self.config.price == "decode":
             return decode_hold_price(self.costs, view, a, mine, self.lora_op, self.switch_op)
-        return hold_price(self.costs, view, a, mine, self.lora_op, self.switch_op, self._dwell_steps)
+        return hold_price(self.costs, view, a, mine, self.lora_op, self.switch_op, self._dwell_steps,
+                          self._price_cache)
 
     def _by_cost(self, view: StepView, starving: list[RequestView]) -> tuple[Mode, list[RequestView], str]:
         cur = view.mode.merged_adapter

@@ -48,11 +48,13 @@ def planned_step(view: StepView, batch: Sequence[RequestView]) -> PlannedStep:
     for r in batch:
         if budget <= 0:
             break
-        n = 1 if r.remaining_prompt <= 0 else min(r.remaining_prompt, budget)
-        images += _chunk_images(r, n)
+        left = r.remaining_prompt
+        n = 1 if left <= 0 else min(left, budget)
+        if r.image_tokens:
+            images += _chunk_images(r, n)
         budget -= n
         entries.append((r.adapter, n))
-        prefill_done = r.remaining_prompt <= n
+        prefill_done = left <= n
         after = r.remaining_output - (1 if prefill_done else 0)  # the step that ends the prompt samples a token
         if r.output_mode == "generate" and after > 0:
             goes_on.append((r, after))
@@ -61,13 +63,19 @@ def planned_step(view: StepView, batch: Sequence[RequestView]) -> PlannedStep:
 
 
 def plan_price(costs, view: StepView, mode: Mode, admit: Sequence[RequestView], lora_op: str, switch_op: str,
-               dwell_steps: float, merged_only: bool = False) -> float:
+               dwell_steps: float, merged_only: bool = False, cache: dict | None = None) -> float:
     """ms per token of running `mode` with the running requests plus `admit` (as many as fit).
-    merged_only: once the other adapters' running requests have finished (hold's merged phase)."""
-    batch = [*view.running, *admit[:view.free_slots]]
-    if merged_only:
-        batch = [r for r in batch if r.adapter == mode.merged_adapter]
-    step = planned_step(view, batch)
+    merged_only: once the other adapters' running requests have finished (hold's merged phase).
+    cache: planned steps of this decision by (admit list, merged adapter kept), shared by its plans."""
+    key = (id(admit), mode.merged_adapter if merged_only else None)
+    step = cache.get(key) if cache is not None else None
+    if step is None:
+        batch = [*view.running, *admit[:view.free_slots]]
+        if merged_only:
+            batch = [r for r in batch if r.adapter == mode.merged_adapter]
+        step = planned_step(view, batch)
+        if cache is not None:
+            cache[key] = step
     if not step.entries:
         return float("inf")
     ms = costs.batch_ms(mode, step.entries, lora_op, step.image_tokens)
@@ -80,18 +88,19 @@ def plan_price(costs, view: StepView, mode: Mode, admit: Sequence[RequestView], 
 
 
 def hold_price(costs, view: StepView, a: str, mine: Sequence[RequestView], lora_op: str, switch_op: str,
-               dwell_steps: float) -> float:
+               dwell_steps: float, cache: dict | None = None) -> float:
     """hold(a): the other adapters' running requests finish in mixture(a) while a's requests join;
     the priced steps split between that mixed phase and the merged one after it, by the share of
     the batch's horizon the others take to drain."""
-    mixed = plan_price(costs, view, Mode.mixture(a), mine, lora_op, switch_op, dwell_steps)
+    mixed = plan_price(costs, view, Mode.mixture(a), mine, lora_op, switch_op, dwell_steps, cache=cache)
     others = [r for r in view.running if r.adapter != a]
     if not others:
         return mixed  # nobody else: the step is a's alone (merged)
-    merged = plan_price(costs, view, Mode.mixture(a), mine, lora_op, switch_op, dwell_steps, merged_only=True)
+    merged = plan_price(costs, view, Mode.mixture(a), mine, lora_op, switch_op, dwell_steps, True, cache)
     if merged == float("inf"):
         return mixed
-    horizon = max(1.0, planned_step(view, [*view.running, *mine[:view.free_slots]]).horizon)
+    step = (cache or {}).get((id(mine), None)) or planned_step(view, [*view.running, *mine[:view.free_slots]])
+    horizon = max(1.0, step.horizon)
     drain = min(horizon, max(r.remaining_output for r in others))
     return (drain * mixed + (horizon - drain) * merged) / horizon
 

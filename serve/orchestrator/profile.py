@@ -54,8 +54,13 @@ class Grid2D:
             raise ValueError(f"Grid2D values must be [{len(self.rows)}][{len(self.cols)}] (rows x cols)")
 
     def __call__(self, row: float, col: float) -> float:
-        per_row = [_interp1(self.cols, v, col) for v in self.values]
-        return _interp1(self.rows, per_row, row)
+        rows = self.rows
+        if len(rows) == 1 or row <= rows[0]:
+            return _interp1(self.cols, self.values[0], col)
+        # only the two rows around `row` enter the result (the policies price many steps per decision)
+        i = min(bisect_right(rows, row) - 1, len(rows) - 2)
+        pair = [_interp1(self.cols, self.values[k], col) for k in (i, i + 1)]
+        return _interp1(rows[i:i + 2], pair, row)
 
 
 @dataclass

@@ -89,19 +89,16 @@ class Adaptive:
 
     def _fallback(self, view: StepView, starving: list[RequestView], kind: str,
                   reason: str) -> tuple[Mode, list[RequestView], str]:
-        """The plan of fixed mode `kind` ("unmerge" | "merge"): unmerge runs everyone; merge holds
-        the most requested adapter merged and its requests only (others join through mixture once
-        one of them starves, as hold never holds a starving request)."""
+        """The plan of fixed mode `kind`, as the guard priced it: everyone admitted (the starving
+        first), "unmerge" unmerged, "merge" with the most requested adapter merged and the others
+        through deLoRA (merge(a) when the batch is a's alone)."""
         everyone = self._everyone(view, starving)
         ratios = ", ".join(f"{k} {v:.3f}" for k, v in self.guard.last_ratio.items())
         why = f"guard: losing to fixed {kind} (measured / fixed {ratios})"
         if kind == "merge":
             _, top = self._top([*view.waiting, *view.running], view.mode.merged_adapter)
             if top is not None:
-                if any(r.adapter != top for r in starving):
-                    return Mode.mixture(top), everyone, f"{why}, mixture({top}) for the starving ({reason})"
-                mine = [r for r in everyone if r.adapter == top]
-                batch = [*view.running, *mine[:view.free_slots]]
+                batch = [*view.running, *everyone[:view.free_slots]]
                 mode = Mode.merge(top) if all(r.adapter == top for r in batch) else Mode.mixture(top)
-                return mode, mine, f"{why}, hold({top}) ({reason})"
+                return mode, everyone, f"{why}, {mode} ({reason})"
         return Mode.unmerge(), everyone, f"{why}, unmerge ({reason})"

@@ -5,7 +5,7 @@ any) and what the same batch is predicted to cost under each fixed mode:
 
     unmerge   every adapter's tokens through the unmerged operator, never a switch
     merge     the batch's most requested adapter merged (its tokens free of LoRA work), the rest
-              through deLoRA, a switch whenever that adapter changes from one step to the next
+              through deLoRA (mixture), a switch whenever that adapter changes from one step to the next
 
 Over a window of `window` steps it compares
 

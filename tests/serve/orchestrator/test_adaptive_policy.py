@@ -152,7 +152,7 @@ def test_the_guard_engages_on_a_measured_loss_holds_then_retries_with_a_longer_h
 
 def test_the_policy_falls_back_to_the_fixed_mode_the_guard_names_and_reports_it():
     p = linear_profile()  # deLoRA twice ATMM's per-token cost
-    policy = VLoRAPolicy(p, VLoRAConfig(guard_window=4, guard_hold_steps=8))
+    policy = VLoRAPolicy(p, VLoRAConfig(guard_window=4, guard_hold_steps=8, max_switch_share=1.0))
     v = view(10.0, video_queue())
     first = policy.decide(v)
     assert policy.guard.active is None and not first.reason.startswith("guard")
@@ -163,6 +163,9 @@ def test_the_policy_falls_back_to_the_fixed_mode_the_guard_names_and_reports_it(
     assert policy.log[0].measured_ms is not None  # the first decision's step, measured
     d = policy.decide(v)
     assert d.mode == Mode.unmerge() and d.reason.startswith("guard: losing to fixed unmerge")
+    policy.guard.active = "merge"  # the merged fixed mode: a merged, everyone else through deLoRA
+    d = policy.decide(view(20.0, video_queue(), mode=d.mode))
+    assert d.mode == Mode.mixture("a") and len(d.admit) == 7 and "losing to fixed merge" in d.reason
     assert policy.stats.as_dict()["learning"]["observed"] == 4
     policy.reset()
     assert policy.guard.active is None and policy.costs.observed == 0

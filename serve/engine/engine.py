@@ -394,9 +394,12 @@ class Engine:
         def ahead() -> None:
             if self.during_step is not None:
                 self.during_step()
-            upcoming = upcoming_vision(self.scheduler, batch, self.config.max_tokens_per_step)
+            sched = self.scheduler
+            upcoming = upcoming_vision(sched, batch, self.config.max_tokens_per_step)
             if upcoming:
-                self.runner.encode_ahead(upcoming)
+                ahead_now = sum(item.offset >= s.num_computed_tokens and item.content_hash in s.state.embeds
+                                for queue in (sched.running, sched.waiting) for s in queue for item in s.state.vision)
+                self.runner.encode_ahead(upcoming, ahead_now)
         return ahead
 
     def _output(self, tracked: _Tracked, new_ids: list[int], finished: bool, head=None) -> RequestOutput:

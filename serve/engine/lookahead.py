@@ -3,17 +3,43 @@
 The engine encodes them then (`EngineConfig.encode_ahead`, ModelRunner.encode_ahead), behind the
 current step's kernels and before the host waits for its results: the device gets the vision tower's
 work while the host plans the next step, builds its inputs and launches it, time in which it had
-nothing to do before (14% of the wall at 64 chunks on an H200). No torch here.
+nothing to do before (15% of the wall at 64 chunks on an H100). No torch here.
 
-The guess walks the queues as the scheduler will, without its fair shares and tenant caps: prompts
-still being prefilled after this step first, then waiting ones, each in the policy's order, over
-one step's prompt tokens. A wrong guess costs no correctness: an encoded item waits in the encoder
-cache, keyed by its pixels, for the step that does take it. A waiting prompt whose prefix the
-running step computes (a shared template) finds that prefix cached only after the step; the guess
-then falls short of its pictures, which are encoded at their own step as before.
+The guess walks the queues as the scheduler will, in outline: the step's prompt tokens (after one
+token per decoding sequence) are split equally between flows (a tenant's connection), what a flow
+cannot use going round again, as the scheduler's deficit round robin does without its carried
+deficits, weights and caps; within a flow, sequences take its tokens in the policy's order, prompts
+being prefilled first, then waiting ones while the batch has slots. A wrong guess costs no
+correctness and little time: each encoded item is held by its own sequence until its prefill
+reaches it (and kept in the encoder cache for others with the same pixels).
+
+A waiting prompt whose prefix the running step computes (a shared template) finds that prefix
+cached only after the step; the guess then falls short of its pictures, which are encoded at their
+own step as before.
 """
 
 from __future__ import annotations
+
+from .tenancy import flow_of
+
+
+def split_equally(needs: dict, budget: int) -> dict:
+    """Tokens for each key of `needs` (tokens wanted): equal shares of `budget`, what a key cannot use
+    going round again to the others (water filling)."""
+    given = {k: 0 for k in needs}
+    left = {k: n for k, n in needs.items() if n > 0}
+    while budget > 0 and left:
+        share = max(1, budget // len(left))
+        for k in list(left):
+            take = min(share, left[k], budget)
+            given[k] += take
+            budget -= take
+            left[k] -= take
+            if not left[k]:
+                del left[k]
+            if not budget:
+                break
+    return given
 
 
 def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
@@ -21,24 +47,32 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
     `budget` tokens at most; `batch` is the step now running (its chunks count as computed)."""
     stepped = {id(seq): n for seq, n in batch.entries}
     order, bm = scheduler.policy.order, scheduler.block_manager
-    prefilling = []
+    prefilling = []  # (sequence, first token of its next chunk)
+    running = 0
     for seq in order(scheduler.running):
         start = seq.num_computed_tokens + stepped.get(id(seq), 0)
-        if seq.is_finished:
-            continue
+        if seq.is_finished or start >= seq.num_tokens and seq.prefill_only:
+            continue  # done with this step
+        running += 1
         if start >= seq.prompt_len:
             budget -= 1  # a decoding sequence's token
         else:
             prefilling.append((seq, start))
+    slots = scheduler.config.max_batch_size - running
     # a waiting prompt starts past its cached prefix, as the scheduler will admit it
-    prefilling += [(seq, max(seq.num_computed_tokens, bm.num_cached_tokens(seq))) for seq in order(scheduler.waiting)]
+    prefilling += [(seq, max(seq.num_computed_tokens, bm.num_cached_tokens(seq)))
+                   for seq in order(scheduler.waiting)[:max(0, slots)]]
+    needs: dict = {}
+    for seq, start in prefilling:
+        needs[flow_of(seq)] = needs.get(flow_of(seq), 0) + seq.prompt_len - start
+    tokens = split_equally(needs, max(0, budget))
     out = []
     for seq, start in prefilling:
-        if budget <= 0:
-            break
-        end = min(seq.prompt_len, start + budget)
-        budget -= end - start
-        held = seq.state.embeds
+        n = min(seq.prompt_len - start, tokens[flow_of(seq)])
+        if n <= 0:
+            continue
+        tokens[flow_of(seq)] -= n
+        end, held = start + n, seq.state.embeds
         out.extend((seq, item) for item in seq.state.vision
                    if item.offset < end and item.offset + item.num_tokens > start and item.content_hash not in held)
     return out

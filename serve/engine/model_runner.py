@@ -156,21 +156,28 @@ class ModelRunner:
                 seq.state.logits.append(logits[i].cpu())
         return {seq.seq_id: token for seq, token in zip(seqs, tokens.tolist())}
 
-    def encode_ahead(self, upcoming: list) -> int:
-        """Encodes pictures of the next step's (seq, item) pairs into the encoder cache, behind the work
-        already queued; returns how many. Items of tower-adapting requests are left to their own step
-        (their encoder call needs that step's adapter slots), as are those the cache holds already.
-        The cache keeps at most half its capacity of them, so they cannot push out each other."""
+    def encode_ahead(self, upcoming: list, ahead_now: int) -> int:
+        """Encodes pictures of the next step's (seq, item) pairs behind the work already queued; returns
+        how many. Each sequence holds its own until its prefill passes them (the encoder cache, which may
+        push them out, gets them too, for other requests with the same pixels). `ahead_now`: items the
+        sequences hold that their prefill has not reached; at most the cache's capacity are, so a guess
+        that runs ahead of the steps cannot hold memory without bound. Items of tower-adapting requests are left to their
+        own step (their encoder call needs that step's adapter slots), as are those the cache has."""
         cache, failed = self.encoder_cache, self._ahead_failed
-        todo, seen = [], set()
+        todo, seen = [], {}
         for seq, item in upcoming:
             key = item.content_hash
-            if key in seen or key in cache or key in failed or key in seq.state.embeds \
-                    or self._adapts_tower(seq.adapter):
+            if key in failed or key in seq.state.embeds or self._adapts_tower(seq.adapter):
                 continue
-            seen.add(key)
-            todo.append(item)
-        todo = todo[:cache.capacity // 2]
+            cached = cache.get(key) if key in cache else None
+            if cached is not None:
+                seq.state.embeds[key] = cached
+            elif key in seen:
+                seen[key].append(seq)
+            else:
+                seen[key] = [seq]
+                todo.append(item)
+        todo = todo[:max(0, cache.capacity - ahead_now)]
         done = 0
         for i in range(0, len(todo), self.config.max_vision_batch):
             chunk = todo[i:i + self.config.max_vision_batch]
@@ -184,6 +191,8 @@ class ModelRunner:
                 continue
             for item, emb in zip(chunk, embeds):
                 cache.put(item.content_hash, emb)
+                for seq in seen[item.content_hash]:
+                    seq.state.embeds[item.content_hash] = emb
             done += len(chunk)
             self.counters["encoder_calls"] += 1
             self.counters["items_encoded"] += len(chunk)

@@ -16,8 +16,8 @@ ARCHS = {"qwen2_vl_tiny": "qwen2_vl", "llava_1_5_tiny": "llava"}
 
 
 def _engine(path, ahead: str, **kw) -> Engine:
-    return Engine(path, EngineConfig(device="cpu", num_kv_blocks=64, kv_block_size=8, max_tokens_per_step=24,
-                                     encode_ahead=ahead, **kw))
+    kw = {"num_kv_blocks": 64, "kv_block_size": 8, "max_tokens_per_step": 24, **kw}
+    return Engine(path, EngineConfig(device="cpu", encode_ahead=ahead, **kw))
 
 
 @pytest.mark.parametrize("name", list(ARCHS))
@@ -56,9 +56,9 @@ def test_the_guess_is_the_pictures_the_next_step_takes(tiny_zoo):
     guesses, reads = [], []
     ahead, encode = engine.runner.encode_ahead, engine.model.encode
 
-    def guessed(upcoming):
+    def guessed(upcoming, ahead_now):
         guesses[-1] = {it.content_hash for _, it in upcoming}
-        return ahead(upcoming)
+        return ahead(upcoming, ahead_now)
 
     def encoded(items):
         reads[-1] |= {it.content_hash for it in items}
@@ -117,3 +117,49 @@ def test_the_loop_takes_arrivals_mid_step_but_holds_an_abort_and_what_follows(ti
     loop._drain(block=False)
     assert [s.request_id for s in engine.scheduler.waiting] == ["r1", "r2"] and loop._held is None
     assert tickets[0].events.get_nowait()["finish_reason"] == "abort"
+
+
+def _flows(engine: Engine, count: int, n_frames: int = 6) -> None:
+    for i in range(count):  # each camera its own connection, as the server makes them
+        request = make_request(dict(prompt="Which way?", video=frames(10 + i, n=n_frames, side=56)))
+        request.owner = f"camera-{i}"
+        engine.add_request(request)
+
+
+def test_with_many_flows_the_guess_follows_the_fair_shares(tiny_zoo):
+    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on", max_batch_size=8, encoder_cache_items=0,
+                     enable_prefix_cache=False, max_tokens_per_step=32)
+    _flows(engine, 8, n_frames=16)
+    guesses, reads = [], []
+    ahead, encode = engine.runner.encode_ahead, engine.model.encode
+
+    def guessed(upcoming, ahead_now):
+        guesses[-1] = {it.content_hash for _, it in upcoming}
+        return ahead(upcoming, ahead_now)
+
+    def encoded(items):
+        reads[-1] |= {it.content_hash for it in items}
+        return encode(items)
+
+    engine.runner.encode_ahead, engine.model.encode = guessed, encoded
+    while engine.has_unfinished():
+        guesses.append(set())
+        reads.append(set())
+        engine.step()
+    pairs = [(guesses[k], reads[k + 1]) for k in range(len(reads) - 1) if reads[k + 1]]
+    right = sum(len(g & r) for g, r in pairs)
+    assert len(pairs) > 3 and right >= 0.8 * sum(len(r) for _, r in pairs), pairs
+
+
+def test_with_a_small_cache_and_many_flows_no_picture_is_encoded_twice(tiny_zoo):
+    """Pictures guessed too early are held by their own sequence, not by the cache that would push them out."""
+    counts = []
+    for ahead in ("on", "off"):
+        engine = _engine(tiny_zoo["qwen2_vl_tiny"], ahead, max_batch_size=8, encoder_cache_items=4,
+                         enable_prefix_cache=False, max_tokens_per_step=32)
+        _flows(engine, 8)
+        while engine.has_unfinished():
+            engine.step()
+        counts.append((engine.stats().items_encoded, engine.stats().items_encoded_ahead))
+    (ahead_total, ahead_part), (plain_total, _) = counts
+    assert ahead_part > 0 and ahead_total == plain_total == 8 * 3

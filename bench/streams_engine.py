@@ -29,7 +29,7 @@ def _requests(job, chunks, names, count: int, start: int):
 
     out = []
     for i in range(count):
-        frames = _stamped(chunks[(start + i) % len(chunks)], start + i + 1)
+        frames = _stamped(chunks[(start + i) % len(chunks)], start + i + 1, not job.static_camera)
         jpegs = [encode_frame(f, "jpeg")[1] for f in frames]  # as the cameras send them
         out.append(Request(prompt=job.prompt, video=jpegs, adapter=names[i % len(names)], task=HEAD_TASK,
                            output_mode="head", sampling=SamplingParams(max_tokens=1)))

@@ -93,7 +93,7 @@ def _http_cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np
 
     async def chunk(http, i: int, k: int, at: float, end: float) -> None:
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        frames = _stamped(chunks[(i + k * n) % len(chunks)], next(serials))
+        frames = _stamped(chunks[(i + k * n) % len(chunks)], next(serials), not job.static_camera)
         sent = time.perf_counter()
         body = {"model": adapters[i % len(adapters)], "max_tokens": job.answer_tokens, "ignore_eos": True,
                 "vlora": vlora, "messages": [{"role": "user", "content": [

@@ -35,10 +35,23 @@ HEAD_TASK = "vehicle"  # the head bench.adapters.write_head saves beside each ad
 TIMING_KEYS = ("frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms")
 
 
-def _stamped(chunk: np.ndarray, serial: int) -> np.ndarray:
-    """A copy of chunk (uint8 [T, H, W, 3]) whose first frame carries `serial` in 8 pixels."""
+STAMP_BITS, STAMP_BLOCK = 32, 8
+
+
+def _stamped(chunk: np.ndarray, serial: int, every_frame: bool = True) -> np.ndarray:
+    """A copy of chunk (uint8 [T, H, W, 3]) whose frames carry `serial` as 32 black or white 8x8
+    blocks along the top (wrapping to the next rows on a narrow frame): a pattern JPEG keeps, so
+    every send differs in its bytes and pixels (a few changed pixel values did not survive the
+    codec: pooled chunks came back byte for byte, and caches answered them). Every frame, so no frame
+    group of a moving camera's chunk repeats one sent before, or only the first (a static camera,
+    whose later groups do repeat)."""
     frames = chunk.copy()
-    frames[0, 0, :8, 0] = np.frombuffer(int(serial).to_bytes(8, "little"), dtype=np.uint8)
+    per_row = frames.shape[2] // STAMP_BLOCK
+    target = frames if every_frame else frames[:1]
+    for bit in range(STAMP_BITS):
+        r, c = divmod(bit, per_row)
+        target[:, r * STAMP_BLOCK:(r + 1) * STAMP_BLOCK, c * STAMP_BLOCK:(c + 1) * STAMP_BLOCK] = \
+            255 if (int(serial) >> bit) & 1 else 0
     return frames
 
 
@@ -64,6 +77,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     measured = math.ceil(seconds if warm_up else job.cold_seconds if cold else job.seconds)
     leftover = engine.abort_all()  # each point starts from an idle engine (a point's drain said so, or this does)
     steps_before = engine.num_steps
+    encoded_before = dict(engine.runner.counters)
     token = secrets.token_hex(16)
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8).start()
     label = "warm-up " if warm_up else "cold " if cold else ""
@@ -75,7 +89,9 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     server.close()
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
-               **_steps(engine, engine.num_steps - steps_before))
+               **_steps(engine, engine.num_steps - steps_before),
+               **{k: engine.runner.counters[k] - encoded_before[k]  # pictures through the tower (3 a chunk, once)
+                  for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures")})
     _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
     return row
@@ -141,7 +157,7 @@ def _cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np.ndar
         while True:
             now = time.perf_counter()
             if k < sends and now >= t0 + offset + k:
-                frames = _stamped(chunks[(i + k * n) % len(chunks)], next(serials))
+                frames = _stamped(chunks[(i + k * n) % len(chunks)], next(serials), not job.static_camera)
                 sent = time.perf_counter()
                 try:
                     s = client.submit_video(job.prompt, frames, adapter=adapter, output_mode=mode,

@@ -5,18 +5,27 @@ come from another GPU, it leaves out the engine's host work and the vision tower
 workload can shift under it. `LearnedCosts` keeps the profile's shape and fits how much each of
 its parts costs on the steps actually served:
 
-    step_ms = w0                                   (host work of a step: scheduling, inputs, sampling)
-            + w1 * base(seqs, seqs)                (the profile's decode-shaped base step)
-            + w2 * (base(seqs, tokens) - base(seqs, seqs))   (its prefill tokens)
-            + w3..w5 * lora[op](adapters, lora_tokens)       (atmm | delora | einsum, the one the step ran)
-            + w6 * image_tokens / 1000             (the vision tower on the images this step prefills)
+    step_ms = w0 + w1 * seqs + w2 * tokens / 1000  (host work the profile leaves out: scheduling,
+                                                    inputs and sampling, per step, sequence, token)
+            + w3 * base(seqs, seqs)                (the profile's decode-shaped base step)
+            + w4 * (base(seqs, tokens) - base(seqs, seqs))   (its prefill tokens)
+            + w5..w7 * lora[op](adapters, lora_tokens)       (atmm | delora | einsum, the one the step ran)
+            + w8 * image_tokens / 1000             (the vision tower on the images this step prefills)
 
 by least squares with exponential forgetting (`window` steps: older steps weigh less, so a shifted
 workload or a warmed-up GPU is followed) and a ridge prior that pulls the weights toward
-(0, 1, 1, 1, 1, 1, 0), the offline profile, worth `prior_steps` typical steps. With no
+(0, 0, 0, 1, 1, 1, 1, 1, 0), the offline profile, worth `prior_steps` typical steps. The host terms
+are corrections and may come out negative (a profile that overstates small steps); the profile's
+parts and the vision tower cost time, so a fit that drives one below 0 is refit with it at 0. With no
 observation the estimates are the profile's; a part never exercised (mixture never run) keeps
 the profile's weight. Each observed step is predicted before it is learnt from, so `report()`
 gives the honest (out-of-sample) error of the predictions the policy planned with.
+
+On top of the fit, each step shape (its LoRA operator or none, decode or prefill, sequences and
+tokens to the nearest power of two) keeps a factor that tracks the median of measured / fitted
+for its steps (shrinking sign steps on the log ratio): what the linear parts cannot shape (a CUDA graph
+bucket, a host cost that is not linear) is corrected where the engine has seen such steps, and
+the median is what the error is judged by.
 
 Switches are learnt apart (the planner times them): an exponentially weighted mean of the
 measured ms per fold, starting at the profile's.
@@ -24,6 +33,7 @@ measured ms per fold, starting at the profile's.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
@@ -31,9 +41,17 @@ from collections.abc import Sequence
 from .profile import LORA_OPS, CostProfile
 from .types import Mode
 
-FEATURES = ("host", "base_decode", "base_prefill", *(f"lora_{op}" for op in LORA_OPS), "image_ktokens")
-PRIOR = (0.0, 1.0, 1.0, *(1.0 for _ in LORA_OPS), 0.0)
-_LORA_AT = {op: 3 + i for i, op in enumerate(LORA_OPS)}
+FEATURES = ("host", "host_per_seq", "host_per_ktoken", "base_decode", "base_prefill",
+            *(f"lora_{op}" for op in LORA_OPS), "image_ktokens")
+PRIOR = (0.0, 0.0, 0.0, 1.0, 1.0, *(1.0 for _ in LORA_OPS), 0.0)
+_BASE = 3  # index of base_decode; the profile's parts follow it
+_LORA_AT = {op: _BASE + 2 + i for i, op in enumerate(LORA_OPS)}
+_NONNEGATIVE = range(_BASE, len(FEATURES))
+HUBER = 2.0  # residuals past this many times the running median |relative residual| are down-weighted
+# a shape factor's log moves toward each of its measured steps by FIRST / sqrt(steps seen), never below
+# MIN (it keeps following a drift): a 30% shape is learnt in a few tens of its steps, and a slow step
+# once it has been seen a hundred times moves it by well under 1%
+SHAPE_FIRST_STEP, SHAPE_MIN_STEP = 0.1, 0.004
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -74,6 +92,9 @@ class LearnedCosts:
         self.weights = list(PRIOR)
         self.switch_ms = dict(profile.switch_ms)  # op -> learnt ms of one fold
         self.observed = 0
+        self._spread = 0.25  # running median |relative residual|: the scale the Huber weights use
+        self._shape_log: dict[tuple, float] = {}  # step shape -> log of its measured / fitted factor
+        self._shape_seen: dict[tuple, int] = {}
         self.errors: deque[float] = deque(maxlen=log_size)  # |predicted - measured| / measured, recent steps
         self.log: deque[tuple[str, int, int, float, float]] = deque(maxlen=log_size)  # (mode, seqs, tokens, pred, meas)
 
@@ -85,7 +106,8 @@ class LearnedCosts:
             return x
         tokens = max(tokens, seqs)
         decode = p.base(seqs, seqs)
-        x[0], x[1], x[2] = 1.0, decode, max(0.0, p.base(seqs, tokens) - decode)
+        x[0], x[1], x[2] = 1.0, float(seqs), tokens / 1000.0
+        x[_BASE], x[_BASE + 1] = decode, max(0.0, p.base(seqs, tokens) - decode)
         if lora_tokens > 0:
             x[_LORA_AT[lora_op]] = p.lora_ms(lora_op, lora_adapters, lora_tokens)
         x[-1] = image_tokens / 1000.0
@@ -94,11 +116,18 @@ class LearnedCosts:
     def predict(self, x: list[float]) -> float:
         return max(0.0, sum(w * v for w, v in zip(self.weights, x)))
 
+    @staticmethod
+    def shape(seqs: int, tokens: int, lora_tokens: int, lora_op: str) -> tuple:
+        tokens = max(tokens, seqs)
+        return (lora_op if lora_tokens > 0 else None, tokens == seqs, seqs.bit_length(), tokens.bit_length())
+
     def step_ms(self, seqs: int, tokens: int, lora_tokens: int = 0, lora_adapters: int = 0,
                 lora_op: str = "atmm", image_tokens: int = 0) -> float:
         if seqs <= 0:
             return 0.0
-        return self.predict(self.features(seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens))
+        fitted = self.predict(self.features(seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens))
+        factor = self._shape_log.get(self.shape(seqs, tokens, lora_tokens, lora_op))
+        return fitted if factor is None else fitted * math.exp(factor)
 
     def batch_shape(self, mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm"):
         """(seqs, tokens, lora_tokens, adapters, op) of `batch` = [(adapter, tokens)] in `mode`
@@ -134,15 +163,32 @@ class LearnedCosts:
         the prediction made before learning from it."""
         if not batch or not measured_ms >= 0 or measured_ms == float("inf"):
             return float("nan")  # an empty or unmeasurable step teaches nothing
-        x = self.features(*self.batch_shape(mode, batch, lora_op), image_tokens=image_tokens)
-        predicted = self.predict(x)
+        seqs, tokens, lora_tokens, adapters, op = self.batch_shape(mode, batch, lora_op)
+        x = self.features(seqs, tokens, lora_tokens, adapters, op, image_tokens)
+        fitted = self.predict(x)
+        key = self.shape(seqs, tokens, lora_tokens, op)
+        factor = self._shape_log.get(key, 0.0)
+        predicted = fitted * math.exp(factor)
         if measured_ms > 0:
             self.errors.append(abs(predicted - measured_ms) / measured_ms)
+            if fitted > 0:
+                # a sign step, shrinking as the shape is seen more (stochastic approximation of the median)
+                seen = self._shape_seen.get(key, 0) + 1
+                self._shape_seen[key] = seen
+                step = max(SHAPE_MIN_STEP, SHAPE_FIRST_STEP / math.sqrt(seen))
+                gap = math.log(measured_ms / fitted) - factor
+                self._shape_log[key] = factor + (min(step, gap) if gap > 0 else max(-step, gap))
         self.log.append((str(mode), len(batch), sum(n for _, n in batch), predicted, measured_ms))
+        # Huber weights: a step far off the fit (another process on the host, a page fault) counts
+        # less, so the fit follows the typical step (the median) rather than the tail's mean
+        rel = abs(measured_ms - fitted) / max(fitted, 1e-3)
+        self._spread *= math.exp(0.05 if rel > self._spread else -0.05)  # tracks the median |residual|
+        limit = HUBER * max(self._spread, 0.02)
+        weight = 1.0 if rel <= limit else limit / rel
         lam, n = self.forget, len(x)
         for i in range(n):
             self._scale[i] = lam * self._scale[i] + (1 - lam) * abs(x[i]) if self.observed else max(abs(x[i]), 1e-3)
-            xi = x[i]
+            xi = weight * x[i]
             self._xy[i] = lam * self._xy[i] + xi * measured_ms
             row = self._xx[i]
             for j in range(n):
@@ -156,8 +202,17 @@ class LearnedCosts:
         ridge = [self.prior_steps * max(s, 1e-3) ** 2 for s in self._scale]
         a = [[self._xx[i][j] + (ridge[i] if i == j else 0.0) for j in range(n)] for i in range(n)]
         b = [self._xy[i] + ridge[i] * PRIOR[i] for i in range(n)]
-        # every part of a step costs time: a weight fitted below 0 (parts that move together) is 0
-        self.weights = [max(0.0, w) for w in _solve(a, b)]
+        free = list(range(n))
+        for _ in range(len(_NONNEGATIVE)):  # active set: a part fitted below 0 is held at 0, the rest refit
+            w = _solve([[a[i][j] for j in free] for i in free], [b[i] for i in free])
+            weights = [0.0] * n
+            for i, v in zip(free, w):
+                weights[i] = v
+            negative = [i for i in free if i in _NONNEGATIVE and weights[i] < 0]
+            if not negative:
+                break
+            free.remove(min(negative, key=lambda i: weights[i]))
+        self.weights = [max(0.0, v) if i in _NONNEGATIVE else v for i, v in enumerate(weights)]
 
     def observe_switch(self, op: str, folds: int, measured_ms: float, share: float = 0.2) -> None:
         """A switch of `folds` folds (merge a->b: 2) measured at `measured_ms`."""

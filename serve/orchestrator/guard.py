@@ -95,4 +95,5 @@ class FixedModeGuard:
     def report(self) -> dict:
         return {"active": self.active, "engaged": self.engaged, "fallback_steps": self.fallback_steps,
                 "steps": self.steps, "hold_steps": self.hold,
-                "ratios": {k: round(v, 4) for k, v in self.last_ratio.items()}}
+                # None where a fixed mode was predicted to cost nothing (no finite ratio; JSON has no inf)
+                "ratios": {k: round(v, 4) if v != float("inf") else None for k, v in self.last_ratio.items()}}

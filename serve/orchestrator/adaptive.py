@@ -55,6 +55,7 @@ class Adaptive:
             self._stint = 0
         self._stint += 1
         if d.reason == "idle":
+            self._planned = None  # no step follows it
             return d
         waiting = {r.request_id: r for r in view.waiting}
         paused = set(d.pause)

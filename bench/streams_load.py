@@ -79,7 +79,18 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     steps_before = engine.num_steps
     encoded_before = dict(engine.runner.counters)
     token = secrets.token_hex(16)
-    server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8).start()
+    server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8)
+    warm_s = None
+    if cold and engine.needs_warm_up:  # as `vlora serve` does: the serving thread warms up, then serves
+        server.loop.warm_shape = {"side": job.image_size, "frames": job.frames_per_chunk}
+        t_warm = time.perf_counter()
+        server.start()
+        while server.loop.warming is not None:
+            time.sleep(0.05)
+        warm_s = time.perf_counter() - t_warm
+        _log(f"engine warm-up on the server's thread: {engine.warm_report.line()}")
+    else:
+        server.start()
     label = "warm-up " if warm_up else "cold " if cold else ""
     _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
     plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
@@ -88,6 +99,8 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     settled = _settle(server)
     server.close()
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
+    if warm_s is not None:
+        row["server_warm_up_s"] = warm_s
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
                **_steps(engine, engine.num_steps - steps_before),
                **{k: engine.runner.counters[k] - encoded_before[k]  # pictures through the tower (3 a chunk, once)

@@ -87,6 +87,7 @@ class EngineLoop(StepFailures, WarmState):
         # engine takes in arrivals (_take_arrivals) inside the step that holds it
         self.lock = threading.RLock()
         self._held: tuple | None = None  # a command met mid-step that must wait for the step's end
+        self.warm_shape: dict = {}  # Engine.warm_up's picture shape (side, frames); default: a 448-pixel 6-frame chunk
         # the engine's warm-up (serve/engine/warmup.py) runs first on the loop's thread (WarmState)
         self.warming_since: float | None = None
 
@@ -156,7 +157,7 @@ class EngineLoop(StepFailures, WarmState):
     def _warm_up(self) -> None:
         try:
             with self.lock:
-                report = self.engine.warm_up()  # logs its own line
+                report = self.engine.warm_up(**self.warm_shape)  # logs its own line
             self.warmed(report.to_dict())
         except Exception as e:  # a warm-up is a speed-up: serving goes on cold, and the log says why
             log.error("engine warm-up failed (%s: %s); serving without it", type(e).__name__, e)

@@ -78,6 +78,9 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     leftover = engine.abort_all()  # each point starts from an idle engine (a point's drain said so, or this does)
     steps_before = engine.num_steps
     encoded_before = dict(engine.runner.counters)
+    from serve.engine.compile_watch import WATCH
+
+    late_before = len(WATCH.late)
     token = secrets.token_hex(16)
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8)
     warm_s = None
@@ -104,7 +107,8 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
                **_steps(engine, engine.num_steps - steps_before),
                **{k: engine.runner.counters[k] - encoded_before[k]  # pictures through the tower (3 a chunk, once)
-                  for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures")})
+                  for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures")},
+               late_compiles=[spec for _, spec in WATCH.late[late_before:]])  # Triton variants the warm-up missed
     _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
     return row

@@ -40,6 +40,7 @@ from serve.orchestrator import POLICIES
 from serve.orchestrator import CostProfile, Mode, ProfileShapes, assumed_profile, build_policy
 
 from .block_manager import BlockManager
+from .compile_watch import WATCH
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .lookahead import upcoming_vision
@@ -112,6 +113,8 @@ class Engine:
                                  f"has {tp.world_size} ranks")
             shard_model(self.model, tp)
         self.dtype = self.model.language_model.embed_tokens.weight.dtype
+        if self.device.type == "cuda":
+            WATCH.install()
         self.lora = None  # the pool is allocated before the K/V cache is sized from what is left
         if config.adapter_slots > 0:
             pool = PoolConfig(config.adapter_slots, config.host_adapter_cache, config.max_lora_rank,
@@ -179,6 +182,7 @@ class Engine:
                 raise RuntimeError("warm_up() runs before any request is added")
             try:
                 self.warm_report = warm_up(self, **shape)
+                WATCH.mark_ready()  # a Triton kernel compiled from now on is one the waves missed
             except BaseException:  # nothing made up may stay in flight to meet real requests
                 self.abort_all()
                 self._pending.clear()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .compile_watch import WATCH
+
 
 @dataclass
 class EngineStats:
@@ -41,6 +43,7 @@ class EngineStats:
     switch_failures: int = 0
     policy_stats: dict | None = None  # serve.orchestrator.PolicyStats.as_dict(): decisions, reasons histogram
     items_encoded_ahead: int = 0  # of items_encoded: encoded during the step before theirs (encode_ahead)
+    kernel_compiles: dict | None = None  # Triton variants compiled before / after the warm-up (compile_watch)
 
 
 def collect_stats(engine) -> EngineStats:
@@ -58,6 +61,7 @@ def collect_stats(engine) -> EngineStats:
         step_time_last_ms=times[-1] if times else 0.0, step_times_ms=times[-256:],
         **(engine.lora.stats() if engine.lora is not None else {}),
         **_mode_stats(engine), items_encoded_ahead=runner.counters["items_encoded_ahead"],
+        kernel_compiles=WATCH.stats() if WATCH.installed else None,
     )
 
 

@@ -96,6 +96,8 @@ def test_load_sweep_measures_capacity_repeats_seeds_and_resumes(vlora_home, tmp_
     # the burst's estimate, then Poisson arrivals at 1.3x it: the capacity is what they were served at
     assert cap["arrival"] == "poisson" and cap["probe_rate"] == pytest.approx(1.3 * cap["burst_rps"])
     assert cap["capacity_rps"] == cap["poisson_rps"] or cap["lower_bound"]
+    if cap["lower_bound"]:  # kept up: capacity is at least what was offered, never what a short window "served"
+        assert cap["capacity_rps"] == pytest.approx(max(min(cap["poisson_rps"], cap["probe_rate"]), cap["burst_rps"]))
     assert [(r["policy"], r["seed"]) for r in rows] == [("v_lora", 0), ("unmerge_only", 0), ("v_lora", 1),
                                                        ("unmerge_only", 1)]  # reported in the order given
     # each seed replayed the two in its own order (seeded: a rerun keeps it)
@@ -167,3 +169,16 @@ def test_replay_preprocesses_off_the_stepping_thread(vlora_home):
     assert all(name == threading.current_thread().name for name in rows[0])  # add_request's own prepare
     assert len(rows[2]) == len(trace) and all(name.startswith("prepare") for name in rows[2])
     assert added[True] == added[False] == {r.request_id for r in trace}
+
+
+def test_a_probe_that_kept_up_bounds_capacity_by_its_offered_rate(monkeypatch, tmp_path):
+    """Finishes over a few seconds can outpace the arrivals: the bound is the offered rate."""
+    import bench.serving_capacity as capacity
+
+    served = iter([10.0, 20.5])  # the burst's estimate, then a probe offered 13/s that "served" 20.5/s
+    monkeypatch.setattr(capacity, "_served_rps", lambda *a: (next(served), {"requests": 50, "completed": 50},
+                                                             {"replay_s": 4.0}))
+    job = type("Job", (), {"workload": lambda self: capacity.WorkloadSpec(), "capacity_requests": 64, "seed": 0,
+                           "capacity_arrival": "poisson", "capacity_overload": 1.3, "capacity_probe_s": 4.0})()
+    cap = capacity.measure_capacity(None, job, [], tmp_path)
+    assert cap["lower_bound"] and cap["capacity_rps"] == pytest.approx(13.0)

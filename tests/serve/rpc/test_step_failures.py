@@ -77,10 +77,10 @@ def test_a_fault_of_one_content_refuses_that_content_only_and_logs_one_line_per_
 
     real = ModelRunner.run
 
-    def faulty(self, batch):
+    def faulty(self, batch, ahead=None):
         if any(seq.prompt_len > 120 for seq, _ in batch.entries):
             raise RuntimeError("injected fault on a long prompt " + "x" * 5000)
-        return real(self, batch)
+        return real(self, batch, ahead)
 
     monkeypatch.setattr(ModelRunner, "run", faulty)
     long = "Describe every object in the picture. " * 20

@@ -341,6 +341,9 @@ def run(cfg: DictConfig):
 
     rpc = cfg.rpc
     check_config(cfg, rpc.token, listens=int(os.environ.get("RANK", 0)) == 0)  # tensor parallel: rank 0 serves
+    switch_ms = rpc.get("switch_interval_ms")
+    if switch_ms is not None:  # how soon a thread woken by an answer gets the interpreter from a busy one
+        sys.setswitchinterval(float(switch_ms) / 1e3)
     http = http_config(cfg) if int(os.environ.get("RANK", 0)) == 0 else None
     plan = plan_serve(cfg)
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))

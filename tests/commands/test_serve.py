@@ -108,6 +108,7 @@ def test_bad_values_are_answered_before_any_model_is_built(empty_zoo):
     assert "the token is 5 characters; the server needs a secret of 8+" in _refused(["rpc.token=short"], empty_zoo)
     assert "engine.device='gpu0'" in _refused(["engine.device=gpu0"], empty_zoo)
     assert "model.dtype='fp8'" in _refused(["model.dtype=fp8"], empty_zoo)
+    assert "rpc.switch_interval_ms=-1: give milliseconds" in _refused(["rpc.switch_interval_ms=-1"], empty_zoo)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -343,6 +343,8 @@ def run(cfg: DictConfig):
     check_config(cfg, rpc.token, listens=int(os.environ.get("RANK", 0)) == 0)  # tensor parallel: rank 0 serves
     switch_ms = rpc.get("switch_interval_ms")
     if switch_ms is not None:  # how soon a thread woken by an answer gets the interpreter from a busy one
+        if isinstance(switch_ms, bool) or not isinstance(switch_ms, (int, float)) or not 0 < switch_ms <= 1000:
+            fail(f"rpc.switch_interval_ms={switch_ms!r}: give milliseconds in (0, 1000], or null for Python's default")
         sys.setswitchinterval(float(switch_ms) / 1e3)
     http = http_config(cfg) if int(os.environ.get("RANK", 0)) == 0 else None
     plan = plan_serve(cfg)

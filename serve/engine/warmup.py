@@ -13,7 +13,10 @@ picture (a video chunk on Qwen models, an image on LLaVA) of noise that no cache
 spread over the base model and every loaded adapter, in head mode for adapters with a head and as a
 few generated tokens otherwise, then the same waves on one adapter alone (the policy may fold it
 in). That walks the prefill token buckets, chunked prefill, mixed prefill + decode steps, the
-decode batch sizes, the head batches and the adapter mixes the policy turns into modes. The caches
+decode batch sizes, the head batches and the adapter mixes the policy turns into modes. Between the
+two, the vision tower runs on every pack size live steps can hand it (`pack_sizes`: 1 to 16 items,
+then each multiple of 16 and its neighbours), where the waves give it multiples of a request's
+pictures only. Kernels still compiled after all this are logged by serve/engine/compile_watch.py. The caches
 the waves filled are dropped afterwards; the step log keeps them (marked by `warm_report`).
 
 `warm_up(engine)` returns where the time went, per phase, which `vlora serve` logs and the health
@@ -79,6 +82,38 @@ def _picture(engine, rng: np.random.Generator, side: int, frames: int) -> dict:
     return {"images": [rng.integers(0, 256, (side, side, 3), dtype=np.uint8)]}
 
 
+def pack_sizes(max_vision_batch: int) -> list[int]:
+    """Items per vision-tower call the warm-up runs: every count to 16, then each multiple of 16 and its
+    neighbours up to the limit (a kernel may be specialised for a count of 1, or one divisible by 16)."""
+    sizes = set(range(1, 17))
+    sizes |= {m for k in range(1, max_vision_batch // 16 + 1) for m in (16 * k - 1, 16 * k, 16 * k + 1)}
+    return sorted(x for x in sizes if 1 <= x <= max_vision_batch)
+
+
+def _tower_packs(engine, rng: np.random.Generator, side: int, frames: int) -> int:
+    """The vision tower on 1, 2, ... items per call (pack_sizes): live steps hand it any count of
+    pictures, the waves only multiples of a request's. Returns the calls made."""
+    import torch
+
+    sizes = pack_sizes(engine.config.max_vision_batch)
+    items: list = []
+    while len(items) < sizes[-1]:  # pictures as requests bring them (JPEG frames where the device decodes)
+        prompt, _, _ = engine.prepare(_request_of(engine, rng, side, frames))
+        items.extend(prompt.vision)
+    with torch.no_grad():
+        for n in sizes:
+            engine.model.encode(items[:n])
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    return len(sizes)
+
+
+def _request_of(engine, rng, side: int, frames: int):
+    from .request import Request
+
+    return Request(prompt="What is in this picture?", **_picture(engine, rng, side, frames))
+
+
 def _targets(engine) -> list[tuple[str | None, str | None]]:
     """(adapter, head domain or None) of every loaded adapter, and the base model (None, None)."""
     out: list[tuple[str | None, str | None]] = [(None, None)]
@@ -132,6 +167,9 @@ def warm_up(engine, side: int = 448, frames: int = 6, answer_tokens: int = 4, se
 
     # every adapter and the base model in each wave: the mixes unmerged / mixture steps see
     phase("mixed waves", ([request(*targets[i % len(targets)], i) for i in range(n)] for n in sizes))
+    t0 = time.perf_counter()  # every pack size of the tower, before live steps hand it one the waves did not
+    _tower_packs(engine, rng, side, frames)
+    report.phases["tower packs"] = time.perf_counter() - t0
     adapted = [t for t in targets if t[0] is not None]
     if adapted:  # one adapter alone: what a policy folds into the weights (the merge kernels too)
         phase("one-adapter waves", ([request(*adapted[0], i) for i in range(n)] for n in sizes))

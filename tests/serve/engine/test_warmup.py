@@ -13,7 +13,7 @@ from adapter_cases import make_adapter, make_head, one_thread, write_meta  # noq
 
 from serve import Engine, EngineConfig
 from serve.engine import Request, SamplingParams
-from serve.engine.warmup import wanted, wave_sizes
+from serve.engine.warmup import pack_sizes, wanted, wave_sizes
 from serve.rpc import Client, RpcServer, ServerError
 
 NAME = "qwen2_vl_tiny"
@@ -48,6 +48,7 @@ def _answers(engine: Engine) -> list:
 
 def test_wave_sizes_and_when_it_runs():
     assert wave_sizes(1) == [1] and wave_sizes(4) == [1, 2, 4] and wave_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert pack_sizes(64) == list(range(1, 18)) + [31, 32, 33, 47, 48, 49, 63, 64] and pack_sizes(3) == [1, 2, 3]
     assert wanted("auto", "cuda") and not wanted("auto", "cpu") and wanted("on", "cpu") and not wanted("off", "cuda")
     with pytest.raises(ValueError, match="warm_up"):
         EngineConfig(warm_up="yes")
@@ -59,9 +60,13 @@ def test_the_warm_up_runs_every_wave_and_changes_no_answer(tiny_zoo, adapter):
     want = _answers(cold)
     engine = _engine(tiny_zoo, adapter)
     assert engine.needs_warm_up
+    packs, encode = [], engine.model.encode
+    engine.model.encode = lambda items: packs.append(len(items)) or encode(items)
     report = engine.warm_up()
-    # mixed waves (base + adapter) and the adapter alone, 1 + 2 + 4 requests each
-    assert report.requests == 14 and set(report.phases) == {"mixed waves", "one-adapter waves"}
+    engine.model.encode = encode
+    # mixed waves (base + adapter), the tower on every pack size, the adapter alone, 1 + 2 + 4 requests each
+    assert report.requests == 14 and set(report.phases) == {"mixed waves", "tower packs", "one-adapter waves"}
+    assert set(pack_sizes(engine.config.max_vision_batch)) <= set(packs)
     assert report.steps >= 6 and engine.warm_up() is report and not engine.needs_warm_up  # once
     assert not engine.has_unfinished() and len(engine.runner.encoder_cache) == 0  # nothing made up stays
     assert engine.runner.counters["items_encoded"] >= 14  # every request's picture went through the tower

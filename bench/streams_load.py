@@ -75,12 +75,9 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     warm_up = seconds is not None
     first = 0 if warm_up or cold else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
     measured = math.ceil(seconds if warm_up else job.cold_seconds if cold else job.seconds)
-    leftover = engine.abort_all()  # each point starts from an idle engine (a point's drain said so, or this does)
-    steps_before = engine.num_steps
-    encoded_before = dict(engine.runner.counters)
     from serve.engine.compile_watch import WATCH
 
-    late_before = len(WATCH.late)
+    leftover = engine.abort_all()  # each point starts from an idle engine (a point's drain said so, or this does)
     token = secrets.token_hex(16)
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8)
     warm_s = None
@@ -94,6 +91,8 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
         _log(f"engine warm-up on the server's thread: {engine.warm_report.line()}")
     else:
         server.start()
+    # counted from here: a warm-up on the server's thread is not the point's (its steps were counted in once)
+    steps_before, encoded_before, late_before = engine.num_steps, dict(engine.runner.counters), len(WATCH.late)
     label = "warm-up " if warm_up else "cold " if cold else ""
     _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
     plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it

@@ -61,8 +61,10 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     assert rows[-1]["done"] == rows[-1]["sent"] > 0 and rows[-1]["items_encoded_ahead"] == 0
     assert all(r["items_encoded"] >= 3 * r["done"] for r in rows)  # moving cameras: no frame group repeats
     assert meta["warm_up"]["requests"] == 2 * (1 + 2 + 4 + 8) and meta["start_s"] >= meta["engine_load_s"]
-    # the cold point's server warmed the engine up on its own thread, then served: what `vlora serve` does
+    # the cold point's server warmed the engine up on its own thread, then served: what `vlora serve` does;
+    # the warm-up's steps are not the cold point's
     assert meta["warm_up"]["thread"] == "server" and meta["start_s"] >= meta["engine_load_s"] + rows[0]["server_warm_up_s"]
+    assert rows[0]["steps"] < meta["warm_up"]["steps"] and rows[0]["items_encoded"] == 3 * rows[0]["sent"]
     visual = meta["visual_tokens_per_chunk"]
     assert visual == 3 * 2 * 2 and all(r["vision_tokens_per_s"] == pytest.approx(r["chunks_per_s"] * visual) for r in rows)
     rows = [r for r in rows if r["point"] == "warm"][:-1]

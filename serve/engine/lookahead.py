@@ -20,26 +20,7 @@ own step as before.
 
 from __future__ import annotations
 
-from .tenancy import flow_of
-
-
-def split_equally(needs: dict, budget: int) -> dict:
-    """Tokens for each key of `needs` (tokens wanted): equal shares of `budget`, what a key cannot use
-    going round again to the others (water filling)."""
-    given = {k: 0 for k in needs}
-    left = {k: n for k, n in needs.items() if n > 0}
-    while budget > 0 and left:
-        share = max(1, budget // len(left))
-        for k in list(left):
-            take = min(share, left[k], budget)
-            given[k] += take
-            budget -= take
-            left[k] -= take
-            if not left[k]:
-                del left[k]
-            if not budget:
-                break
-    return given
+from .tenancy import flow_of, water_fill
 
 
 def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
@@ -65,7 +46,7 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
     needs: dict = {}
     for seq, start in prefilling:
         needs[flow_of(seq)] = needs.get(flow_of(seq), 0) + seq.prompt_len - start
-    tokens = split_equally(needs, max(0, budget))
+    tokens = water_fill(needs, dict.fromkeys(needs, 1.0), max(0, budget), list(needs))  # equal shares
     out = []
     for seq, start in prefilling:
         n = min(seq.prompt_len - start, tokens[flow_of(seq)])

@@ -38,7 +38,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from .profile import LORA_OPS, CostProfile
+from .profile import LORA_OPS, CostProfile, batch_shape
 from .types import Mode
 
 FEATURES = ("host", "host_per_seq", "host_per_ktoken", "base_decode", "base_prefill",
@@ -132,16 +132,7 @@ class LearnedCosts:
     def batch_shape(self, mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm"):
         """(seqs, tokens, lora_tokens, adapters, op) of `batch` = [(adapter, tokens)] in `mode`
         (the same counting as CostProfile.batch_ms)."""
-        lora_tokens, adapters = 0, set()
-        for adapter, n in batch:
-            if mode.needs_lora(adapter):
-                lora_tokens += n
-                if adapter is not None:
-                    adapters.add(adapter)
-        op = lora_op
-        if mode.kind == "mixture":
-            op, adapters = "delora", adapters | {mode.adapter}
-        return len(batch), sum(n for _, n in batch), lora_tokens, len(adapters), op
+        return batch_shape(mode, batch, lora_op)
 
     def batch_ms(self, mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm",
                  image_tokens: int = 0) -> float:

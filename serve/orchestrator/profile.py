@@ -63,6 +63,22 @@ class Grid2D:
         return _interp1(rows[i:i + 2], pair, row)
 
 
+def batch_shape(mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm") -> tuple:
+    """(seqs, tokens, lora_tokens, adapters, op) of `batch` = [(adapter, tokens this step)] in `mode`: the
+    tokens that go through a LoRA operator and over how many adapters (mixture runs deLoRA through ATMM,
+    its merged adapter among them)."""
+    lora_tokens, adapters = 0, set()
+    for adapter, n in batch:
+        if mode.needs_lora(adapter):
+            lora_tokens += n
+            if adapter is not None:
+                adapters.add(adapter)
+    op = lora_op
+    if mode.kind == "mixture":
+        op, adapters = "delora", adapters | {mode.adapter}
+    return len(batch), sum(n for _, n in batch), lora_tokens, len(adapters), op
+
+
 @dataclass
 class CostProfile:
     base: Grid2D  # rows: sequences in the step, cols: tokens in the step
@@ -105,16 +121,7 @@ class CostProfile:
         the learnt model's sake (serve/orchestrator/learned.py): the profile has no vision term."""
         if not batch:
             return 0.0
-        lora_tokens, adapters = 0, set()
-        for adapter, n in batch:
-            if mode.needs_lora(adapter):
-                lora_tokens += n
-                if adapter is not None:
-                    adapters.add(adapter)
-        op = lora_op
-        if mode.kind == "mixture":
-            op, adapters = "delora", adapters | {mode.adapter}
-        return self.step_ms(len(batch), sum(n for _, n in batch), lora_tokens, len(adapters), op)
+        return self.step_ms(*batch_shape(mode, batch, lora_op))
 
     def switch_cost_ms(self, op: str, src: str | None, dst: str | None) -> float:
         """Weights holding adapter `src` (None: base) brought to `dst`."""

@@ -6,6 +6,7 @@ takes in arrivals mid-step without reordering an abort or a call."""
 from __future__ import annotations
 
 import pytest
+import torch
 from serve_cases import assert_matches_hf, case_specs, frames, hf_generate, make_request, staggered
 
 from serve import Engine, EngineConfig
@@ -45,14 +46,8 @@ def test_auto_is_off_on_the_cpu_and_the_setting_is_checked(tiny_zoo):
         EngineConfig(encode_ahead="yes")
 
 
-def test_the_guess_is_the_pictures_the_next_step_takes(tiny_zoo):
-    """One flow in arrival order: what the engine names during a step is what the next step encodes
-    (no encoder cache, so the guesses are recorded but not encoded and every step encodes its own; no
-    prefix cache: a prefix the running step is computing is not cached yet when the guess is made)."""
-    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on", max_batch_size=8, encoder_cache_items=0,
-                     enable_prefix_cache=False)
-    for seed in range(4):
-        engine.add_request(make_request(dict(prompt="Which way?", video=frames(seed, n=4, side=56))))
+def _guesses_and_reads(engine: Engine) -> tuple[list[set], list[set]]:
+    """Steps the engine to the end; per step, the pictures it guessed for the next step and those it encoded."""
     guesses, reads = [], []
     ahead, encode = engine.runner.encode_ahead, engine.model.encode
 
@@ -69,6 +64,18 @@ def test_the_guess_is_the_pictures_the_next_step_takes(tiny_zoo):
         guesses.append(set())
         reads.append(set())
         engine.step()
+    return guesses, reads
+
+
+def test_the_guess_is_the_pictures_the_next_step_takes(tiny_zoo):
+    """One flow in arrival order: what the engine names during a step is what the next step encodes
+    (no encoder cache, so the guesses are recorded but not encoded and every step encodes its own; no
+    prefix cache: a prefix the running step is computing is not cached yet when the guess is made)."""
+    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on", max_batch_size=8, encoder_cache_items=0,
+                     enable_prefix_cache=False)
+    for seed in range(4):
+        engine.add_request(make_request(dict(prompt="Which way?", video=frames(seed, n=4, side=56))))
+    guesses, reads = _guesses_and_reads(engine)
     assert len(reads) > 4 and sum(bool(r) for r in reads) > 2
     for step in range(len(reads) - 1):
         assert guesses[step] == reads[step + 1], step
@@ -130,25 +137,13 @@ def test_with_many_flows_the_guess_follows_the_fair_shares(tiny_zoo):
     engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on", max_batch_size=8, encoder_cache_items=0,
                      enable_prefix_cache=False, max_tokens_per_step=32)
     _flows(engine, 8, n_frames=16)
-    guesses, reads = [], []
-    ahead, encode = engine.runner.encode_ahead, engine.model.encode
-
-    def guessed(upcoming, ahead_now):
-        guesses[-1] = {it.content_hash for _, it in upcoming}
-        return ahead(upcoming, ahead_now)
-
-    def encoded(items):
-        reads[-1] |= {it.content_hash for it in items}
-        return encode(items)
-
-    engine.runner.encode_ahead, engine.model.encode = guessed, encoded
-    while engine.has_unfinished():
-        guesses.append(set())
-        reads.append(set())
-        engine.step()
+    guesses, reads = _guesses_and_reads(engine)
     pairs = [(guesses[k], reads[k + 1]) for k in range(len(reads) - 1) if reads[k + 1]]
     right = sum(len(g & r) for g, r in pairs)
     assert len(pairs) > 3 and right >= 0.8 * sum(len(r) for _, r in pairs), pairs
+    # and few guessed that the next step does not take (a guess of every flow's whole prompt would)
+    wrong = sum(len(guesses[k] - reads[k + 1]) for k in range(len(reads) - 1))
+    assert wrong <= 0.2 * sum(len(g) for g in guesses), (wrong, guesses)
 
 
 def test_with_a_small_cache_and_many_flows_no_picture_is_encoded_twice(tiny_zoo):
@@ -163,3 +158,21 @@ def test_with_a_small_cache_and_many_flows_no_picture_is_encoded_twice(tiny_zoo)
         counts.append((engine.stats().items_encoded, engine.stats().items_encoded_ahead))
     (ahead_total, ahead_part), (plain_total, _) = counts
     assert ahead_part > 0 and ahead_total == plain_total == 8 * 3
+
+
+def test_pictures_encoded_ahead_stay_with_their_sequence_when_the_cache_drops_them(tiny_zoo):
+    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "off", encoder_cache_items=2, enable_prefix_cache=False)
+    want = engine.generate(make_request(dict(prompt="Which way?", video=frames(5)))).token_ids
+    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "off", encoder_cache_items=2, enable_prefix_cache=False)
+    rid = engine.add_request(make_request(dict(prompt="Which way?", video=frames(5))))
+    (seq,) = engine.scheduler.waiting
+    items = seq.state.vision
+    assert len(items) >= 2 and engine.runner.encode_ahead([(seq, it) for it in items[:2]], 0) == 2
+    for key in ("other-0", "other-1"):  # the cache's two places go to other pictures
+        engine.runner.encoder_cache.put(key, torch.zeros(1))
+    assert all(it.content_hash not in engine.runner.encoder_cache for it in items[:2])
+    final = {}
+    while engine.has_unfinished():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    assert final[rid].token_ids == want
+    assert engine.stats().items_encoded == len(items)  # the two held ones were not encoded again

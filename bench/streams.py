@@ -252,12 +252,12 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     if job.cold_streams and not any(r["point"] == "warm" and r["mode"] == job.modes[0] and r["streams"] == job.cold_streams
                                     for r in rows):  # the warm point the cold one is compared with
         rows.append(run_point(engine, job, job.modes[0], job.cold_streams, chunks, names))
-    for n in job.ahead_off_counts:
-        engine.encode_ahead, ahead = False, engine.encode_ahead
-        try:
-            rows.append(dict(run_point(engine, job, job.modes[0], n, chunks, names), point="warm-ahead-off"))
-        finally:
-            engine.encode_ahead = ahead
+    if job.ahead_off_counts:
+        from .streams_engine import encode_ahead_set
+
+        for n in job.ahead_off_counts:
+            with encode_ahead_set(engine, False):
+                rows.append(dict(run_point(engine, job, job.modes[0], n, chunks, names), point="warm-ahead-off"))
     visual_tokens = flops["patches"] // 4  # 2 x 2 patches merge into one token (Qwen2-VL / Qwen2.5-VL)
     for row in rows:
         row["vision_tokens_per_s"] = row["chunks_per_s"] * visual_tokens

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -136,16 +137,23 @@ def paced(engine, job, chunks, names, rate: float, seconds: float) -> dict:
             "steps": len(step_ms), "most_running": widest}
 
 
+@contextmanager
+def encode_ahead_set(engine, on: bool):
+    """The engine's encode_ahead as `on` for a measurement, then as it was."""
+    before, engine.encode_ahead = engine.encode_ahead, on
+    try:
+        yield
+    finally:
+        engine.encode_ahead = before
+
+
 def engine_only(engine, job, chunks, names, rates=(20.0, 30.0, 40.0), seconds: float = 6.0) -> dict:
     out = {"full_batch": full_batch(engine, job, chunks, names)}
     if engine.encode_ahead:  # the same batch with the next step's pictures encoded at their own step, alternated
         runs = []
         for ahead in (False, True, False, True):
-            engine.encode_ahead = ahead
-            try:
+            with encode_ahead_set(engine, ahead):
                 runs.append(dict(full_batch(engine, job, chunks, names), encode_ahead=ahead))
-            finally:
-                engine.encode_ahead = True
         out["encode_ahead_ab"] = runs
     out["paced"] = [paced(engine, job, chunks, names, r, seconds) for r in rates]
     return out

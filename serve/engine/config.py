@@ -20,6 +20,9 @@ from dataclasses import dataclass
 class EngineConfig:
     device: str = "auto"  # "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1"
     dtype: str = "auto"  # "auto" = the checkpoint's dtype, or float32 / bfloat16 / float16
+    # "fp8": the language model's projections quantized once at load (serve/models/fp8.py); needs a
+    # GPU of compute capability >= 8.9, refused elsewhere at start. "none": the checkpoint's dtype
+    quantization: str = "none"
     max_batch_size: int = 32  # sequences per step
     max_tokens_per_step: int = 4096  # token budget per step (prefill chunks + decode tokens)
     kv_block_size: int = 16
@@ -110,6 +113,11 @@ class EngineConfig:
             raise ValueError(f"adapter_slots must be >= 0 (0 = no adapters), got {self.adapter_slots}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        self.quantization = self.quantization or "none"  # a YAML null
+        if self.quantization not in ("none", "fp8"):
+            raise ValueError(f"quantization={self.quantization!r} is not one of none, fp8")
+        if self.quantization == "fp8" and self.tensor_parallel_size > 1:
+            raise ValueError("quantization=fp8 with tensor_parallel_size > 1 is not supported: shard bf16 weights")
         for name in ("lora_targets", "adapters", "pinned_adapters"):  # a lone string is one entry, not characters
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, str) else tuple(value))

@@ -95,7 +95,12 @@ class Engine:
             backend = "triton" if self.device.type == "cuda" else "torch"
         self.checkpoint = Path(checkpoint)
         pixels = config.pixels if config.pixels != "auto" else ("device" if self.device.type == "cuda" else "host")
-        self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights, pixels)
+        if config.quantization != "none":  # refused before the weights load (serve/models/fp8.py)
+            from serve.models.fp8 import check_quantization
+
+            check_quantization(config.quantization, self.device)
+        self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights, pixels,
+                                                config.quantization)
         self.pixels = pixels  # a front end in another process builds its Preparer the same way
         self.preparer = Preparer(self.processor, self.model.args)
         tower = getattr(self.model.vision, "visual", None)

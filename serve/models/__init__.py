@@ -39,12 +39,13 @@ def resolve_dtype(name: str, args: ModelArgs) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str = "auto", device="cpu", attention_backend: str = "torch",
-               weights: Mapping[str, torch.Tensor] | None = None, pixels: str = "host"):
+               weights: Mapping[str, torch.Tensor] | None = None, pixels: str = "host", quantization: str = "none"):
     """(VisionLanguageModel, PromptProcessor) of a Hugging Face checkpoint directory.
 
     weights: tensors to load instead of the directory's safetensors (e.g. the state dict of a
     transformers model built in memory); the directory then needs only config and processor files.
     pixels: where Qwen pixel rows are prepared, "host" or "device" (see PromptProcessor).
+    quantization: "fp8" quantizes the language model's projections once, after loading (fp8.py).
     """
     from transformers import AutoProcessor
 
@@ -55,6 +56,10 @@ def load_model(path: str | Path, dtype: str = "auto", device="cpu", attention_ba
     source = WeightSource(tensors=weights) if weights is not None else WeightSource.from_dir(path)
     with torch.no_grad():
         model.load(source)
+        if quantization == "fp8":
+            from .fp8 import quantize_projections
+
+            quantize_projections(model.language_model)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True)
     return model.eval(), PromptProcessor(processor, args, pixels)
 

@@ -1,0 +1,147 @@
+"""FP8 (float8_e4m3fn) linear algebra for the language model's projections: quantize, dequantize, GEMM, merge.
+
+    weight:  q_w [N, K] fp8, s_w [N] fp32     W ~= q_w * s_w[:, None]   (per output channel, once at load)
+    x:       q_x [M, K] fp8, s_x [M, 1] fp32  x ~= q_x * s_x            (per token, every forward)
+    y = fp8_linear(x, q_w, s_w) = (q_x @ q_w.T) * s_x * s_w[None, :]    (torch._scaled_mm, rowwise scales)
+
+A scale is amax / 448 (the largest finite e4m3 value), floored at SCALE_FLOOR so that an all-zero row
+gets a finite, positive scale and quantizes to zeros. Values are divided by the scale, clamped to
++-448 (e4m3fn has no infinity: an out-of-range cast would give NaN) and rounded to nearest even.
+
+The per-token quantization is one Triton launch on a GPU (`quantize_rows`: amax of the row, the
+scale, the cast, in two sweeps of the row); `quantize_rows_ref` is the same arithmetic in PyTorch
+(several kernels), the CPU path and the test oracle. Nothing here syncs with the host or branches
+on tensor values, so the forward can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .interpreter import interpreted
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+SCALE_FLOOR = 1e-12
+
+
+def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+    return (amax.float() / FP8_MAX).clamp_min(SCALE_FLOOR)
+
+
+def _cast(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (values.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight: [..., N, K] float -> (q [..., N, K] fp8, scale [..., N] fp32), one scale per output row."""
+    scale = _scale_of(weight.abs().amax(dim=-1))
+    return _cast(weight, scale.unsqueeze(-1)), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q: [..., N, K] fp8, scale: [..., N] -> [..., N, K] fp32."""
+    return q.float() * scale.unsqueeze(-1)
+
+
+def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [M, K] -> (q [M, K] fp8, scale [M, 1] fp32): one scale per token (row)."""
+    scale = _scale_of(x.abs().amax(dim=-1, keepdim=True))
+    return _cast(x, scale), scale
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
+                          FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid: (M,): one program per row; sweep 1 finds the row's amax, sweep 2 (from L2) casts it.
+    pid_m = tl.program_id(0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_row = x_ptr + pid_m * stride_xm
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask = k0 + offs_k < K
+        x = tl.load(x_row + k0 + offs_k, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, axis=0) / FP8_LIMIT, FLOOR)
+    tl.store(s_ptr + pid_m, scale)
+    q_row = q_ptr + pid_m * stride_qm
+    for k0 in range(0, K, BLOCK_K):
+        mask = k0 + offs_k < K
+        x = tl.load(x_row + k0 + offs_k, mask=mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(x / scale, -FP8_LIMIT), FP8_LIMIT)
+        tl.store(q_row + k0 + offs_k, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_rows_ref` in one Triton launch. x: [M, K] fp16/bf16/fp32, rows contiguous."""
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"x must be [M, K] with contiguous rows, got shape {tuple(x.shape)} strides {x.stride()}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"x dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    m, k = x.shape
+    # The interpreter rounds float32 -> e4m3 wrongly (seen in Triton 3.8: 125.4 -> 64, ties away
+    # from even), so there the kernel writes the clamped float32 values and torch casts them with
+    # round-to-nearest-even, which is what the GPU's cvt.rn does.
+    cast_here = interpreted()
+    q = torch.empty((m, k), dtype=torch.float32 if cast_here else FP8_DTYPE, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q.to(FP8_DTYPE), scale
+    block_k = min(2048, max(16, triton.next_power_of_2(k)))
+    _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR,
+                                BLOCK_K=block_k, num_warps=4 if block_k <= 1024 else 8)
+    return (q.to(FP8_DTYPE) if cast_here else q), scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token quantization: the Triton kernel on a GPU, PyTorch elsewhere."""
+    if x.is_cuda and x.stride(-1) == 1:
+        return quantize_rows_triton(x)
+    return quantize_rows_ref(x)
+
+
+def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ dequantize(q_weight, weight_scale).T (+ bias), with x quantized per token on the fly.
+
+    x: [M, K]; q_weight: [N, K] fp8 (row-major, so .T is the column-major operand _scaled_mm wants);
+    weight_scale: [N] fp32. Returns [M, N] in x's dtype. On a GPU the rowwise-scaled GEMM writes
+    bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs.
+    """
+    q_x, s_x = quantize_rows(x)
+    out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
+    y = torch._scaled_mm(q_x, q_weight.t(), scale_a=s_x, scale_b=weight_scale.view(1, -1), out_dtype=out_dtype)
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def merge_fp8_ref_(weight: torch.Tensor, weight_scale: torch.Tensor, lora_a, lora_b, slot: int, ranks, scales,
+                   slice_offsets) -> None:
+    """Folds pool slot `slot` into FP8 weights, in place, with fresh per-channel scales:
+
+        for l in range(L):
+            W = dequantize(weight[l], weight_scale[l])                       # fp32 [N_total, K]
+            W[lo:hi] += scales[slot] * lora_b[l, slot, lo:hi, :r] @ lora_a[l, i, slot, :r]   per slice i
+            weight[l], weight_scale[l] = quantize_weight(W)
+
+    weight: [L, N_total, K] fp8; weight_scale: [L, N_total] fp32; the pool tensors as in
+    kernels.merge_lora_. Only layers' rows of targeted slices change value, but a row's scale is
+    recomputed only where its slice is targeted, so untouched rows keep their bytes exactly.
+    Undoing it is a copy of the saved bytes (serve/lora/modes.py), not a subtraction: rounding
+    to FP8 twice would not give the original weights back.
+    """
+    offsets = [int(o) for o in (slice_offsets.tolist() if torch.is_tensor(slice_offsets) else slice_offsets)]
+    rank_table, alpha = ranks.tolist(), float(scales[slot])
+    for i, (lo, hi) in enumerate(zip(offsets, offsets[1:])):
+        r = min(rank_table[i][slot], lora_a.shape[3])
+        if r <= 0 or hi == lo:
+            continue
+        for layer in range(weight.shape[0]):
+            rows = dequantize(weight[layer, lo:hi], weight_scale[layer, lo:hi])  # [N_i, K] fp32
+            rows.addmm_(lora_b[layer, slot, lo:hi, :r].float(), lora_a[layer, i, slot, :r].float(), alpha=alpha)
+            q, s = quantize_weight(rows)
+            weight[layer, lo:hi].copy_(q)
+            weight_scale[layer, lo:hi].copy_(s)

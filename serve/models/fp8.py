@@ -1,0 +1,99 @@
+"""FP8 projections of the language model (`EngineConfig.quantization="fp8"`).
+
+Every projection `Linear` (qkv / o / gate_up / down, serve/models/layers.py) is replaced once, after
+the bf16 checkpoint is loaded, by an `Fp8Linear` holding the weight as float8_e4m3fn with one fp32
+scale per output channel; each forward quantizes the activation per token and runs one rowwise
+scaled FP8 GEMM (kernels/fp8.py), bf16 out. Embedding, norms, LM head and the vision tower stay in
+the checkpoint's dtype. LoRA wraps an `Fp8Linear` exactly as it wraps a `Linear`: the adapter
+branch reads the bf16 activation and adds in bf16 (serve/lora/layers.py).
+
+Serving FP8 needs FP8 tensor cores (compute capability 8.9: Ada, Hopper and newer); `check_quantization`
+refuses anything else before the model is loaded. The CPU runs the same math (torch._scaled_mm has
+a CPU implementation), slowly: `ALLOW_CPU` lets tests run the engine with it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.fp8 import FP8_DTYPE, dequantize, fp8_linear, quantize_weight
+
+from .layers import Linear
+
+QUANTIZATIONS = ("none", "fp8")
+MIN_CAPABILITY = (8, 9)
+ALLOW_CPU = False  # tests only: let an engine on the CPU run FP8 projections (slow, never for serving)
+
+
+def check_quantization(quantization: str, device: torch.device) -> None:
+    """Raises ValueError (one line) when `quantization` cannot be served on `device`."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r} is not one of {QUANTIZATIONS}")
+    if quantization == "none":
+        return
+    if device.type == "cpu":
+        if not ALLOW_CPU:
+            raise ValueError("quantization=fp8 needs a GPU with FP8 tensor cores (compute capability >= 8.9); "
+                             "this engine runs on the CPU: use quantization=none")
+        return
+    if device.type != "cuda":
+        raise ValueError(f"quantization=fp8 needs a CUDA GPU, the engine runs on {device}")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise ValueError(f"quantization=fp8 needs compute capability >= 8.9 (Ada, Hopper); "
+                         f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}: "
+                         "use quantization=none")
+
+
+class Fp8Linear(nn.Module):
+    """A projection with FP8 weights; x: [T, in] (bf16) -> y: [T, sum(output_slices)] in x's dtype.
+
+    weight: [N, K] float8_e4m3fn, weight_scale: [N] fp32 (W ~= weight * weight_scale[:, None]);
+    the bias, if any, stays in the checkpoint's dtype. Same description as `Linear`
+    (in_features, output_slices, slice_names, slice_range), so adapters and the merger see one shape.
+    """
+
+    def __init__(self, linear: Linear):
+        super().__init__()
+        self.in_features = linear.in_features
+        self.output_slices = linear.output_slices
+        self.slice_names = linear.slice_names
+        self.layer_index = linear.layer_index
+        self.out_dtype = linear.weight.dtype
+        q, scale = quantize_weight(linear.weight.data)
+        self.weight = nn.Parameter(q, requires_grad=False)
+        self.weight_scale = nn.Parameter(scale, requires_grad=False)
+        self.bias = linear.bias
+
+    out_features = Linear.out_features
+    slice_range = Linear.slice_range
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the GEMM multiplies by, [N, K] fp32."""
+        return dequantize(self.weight, self.weight_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(x, self.weight, self.weight_scale, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, slices={dict(zip(self.slice_names, self.output_slices))}, fp8"
+
+
+def quantize_projections(language_model) -> int:
+    """Replaces every projection `Linear` of a DecoderModel by an `Fp8Linear`, layer by layer, so
+    the bf16 weights are freed as it goes (peak: one projection in both forms). Returns the count."""
+    count = 0
+    for layer, kind, module in list(language_model.projections()):
+        if isinstance(module, Fp8Linear):
+            continue
+        if not isinstance(module, Linear):
+            raise TypeError(f"layer {layer} {kind}: FP8 quantizes plain projections, found {type(module).__name__} "
+                            "(quantize before adapters wrap them)")
+        language_model.set_projection(layer, kind, Fp8Linear(module))
+        count += 1
+    return count
+
+
+def is_fp8(module: nn.Module) -> bool:
+    return getattr(module, "weight", None) is not None and module.weight.dtype == FP8_DTYPE

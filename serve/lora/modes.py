@@ -21,7 +21,8 @@ Switches fold a pool slot into the base weights with `kernels.merge_lora_` (one 
 projection kind over all layers, on GPU) or `kernels.merge_lora_ref_` (per-layer fp32 addmm: the CPU
 path, and dLoRA's "addmm" switch). Both need each kind's weights as one contiguous [L, N, K]
 tensor: `WeightMerger` restacks them once at engine start and points every layer's `Linear.weight`
-at its row (a view), so switches then run in place with no copy.
+at its row (a view), so switches then run in place with no copy. FP8 projections
+(quantization=fp8) fold in by requantizing and out by restoring saved bytes (fp8_merge.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from torch import nn
 
 from kernels import MIX_ONLY, NO_LORA, SegmentMeta, build_segments, merge_lora_, merge_lora_ref_
 
+from .fp8_merge import Fp8Stacks, is_fp8_projection
 from .metadata import OPS, LoraBatch, LoraGraphBuffers
 
 SWITCH_METHODS = ("auto", "one_shot", "addmm")
@@ -105,8 +107,12 @@ class WeightMerger:
             if [m.layer_index for m in group] != list(range(pool.num_layers)):
                 raise ValueError(f"projection kind {kind!r}: layers {[m.layer_index for m in group]} do not cover "
                                  f"0..{pool.num_layers - 1}; cannot stack them for merging")
-            self.weights[kind] = _restack([m.base for m in group])
             self.offsets[kind] = [0, *accumulate(group[0].base.output_slices)]
+        # FP8 projections (serve/models/fp8.py) fold in by requantizing and out by restoring saved bytes
+        fp8 = [is_fp8_projection(m.base) for group in by_kind.values() for m in group]
+        self.fp8 = Fp8Stacks({k: [m.base for m in g] for k, g in by_kind.items()}) if fp8 and all(fp8) else None
+        for kind, group in by_kind.items():
+            self.weights[kind] = self.fp8.weights[kind] if self.fp8 else _restack([m.base for m in group])
 
     def fold(self, slot: int, sign: int, method: str | None = None) -> float:
         """W[kind] += sign * scale * B @ A of pool slot `slot`, every kind and layer, in place.
@@ -115,16 +121,25 @@ class WeightMerger:
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda *_: None)
         sync(self.device)
         start = time.perf_counter()
-        for kind, weight in self.weights.items():
-            fn(weight, self.pool.lora_a[kind], self.pool.lora_b[kind], slot, self.pool.merge_ranks(kind),
-               self.pool.scales[kind], self.offsets[kind], sign=sign)
+        if self.fp8 is not None and sign > 0:
+            self.fp8.fold_in(slot, self.pool, self.offsets)
+        elif self.fp8 is not None:
+            self.fp8.fold_out(slot)
+        else:
+            for kind, weight in self.weights.items():
+                fn(weight, self.pool.lora_a[kind], self.pool.lora_b[kind], slot, self.pool.merge_ranks(kind),
+                   self.pool.scales[kind], self.offsets[kind], sign=sign)
         sync(self.device)
         return (time.perf_counter() - start) * 1e3
 
-    def snapshot(self) -> dict[str, torch.Tensor]:
+    def snapshot(self) -> dict:
+        if self.fp8 is not None:
+            return self.fp8.snapshot()
         return {k: w.clone() for k, w in self.weights.items()}
 
-    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+    def restore(self, saved: dict) -> None:
+        if self.fp8 is not None:
+            return self.fp8.restore(saved)
         for k, w in saved.items():
             self.weights[k].copy_(w)
 

@@ -43,7 +43,8 @@ class CompileWatch:
 
         def hook(*args, **kwargs):
             fn = kwargs.get("fn")
-            self.compiled(getattr(fn, "name", "?"), kwargs.get("repr", ""))
+            name = getattr(fn, "name", "?")
+            self.compiled(name, describe(name, kwargs.get("compile")) or kwargs.get("repr", ""))
             return previous(*args, **kwargs) if previous is not None else None
 
         runtime.jit_post_compile_hook = hook
@@ -71,6 +72,22 @@ class CompileWatch:
         with self._lock:
             return {"before_ready": self.before, "after_ready": len(self.late),
                     "late": [f"{t:.1f} s: {s}" for t, s in self.late[-16:]]}
+
+
+def describe(name: str, compile: dict | None) -> str | None:
+    """What sets this variant apart, in one line: its compile options, its constexpr values and the
+    arguments Triton specialised (an integer equal to 1 becomes a constant; `%16`: a pointer aligned to,
+    or an integer divisible by, 16). Triton's own `repr` cannot be trusted for this: on Triton 3.6 it
+    lists one argument and stops. None where the hook's arguments are not laid out as expected."""
+    try:
+        names = list(compile["signature"])
+        consts = [f"{names[key[0]]}={value}" for key, value in compile["constants"].items() if len(key) == 1]
+        aligned = [f"{names[key[0]]}%16" for key, attrs in compile["configs"][0].items()
+                   if len(key) == 1 and ["tt.divisibility", 16] in [list(a) for a in attrs]]
+        options = f"num_warps={compile['num_warps']}, num_stages={compile['num_stages']}"
+        return f"{name}[{options}]({', '.join(consts + aligned)})"
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
 
 
 WATCH = CompileWatch()  # one per process: Triton's hook is process-wide

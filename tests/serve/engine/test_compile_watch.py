@@ -45,3 +45,17 @@ def test_the_hook_chains_onto_tritons_own():
         assert calls == ["k(x: *fp32)"] and watch.stats()["after_ready"] == 1
     finally:
         runtime.jit_post_compile_hook = saved
+
+
+def test_a_variant_is_named_by_its_constants_and_specialised_arguments():
+    """As Triton 3.6+ passes them: the signature in parameter order, constants and attributes keyed by
+    (index,); the late variants of a cold start must be told apart by these, not by Triton's repr."""
+    from serve.engine.compile_watch import describe
+
+    compile = {"signature": {"x_ptr": "*bf16", "n_segments": "i32", "K": "i32", "BLOCK_M": "constexpr"},
+               "constants": {(1,): 1, (3,): 64}, "configs": [{(0,): [["tt.divisibility", 16]],
+                                                             (2,): [("tt.divisibility", 16)]}],
+               "num_warps": 4, "num_stages": 3}
+    assert describe("_shrink_kernel", compile) == \
+        "_shrink_kernel[num_warps=4, num_stages=3](n_segments=1, BLOCK_M=64, x_ptr%16, K%16)"
+    assert describe("k", {"signature": {}}) is None  # laid out otherwise: the caller keeps Triton's repr

@@ -13,7 +13,9 @@ picture (a video chunk on Qwen models, an image on LLaVA) of noise that no cache
 spread over the base model and every loaded adapter, in head mode for adapters with a head and as a
 few generated tokens otherwise, then the same waves on one adapter alone (the policy may fold it
 in). That walks the prefill token buckets, chunked prefill, mixed prefill + decode steps, the
-decode batch sizes, the head batches and the adapter mixes the policy turns into modes. Between the
+decode batch sizes, the head batches and the adapter mixes the policy turns into modes. Before them,
+every LoRA kernel variant a live step can look up is compiled by a sweep of made-up batches
+(serve/engine/warmup_lora.py): the waves alone left some for the first live seconds. Between the
 two, the vision tower runs on every pack size live steps can hand it (`pack_sizes`: 1 to 16 items,
 then each multiple of 16 and its neighbours), where the waves give it multiples of a request's
 pictures only. Kernels still compiled after all this are logged by serve/engine/compile_watch.py. The caches
@@ -30,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .warmup_lora import sweep_lora_kernels
 
 log = logging.getLogger("vlora.serve.engine")
 
@@ -165,6 +169,9 @@ def warm_up(engine, side: int = 448, frames: int = 6, answer_tokens: int = 4, se
             report.requests += len(wave)
         report.phases[name] = report.phases.get(name, 0.0) + time.perf_counter() - t0
 
+    t0 = time.perf_counter()  # every LoRA kernel variant live steps can look up (warmup_lora.py)
+    if sweep_lora_kernels(engine):
+        report.phases["lora kernels"] = time.perf_counter() - t0
     # every adapter and the base model in each wave: the mixes unmerged / mixture steps see
     phase("mixed waves", ([request(*targets[i % len(targets)], i) for i in range(n)] for n in sizes))
     t0 = time.perf_counter()  # every pack size of the tower, before live steps hand it one the waves did not

@@ -11,7 +11,7 @@ from ..config import to_dataclass
 from bench.results import write_csv
 
 SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train",
-          "offline")
+          "offline", "fp8")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -38,6 +38,8 @@ def run(cfg: DictConfig) -> dict:
         return _train(b)
     if b.suite == "offline":  # the offline stage on the CPU default, fresh per seed
         return _offline(b)
+    if b.suite == "fp8":  # device=cpu with a tiny zoo model runs anywhere
+        return _fp8(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
@@ -157,6 +159,16 @@ def _offline(b: DictConfig) -> dict:
     argv = ["--root", str(o.root), "--seeds", *map(str, o.seeds), "--out", str(b.out_dir)]
     rows = main(argv + (["--", *o.overrides] if o.overrides else []), command=_command())
     return {"offline": rows}
+
+
+def _fp8(b: DictConfig) -> dict:
+    """FP8 projections against bf16, both against fp32: accuracy, decode steps, memory, switches (bench/fp8.py)."""
+    from bench.fp8 import Fp8BenchJob, run_fp8_bench
+
+    values = {k: tuple(v) if isinstance(v, list) else v
+              for k, v in OmegaConf.to_container(b.fp8, resolve=True).items()}
+    rows, meta = run_fp8_bench(to_dataclass(Fp8BenchJob, values, out_dir=b.out_dir, command=_command()))
+    return {"fp8": rows, "meta": meta}
 
 
 def _command() -> str:

@@ -1,0 +1,194 @@
+"""FP8 benchmark (`vlora bench bench.suite=fp8`): FP8 projections against bf16, both against fp32, one run.
+
+A zoo model of the published shape (random weights, drawn in bf16) is loaded three times from the
+same tensors: fp32 (the reference), bf16, and bf16 with quantization=fp8 (serve/models/fp8.py).
+Each engine decodes the same prompts greedily, with no adapter and with one random adapter (rank
+`rank` on `modules`); bf16 and fp8 also with that adapter merged into the weights. Reported:
+
+- accuracy: logits and greedy tokens of bf16 and fp8 against fp32 (bench/fp8_accuracy.py: error
+  up to the first divergence, token agreement, first divergence and the reference's margin there),
+  and merged against unmerged on the same precision (the error a merge adds);
+- decode step per batch size: on a GPU the CUDA-graph replay the engine runs plus the LM head
+  (device time), and everywhere the engine's wall time per decode-only step;
+- weight memory: the projections' bytes, and for fp8 the bytes the merged mode keeps to restore;
+- switch: merge and unmerge of the adapter (median ms), fp8 over bf16 (target <= 1.5), and whether
+  unmerge gave back the exact weights.
+
+On the CPU (tiny model, `device=cpu`) FP8 is let through by serve.models.fp8.ALLOW_CPU for the
+length of the run: it measures the same arithmetic, not serving speed.
+
+    rows, meta = run_fp8_bench(Fp8BenchJob(model="qwen2_vl_tiny", device="cpu", prompts=2, output_tokens=4))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from serve.engine import Engine, EngineConfig, Request, SamplingParams
+from serve.models import fp8 as fp8_models
+from serve.models import read_model_args
+from serve.orchestrator import Mode
+
+from .adapter_parts import ALL_MODULES, write_peft_adapter
+from .engine import _hf_inputs, _prompts, _run_engine, build_random_model, replay_step
+from .fp8_accuracy import compare_outputs, projection_bytes
+from .fp8_report import write_report
+from .results import device_label, results_dir
+
+# name -> (engine dtype, quantization)
+PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8")}
+
+
+@dataclass
+class Fp8BenchJob:
+    model: str = "qwen2_vl_7b"  # a zoo spec: random weights of the published shape
+    device: str = "cuda"  # cpu: a tiny zoo model (model=qwen2_vl_tiny image_size=56)
+    prompts: int = 16  # accuracy prompts (text + one image each)
+    prompt_tokens: int = 128
+    image_size: int = 336
+    output_tokens: int = 32  # greedy tokens per prompt, no early stop
+    batch_sizes: tuple[int, ...] = (1, 32, 64)
+    decode_context: int = 512  # tokens of context per sequence in the timed GPU decode step
+    decode_tokens: int = 16  # tokens per request in the wall-time decode runs
+    rank: int = 16
+    modules: tuple[str, ...] = ALL_MODULES
+    switch_repeats: int = 10
+    seed: int = 0
+    out_dir: str = "results/bench/fp8"
+    command: str = ""
+
+
+@contextlib.contextmanager
+def _fp8_allowed(device: torch.device):
+    old = fp8_models.ALLOW_CPU
+    fp8_models.ALLOW_CPU = old or device.type == "cpu"
+    try:
+        yield
+    finally:
+        fp8_models.ALLOW_CPU = old
+
+
+def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks: int) -> Engine:
+    dtype, quantization = PRECISIONS[name]
+    cuda = job.device.startswith("cuda")
+    config = EngineConfig(device=job.device, dtype=dtype, quantization=quantization,
+                          max_batch_size=max(job.batch_sizes + (job.prompts,)), max_tokens_per_step=8192,
+                          num_kv_blocks=kv_blocks, cuda_graphs=cuda and name != "fp32",
+                          graph_batch_sizes=tuple(sorted(set(job.batch_sizes) | {1, 2, 4, 8, 16, 32, 64})),
+                          lora_graph_segments=(), lora_graph_seg_lens=(), encoder_cache_items=0,
+                          enable_prefix_cache=False, seed=job.seed, warm_up="off", encode_ahead="off",
+                          adapter_slots=1, host_adapter_cache=2, max_lora_rank=job.rank, lora_targets=job.modules)
+    with _fp8_allowed(torch.device(job.device)):
+        return Engine(workdir, config, weights=weights)
+
+
+def _generate(engine: Engine, prompts, adapter: str | None, tokens: int) -> list:
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, keep_logits=True, detokenize=False)
+    outs = engine.generate([Request(prompt=text, images=[image], sampling=params, adapter=adapter)
+                            for text, image in prompts])
+    for o in outs:  # kept on the host: three engines' worth of vocabulary-wide logits
+        o.logits = [x.float().cpu() for x in o.logits]
+    return outs
+
+
+def _decode_rows(engine: Engine, job: Fp8BenchJob, name: str) -> list[dict]:
+    rows = []
+    for b in job.batch_sizes:
+        step_ms = float("nan")
+        if engine.runner.graphs is not None:
+            from kernels.timing import time_op
+
+            step_ms = time_op(replay_step(engine, b, [job.decode_context] * b), warmup=3, repeats=20,
+                              use_graph=False) / 1e3
+        run = _run_engine(engine, dataclasses.replace(job, output_tokens=job.decode_tokens),
+                          _prompts(job, engine.tokenizer, b, 1000 * b))
+        rows.append(dict(section="decode", precision=name, batch=b, decode_step_ms=step_ms,
+                         decode_context=job.decode_context, decode_wall_ms=run["decode_wall_ms"]))
+    return rows
+
+
+def _switch_row(engine: Engine, job: Fp8BenchJob, name: str) -> dict:
+    merger, record = engine.lora.merger, engine.lora.get("a")
+    if record.slot is None:
+        raise RuntimeError("the adapter left its slot before the switch timing")
+    before = {k: w.clone() for k, w in merger.weights.items()}
+    scales = {k: s.clone() for k, s in merger.fp8.scales.items()} if merger.fp8 else {}
+    merger.fold(record.slot, +1)  # compiles and first touches out of the timing
+    merger.fold(record.slot, -1)
+    merge_ms, unmerge_ms = [], []
+    for _ in range(job.switch_repeats):
+        merge_ms.append(merger.fold(record.slot, +1))
+        unmerge_ms.append(merger.fold(record.slot, -1))
+    exact = all(torch.equal(before[k].view(torch.uint8), w.view(torch.uint8)) for k, w in merger.weights.items())
+    if merger.fp8 is not None:
+        exact = exact and all(torch.equal(scales[k], s) for k, s in merger.fp8.scales.items())
+    drift = max((w.float() - before[k].float()).abs().max().item() for k, w in merger.weights.items())
+    saved = merger.fp8.nbytes()["saved"] if merger.fp8 else 0
+    return dict(section="switch", precision=name, rank=job.rank, method="requantize" if merger.fp8 else merger.method,
+                merge_ms=statistics.median(merge_ms), unmerge_ms=statistics.median(unmerge_ms),
+                switch_ms=statistics.median(m + u for m, u in zip(merge_ms, unmerge_ms)),
+                restore_exact=exact, max_drift_after_switches=drift, projection_bytes=projection_bytes(engine),
+                merge_saved_bytes=saved)
+
+
+def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
+    """Writes fp8.csv, fp8.json and fp8.md under out_dir/<device>/ and returns (rows, meta)."""
+    device = torch.device(job.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"bench.fp8.device={job.device!r} but no CUDA device is available; use device=cpu "
+                           "with model=qwen2_vl_tiny")
+    if device.type == "cuda":
+        fp8_models.check_quantization("fp8", device)  # before the model is built
+    label = device_label(device)
+    workdir = Path(tempfile.mkdtemp(prefix="fp8-bench-"))
+    hf, processor = build_random_model(job.model, job.seed, "bfloat16", job.device, workdir)
+    weights = {k: v.detach().cpu() for k, v in hf.state_dict().items()}  # each engine copies from the host
+    del hf
+    gc.collect()
+    prompts = _prompts(job, processor.tokenizer, job.prompts, 0)
+    prompt_len = _hf_inputs(processor, prompts[:1])["input_ids"].shape[1]
+    per_seq = max(prompt_len + job.output_tokens, job.decode_context, prompt_len + job.decode_tokens) + 32
+    kv_blocks = max(job.batch_sizes + (job.prompts,)) * per_seq // 16 + 64
+    adapter = write_peft_adapter(workdir / "adapter", read_model_args(workdir)[0], job.rank, tuple(job.modules),
+                                 job.seed + 1, torch.bfloat16, job.device)
+    outs, rows, load_s = {}, [], {}
+    for name in PRECISIONS:
+        t0 = time.perf_counter()
+        engine = _engine(job, workdir, weights, name, kv_blocks)
+        load_s[name] = time.perf_counter() - t0
+        engine.load_adapter("a", adapter)
+        outs[name, "none", "unmerged"] = _generate(engine, prompts, None, job.output_tokens)
+        outs[name, "a", "unmerged"] = _generate(engine, prompts, "a", job.output_tokens)
+        if name != "fp32":
+            engine.set_mode(Mode.merge("a"))
+            outs[name, "a", "merged"] = _generate(engine, prompts, "a", job.output_tokens)
+            engine.set_mode(Mode.unmerge())
+            rows.append(_switch_row(engine, job, name))
+            rows += _decode_rows(engine, job, name)
+        print(f"fp8 bench: {name} done", file=sys.stderr, flush=True)
+        del engine
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for (name, adapter, mode), got in outs.items():
+        if name == "fp32":
+            continue
+        rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode, against="fp32",
+                         **compare_outputs(outs["fp32", adapter, "unmerged"], got)))
+        if mode == "merged":
+            rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode,
+                             against=f"{name} unmerged", **compare_outputs(outs[name, adapter, "unmerged"], got)))
+    meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
+                prompt_len=prompt_len, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
+    write_report(rows, meta, results_dir(job.out_dir, label))
+    return rows, meta

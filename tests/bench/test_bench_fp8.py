@@ -1,0 +1,51 @@
+"""`vlora bench bench.suite=fp8` on the CPU with the tiny model: every section present, FP8's error above
+bf16's, weights halved, switches restoring the exact FP8 bytes, the files."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import torch
+
+from serve.models import fp8 as fp8_models
+from vlora.commands.bench import run
+from vlora.config import compose
+
+
+def test_fp8_suite_on_cpu(vlora_home, tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: a second thread only waits (see tests/adapter_cases.py)
+    try:
+        cfg = compose("bench", ["bench.suite=fp8", "bench.fp8.device=cpu", "bench.fp8.model=qwen2_vl_tiny",
+                                "bench.fp8.image_size=56", "bench.fp8.prompts=3", "bench.fp8.prompt_tokens=16",
+                                "bench.fp8.output_tokens=6", "bench.fp8.batch_sizes=[1,2]",
+                                "bench.fp8.decode_tokens=3", "bench.fp8.switch_repeats=2", f"bench.out_dir={tmp_path}"])
+        result = run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    rows, meta = result["fp8"], result["meta"]
+    assert fp8_models.ALLOW_CPU is False  # let through for the run only
+    acc = {(r["precision"], r["adapter"], r["mode"], r["against"]): r for r in rows if r["section"] == "accuracy"}
+    assert set(acc) == {(p, a, m, "fp32") for p in ("bf16", "fp8") for a, m in
+                        (("none", "unmerged"), ("a", "unmerged"), ("a", "merged"))} | {
+                           ("bf16", "a", "merged", "bf16 unmerged"), ("fp8", "a", "merged", "fp8 unmerged")}
+    for adapter, mode in (("none", "unmerged"), ("a", "unmerged"), ("a", "merged")):
+        bf16, fp8 = acc["bf16", adapter, mode, "fp32"], acc["fp8", adapter, mode, "fp32"]
+        assert 0 < bf16["logit_max_abs_err"] < fp8["logit_max_abs_err"]  # 3 mantissa bits against 8
+        assert fp8["logit_rel_err"] < 0.25 and 0 <= fp8["token_agreement"] <= 1
+    decode = [(r["precision"], r["batch"]) for r in rows if r["section"] == "decode"]
+    assert decode == [("bf16", 1), ("bf16", 2), ("fp8", 1), ("fp8", 2)]
+    assert all(r["decode_wall_ms"] > 0 for r in rows if r["section"] == "decode")
+    switch = {r["precision"]: r for r in rows if r["section"] == "switch"}
+    assert switch["fp8"]["restore_exact"] is True and switch["fp8"]["method"] == "requantize"
+    assert switch["fp8"]["merge_ms"] > 0 and switch["bf16"]["switch_ms"] > 0
+    # FP8 projections: one byte a weight plus a fp32 scale a row (and bf16 biases), about half of bf16
+    assert 0.5 < switch["fp8"]["projection_bytes"] / switch["bf16"]["projection_bytes"] < 0.53
+    assert switch["fp8"]["merge_saved_bytes"] > 0 and switch["bf16"]["merge_saved_bytes"] == 0
+    out = tmp_path / "cpu"
+    with open(out / "fp8.csv", newline="") as f:
+        assert {r["section"] for r in csv.DictReader(f)} == {"accuracy", "decode", "switch"}
+    assert json.loads((out / "fp8.json").read_text())["meta"]["job"]["model"] == "qwen2_vl_tiny"
+    md = (out / "fp8.md").read_text()
+    assert "## Accuracy" in md and "fp8 switch / bf16 switch" in md

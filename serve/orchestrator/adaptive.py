@@ -73,6 +73,15 @@ class Adaptive:
         if not batch:
             return
         costs = self.costs
+        if self.guard is not None:
+            # priced with the model the policy decided with, before it learns from this step: a step
+            # the model could not foresee (a stall, a mode dearer than profiled) then misses every
+            # mode's price alike (the guard's residual) and is no loss of the policy's choosing. Priced
+            # after, the model had learnt the surprise and the fixed modes looked cheaper by all of
+            # it: one slow step engaged the fallback for hundreds of steps after the model knew better
+            unmerge, merge, self._guard_top = fixed_costs(costs, mode, batch, self.lora_op, image_tokens,
+                                                          self._guard_top, self.switch_op)
+            predicted = costs.batch_ms(mode, batch, self.lora_op, image_tokens)
         if isinstance(costs, LearnedCosts):
             costs.observe(mode, batch, measured_ms, self.lora_op, image_tokens)
             if switch_folds:
@@ -83,9 +92,6 @@ class Adaptive:
             if measured_ms > 0 and record.predicted_ms is not None:
                 self._plan_errors.append(abs(record.predicted_ms - measured_ms) / measured_ms)
         if self.guard is not None:
-            unmerge, merge, self._guard_top = fixed_costs(costs, mode, batch, self.lora_op, image_tokens,
-                                                          self._guard_top, self.switch_op)
-            predicted = costs.batch_ms(mode, batch, self.lora_op, image_tokens)
             self.guard.observe(measured_ms, switch_ms, predicted, unmerge, merge)
 
     def _fallback(self, view: StepView, starving: list[RequestView], kind: str,

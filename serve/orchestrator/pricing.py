@@ -108,12 +108,17 @@ def hold_price(costs, view: StepView, a: str, mine: Sequence[RequestView], lora_
 def fixed_costs(costs, mode: Mode, entries: Sequence[tuple[str | None, int]], lora_op: str,
                 image_tokens: int, last_top: str | None, switch_op: str) -> tuple[float, float, str | None]:
     """Predicted ms of the served `entries` under the fixed modes the guard compares with:
-    (unmerge, merge = the most requested adapter merged plus a switch when it changed, that adapter)."""
+    (unmerge, merge = the most requested adapter merged plus a switch when it changed, that adapter).
+    Most requested: by the step's sequences, not its tokens, as the fallback picks it (the policy's
+    _top) and as a fixed mode would hold it. Counted by tokens, a step prefilling another adapter's
+    picture made that adapter the top one for that step alone: the reference merged whichever adapter
+    prefilled, an oracle no fixed mode can follow, and the guard then forced mixture on a policy that
+    had rightly left it."""
     unmerge = costs.batch_ms(Mode.unmerge(), entries, lora_op, image_tokens)
     counts: dict[str, int] = {}
-    for adapter, n in entries:
+    for adapter, _ in entries:
         if adapter is not None:
-            counts[adapter] = counts.get(adapter, 0) + n
+            counts[adapter] = counts.get(adapter, 0) + 1
     if not counts:
         return unmerge, unmerge, last_top
     top = max(counts, key=lambda k: (counts[k], k == last_top))

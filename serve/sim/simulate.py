@@ -13,10 +13,19 @@ step and switch times (an engine's `step_log` and switch log) can be replayed in
 instead, to check that simulator and engine decide alike. K/V memory is unbounded
 unless `kv_blocks` is given. Useful for tests, for quick CPU what-if studies and for checking
 that no request starves.
+
+An engine's steps are not all the profile's, which times synthetic steps without pictures:
+`host_ms` and `image_ms_per_ktoken` add the host work and the vision tower, `step_noise` scales
+each step by a seeded lognormal factor, `spike_share` of the steps take `spike_ms` longer,
+`stalls` make the step running at a given time take longer (the same hiccup at the same time for
+every policy), and `first_use_ms` charges the first step of each kind (a kernel compiled on first
+use). The device's `profile` may also differ from the one the policy plans with (a mode dearer on
+the GPU than its profile says): what-ifs of the gaps between a profile and a GPU.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence as Trace
 from dataclasses import dataclass, field
 
@@ -26,7 +35,7 @@ from serve.engine.scheduler import Scheduler, SchedulerConfig
 from serve.engine.sequence import MMSpan, Sequence
 from serve.orchestrator.base import Policy
 from serve.orchestrator.metrics import Metrics, RequestRecord, summarize
-from serve.orchestrator.profile import CostProfile
+from serve.orchestrator.profile import CostProfile, batch_shape
 from serve.orchestrator.types import Mode, RequestView
 
 
@@ -44,6 +53,28 @@ class SimConfig:
     # replayed in order instead of the profile's times (measured on an engine); past their end, the profile's
     step_times_ms: Trace[float] | None = None
     switch_times_ms: Trace[float] | None = None
+    # what an engine's step costs beyond the profile's (which times synthetic steps without pictures):
+    # host work per step (scheduling, inputs, sampling) and the vision tower per 1000 image tokens encoded
+    host_ms: float = 0.0
+    image_ms_per_ktoken: float = 0.0
+    step_noise: float = 0.0  # sigma of a lognormal factor on each step's time (0: the profile's exactly)
+    noise_seed: int = 0
+    # (at_ms, extra_ms): the first step that starts at or after at_ms takes extra_ms longer
+    stalls: Trace[tuple[float, float]] = ()
+    # the first step of each kind (its LoRA operator or none; decode or prefill) takes this much longer:
+    # the kernels a GPU compiles the first time a step needs them, for every policy alike
+    first_use_ms: float = 0.0
+    spike_share: float = 0.0  # this share of steps (seeded with the noise) take spike_ms longer
+    spike_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("host_ms", "image_ms_per_ktoken", "step_noise", "first_use_ms", "spike_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.spike_share <= 1:
+            raise ValueError(f"spike_share must lie in [0, 1], got {self.spike_share}")
+        if any(len(s) != 2 or not s[1] >= 0 for s in self.stalls):
+            raise ValueError(f"stalls must be (at_ms, extra_ms >= 0) pairs, got {list(self.stalls)}")
 
 
 @dataclass
@@ -121,6 +152,9 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
     now = pending[0].arrival_ms if pending else 0.0
     switcher = _ProfileSwitcher(profile, policy.switch_op, cfg.initial_mode.merged_adapter, cfg.switch_times_ms)
     replayed = list(cfg.step_times_ms or ())
+    noise = random.Random(cfg.noise_seed)
+    stalls = sorted(cfg.stalls)
+    used: set[tuple] = set()  # kinds of step run so far (first_use_ms)
     planner = StepPlanner(policy, scheduler, switcher, cfg.max_batch_size, cfg.max_tokens_per_step,
                           request_info=lambda rid: (views[rid].app, views[rid].slo_ms, views[rid].priority),
                           clock=lambda: now)
@@ -162,8 +196,24 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
                 if records[seq.request_id].first_scheduled_ms is None:
                     records[seq.request_id].first_scheduled_ms = now
         step_ms = profile.batch_ms(mode, [(seq.adapter, n) for seq, n in batch.entries], policy.lora_op)
+        if cfg.host_ms or cfg.image_ms_per_ktoken:
+            images = sum(s.end - s.start for seq, n in batch.entries for s in seq.mm_spans
+                         if seq.num_computed_tokens <= s.start < seq.num_computed_tokens + n)
+            step_ms += cfg.host_ms + cfg.image_ms_per_ktoken * images / 1e3
         if steps < len(replayed):
             step_ms = replayed[steps]
+        elif cfg.step_noise:
+            step_ms *= noise.lognormvariate(0.0, cfg.step_noise)
+        if cfg.spike_share and noise.random() < cfg.spike_share:
+            step_ms += cfg.spike_ms
+        while stalls and stalls[0][0] <= now:
+            step_ms += stalls.pop(0)[1]
+        if cfg.first_use_ms:
+            shape = batch_shape(mode, [(seq.adapter, n) for seq, n in batch.entries], policy.lora_op)
+            kind = (shape[4] if shape[2] else None, shape[1] == shape[0])
+            if kind not in used:
+                used.add(kind)
+                step_ms += cfg.first_use_ms
         if cfg.keep_timeline:
             timeline.append(StepEvent(now, str(mode), len(batch), batch.num_tokens, step_ms, admitted,
                                       len(plan.pause)))

@@ -134,7 +134,8 @@ def _switch_row(engine: Engine, job: Fp8BenchJob, name: str) -> dict:
         exact = exact and all(torch.equal(scales[k], s) for k, s in merger.fp8.scales.items())
     drift = max((w.float() - before[k].float()).abs().max().item() for k, w in merger.weights.items())
     saved = merger.fp8.nbytes()["saved"] if merger.fp8 else 0
-    return dict(section="switch", precision=name, rank=job.rank, method="requantize" if merger.fp8 else merger.method,
+    method = f"requantize:{merger.method}" if merger.fp8 else merger.method
+    return dict(section="switch", precision=name, rank=job.rank, method=method,
                 merge_ms=statistics.median(merge_ms), unmerge_ms=statistics.median(unmerge_ms),
                 switch_ms=statistics.median(m + u for m, u in zip(merge_ms, unmerge_ms)),
                 restore_exact=exact, max_drift_after_switches=drift, projection_bytes=projection_bytes(engine),

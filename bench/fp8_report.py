@@ -28,7 +28,8 @@ def summary_lines(rows: list[dict], meta: dict) -> list[str]:
     switch = {r["precision"]: r for r in rows if r["section"] == "switch"}
     lines = [f"# FP8 projections against bf16 ({job['model']}, {meta['device']}, {meta['date']})", "",
              f"{job['prompts']} prompts of ~{meta['prompt_len']} tokens, {job['output_tokens']} greedy tokens each; "
-             f"adapter rank {job['rank']} on {', '.join(job['modules'])}. Command: `{job['command'] or 'run_fp8_bench'}`",
+             f"adapter rank {job['rank']} on {', '.join(job['modules'])}. "
+             f"Command: `{job['command'] or 'run_fp8_bench'}`",
              "", "## Accuracy (logits up to the first divergence)", ""]
     lines += _table(acc, ("precision", "adapter", "mode", "against", "logit_max_abs_err", "logit_rel_err",
                           "logit_mean_abs_err", "token_agreement", "diverged", "first_divergence_min",

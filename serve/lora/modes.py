@@ -122,7 +122,7 @@ class WeightMerger:
         sync(self.device)
         start = time.perf_counter()
         if self.fp8 is not None and sign > 0:
-            self.fp8.fold_in(slot, self.pool, self.offsets)
+            self.fp8.fold_in(slot, self.pool, self.offsets, method or self.method)
         elif self.fp8 is not None:
             self.fp8.fold_out(slot)
         else:

@@ -38,7 +38,7 @@ def test_fp8_suite_on_cpu(vlora_home, tmp_path):
     assert decode == [("bf16", 1), ("bf16", 2), ("fp8", 1), ("fp8", 2)]
     assert all(r["decode_wall_ms"] > 0 for r in rows if r["section"] == "decode")
     switch = {r["precision"]: r for r in rows if r["section"] == "switch"}
-    assert switch["fp8"]["restore_exact"] is True and switch["fp8"]["method"] == "requantize"
+    assert switch["fp8"]["restore_exact"] is True and switch["fp8"]["method"] == "requantize:addmm"
     assert switch["fp8"]["merge_ms"] > 0 and switch["bf16"]["switch_ms"] > 0
     # FP8 projections: one byte a weight plus a fp32 scale a row (and bf16 biases), about half of bf16
     assert 0.5 < switch["fp8"]["projection_bytes"] / switch["bf16"]["projection_bytes"] < 0.53

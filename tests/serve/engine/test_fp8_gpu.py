@@ -108,7 +108,8 @@ def test_fp8_merge_unmerge_restores_exact_bytes_on_gpu(tiny_zoo, adapter):
     engine.set_mode(Mode.merge("cls"))
     merged = engine.generate(_requests()[1:2])
     engine.set_mode(Mode.unmerge())
-    after = [(m.base.weight.view(torch.uint8), m.base.weight_scale) for _, _, m in engine.model.language_model.projections()]
+    after = [(m.base.weight.view(torch.uint8), m.base.weight_scale)
+             for _, _, m in engine.model.language_model.projections()]
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(before, after))
     a, b = unmerged[0].logits[0].float(), merged[0].logits[0].float()
     assert (a - b).abs().max() < 0.15 * a.abs().max()

@@ -117,3 +117,20 @@ def test_merged_outputs_are_close_to_unmerged(engine, mode):
         assert (a - b).abs().max() < CLOSE[mode.kind] * a.abs().max()
     same = sum(x == y for r, o in zip(ref, got) for x, y in zip(r.token_ids, o.token_ids))
     assert same >= 0.6 * MAX_NEW * len(ref)
+
+
+def test_the_triton_fold_in_matches_the_pytorch_one_in_the_engine(engine):
+    """The GPU's switch (kernels.merge_fp8_, here through the interpreter) folds the same weights in."""
+    engine.set_mode(Mode.merge("all16"))  # makes it resident (4 slots for 3 adapters: it stays)
+    engine.set_mode(Mode.unmerge())
+    merger, slot = engine.lora.merger, engine.lora.get("all16").slot
+    merged = {}
+    for method in ("one_shot", "addmm"):
+        merger.fold(slot, +1, method)
+        merged[method] = {k: (w.view(torch.uint8).int(), merger.fp8.scales[k].clone())
+                          for k, w in merger.weights.items()}
+        merger.fold(slot, -1, method)
+    for kind, (codes, scales) in merged["one_shot"].items():
+        ref_codes, ref_scales = merged["addmm"][kind]
+        torch.testing.assert_close(scales, ref_scales, rtol=1e-6, atol=0)
+        assert (codes - ref_codes).abs().max() <= 1

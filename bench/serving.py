@@ -279,7 +279,7 @@ def _done_rows(path: Path) -> dict[tuple, dict]:
     out = {}
     for r in rows:
         for k in COLUMNS:
-            if k not in ("sweep", "policy") and r.get(k, "") != "":
+            if k not in ("sweep", "policy", "slowest_step_mode") and r.get(k, "") != "":
                 r[k] = float(r[k]) if any(c in r[k] for c in ".en") else int(r[k])
         out[(r["sweep"], float(r["x"]), float(r["skewness"]), r["policy"], int(r["seed"]))] = r
     return out
@@ -341,7 +341,8 @@ def run_serving_bench(job: ServingBenchJob) -> tuple[list[dict], dict]:
                         requests = build_requests(trace, names, job.image_size, seed, sum(job.text_tokens) // 2,
                                                   job.video_frames[1])
                     _use_policy(engine, name, params)
-                    m, extra = replay(engine, trace, requests, job.drain_s, job.prepare_threads)
+                    m, extra = replay(engine, trace, requests, job.drain_s, job.prepare_threads, log_path=out /
+                                      "decisions" / f"{sweep}_{x:g}_skew{spec.skewness:g}_seed{seed}_{name}.json")
                     engine.planner.apply(Mode.unmerge())
                     done[key] = {"sweep": sweep, "x": x, "policy": name, "seed": seed, "rate": spec.rate,
                                  "skewness": spec.skewness, **{k: m[k] for k in METRIC_COLUMNS}, **extra,

@@ -12,19 +12,24 @@ steps the engine, when the engine offers `prepare`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
 from bench.engine import WORDS
+from bench.results import write_json
 from serve.engine import Request, SamplingParams
 from serve.orchestrator import Mode, RequestRecord, RequestView, adapter_names, build_policy, summarize
 
 
-LEARNING_COLUMNS = ("pred_err_median", "plan_err_median", "learned_steps", "guard_engaged", "guard_fallback_steps")
+LEARNING_COLUMNS = ("pred_err_median", "plan_err_median", "learned_steps", "guard_engaged", "guard_fallback_steps",
+                    "guard_to_merge", "guard_to_unmerge", "slowest_step_ms", "slowest_step_pred_ms",
+                    "slowest_step_mode", "kernel_compiles")
 
 
 def use_policy(engine, name: str, params: dict) -> None:
@@ -56,7 +61,8 @@ def build_requests(trace: Sequence[RequestView], names: Sequence[str], image_siz
 
 
 def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], drain_s: float,
-           prepare_threads: int = 4, records_out: dict | None = None) -> tuple[dict, dict]:
+           prepare_threads: int = 4, records_out: dict | None = None,
+           log_path: Path | None = None) -> tuple[dict, dict]:
     """Serves the trace in real time. Returns (Metrics.as_row() of the run, extra columns: aborted
     requests, steps per mode kind, replay seconds). Requests unfinished `drain_s` after the last
     arrival are aborted and count as not completed. The engine's prefix and encoder caches are
@@ -66,7 +72,9 @@ def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], dr
     run engine.prepare for arriving requests, as the RPC server's connections do (0: add_request
     preprocesses on the stepping thread); an engine without `prepare` (replicas, which preprocess
     on their side) is given the raw requests. records_out: filled with each request's
-    RequestRecord (its times from the replay's start), for callers that need more than the summary."""
+    RequestRecord (its times from the replay's start), for callers that need more than the summary.
+    log_path: where a policy that keeps a decision log writes it, with its learning and guard reports,
+    as JSON (a replay far off its peers is read by its switches, fallbacks and slowest steps)."""
     if hasattr(engine, "drop_caches"):
         engine.drop_caches()
     before = engine.stats()
@@ -125,8 +133,25 @@ def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], dr
     metrics = summarize(records.values(), switches=after.mode_switches - before.mode_switches,
                         switch_ms=after.switch_ms_total - before.switch_ms_total)
     extra = {"aborted": aborted, **{f"steps_{k}": v for k, v in steps.items()}, "replay_s": replay_s,
-             **learning_columns(getattr(after, "policy_stats", None))}
+             **learning_columns(getattr(after, "policy_stats", None)),
+             "kernel_compiles": _compiled(after) - _compiled(before)}
+    policy = getattr(getattr(engine, "planner", None), "policy", None)
+    if log_path is not None and (getattr(after, "policy_stats", None) or {}).get("learning") is not None:
+        write_json(log_path, {"policy": policy.name, "stats": after.policy_stats, "start_ms": start * 1e3,
+                              "decisions": [dataclasses.asdict(d) for d in policy.log if _telling(d)]})
     return metrics.as_row(), extra
+
+
+def _telling(d) -> bool:
+    """A decision worth keeping: a switch, a guard's fallback, or a step far slower than predicted."""
+    slow = d.measured_ms is not None and d.predicted_ms is not None and d.measured_ms > 1.5 * d.predicted_ms + 5
+    return d.switch or d.reason.startswith("guard") or slow
+
+
+def _compiled(stats) -> int:
+    """Triton kernel variants compiled in this process so far (0 where none are watched)."""
+    k = getattr(stats, "kernel_compiles", None) or {}
+    return k.get("before_ready", 0) + k.get("after_ready", 0)
 
 
 def learning_columns(policy_stats: dict | None) -> dict:
@@ -136,6 +161,7 @@ def learning_columns(policy_stats: dict | None) -> dict:
     back to a fixed mode. nan / 0 for a policy that does not learn."""
     learning = (policy_stats or {}).get("learning") or {}
     guard = (policy_stats or {}).get("guard") or {}
+    slowest = (learning.get("slowest") or [{}])[0]
 
     def num(value):
         return float("nan") if value is None else value
@@ -143,4 +169,8 @@ def learning_columns(policy_stats: dict | None) -> dict:
     return {"pred_err_median": num(learning.get("median_abs_rel_err")),
             "plan_err_median": num(learning.get("plan_median_abs_rel_err")),
             "learned_steps": learning.get("observed", 0), "guard_engaged": guard.get("engaged", 0),
-            "guard_fallback_steps": guard.get("fallback_steps", 0)}
+            "guard_fallback_steps": guard.get("fallback_steps", 0),
+            "guard_to_merge": (guard.get("engaged_to") or {}).get("merge", 0),
+            "guard_to_unmerge": (guard.get("engaged_to") or {}).get("unmerge", 0),
+            "slowest_step_ms": num(slowest.get("measured_ms")), "slowest_step_pred_ms": num(slowest.get("predicted_ms")),
+            "slowest_step_mode": slowest.get("mode", "")}

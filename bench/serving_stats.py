@@ -154,8 +154,12 @@ def learning_note(row: dict) -> str:
     err = row.get("pred_err_median")
     if err is None or err == "" or (isinstance(err, float) and math.isnan(err)):
         return ""
+    slowest = row.get("slowest_step_ms")
+    slow = (f", slowest step {float(slowest):.0f} ms ({row.get('slowest_step_mode')}, predicted "
+            f"{float(row.get('slowest_step_pred_ms')):.0f})") if slowest not in (None, "") else ""
     return (f", step cost predicted within {100 * float(err):.1f}% (median), "
-            f"guard fell back {row.get('guard_fallback_steps', 0)} steps")
+            f"guard fell back {row.get('guard_fallback_steps', 0)} steps (to merge {row.get('guard_to_merge', 0)}x, "
+            f"to unmerge {row.get('guard_to_unmerge', 0)}x){slow}, {row.get('kernel_compiles', 0)} kernels compiled")
 
 
 def learning_summary(rows: list[dict]) -> list[dict]:

@@ -44,6 +44,7 @@ class FixedModeGuard:
         self.left = 0  # steps of the current hold still to go
         self.hold = hold_steps
         self.steps = self.engaged = self.fallback_steps = 0
+        self.engaged_to = dict.fromkeys(FALLBACKS, 0)  # engagements per fixed mode fallen back to
         self.released_at: int | None = None
         self.last_ratio: dict[str, float] = {}
 
@@ -85,6 +86,7 @@ class FixedModeGuard:
             self.hold = min(self.max_hold, 2 * self.hold) if soon else self.base_hold
             self.active, self.left = best, self.hold
             self.engaged += 1
+            self.engaged_to[best] += 1
             self._clear()
         return self.active
 
@@ -93,7 +95,8 @@ class FixedModeGuard:
         self._sums = [0.0] * 5
 
     def report(self) -> dict:
-        return {"active": self.active, "engaged": self.engaged, "fallback_steps": self.fallback_steps,
+        return {"active": self.active, "engaged": self.engaged, "engaged_to": dict(self.engaged_to),
+                "fallback_steps": self.fallback_steps,
                 "steps": self.steps, "hold_steps": self.hold,
                 # None where a fixed mode was predicted to cost nothing (no finite ratio; JSON has no inf)
                 "ratios": {k: round(v, 4) if v != float("inf") else None for k, v in self.last_ratio.items()}}

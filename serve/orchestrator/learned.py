@@ -218,4 +218,8 @@ class LearnedCosts:
                 "weights": dict(zip(FEATURES, (round(w, 4) for w in self.weights))),
                 "switch_ms": dict(self.switch_ms),
                 "recent": [dict(mode=m, seqs=s, tokens=t, predicted_ms=round(p, 3), measured_ms=round(y, 3))
-                           for m, s, t, p, y in list(self.log)[-8:]]}
+                           for m, s, t, p, y in list(self.log)[-8:]],
+                # the steps that took longest against their prediction (a stall, a kernel compiled on
+                # first use, a mode dearer than profiled): what a replay far off its peers is read by
+                "slowest": [dict(mode=m, seqs=s, tokens=t, predicted_ms=round(p, 3), measured_ms=round(y, 3))
+                            for m, s, t, p, y in sorted(self.log, key=lambda e: e[4] - e[3])[-4:][::-1]]}

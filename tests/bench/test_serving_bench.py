@@ -105,6 +105,15 @@ def test_load_sweep_measures_capacity_repeats_seeds_and_resumes(vlora_home, tmp_
     learnt = rows[0]  # the learning policy reports how well it predicted the steps it served
     assert learnt["learned_steps"] > 0 and 0 <= learnt["pred_err_median"] < 10
     assert math.isnan(rows[1]["pred_err_median"]) and rows[1]["learned_steps"] == 0
+    # what a replay far off its peers is read by: its slowest step against its prediction, the guard's
+    # fallbacks by kind, kernels compiled during it, and its switches and fallbacks in decisions/
+    assert learnt["slowest_step_ms"] > 0 and learnt["slowest_step_mode"] and learnt["kernel_compiles"] == 0
+    assert learnt["guard_to_merge"] + learnt["guard_to_unmerge"] == learnt["guard_engaged"]
+    log = json.loads((out / "decisions" / "load_0.5_skew0.8_seed0_v_lora.json").read_text())
+    assert log["policy"] == "v_lora" and log["stats"]["learning"]["slowest"]
+    assert all(d["switch"] or d["reason"].startswith("guard") or d["measured_ms"] > d["predicted_ms"]
+               for d in log["decisions"])
+    assert not (out / "decisions" / "load_0.5_skew0.8_seed0_unmerge_only.json").exists()  # nothing learnt
     assert all(r["rate"] == pytest.approx(0.5 * cap["capacity_rps"]) and r["x"] == 0.5 for r in rows)
     assert rows[0]["requests"] != rows[2]["requests"] or rows[0]["avg_latency_ms"] != rows[2]["avg_latency_ms"]
     with open(out / "summary.csv", newline="") as f:

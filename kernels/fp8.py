@@ -64,13 +64,14 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
         mask = k0 + offs_k < K
         x = tl.load(x_row + k0 + offs_k, mask=mask, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, axis=0) / FP8_LIMIT, FLOOR)
+    # div_rn: IEEE division as torch's (a plain `/` may lower to the GPU's approximate division)
+    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FP8_LIMIT), FLOOR)
     tl.store(s_ptr + pid_m, scale)
     q_row = q_ptr + pid_m * stride_qm
     for k0 in range(0, K, BLOCK_K):
         mask = k0 + offs_k < K
         x = tl.load(x_row + k0 + offs_k, mask=mask, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(x / scale, -FP8_LIMIT), FP8_LIMIT)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_LIMIT), FP8_LIMIT)
         tl.store(q_row + k0 + offs_k, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 

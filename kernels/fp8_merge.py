@@ -65,13 +65,13 @@ def _merge_fp8_kernel(w_ptr, q_ptr, s_ptr, a_ptr, b_ptr, scales_ptr, slot, row_s
         v = _merged_tile(w_rows, old_scale, a_base, b, alpha, k0 + offs_k0, offs_r, mask_n, mask_r, K,
                          stride_wk, stride_ar, stride_ak, UPCAST_DOT)
         amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))
-    new_scale = tl.maximum(amax / FP8_LIMIT, FLOOR)
+    new_scale = tl.maximum(tl.math.div_rn(amax, FP8_LIMIT), FLOOR)  # IEEE division, as torch's
     q_rows = q_ptr + pid_l * stride_ql + (offs_n - row_start)[:, None] * stride_qn
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + offs_k0
         v = _merged_tile(w_rows, old_scale, a_base, b, alpha, offs_k, offs_r, mask_n, mask_r, K,
                          stride_wk, stride_ar, stride_ak, UPCAST_DOT)
-        q = tl.minimum(tl.maximum(v / new_scale[:, None], -FP8_LIMIT), FP8_LIMIT)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(v, new_scale[:, None]), -FP8_LIMIT), FP8_LIMIT)
         tl.store(q_rows + offs_k[None, :] * stride_qk, q.to(q_ptr.dtype.element_ty),
                  mask=mask_n[:, None] & (offs_k < K)[None, :])
     tl.store(s_rows, new_scale, mask=mask_n)

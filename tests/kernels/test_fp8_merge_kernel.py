@@ -9,6 +9,8 @@ import torch
 
 from kernels import FP8_DTYPE, dequantize, merge_fp8_, merge_fp8_ref_, quantize_weight
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernel: on the GPU, else interpreted
+
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("widths,k,ranks", [((40, 8, 24), 200, (12, 0, 5)), ((33,), 130, (20,)),
@@ -16,12 +18,12 @@ from kernels import FP8_DTYPE, dequantize, merge_fp8_, merge_fp8_ref_, quantize_
 def test_triton_fp8_merge_matches_reference(pool_dtype, widths, k, ranks):
     g = torch.Generator().manual_seed(sum(widths) + k)
     layers, slots, r_max, slot = 2, 3, 32, 1
-    w = torch.randn(layers, sum(widths), k, generator=g) * 0.1
+    w = (torch.randn(layers, sum(widths), k, generator=g) * 0.1).to(DEVICE)
     q, s = quantize_weight(w)
-    lora_a = torch.randn(layers, len(widths), slots, r_max, k, generator=g).to(pool_dtype)
-    lora_b = (torch.randn(layers, slots, sum(widths), r_max, generator=g) * 0.05).to(pool_dtype)
-    rank_table = torch.tensor([[rk] * slots for rk in ranks], dtype=torch.int32)
-    scales = torch.tensor([0.5, 2.0, 1.0])
+    lora_a = torch.randn(layers, len(widths), slots, r_max, k, generator=g).to(dtype=pool_dtype, device=DEVICE)
+    lora_b = (torch.randn(layers, slots, sum(widths), r_max, generator=g) * 0.05).to(dtype=pool_dtype, device=DEVICE)
+    rank_table = torch.tensor([[rk] * slots for rk in ranks], dtype=torch.int32, device=DEVICE)
+    scales = torch.tensor([0.5, 2.0, 1.0], device=DEVICE)
     offsets = [0]
     for width in widths:
         offsets.append(offsets[-1] + width)

@@ -10,6 +10,7 @@ import torch
 from kernels.fp8 import (FP8_DTYPE, FP8_MAX, SCALE_FLOOR, dequantize, fp8_linear, quantize_rows_ref,
                          quantize_rows_triton, quantize_weight)
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernel: on the GPU, else interpreted
 # e4m3 keeps 3 mantissa bits: round to nearest is off by at most 2**-4 of the value (normal range)
 REL_STEP = 2.0 ** -4
 
@@ -40,7 +41,7 @@ def test_stacked_weights_quantize_per_layer_and_row():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [1, 37, 2048, 3000])
 def test_per_token_scaling_triton_matches_reference_byte_for_byte(dtype, k):
-    x = torch.randn(6, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+    x = torch.randn(6, k, generator=torch.Generator().manual_seed(k)).to(dtype=dtype, device=DEVICE)
     x[1] = 0  # all-zero row: finite scale, zeros out
     x[2, k // 2] = 1e30 if dtype == torch.float32 else 3e38  # one huge value dominates its row
     q_ref, s_ref = quantize_rows_ref(x)
@@ -56,7 +57,7 @@ def test_per_token_scaling_triton_matches_reference_byte_for_byte(dtype, k):
 
 
 def test_empty_batch_quantizes_to_empty():
-    q, s = quantize_rows_triton(torch.zeros(0, 64))
+    q, s = quantize_rows_triton(torch.zeros(0, 64, device=DEVICE))
     assert q.shape == (0, 64) and s.shape == (0, 1) and q.dtype == FP8_DTYPE
 
 

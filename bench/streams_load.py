@@ -104,12 +104,12 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     if warm_s is not None:
         row["server_warm_up_s"] = warm_s
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
-               **_steps(engine, engine.num_steps - steps_before),
+               **_steps(engine, engine.num_steps - steps_before, first=30 if cold else 0),
                **{k: engine.runner.counters[k] - encoded_before[k]  # pictures through the tower (3 a chunk, once)
                   for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures")},
                late_compiles=[spec for _, spec in WATCH.late[late_before:]])  # Triton variants the warm-up missed
     _log(label + " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS))
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps",)))
     return row
 
 
@@ -233,13 +233,17 @@ def _settle(server, timeout_s: float = 60.0) -> bool:
     return True
 
 
-def _steps(engine, n: int) -> dict:
+def _steps(engine, n: int, first: int = 0) -> dict:
     """The point's engine steps: how many, and the slowest five as (sequences, tokens, ms), which is
-    where a compile on first use shows (a step seconds long among steps of tens of ms)."""
+    where a compile on first use shows (a step seconds long among steps of tens of ms); `first` > 0:
+    also its first steps in order (a cold point's: where a backlog starts)."""
     log = list(engine.step_log)[-n:] if n > 0 else []
     slow = sorted(log, key=lambda e: -e[3])[:5]
-    return {"steps": n, "step_max_ms": slow[0][3] * 1e3 if slow else math.nan,
-            "slow_steps": [[seqs, tokens, round(s * 1e3, 1)] for seqs, tokens, _, s in slow]}
+    out = {"steps": n, "step_max_ms": slow[0][3] * 1e3 if slow else math.nan,
+           "slow_steps": [[seqs, tokens, round(s * 1e3, 1)] for seqs, tokens, _, s in slow]}
+    if first:
+        out["first_steps"] = [[seqs, tokens, round(s * 1e3, 1)] for seqs, tokens, _, s in log[:first]]
+    return out
 
 
 def _row(job, mode: str, n: int, records: list[dict], errors: Counter, window_start: float, seconds: int) -> dict:

@@ -65,6 +65,10 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     # the warm-up's steps are not the cold point's
     assert meta["warm_up"]["thread"] == "server" and meta["start_s"] >= meta["engine_load_s"] + rows[0]["server_warm_up_s"]
     assert rows[0]["steps"] < meta["warm_up"]["steps"] and rows[0]["items_encoded"] == 3 * rows[0]["sent"]
+    # the cold point's first steps in order: where a backlog starts
+    first = rows[0]["first_steps"]
+    assert 0 < len(first) == min(30, rows[0]["steps"]) and all(seqs >= 1 and ms > 0 for seqs, _, ms in first)
+    assert "first_steps" not in rows[1]
     visual = meta["visual_tokens_per_chunk"]
     assert visual == 3 * 2 * 2 and all(r["vision_tokens_per_s"] == pytest.approx(r["chunks_per_s"] * visual) for r in rows)
     rows = [r for r in rows if r["point"] == "warm"][:-1]

@@ -19,6 +19,7 @@ the first send to the last answer.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import secrets
@@ -96,8 +97,9 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     label = "warm-up " if warm_up else "cold " if cold else ""
     _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
     plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
-    records, errors, t0 = run_cameras(_cameras, (plain, mode, n, server.port, token, chunks, adapters, first,
-                                                 first + measured), first + measured + job.drain_s + 120)
+    with gc_pauses() as pauses:  # the server's process: the engine's and the connections' threads
+        records, errors, t0 = run_cameras(_cameras, (plain, mode, n, server.port, token, chunks, adapters, first,
+                                                     first + measured), first + measured + job.drain_s + 120)
     settled = _settle(server)
     server.close()
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
@@ -107,7 +109,8 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
                **_steps(engine, engine.num_steps - steps_before, first=30 if cold else 0),
                **{k: engine.runner.counters[k] - encoded_before[k]  # pictures through the tower (3 a chunk, once)
                   for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures")},
-               late_compiles=[spec for _, spec in WATCH.late[late_before:]])  # Triton variants the warm-up missed
+               late_compiles=[spec for _, spec in WATCH.late[late_before:]],  # Triton variants the warm-up missed
+               gc=pauses.summary())
     _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps",)))
     return row
@@ -231,6 +234,37 @@ def _settle(server, timeout_s: float = 60.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+class _GcPauses:
+    """Python's garbage collections while a point ran: each stops every thread of the server's process."""
+
+    def __init__(self):
+        self.pauses: list[tuple[int, float]] = []  # (generation, ms)
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], (time.perf_counter() - self._start) * 1e3))
+
+    def summary(self) -> dict:
+        full = [ms for gen, ms in self.pauses if gen == 2]
+        return {"collections": len(self.pauses), "full": len(full), "max_ms": round(max((ms for _, ms in self.pauses),
+                default=0.0), 2), "full_ms": round(sum(full), 2)}
+
+
+@contextlib.contextmanager
+def gc_pauses():
+    import gc
+
+    watch = _GcPauses()
+    gc.callbacks.append(watch)
+    try:
+        yield watch
+    finally:
+        gc.callbacks.remove(watch)
 
 
 def _steps(engine, n: int, first: int = 0) -> dict:

@@ -69,6 +69,7 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     first = rows[0]["first_steps"]
     assert 0 < len(first) == min(30, rows[0]["steps"]) and all(seqs >= 1 and ms > 0 for seqs, _, ms in first)
     assert "first_steps" not in rows[1]
+    assert all(r["gc"]["collections"] >= r["gc"]["full"] >= 0 and r["gc"]["max_ms"] >= 0 for r in rows)
     visual = meta["visual_tokens_per_chunk"]
     assert visual == 3 * 2 * 2 and all(r["vision_tokens_per_s"] == pytest.approx(r["chunks_per_s"] * visual) for r in rows)
     rows = [r for r in rows if r["point"] == "warm"][:-1]
@@ -143,3 +144,16 @@ def test_every_send_differs_after_jpeg():
     assert all(len({s[t] for s in sends}) == 4 for t in range(4))  # every frame of every send its own
     static = [[encode_frame(f, "jpeg")[1] for f in _stamped(chunk, serial, every_frame=False)] for serial in (1, 2)]
     assert static[0][0] != static[1][0] and static[0][1:] == static[1][1:]
+
+
+def test_gc_pauses_are_counted_while_watched():
+    import gc
+
+    from bench.streams_load import gc_pauses
+
+    with gc_pauses() as watch:
+        gc.collect()
+        gc.collect(0)
+    gc.collect()  # no longer watched
+    summary = watch.summary()
+    assert summary["collections"] == 2 and summary["full"] == 1 and summary["full_ms"] >= 0

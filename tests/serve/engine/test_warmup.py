@@ -183,3 +183,18 @@ def test_the_warm_up_steps_share_tokens_between_requests_as_live_cameras_do(tiny
     full = [seqs for seqs, tokens, _, _ in engine.step_log if tokens == 32]  # prefill steps of the whole budget
     # the wave of 4 shares every full step four ways (one owner: 1, 2, 3, then 4 as prompts finish)
     assert full[-4:] == [4, 4, 4, 4], full
+
+
+def test_the_heap_is_settled_after_a_gpu_warm_up():
+    """What a GPU warm-up does last (a CPU one skips it): collect, then freeze the survivors, so that no
+    later collection walks the compilers' objects during serving."""
+    import gc
+
+    from serve.engine.warmup import WarmReport, _settle_heap
+
+    report = WarmReport()
+    try:
+        _settle_heap(report)
+        assert gc.get_freeze_count() > 0 and report.heap_objects > 0 and report.phases["heap"] >= 0
+    finally:
+        gc.unfreeze()

@@ -28,7 +28,11 @@ SCALE_FLOOR = 1e-12
 
 
 def _scale_of(amax: torch.Tensor) -> torch.Tensor:
-    return (amax.float() / FP8_MAX).clamp_min(SCALE_FLOOR)
+    # divided by a tensor, not the Python number: on a GPU PyTorch divides by a host scalar as a
+    # multiplication by its rounded reciprocal, which differs from IEEE division (the kernel's div_rn)
+    # in the last bit of some scales (seen on an H200)
+    amax = amax.float()
+    return (amax / torch.full_like(amax, FP8_MAX)).clamp_min(SCALE_FLOOR)
 
 
 def _cast(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

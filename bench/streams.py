@@ -86,6 +86,7 @@ class StreamsBenchJob:
     # warm counts measured again after the search with the engine's encode_ahead off (an A/B in one run)
     ahead_off_counts: tuple[int, ...] = ()
     encode_ahead: str = "auto"  # EngineConfig's (auto: on a GPU)
+    quantization: str = "none"  # EngineConfig's: none (the checkpoint's dtype) or fp8 projections (serve/models/fp8.py)
     hf_baseline: bool = True
     hf_batch: int = 8
     hf_batches: int = 4  # timed batches (after one warm-up batch)
@@ -171,7 +172,7 @@ def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
                           graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, job.max_batch_size})),
                           adapter_slots=job.adapters, host_adapter_cache=job.adapters + 4, max_lora_rank=job.rank,
                           lora_targets=job.targets, adapters=tuple(f"{n}={p}" for n, p in dirs.items()),
-                          policy=job.policy, policy_params=job.policy_params)
+                          policy=job.policy, policy_params=job.policy_params, quantization=job.quantization)
     return Engine(workdir, config, weights=dict(hf.state_dict())), list(dirs)
 
 
@@ -210,6 +211,9 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     if get_spec(job.model).arch not in ("qwen2_vl", "qwen2_5_vl"):
         raise ValueError(f"model {job.model!r}: the streams evaluation sends video chunks, which only the "
                          "Qwen2-VL / Qwen2.5-VL zoo models take")
+    from serve.models.fp8 import check_quantization
+
+    check_quantization(job.quantization, torch.device(job.device))  # before the model is built: one clear line
     device_name = device_label(job.device)
     if job.fresh_caches:  # before anything compiles; both are read when a kernel is first compiled
         caches = Path(tempfile.mkdtemp(prefix="streams-caches-"))
@@ -277,7 +281,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
                 start_s=start_s, warm_up=warm, cold=cold_summary(rows, job), visual_tokens_per_chunk=visual_tokens,
                 matmul_tflops=tflops, flops=flops, hf=hf_result, summary=summary, adapters=names, engine_only=in_process,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
-                job=dataclasses.asdict(job))
+                quantization=job.quantization, job=dataclasses.asdict(job))
     del engine
     gc.collect()
     write_report(rows, meta, results_dir(job.out_dir, device_name))

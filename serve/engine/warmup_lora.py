@@ -11,10 +11,11 @@ kernels already on disk, 0.38 s).
 
 So the warm-up also sweeps: for each LoRA'd projection kind, made-up batches over every token
 bucket up to `max_tokens_per_step`, every longest-segment bucket below it, 1, 2 and 16 segments,
-with and without a mixed-in adapter, each in every token-grid layout the shrink and the expand can
-take at those sizes. Only one batch per distinct variant (`variant`, read from the table on the
-host) is run, on scratch tensors, with the operator's own launches: the pool and the weights are
-only read. A test draws live-like batches and checks that each needs only swept variants.
+without and (where the engine may merge) with a mixed-in adapter, each in every token-grid layout
+the shrink and the expand can take at those sizes. Only one batch per distinct variant (`variant`,
+read from the table on the host) is run, on scratch tensors, with the operator's own launches: the
+pool and the weights are only read. A test draws live-like batches and checks that each needs only
+swept variants.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from kernels import NO_LORA, SegmentMeta, TilingTable, add_lora, build_segments, configs_for, expand, one_launch_for, shrink
+from kernels import (NO_LORA, SegmentMeta, TilingTable, add_lora, build_segments, configs_for, expand, one_launch_for,
+                     shrink)
 from kernels.interpreter import pdl_available
 from kernels.lora import default_table
 from kernels.tiling import next_pow2
@@ -93,17 +95,17 @@ def block_ms(lora_a: torch.Tensor, meta: SegmentMeta, slices: tuple[int, ...], t
     return shrink_cfg.block_m, expand_cfg.block_m
 
 
-def sweep_batches(max_tokens: int, slots: int) -> Iterator[tuple[list[int], int | None]]:
+def sweep_batches(max_tokens: int, slots: int, mixture: bool = True) -> Iterator[tuple[list[int], int | None]]:
     """(slot ids, mixed-in slot or None) of the made-up batches: every (token bucket, longest-segment
     bucket) pair up to `max_tokens`, each with the segment counts of SEGMENT_COUNTS that fit the pool's
-    `slots` and the batch, with and without a mixed-in adapter (slot 0; then the batch's own adapters
-    take slots 1, 2, ...)."""
+    `slots` and the batch, without and (`mixture`) with a mixed-in adapter (slot 0; then the batch's own
+    adapters take slots 1, 2, ...)."""
     t = 1
     while True:
         total = min(t, max_tokens)
         s = 1
         while s <= t:
-            for mix in (None, 0):
+            for mix in (None, 0) if mixture else (None,):
                 for g in SEGMENT_COUNTS:
                     lens = _fit(s, g, total)
                     if g > slots - (mix is not None) or lens is None:
@@ -144,7 +146,7 @@ def sweep_lora_kernels(engine) -> int:
             x = torch.zeros(max_tokens, layer.in_features, dtype=layer.lora_a.dtype, device=device)
             y = torch.zeros(max_tokens, sum(layer.slices), dtype=layer.lora_a.dtype, device=device)
             seen, slots = set(), layer.lora_a.shape[1]
-            for ids, mix in sweep_batches(max_tokens, slots):
+            for ids, mix in sweep_batches(max_tokens, slots, _may_merge(engine)):
                 meta = build_segments(ids, device, mix_slot=mix)
                 for flats in layouts(meta, block_ms(layer.lora_a, meta, layer.slices, table), slots, max_tokens):
                     key = variant(layer.lora_a, meta, layer.slices, table, flats)
@@ -155,6 +157,14 @@ def sweep_lora_kernels(engine) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return ran
+
+
+def _may_merge(engine) -> bool:
+    """Whether the weights may come to hold an adapter (then steps run mixture batches): under any
+    policy but fcfs and unmerge_only. Under fcfs only a hand-set mode (`Engine.set_mode`) merges; its
+    first mixture steps then compile their kernels, which the compile watch logs. Skipping them halves
+    the sweep for an engine that never merges."""
+    return engine.config.policy not in ("fcfs", "unmerge_only") or engine.planner.mode.kind != "unmerge"
 
 
 def _launch(layer, x, y, meta: SegmentMeta, table: TilingTable, flats: tuple[bool, bool]) -> None:

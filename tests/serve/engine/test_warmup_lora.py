@@ -70,6 +70,11 @@ def test_the_waves_alone_miss_variants_the_sweep_has():
     assert waves < _swept(pool, QKV_7B, table, 8192, 8)
 
 
+def test_an_engine_that_never_merges_sweeps_no_mixture():
+    assert any(mix is not None for _, mix in sweep_batches(64, 4))
+    assert all(mix is None for _, mix in sweep_batches(64, 4, mixture=False))
+
+
 def test_sweep_batches_cover_every_bucket_pair():
     pairs = {(len(ids), int(max(np.unique([i for i in ids if i >= 0], return_counts=True)[1])))
              for ids, _ in sweep_batches(64, 4)}

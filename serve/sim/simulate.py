@@ -26,6 +26,7 @@ the GPU than its profile says): what-ifs of the gaps between a profile and a GPU
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence as Trace
 from dataclasses import dataclass, field
 
@@ -66,6 +67,9 @@ class SimConfig:
     first_use_ms: float = 0.0
     spike_share: float = 0.0  # this share of steps (seeded with the noise) take spike_ms longer
     spike_ms: float = 0.0
+    # time the host side of each step (the planner's plan() and observe_step() on time.perf_counter):
+    # what the policy costs the engine's step loop, which runs it in series with the GPU
+    time_host: bool = False
 
     def __post_init__(self) -> None:
         for name in ("host_ms", "image_ms_per_ktoken", "step_noise", "first_use_ms", "spike_ms"):
@@ -105,6 +109,8 @@ class SimResult:
     mode_ms: dict[str, float]  # time spent stepping in each mode kind
     policy_stats: dict
     timeline: list[StepEvent]
+    # with SimConfig.time_host, per step that ran: (plan us, observe_step us, waiting + running requests)
+    host_us: list[tuple[float, float, int]] = field(default_factory=list)
 
 
 class _ProfileSwitcher:
@@ -162,6 +168,7 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
     switches, timeline = [], []
     mode_ms = dict.fromkeys(("unmerge", "merge", "mixture"), 0.0)
     steps = idle = next_arrival = 0
+    host_us, clock, plan_us = [], time.perf_counter, 0.0
     while next_arrival < len(pending) or scheduler.has_unfinished():
         if cfg.max_sim_ms is not None and now > cfg.max_sim_ms:
             break
@@ -172,7 +179,10 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
             now = pending[next_arrival].arrival_ms
             continue
         before, logged = planner.mode, planner.stats.switches
+        queued = len(scheduler.waiting) + len(scheduler.running)
+        t0 = clock()
         plan = planner.plan()
+        plan_us = (clock() - t0) * 1e6
         if planner.stats.switches > logged:
             ms = planner.stats.switch_ms_last
             switches.append(SwitchEvent(now, str(before), str(planner.mode), ms))
@@ -224,7 +234,10 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
                       and seq.num_computed_tokens < seq.prompt_len}
         sampled = {seq.seq_id: 0 for seq, n in batch.entries if seq.num_computed_tokens + n >= seq.num_tokens}
         finished = scheduler.postprocess(batch, sampled)
+        t0 = clock()
         planner.observe_step(batch, step_ms / 1e3)  # as the engine does after each step
+        if cfg.time_host:
+            host_us.append((plan_us, (clock() - t0) * 1e6, queued))
         for seq, _ in batch.entries:
             rec = records[seq.request_id]
             if id(seq) in prefilling and rec.first_token_ms is None:
@@ -233,4 +246,4 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
             records[seq.request_id].finish_ms = now
     ordered = [records[r.request_id] for r in pending]
     metrics = summarize(ordered, switches=len(switches), switch_ms=sum(s.ms for s in switches))
-    return SimResult(ordered, metrics, switches, steps, mode_ms, policy.stats.as_dict(), timeline)
+    return SimResult(ordered, metrics, switches, steps, mode_ms, policy.stats.as_dict(), timeline, host_us)

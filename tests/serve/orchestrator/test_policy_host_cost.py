@@ -1,0 +1,30 @@
+"""The V-LoRA policy's host cost per step is cut without changing any decision: the decisions (and
+what the policy learnt) on scripted traces are those recorded before (decision_trace.py), and the
+simulator times the planner's host work per step."""
+
+from __future__ import annotations
+
+import json
+
+from decision_trace import GOLDEN, record_all
+from orchestrator_cases import linear_profile, req
+
+from serve.orchestrator import build_policy
+from serve.sim import SimConfig, simulate
+
+
+def test_decisions_and_learning_are_those_recorded_before_the_host_cost_was_cut():
+    golden = json.loads(GOLDEN.read_text())
+    for name, lines in record_all().items():
+        want = golden[name]["lines"]
+        first = next((i for i, (a, b) in enumerate(zip(lines, want)) if a != b), min(len(lines), len(want)))
+        assert lines == want, f"{name}: first difference at line {first}: {lines[first:first + 1]} != {want[first:first + 1]}"
+
+
+def test_the_simulator_times_the_planners_host_work_per_step_when_asked():
+    p = linear_profile()
+    trace = [req(f"r{i}", "ab"[i % 2], 5.0 * i, prompt=100, out=6, image_tokens=50) for i in range(8)]
+    timed = simulate(trace, build_policy("v_lora", p), p, SimConfig(time_host=True))
+    assert len(timed.host_us) == timed.steps
+    assert all(plan > 0 and observe > 0 and queue >= 1 for plan, observe, queue in timed.host_us)
+    assert simulate(trace, build_policy("v_lora", p), p).host_us == []  # off by default: nothing kept

@@ -42,6 +42,7 @@ from serve.orchestrator import Mode
 from .adapter_parts import ALL_MODULES, write_peft_adapter
 from .engine import _hf_inputs, _prompts, _run_engine, build_random_model, replay_step
 from .fp8_accuracy import compare_outputs, projection_bytes
+from .fp8_profile import profile_decode
 from .fp8_report import write_report
 from .results import device_label, results_dir
 
@@ -63,6 +64,10 @@ class Fp8BenchJob:
     rank: int = 16
     modules: tuple[str, ...] = ALL_MODULES
     switch_repeats: int = 10
+    # per precision and batch, a few decode steps under torch.profiler after the timed runs: a per-kernel
+    # table (profile_<precision>_b<batch>.csv) and the time in GEMMs / quantization / attention / other
+    profile: bool = False
+    profile_repeats: int = 3
     seed: int = 0
     out_dir: str = "results/bench/fp8"
     command: str = ""
@@ -154,7 +159,10 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
                            "with model=qwen2_vl_tiny")
     if device.type == "cuda":
         fp8_models.check_quantization("fp8", device)  # before the model is built
+    if job.profile_repeats < 1:
+        raise ValueError(f"bench.fp8.profile_repeats={job.profile_repeats}: must be >= 1")
     label = device_label(device)
+    out = results_dir(job.out_dir, label)
     workdir = Path(tempfile.mkdtemp(prefix="fp8-bench-"))
     hf, processor = build_random_model(job.model, job.seed, "bfloat16", job.device, workdir)
     weights = {k: v.detach().cpu() for k, v in hf.state_dict().items()}  # each engine copies from the host
@@ -180,6 +188,8 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
             engine.set_mode(Mode.unmerge())
             rows.append(_switch_row(engine, job, name))
             rows += _decode_rows(engine, job, name)
+            if job.profile:  # after the timed runs, so the profiler's overhead is in none of them
+                rows += profile_decode(engine, job, name, out)
         print(f"fp8 bench: {name} done", file=sys.stderr, flush=True)
         del engine
         gc.collect()
@@ -195,5 +205,5 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
                              against=f"{name} unmerged", **compare_outputs(outs[name, adapter, "unmerged"], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
                 prompt_len=prompt_len, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
-    write_report(rows, meta, results_dir(job.out_dir, label))
+    write_report(rows, meta, out)
     return rows, meta

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
 import torch
 
 from serve.models import fp8 as fp8_models
@@ -20,7 +21,8 @@ def test_fp8_suite_on_cpu(vlora_home, tmp_path):
         cfg = compose("bench", ["bench.suite=fp8", "bench.fp8.device=cpu", "bench.fp8.model=qwen2_vl_tiny",
                                 "bench.fp8.image_size=56", "bench.fp8.prompts=3", "bench.fp8.prompt_tokens=16",
                                 "bench.fp8.output_tokens=6", "bench.fp8.batch_sizes=[1,2]",
-                                "bench.fp8.decode_tokens=3", "bench.fp8.switch_repeats=2", f"bench.out_dir={tmp_path}"])
+                                "bench.fp8.decode_tokens=3", "bench.fp8.switch_repeats=2", "bench.fp8.profile=true",
+                                "bench.fp8.profile_repeats=1", f"bench.out_dir={tmp_path}"])
         result = run(cfg)
     finally:
         torch.set_num_threads(threads)
@@ -43,9 +45,26 @@ def test_fp8_suite_on_cpu(vlora_home, tmp_path):
     # FP8 projections: one byte a weight plus a fp32 scale a row (and bf16 biases), about half of bf16
     assert 0.5 < switch["fp8"]["projection_bytes"] / switch["bf16"]["projection_bytes"] < 0.53
     assert switch["fp8"]["merge_saved_bytes"] > 0 and switch["bf16"]["merge_saved_bytes"] == 0
+    # the profile: one engine decode step per precision and batch, after the timings; every FP8 projection's
+    # quantization and GEMM is in it (4 projections a layer), bf16 has neither quantization nor _scaled_mm
+    layers = 4  # qwen2_vl_tiny
+    prof = {(r["precision"], r["batch"]): r for r in rows if r["section"] == "profile"}
+    assert list(prof) == [("bf16", 1), ("bf16", 2), ("fp8", 1), ("fp8", 2)]
+    for (name, b), r in prof.items():
+        assert r["step"] == "engine step" and 0 < r["busy_us"] <= r["span_us"] and r["gemm_us"] > 0
+        assert r["quantize_calls"] == (4 * layers if name == "fp8" else 0)
+        with open(tmp_path / "cpu" / f"profile_{name}_b{b}.csv", newline="") as f:
+            kernels = list(csv.DictReader(f))
+        assert list(kernels[0]) == ["kernel", "kind", "calls", "total_us", "share"]
+        names = {k["kernel"]: k for k in kernels}
+        assert ("aten::_scaled_mm" in names) == (name == "fp8")
+        if name == "fp8":
+            assert float(names["aten::_scaled_mm"]["calls"]) == 4 * layers
+            assert names["aten::_scaled_mm"]["kind"] == "gemm" and names["fp8_quantize_rows"]["kind"] == "quantize"
+        assert sum(float(k["total_us"]) for k in kernels) == pytest.approx(r["busy_us"])
     out = tmp_path / "cpu"
     with open(out / "fp8.csv", newline="") as f:
-        assert {r["section"] for r in csv.DictReader(f)} == {"accuracy", "decode", "switch"}
+        assert {r["section"] for r in csv.DictReader(f)} == {"accuracy", "decode", "switch", "profile"}
     assert json.loads((out / "fp8.json").read_text())["meta"]["job"]["model"] == "qwen2_vl_tiny"
     md = (out / "fp8.md").read_text()
-    assert "## Accuracy" in md and "fp8 switch / bf16 switch" in md
+    assert "## Accuracy" in md and "fp8 switch / bf16 switch" in md and "## Decode step profile" in md

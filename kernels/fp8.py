@@ -1,7 +1,8 @@
 """FP8 (float8_e4m3fn) linear algebra for the language model's projections: quantize, dequantize, GEMM, merge.
 
     weight:  q_w [N, K] fp8, s_w [N] fp32     W ~= q_w * s_w[:, None]   (per output channel, once at load)
-    x:       q_x [M, K] fp8, s_x [M, 1] fp32  x ~= q_x * s_x            (per token, every forward)
+    x:       q_x [M, K] fp8, s_x [M, 1] fp32  x ~= q_x * s_x            (per token, every forward, unless
+                                                                        x's producer attached them: attach_rows)
     y = fp8_linear(x, q_w, s_w) = (q_x @ q_w.T) * s_x * s_w[None, :]    (torch._scaled_mm, rowwise scales)
 
 A scale is amax / 448 (the largest finite e4m3 value), floored at SCALE_FLOOR so that an all-zero row
@@ -100,6 +101,24 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (q.to(FP8_DTYPE) if cast_here else q), scale
 
 
+_ROWS_ATTR = "fp8_rows"
+
+
+def attach_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Lets x carry its own per-token quantization (`quantize_rows(x)`'s (q, scale)), written by the
+    kernel that produced x (kernels/fp8_fused.py), so `fp8_linear(x, ...)` launches no quantization.
+    It is an attribute of this tensor object only: a view, a copy or any op's result has none, and
+    LoRA wrappers pass the same object to their base projection."""
+    if q.shape != x.shape or scale.shape != (x.shape[0], 1):
+        raise ValueError(f"FP8 rows {tuple(q.shape)} / scales {tuple(scale.shape)} do not fit x {tuple(x.shape)}")
+    setattr(x, _ROWS_ATTR, (q, scale))
+    return x
+
+
+def attached_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    return x.__dict__.get(_ROWS_ATTR)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token quantization: the Triton kernel on a GPU, PyTorch elsewhere."""
     if x.is_cuda and x.stride(-1) == 1:
@@ -116,7 +135,7 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     weight_scale: [N] fp32. Returns [M, N] in x's dtype. On a GPU the rowwise-scaled GEMM writes
     bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs.
     """
-    q_x, s_x = quantize_rows(x)
+    q_x, s_x = attached_rows(x) or quantize_rows(x)  # written beside x by its producer, or quantized here
     out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
     y = torch._scaled_mm(q_x, q_weight.t(), scale_a=s_x, scale_b=weight_scale.view(1, -1), out_dtype=out_dtype)
     if y.dtype != x.dtype:

@@ -1,0 +1,160 @@
+"""Per-token FP8 quantization fused into the kernel that produces the activation (kernels/fp8.py's
+`quantize_rows` without its own launch).
+
+At decode an FP8 projection's activation is a few rows, and quantizing it alone is one more tiny,
+latency-bound launch per projection (4 a layer: qkv, o, gate_up, down). Two producers already hold
+a whole row when they write it, so they can write its FP8 copy too:
+
+    rms_norm_fp8(x, w, eps, residual):  the decoder's fused RMSNorm (serve/models/fused.py), whose
+        program has the normed row in registers: its amax, the scale and the cast cost no extra read.
+        Feeds qkv_proj (input_layernorm) and gate_up_proj (post_attention_layernorm).
+    silu_mul_fp8(gate_up):              silu(gate) * up, one program per row in two sweeps (the
+        second recomputes the product from gate and up rather than reading back what it wrote).
+        Feeds down_proj.
+
+Both return the model-dtype activation exactly as the unfused kernels do (the LoRA branch and
+anything else read it) and attach its FP8 rows with `kernels.fp8.attach_rows`, which `fp8_linear`
+uses instead of quantizing again. The FP8 bytes and scales equal `quantize_rows` of that
+activation, byte for byte: the fusion changes launches, not results. o_proj's input (the
+attention output) is written per (sequence, head) and has no program holding a row; it is still
+quantized on its own.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_rows_ref
+from .interpreter import interpreted
+
+
+@triton.jit
+def _quantize_row(y, q_row, s_ptr, offs, mask, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr):
+    # y: the row as written (model dtype), as float32; masked lanes hold 0 and do not move the amax
+    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), FP8_LIMIT), FLOOR)
+    tl.store(s_ptr, scale)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_LIMIT), FP8_LIMIT)
+    tl.store(q_row + offs, q.to(q_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, n_cols, eps,
+                         stride_x, stride_r, stride_o, stride_ro, stride_q, HAS_RES: tl.constexpr,
+                         FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr):
+    # serve/models/fused.py's _rms_norm_kernel, line for line, then the row's quantization
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    var = tl.sum(h * h, axis=0) / n_cols
+    h = (h * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    y = (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
+    _quantize_row(y.to(tl.float32), q_ptr + row * stride_q, s_ptr + row, offs, mask, FP8_LIMIT, FLOOR)
+
+
+@triton.jit
+def _silu_mul_fp8_kernel(x_ptr, out_ptr, q_ptr, s_ptr, n_cols, stride_x, stride_o, stride_q,
+                         FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr):
+    # one program per row: sweep 1 writes silu(gate) * up (serve/models/fused.py's arithmetic) and
+    # finds its amax; sweep 2 recomputes it (gate and up again, from L2) and writes the FP8 copy
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    x_row = x_ptr + row * stride_x
+    dt = out_ptr.dtype.element_ty
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c0 in range(0, n_cols, BLOCK):
+        mask = c0 + offs < n_cols
+        gate = tl.load(x_row + c0 + offs, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_row + n_cols + c0 + offs, mask=mask, other=0.0).to(tl.float32)
+        act = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt)
+        tl.store(out_ptr + row * stride_o + c0 + offs, act, mask=mask)
+        amax = tl.maximum(amax, tl.abs(act.to(tl.float32)))
+    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FP8_LIMIT), FLOOR)
+    tl.store(s_ptr + row, scale)
+    for c0 in range(0, n_cols, BLOCK):
+        mask = c0 + offs < n_cols
+        gate = tl.load(x_row + c0 + offs, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_row + n_cols + c0 + offs, mask=mask, other=0.0).to(tl.float32)
+        act = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(act, scale), -FP8_LIMIT), FP8_LIMIT)
+        tl.store(q_ptr + row * stride_q + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def _fp8_buffers(rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    # the interpreter rounds float32 -> e4m3 wrongly (kernels/fp8.py): there the kernel writes the
+    # clamped float32 values and torch casts them with round-to-nearest-even, as the GPU's cvt.rn does
+    q = torch.empty((rows, cols), dtype=torch.float32 if interpreted() else FP8_DTYPE, device=device)
+    return q, torch.empty((rows, 1), dtype=torch.float32, device=device)
+
+
+def _check_rows(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"{name} needs [T, D] with a contiguous last dim; got shape {tuple(x.shape)} strides "
+                         f"{x.stride()}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"{name}: dtype must be float16, bfloat16 or float32, got {x.dtype}")
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """serve.models.fused.rms_norm (y, or (y, x + residual)), with y carrying its FP8 rows (attach_rows)."""
+    _check_rows("rms_norm_fp8", x)
+    if weight.shape != (x.shape[1],) or (residual is not None and residual.shape != x.shape):
+        raise ValueError(f"rms_norm_fp8: weight {tuple(weight.shape)} and residual "
+                         f"{None if residual is None else tuple(residual.shape)} do not fit x {tuple(x.shape)}")
+    t, d = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else out
+    q, scale = _fp8_buffers(t, d, x.device)
+    if t:
+        res = residual if residual is not None else x
+        _rms_norm_fp8_kernel[(t,)](x, res, weight, out, res_out, q, scale, d, eps, x.stride(0), res.stride(0),
+                                   out.stride(0), res_out.stride(0), q.stride(0), HAS_RES=residual is not None,
+                                   FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=triton.next_power_of_2(d),
+                                   num_warps=8 if d >= 2048 else 4)
+    attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)
+    return (out, res_out) if residual is not None else out
+
+
+def silu_mul_fp8(gate_up: torch.Tensor) -> torch.Tensor:
+    """serve.models.fused.silu_and_mul ([T, 2I] [gate | up] -> [T, I]), carrying its FP8 rows."""
+    _check_rows("silu_mul_fp8", gate_up)
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"silu_mul_fp8 needs [T, 2 * I]; got {tuple(gate_up.shape)}")
+    t, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
+    q, scale = _fp8_buffers(t, n, gate_up.device)
+    if t:
+        block = min(2048, max(16, triton.next_power_of_2(n)))
+        _silu_mul_fp8_kernel[(t,)](gate_up, out, q, scale, n, gate_up.stride(0), out.stride(0), q.stride(0),
+                                   FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=block,
+                                   num_warps=4 if block <= 1024 else 8)
+    attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)
+    return out
+
+
+def rms_norm_fp8_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """The same in PyTorch (serve/models/layers.RMSNorm's arithmetic, then quantize_rows_ref): the oracle.
+    Returns (y, new residual or None, q, scale)."""
+    if residual is not None:
+        x = x + residual
+    h = x.float()
+    y = weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    q, scale = quantize_rows_ref(y)
+    return y, (x if residual is not None else None), q, scale
+
+
+def silu_mul_fp8_ref(gate_up: torch.Tensor):
+    """silu(gate) * up in PyTorch, and its quantize_rows_ref: (act, q, scale)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = torch.nn.functional.silu(gate) * up
+    q, scale = quantize_rows_ref(act)
+    return act, q, scale

@@ -12,7 +12,7 @@ from collections import deque
 
 from .guard import FixedModeGuard
 from .learned import LearnedCosts
-from .pricing import fixed_costs, planned_step
+from .pricing import fixed_costs, fixed_top, planned_step
 from .types import Decision, Mode, RequestView, StepView
 
 DWELL_PRIOR_STEPS = 16.0  # steps a mode is expected to stay before any switch was seen
@@ -72,8 +72,15 @@ class Adaptive:
         (host work included), after a switch of `switch_folds` folds measured `switch_ms` (0: none)."""
         if not batch:
             return
-        costs = self.costs
-        if self.guard is not None:
+        costs, guard = self.costs, self.guard
+        predicted = None
+        if guard is not None and guard.active is not None:
+            # a held fallback ignores the step's prices (FixedModeGuard.observe): only the adapter its
+            # merge reference holds is followed, without pricing the step three times on the host
+            unmerge = merge = 0.0
+            top = fixed_top(batch, self._guard_top)
+            self._guard_top = self._guard_top if top is None else top
+        elif guard is not None:
             # priced with the model the policy decided with, before it learns from this step: a step
             # the model could not foresee (a stall, a mode dearer than profiled) then misses every
             # mode's price alike (the guard's residual) and is no loss of the policy's choosing. Priced
@@ -81,9 +88,13 @@ class Adaptive:
             # it: one slow step engaged the fallback for hundreds of steps after the model knew better
             unmerge, merge, self._guard_top = fixed_costs(costs, mode, batch, self.lora_op, image_tokens,
                                                           self._guard_top, self.switch_op)
-            predicted = costs.batch_ms(mode, batch, self.lora_op, image_tokens)
+            if not isinstance(costs, LearnedCosts):
+                predicted = costs.batch_ms(mode, batch, self.lora_op, image_tokens)
         if isinstance(costs, LearnedCosts):
-            costs.observe(mode, batch, measured_ms, self.lora_op, image_tokens)
+            # its prediction before learning is the step's estimate the policy decided with
+            before = costs.observe(mode, batch, measured_ms, self.lora_op, image_tokens)
+            if guard is not None and guard.active is None:
+                predicted = before if before == before else costs.batch_ms(mode, batch, self.lora_op, image_tokens)
             if switch_folds:
                 costs.observe_switch(self.switch_op, switch_folds, switch_ms)
         record, self._planned = self._planned, None
@@ -91,8 +102,8 @@ class Adaptive:
             record.measured_ms = measured_ms
             if measured_ms > 0 and record.predicted_ms is not None:
                 self._plan_errors.append(abs(record.predicted_ms - measured_ms) / measured_ms)
-        if self.guard is not None:
-            self.guard.observe(measured_ms, switch_ms, predicted, unmerge, merge)
+        if guard is not None:
+            guard.observe(measured_ms, switch_ms, predicted or 0.0, unmerge, merge)
 
     def _fallback(self, view: StepView, starving: list[RequestView], kind: str,
                   reason: str) -> tuple[Mode, list[RequestView], str]:

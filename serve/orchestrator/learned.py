@@ -52,25 +52,31 @@ HUBER = 2.0  # residuals past this many times the running median |relative resid
 # MIN (it keeps following a drift): a 30% shape is learnt in a few tens of its steps, and a slow step
 # once it has been seen a hundred times moves it by well under 1%
 SHAPE_FIRST_STEP, SHAPE_MIN_STEP = 0.1, 0.004
+CACHE_SIZE = 4096  # step shapes whose features (and current estimates) are kept
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     """x with a @ x = b (Gaussian elimination, partial pivoting; a is symmetric positive definite here)."""
     n = len(b)
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    # (refit every served step, on the engine's step loop: the row operations run as list
+    # comprehensions, each element computed as the plain loops would, in the same order)
     for c in range(n):
-        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        col = [abs(m[r][c]) for r in range(c, n)]
+        p = c + col.index(max(col))  # the first largest, as max(range, key=...) picks it
         m[c], m[p] = m[p], m[c]
-        pivot = m[c][c]
+        top = m[c]
+        pivot = top[c]
+        tail = top[c:]
         for r in range(c + 1, n):
-            f = m[r][c] / pivot
+            row = m[r]
+            f = row[c] / pivot
             if f:
-                row, top = m[r], m[c]
-                for k in range(c, n + 1):
-                    row[k] -= f * top[k]
+                row[c:] = [v - f * t for v, t in zip(row[c:], tail)]
     x = [0.0] * n
     for r in range(n - 1, -1, -1):
-        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+        row = m[r]
+        x[r] = (row[n] - sum([row[k] * x[k] for k in range(r + 1, n)])) / row[r]
     return x
 
 
@@ -97,10 +103,27 @@ class LearnedCosts:
         self._shape_seen: dict[tuple, int] = {}
         self.errors: deque[float] = deque(maxlen=log_size)  # |predicted - measured| / measured, recent steps
         self.log: deque[tuple[str, int, int, float, float]] = deque(maxlen=log_size)  # (mode, seqs, tokens, pred, meas)
+        # the policy prices several plans per step on the engine's step loop (the host, in series with
+        # the GPU), mostly the same few step shapes: a shape's features (the profile's interpolations)
+        # never change, and its estimate only when a step is learnt from, so both are kept
+        self._features: dict[tuple, list[float]] = {}
+        self._estimates: dict[tuple, float] = {}
 
     # ---- estimates (CostProfile's interface) -------------------------------------------------
     def features(self, seqs: int, tokens: int, lora_tokens: int = 0, lora_adapters: int = 0,
                  lora_op: str = "atmm", image_tokens: int = 0) -> list[float]:
+        """The step's features (shared: not to be changed by the caller)."""
+        key = (seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens)
+        x = self._features.get(key)
+        if x is None:
+            if len(self._features) >= CACHE_SIZE:
+                self._features.clear()
+            x = self._features[key] = self._features_of(seqs, tokens, lora_tokens, lora_adapters, lora_op,
+                                                        image_tokens)
+        return x
+
+    def _features_of(self, seqs: int, tokens: int, lora_tokens: int, lora_adapters: int, lora_op: str,
+                     image_tokens: int) -> list[float]:
         p, x = self.profile, [0.0] * len(FEATURES)
         if seqs <= 0:
             return x
@@ -125,9 +148,16 @@ class LearnedCosts:
                 lora_op: str = "atmm", image_tokens: int = 0) -> float:
         if seqs <= 0:
             return 0.0
-        fitted = self.predict(self.features(seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens))
-        factor = self._shape_log.get(self.shape(seqs, tokens, lora_tokens, lora_op))
-        return fitted if factor is None else fitted * math.exp(factor)
+        key = (seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens)
+        ms = self._estimates.get(key)
+        if ms is None:
+            fitted = self.predict(self.features(seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens))
+            factor = self._shape_log.get(self.shape(seqs, tokens, lora_tokens, lora_op))
+            ms = fitted if factor is None else fitted * math.exp(factor)
+            if len(self._estimates) >= CACHE_SIZE:
+                self._estimates.clear()
+            self._estimates[key] = ms
+        return ms
 
     def batch_shape(self, mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: str = "atmm"):
         """(seqs, tokens, lora_tokens, adapters, op) of `batch` = [(adapter, tokens)] in `mode`
@@ -154,6 +184,7 @@ class LearnedCosts:
         the prediction made before learning from it."""
         if not batch or not measured_ms >= 0 or measured_ms == float("inf"):
             return float("nan")  # an empty or unmeasurable step teaches nothing
+        self._estimates.clear()  # the weights and this shape's factor change below
         seqs, tokens, lora_tokens, adapters, op = self.batch_shape(mode, batch, lora_op)
         x = self.features(seqs, tokens, lora_tokens, adapters, op, image_tokens)
         fitted = self.predict(x)
@@ -177,13 +208,12 @@ class LearnedCosts:
         limit = HUBER * max(self._spread, 0.02)
         weight = 1.0 if rel <= limit else limit / rel
         lam, n = self.forget, len(x)
+        xx = self._xx
         for i in range(n):
             self._scale[i] = lam * self._scale[i] + (1 - lam) * abs(x[i]) if self.observed else max(abs(x[i]), 1e-3)
             xi = weight * x[i]
             self._xy[i] = lam * self._xy[i] + xi * measured_ms
-            row = self._xx[i]
-            for j in range(n):
-                row[j] = lam * row[j] + xi * x[j]
+            xx[i] = [lam * r + xi * v for r, v in zip(xx[i], x)]
         self.observed += 1
         self._refit()
         return predicted

@@ -115,16 +115,22 @@ def fixed_costs(costs, mode: Mode, entries: Sequence[tuple[str | None, int]], lo
     prefilled, an oracle no fixed mode can follow, and the guard then forced mixture on a policy that
     had rightly left it."""
     unmerge = costs.batch_ms(Mode.unmerge(), entries, lora_op, image_tokens)
+    top = fixed_top(entries, last_top)
+    if top is None:
+        return unmerge, unmerge, last_top
+    merge = costs.batch_ms(Mode.mixture(top), entries, lora_op, image_tokens)
+    merge += costs.switch_cost_ms(switch_op, last_top, top)
+    return unmerge, merge, top
+
+
+def fixed_top(entries: Sequence[tuple[str | None, int]], last_top: str | None) -> str | None:
+    """The adapter the guard's fixed merge mode holds for `entries`: the most requested by sequences
+    (ties: the one it held), or `last_top` when the step ran base-model requests only."""
     counts: dict[str, int] = {}
     for adapter, _ in entries:
         if adapter is not None:
             counts[adapter] = counts.get(adapter, 0) + 1
-    if not counts:
-        return unmerge, unmerge, last_top
-    top = max(counts, key=lambda k: (counts[k], k == last_top))
-    merge = costs.batch_ms(Mode.mixture(top), entries, lora_op, image_tokens)
-    merge += costs.switch_cost_ms(switch_op, last_top, top)
-    return unmerge, merge, top
+    return max(counts, key=lambda k: (counts[k], k == last_top)) if counts else None
 
 
 # ---- decode-only prices (price="decode": the rule before whole-step prices) -------------------

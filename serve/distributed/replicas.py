@@ -111,6 +111,7 @@ class EngineReplica:
         self.startup = frozenset(a["name"] for a in self.engine.list_adapters())
         self.loop = EngineLoop(self.engine).start()
         self.replica = serve.get_replica_context().replica_id.unique_id
+        self.node = ray.get_runtime_context().get_node_id()  # the machine (Ray node) it runs on
 
     def adapter_names(self) -> list[str]:
         """Every adapter name this replica serves: those loaded at start and those it loads on demand."""
@@ -151,7 +152,7 @@ class EngineReplica:
         stats = self.engine.stats()  # counters read between steps' updates: a snapshot, good enough for totals
         counters = {"steps_by_mode": dict(stats.steps_by_mode or {}), "mode_switches": stats.mode_switches,
                     "switch_ms_total": stats.switch_ms_total}
-        return {**final, "replica": self.replica, "counters": counters}
+        return {**final, "replica": self.replica, "node": self.node, "counters": counters}
 
     def list_adapters(self) -> list[dict]:
         """This replica's adapters (Engine.list_adapters)."""
@@ -235,6 +236,7 @@ class ReplicatedStats:
     retried: int = 0
     failed: int = 0
     by_replica: dict[str, int] = field(default_factory=dict)
+    by_node: dict[str, int] = field(default_factory=dict)  # requests answered per Ray node (machine)
     # the replicas' engine counters summed (each replica's latest report)
     steps_by_mode: dict[str, int] = field(default_factory=dict)
     mode_switches: int = 0
@@ -318,6 +320,8 @@ class ReplicatedEngine:
         if replica:
             self.routes[rid] = replica
             self._stats.by_replica[replica] = self._stats.by_replica.get(replica, 0) + 1
+            node = final.get("node") or "?"
+            self._stats.by_node[node] = self._stats.by_node.get(node, 0) + 1
             self._counters[replica] = final.get("counters") or {}
         self._stats.finished += 1
         now = time.perf_counter()
@@ -343,7 +347,7 @@ class ReplicatedEngine:
                 s.steps_by_mode[mode] = s.steps_by_mode.get(mode, 0) + n
         s.mode_switches = sum(c.get("mode_switches", 0) for c in self._counters.values())
         s.switch_ms_total = sum(c.get("switch_ms_total", 0.0) for c in self._counters.values())
-        return dataclasses.replace(s, by_replica=dict(s.by_replica))  # a snapshot: callers diff two of them
+        return dataclasses.replace(s, by_replica=dict(s.by_replica), by_node=dict(s.by_node))  # a snapshot
 
     def list_adapters(self) -> list[dict]:
         """The adapters of the replica Ray picks (each replica holds those it loaded at start and

@@ -46,8 +46,10 @@ from .fp8_profile import profile_decode
 from .fp8_report import write_report
 from .results import device_label, results_dir
 
-# name -> (engine dtype, quantization)
-PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8")}
+# name -> (engine dtype, quantization); fp8_unfused (compare_unfused=true): every FP8 projection quantizes its
+# input itself, not the norm or SiLU-mul before it (serve.models.fp8.fuse_quantization): same numbers, more launches
+PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8"),
+              "fp8_unfused": ("bfloat16", "fp8")}
 
 
 @dataclass
@@ -68,19 +70,21 @@ class Fp8BenchJob:
     # table (profile_<precision>_b<batch>.csv) and the time in GEMMs / quantization / attention / other
     profile: bool = False
     profile_repeats: int = 3
+    compare_unfused: bool = False  # also fp8_unfused: the fused quantization's A/B (a fourth engine)
     seed: int = 0
     out_dir: str = "results/bench/fp8"
     command: str = ""
 
 
 @contextlib.contextmanager
-def _fp8_allowed(device: torch.device):
-    old = fp8_models.ALLOW_CPU
-    fp8_models.ALLOW_CPU = old or device.type == "cpu"
+def _fp8_allowed(device: torch.device, fuse: bool = True):
+    old = fp8_models.ALLOW_CPU, fp8_models.FUSE_QUANTIZATION
+    fp8_models.ALLOW_CPU = old[0] or device.type == "cpu"
+    fp8_models.FUSE_QUANTIZATION = fuse
     try:
         yield
     finally:
-        fp8_models.ALLOW_CPU = old
+        fp8_models.ALLOW_CPU, fp8_models.FUSE_QUANTIZATION = old
 
 
 def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks: int) -> Engine:
@@ -94,7 +98,7 @@ def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks
                           enable_prefix_cache=False, seed=job.seed, warm_up="off", encode_ahead="off",
                           vision_compile=False,  # three engines: the tower's compile is no part of what is measured
                           adapter_slots=1, host_adapter_cache=2, max_lora_rank=job.rank, lora_targets=job.modules)
-    with _fp8_allowed(torch.device(job.device)):
+    with _fp8_allowed(torch.device(job.device), fuse=name != "fp8_unfused"):
         return Engine(workdir, config, weights=weights)
 
 
@@ -175,7 +179,7 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
     adapter = write_peft_adapter(workdir / "adapter", read_model_args(workdir)[0], job.rank, tuple(job.modules),
                                  job.seed + 1, torch.bfloat16, job.device)
     outs, rows, load_s = {}, [], {}
-    for name in PRECISIONS:
+    for name in (p for p in PRECISIONS if p != "fp8_unfused" or job.compare_unfused):
         t0 = time.perf_counter()
         engine = _engine(job, workdir, weights, name, kv_blocks)
         load_s[name] = time.perf_counter() - t0
@@ -203,6 +207,9 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
         if mode == "merged":
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode,
                              against=f"{name} unmerged", **compare_outputs(outs[name, adapter, "unmerged"], got)))
+        if name == "fp8_unfused":  # the fusion moves launches, not numbers: zero error expected
+            rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode, against="fp8",
+                             **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
                 prompt_len=prompt_len, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
     write_report(rows, meta, out)

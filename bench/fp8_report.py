@@ -40,13 +40,15 @@ def summary_lines(rows: list[dict], meta: dict) -> list[str]:
     for b in job["batch_sizes"]:
         bf, f8 = decode.get(("bf16", b), {}), decode.get(("fp8", b), {})
         row = {"batch": b, "bf16_step": bf.get("decode_step_ms"), "fp8_step": f8.get("decode_step_ms"),
-               "bf16_wall": bf.get("decode_wall_ms"), "fp8_wall": f8.get("decode_wall_ms")}
+               "bf16_wall": bf.get("decode_wall_ms"), "fp8_wall": f8.get("decode_wall_ms"),
+               "fp8_unfused_step": decode.get(("fp8_unfused", b), {}).get("decode_step_ms")}
         for kind in ("step", "wall"):
             bf_ms, f8_ms = row[f"bf16_{kind}"], row[f"fp8_{kind}"]
             if bf_ms is not None and f8_ms is not None and math.isfinite(bf_ms + f8_ms) and f8_ms > 0:
                 row[f"{kind}_speedup"] = bf_ms / f8_ms
         decode_rows.append(row)
-    lines += _table(decode_rows, ("batch", "bf16_step", "fp8_step", "step_speedup", "bf16_wall", "fp8_wall",
+    unfused = ("fp8_unfused_step",) if any(p == "fp8_unfused" for p, _ in decode) else ()
+    lines += _table(decode_rows, ("batch", "bf16_step", "fp8_step", *unfused, "step_speedup", "bf16_wall", "fp8_wall",
                                   "wall_speedup"))
     lines += ["", "## Weights and switches", ""]
     lines += _table(list(switch.values()), ("precision", "projection_bytes", "merge_saved_bytes", "method", "merge_ms",

@@ -62,6 +62,7 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs, layer_index: int, dtype, device, fused: bool = False):
         super().__init__()
         self.fused = fused  # the Triton silu-and-multiply (GPU) instead of two eager kernels
+        self.fp8_act = False  # FP8 down_proj: the fused kernel also writes the FP8 rows (serve/models/fp8.py)
         i = args.intermediate_size
         self.gate_up_proj = Linear(args.hidden_size, (i, i), ("gate_proj", "up_proj"), dtype=dtype,
                                    device=device, layer_index=layer_index)
@@ -71,7 +72,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.fused:
+        if self.fused and self.fp8_act:
+            from kernels.fp8_fused import silu_mul_fp8
+
+            act = silu_mul_fp8(gate_up)
+        elif self.fused:
             from .fused import silu_and_mul as fused_silu_and_mul
 
             act = fused_silu_and_mul(gate_up)

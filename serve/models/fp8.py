@@ -3,7 +3,9 @@
 Every projection `Linear` (qkv / o / gate_up / down, serve/models/layers.py) is replaced once, after
 the bf16 checkpoint is loaded, by an `Fp8Linear` holding the weight as float8_e4m3fn with one fp32
 scale per output channel; each forward quantizes the activation per token and runs one rowwise
-scaled FP8 GEMM (kernels/fp8.py), bf16 out. Embedding, norms, LM head and the vision tower stay in
+scaled FP8 GEMM (kernels/fp8.py), bf16 out. With the Triton backend the norm before qkv and gate_up
+and the SiLU-mul before down write that quantization themselves (`fuse_quantization`), so only
+o_proj launches one of its own. Embedding, norms, LM head and the vision tower stay in
 the checkpoint's dtype. LoRA wraps an `Fp8Linear` exactly as it wraps a `Linear`: the adapter
 branch reads the bf16 activation and adds in bf16 (serve/lora/layers.py).
 
@@ -24,6 +26,9 @@ from .layers import Linear
 QUANTIZATIONS = ("none", "fp8")
 MIN_CAPABILITY = (8, 9)
 ALLOW_CPU = False  # tests only: let an engine on the CPU run FP8 projections (slow, never for serving)
+# the fused norms and SiLU-mul (Triton backend) write their output's FP8 rows for the projection after
+# them (kernels/fp8_fused.py); off: every projection quantizes its input itself (the A/B of bench.fp8)
+FUSE_QUANTIZATION = True
 
 
 def check_quantization(quantization: str, device: torch.device) -> None:
@@ -92,6 +97,24 @@ def quantize_projections(language_model) -> int:
                             "(quantize before adapters wrap them)")
         language_model.set_projection(layer, kind, Fp8Linear(module))
         count += 1
+    if FUSE_QUANTIZATION:
+        fuse_quantization(language_model)
+    return count
+
+
+def fuse_quantization(language_model, on: bool = True) -> int:
+    """Lets the kernel before each FP8 projection write its FP8 input: input_layernorm for qkv_proj,
+    post_attention_layernorm for gate_up_proj, the SiLU-mul for down_proj (o_proj's input, the
+    attention output, has no kernel holding whole rows: it quantizes itself). Only where that
+    kernel is the fused Triton one; the PyTorch path is unchanged. Returns the producers switched."""
+    count = 0
+    for layer in language_model.layers:
+        for producer, attr, projection in ((layer.input_layernorm, "fp8_output", layer.attn.qkv_proj),
+                                           (layer.post_attention_layernorm, "fp8_output", layer.mlp.gate_up_proj),
+                                           (layer.mlp, "fp8_act", layer.mlp.down_proj)):
+            fused = producer.fused and on and is_fp8(getattr(projection, "base", projection))
+            setattr(producer, attr, fused)
+            count += fused
     return count
 
 

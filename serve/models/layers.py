@@ -80,6 +80,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.fused = fused
+        self.fp8_output = False  # FP8 projection next: the fused kernel also writes y's FP8 rows (serve/models/fp8.py)
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +90,10 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.fused and self.fp8_output:
+            from kernels.fp8_fused import rms_norm_fp8
+
+            return rms_norm_fp8(x, self.weight, self.eps, residual)
         if self.fused:
             from .fused import rms_norm
 

@@ -1,0 +1,72 @@
+"""FP8 projections with the Triton backend: the norms before qkv_proj / gate_up_proj and the SiLU-mul
+before down_proj write the projections' FP8 input themselves (serve.models.fp8.fuse_quantization),
+so a layer quantizes only o_proj's input on its own; the output is the same, byte for byte, as with
+every projection quantizing itself; bf16 and the PyTorch path are left as they were."""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from kernels.fp8 import attached_rows
+from serve.models import load_model
+from serve.models import fp8 as fp8_models
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernels compiled, else interpreted
+
+
+def _flags(lm) -> list[bool]:
+    return [f for layer in lm.layers for f in (layer.input_layernorm.fp8_output,
+                                                layer.post_attention_layernorm.fp8_output, layer.mlp.fp8_act)]
+
+
+def _quantizations(fn) -> int:
+    """Projections quantizing their input themselves in one call (kernels/fp8.quantize_rows: the Triton
+    kernel on a GPU, the fp8_quantize_rows range of the PyTorch path elsewhere)."""
+    cuda = DEV == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    if cuda:
+        from torch.autograd import DeviceType
+
+        return sum("_quantize_rows_kernel" in e.name for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return sum(e.name == "fp8_quantize_rows" for e in prof.events())
+
+
+def test_fused_producers_write_the_fp8_input_and_change_no_byte(tiny_zoo):
+    path = tiny_zoo["qwen2_vl_tiny"]
+    model, _ = load_model(path, dtype="bfloat16", device=DEV, attention_backend="triton", quantization="fp8")
+    lm = model.language_model
+    assert _flags(lm) == [True] * (3 * len(lm.layers))
+    layer = lm.layers[0]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, lm.args.hidden_size, generator=g).to(DEV, torch.bfloat16)
+    residual = torch.randn(3, lm.args.hidden_size, generator=g).to(DEV, torch.bfloat16)
+
+    def half_layer():  # the MLP half of a decoder layer: norm, gate_up, SiLU-mul, down
+        h, r = layer.post_attention_layernorm(x, residual)
+        return layer.mlp(h), r, h
+
+    with torch.no_grad():
+        fused_out = half_layer()
+        assert attached_rows(fused_out[2]) is not None
+        assert _quantizations(half_layer) == 0
+        assert fp8_models.fuse_quantization(lm, on=False) == 0 and _flags(lm) == [False] * (3 * len(lm.layers))
+        plain_out = half_layer()
+        assert attached_rows(plain_out[2]) is None
+        assert _quantizations(half_layer) == 2  # gate_up's input and down's input
+    for got, want in zip(fused_out, plain_out):
+        assert torch.equal(got, want)
+
+
+def test_bf16_and_the_torch_path_keep_their_kernels(tiny_zoo, monkeypatch):
+    path = tiny_zoo["qwen2_vl_tiny"]
+    bf16, _ = load_model(path, dtype="bfloat16", attention_backend="triton")
+    assert not any(_flags(bf16.language_model))
+    torch_fp8, _ = load_model(path, dtype="bfloat16", quantization="fp8")  # the PyTorch norms: not fused
+    assert not any(_flags(torch_fp8.language_model))
+    monkeypatch.setattr(fp8_models, "FUSE_QUANTIZATION", False)
+    unfused, _ = load_model(path, dtype="bfloat16", attention_backend="triton", quantization="fp8")
+    assert not any(_flags(unfused.language_model))

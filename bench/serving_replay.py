@@ -29,7 +29,7 @@ from serve.orchestrator import Mode, RequestRecord, RequestView, adapter_names, 
 
 LEARNING_COLUMNS = ("pred_err_median", "plan_err_median", "learned_steps", "guard_engaged", "guard_fallback_steps",
                     "guard_to_merge", "guard_to_unmerge", "slowest_step_ms", "slowest_step_pred_ms",
-                    "slowest_step_mode", "kernel_compiles")
+                    "slowest_step_mode", "kernel_compiles", "host_us_per_step")
 
 
 def use_policy(engine, name: str, params: dict) -> None:
@@ -162,6 +162,7 @@ def learning_columns(policy_stats: dict | None) -> dict:
     learning = (policy_stats or {}).get("learning") or {}
     guard = (policy_stats or {}).get("guard") or {}
     slowest = (learning.get("slowest") or [{}])[0]
+    host_steps = (policy_stats or {}).get("host_steps") or 0
 
     def num(value):
         return float("nan") if value is None else value
@@ -173,4 +174,6 @@ def learning_columns(policy_stats: dict | None) -> dict:
             "guard_to_merge": (guard.get("engaged_to") or {}).get("merge", 0),
             "guard_to_unmerge": (guard.get("engaged_to") or {}).get("unmerge", 0),
             "slowest_step_ms": num(slowest.get("measured_ms")), "slowest_step_pred_ms": num(slowest.get("predicted_ms")),
-            "slowest_step_mode": slowest.get("mode", "")}
+            "slowest_step_mode": slowest.get("mode", ""),
+            # the planner's host time per step (plan + observe), in series with the GPU: any policy's
+            "host_us_per_step": 1e3 * policy_stats["host_ms"] / host_steps if host_steps else float("nan")}

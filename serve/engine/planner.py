@@ -181,6 +181,20 @@ class StepPlanner:
         return out
 
     def plan(self) -> StepPlan:
+        start = time.perf_counter()
+        try:
+            return self._plan()
+        finally:
+            self._host(start, plan=True)
+
+    def _host(self, start: float, plan: bool) -> None:
+        """Charges the host time since `start` to the policy's stats (a step counts at its plan)."""
+        if self._policy is not None:
+            stats = self._policy.stats
+            stats.host_ms += (time.perf_counter() - start) * 1e3
+            stats.host_steps += plan
+
+    def _plan(self) -> StepPlan:
         sched = self.scheduler
         if self.policy is None:  # a mode set by hand: enforce only what it can run
             mode = self.mode
@@ -221,6 +235,13 @@ class StepPlanner:
         observe = getattr(self.policy, "observe", None)
         if observe is None or not batch.entries:
             return
+        start = time.perf_counter()
+        try:
+            self._observe(observe, batch, seconds)
+        finally:
+            self._host(start, plan=False)
+
+    def _observe(self, observe, batch, seconds: float) -> None:
         s = self.stats
         folds_now = self._folds
         seen_switches, seen_ms, seen_folds = self._switches_seen

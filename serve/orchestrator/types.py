@@ -179,10 +179,15 @@ class PolicyStats:
     # guard against the fixed modes (serve.orchestrator.guard.FixedModeGuard.report); None otherwise
     learning: Callable[[], dict] | None = None
     guard: Callable[[], dict] | None = None
+    # wall time the engine's step loop spent planning (the view, decide, the admit list) and handing
+    # the policy its measured step, on the host in series with the device (the engine's planner times it)
+    host_ms: float = 0.0
+    host_steps: int = 0
 
     def as_dict(self) -> dict:
         return {"decisions": self.decisions, "steps_by_mode": dict(self.steps_by_mode),
                 "switches": self.switches, "switch_ms": self.switch_ms, "admitted": self.admitted,
                 "paused": self.paused, "max_starving": self.max_starving, "reasons": dict(self.reasons),
+                "host_ms": self.host_ms, "host_steps": self.host_steps,
                 "learning": self.learning() if self.learning else None,
                 "guard": self.guard() if self.guard else None}

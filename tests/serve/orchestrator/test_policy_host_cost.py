@@ -28,3 +28,18 @@ def test_the_simulator_times_the_planners_host_work_per_step_when_asked():
     assert len(timed.host_us) == timed.steps
     assert all(plan > 0 and observe > 0 and queue >= 1 for plan, observe, queue in timed.host_us)
     assert simulate(trace, build_policy("v_lora", p), p).host_us == []  # off by default: nothing kept
+
+
+def test_the_planner_charges_its_host_time_to_every_policy_and_the_serving_rows_report_it_per_step():
+    from bench.serving_replay import learning_columns
+
+    p = linear_profile()
+    trace = [req(f"r{i}", "ab"[i % 2], 5.0 * i, prompt=100, out=6) for i in range(8)]
+    for name in ("v_lora", "merge_only"):
+        res = simulate(trace, build_policy(name, p), p)
+        stats = res.policy_stats
+        # every step planned is counted once (plans that ran nothing too), and cost some host time
+        assert stats["host_steps"] >= res.steps and stats["host_ms"] > 0, name
+        per_step = learning_columns(stats)["host_us_per_step"]
+        assert per_step == 1e3 * stats["host_ms"] / stats["host_steps"]
+    assert learning_columns(None)["host_us_per_step"] != learning_columns(None)["host_us_per_step"]  # nan: no policy

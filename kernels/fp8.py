@@ -10,7 +10,7 @@ gets a finite, positive scale and quantizes to zeros. Values are divided by the 
 +-448 (e4m3fn has no infinity: an out-of-range cast would give NaN) and rounded to nearest even.
 
 The per-token quantization is one Triton launch on a GPU (`quantize_rows`: amax of the row, the
-scale, the cast, in two sweeps of the row); `quantize_rows_ref` is the same arithmetic in PyTorch
+scale, the cast, from one read of a row of up to 8192 values, else in two sweeps); `quantize_rows_ref` is the same arithmetic in PyTorch
 (several kernels), the CPU path and the test oracle. Nothing here syncs with the host or branches
 on tensor values, so the forward can be captured in a CUDA graph.
 """
@@ -26,6 +26,7 @@ from .interpreter import interpreted
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 SCALE_FLOOR = 1e-12
+ONE_PASS_MAX = 8192  # quantize_rows_triton keeps rows up to this long in registers (one read)
 
 
 def _scale_of(amax: torch.Tensor) -> torch.Tensor:
@@ -59,11 +60,21 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
-                          FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid: (M,): one program per row; sweep 1 finds the row's amax, sweep 2 (from L2) casts it.
+                          FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK_K: tl.constexpr,
+                          ONE_PASS: tl.constexpr):
+    # grid: (M,): one program per row. ONE_PASS (K <= BLOCK_K): the row is loaded once and kept in
+    # registers; else sweep 1 finds the row's amax and sweep 2 (from L2) casts it.
     pid_m = tl.program_id(0).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     x_row = x_ptr + pid_m * stride_xm
+    if ONE_PASS:
+        mask = offs_k < K
+        x = tl.load(x_row + offs_k, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FP8_LIMIT), FLOOR)
+        tl.store(s_ptr + pid_m, scale)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_LIMIT), FP8_LIMIT)
+        tl.store(q_ptr + pid_m * stride_qm + offs_k, q.to(q_ptr.dtype.element_ty), mask=mask)
+        return
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mask = k0 + offs_k < K
@@ -95,9 +106,12 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return q.to(FP8_DTYPE), scale
-    block_k = min(2048, max(16, triton.next_power_of_2(k)))
+    # a row of up to ONE_PASS_MAX values (the hidden size, 3584 on the 7B: o_proj's input) is read once;
+    # longer rows (an unfused down_proj's 18944) in two sweeps of 2048
+    one_pass = triton.next_power_of_2(k) <= ONE_PASS_MAX
+    block_k = max(16, triton.next_power_of_2(k)) if one_pass else 2048
     _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR,
-                                BLOCK_K=block_k, num_warps=4 if block_k <= 1024 else 8)
+                                BLOCK_K=block_k, ONE_PASS=one_pass, num_warps=4 if block_k <= 1024 else 8)
     return (q.to(FP8_DTYPE) if cast_here else q), scale
 
 

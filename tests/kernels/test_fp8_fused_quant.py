@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
-from kernels.fp8 import FP8_DTYPE, FP8_MAX, attach_rows, attached_rows, fp8_linear, quantize_rows_ref, quantize_weight
+from kernels.fp8 import (FP8_DTYPE, FP8_MAX, ONE_PASS_MAX, attach_rows, attached_rows, fp8_linear, quantize_rows_ref,
+                         quantize_rows_triton, quantize_weight)
 from kernels.fp8_fused import rms_norm_fp8, rms_norm_fp8_ref, silu_mul_fp8, silu_mul_fp8_ref
 from serve.models.fused import rms_norm, silu_and_mul
 
@@ -59,6 +61,16 @@ def test_silu_mul_fp8_is_the_silu_kernel_then_quantize_rows_byte_for_byte(dtype,
     tol = 1e-5 if dtype == torch.float32 else 2 ** -6
     torch.testing.assert_close(act, ref_act, atol=tol, rtol=tol)
     torch.testing.assert_close(attached_rows(act)[1], ref_s, atol=0, rtol=tol)
+
+
+@pytest.mark.parametrize("k", [3584, 9000])  # the 7B's hidden size, read once; a longer row, in two sweeps
+def test_quantize_rows_reads_short_rows_once_and_long_rows_in_two_sweeps_with_the_same_bytes(k):
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(k)).to(DEV, torch.bfloat16)
+    x[1, k - 1] = 500.0  # the amax in the last block
+    q, s = quantize_rows_triton(x)
+    q_ref, s_ref = quantize_rows_ref(x)
+    assert torch.equal(s, s_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert (triton.next_power_of_2(k) <= ONE_PASS_MAX) == (k == 3584)
 
 
 def test_empty_batches_carry_empty_rows():

@@ -29,7 +29,9 @@ def ptx(kernel, pointers, consts):
 
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
 out = {"quantize": ptx(_quantize_rows_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"),
-                       dict(limits, BLOCK_K=2048)),
+                       dict(limits, BLOCK_K=2048, ONE_PASS=False)),
+       "quantize_one_pass": ptx(_quantize_rows_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"),
+                                dict(limits, BLOCK_K=4096, ONE_PASS=True)),
        "merge": ptx(_merge_fp8_kernel, dict(w_ptr="*fp8e4nv", q_ptr="*fp8e4nv", s_ptr="*fp32", a_ptr="*bf16",
                                             b_ptr="*bf16", scales_ptr="*fp32"),
                     dict(limits, R_PAD=16, BLOCK_N=32, BLOCK_K=128, UPCAST_DOT=False))}
@@ -50,7 +52,7 @@ def ptx() -> dict[str, str]:
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("kernel", ["quantize", "merge"])
+@pytest.mark.parametrize("kernel", ["quantize", "quantize_one_pass", "merge"])
 def test_fp8_kernels_round_to_nearest_and_divide_as_ieee(ptx, kernel):
     code = ptx[kernel]
     assert "cvt.rn.satfinite.e4m3x2.f32" in code, "fp32 -> e4m3: round to nearest even, saturating"

@@ -25,8 +25,9 @@ from .step_profile import profile_step
 KINDS = (("quantize", ("quantize", "fp8_quant", "_fp8_kernel")),  # first: the fused norm + quantize counts here
          ("lora", ("_shrink_kernel", "_expand_kernel", "_fused_kernel", "lora")),
          ("attention", ("attention", "attn", "paged", "flash")),
-         ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "scaled_mm", "f8f8bf16", "aten::mm", "aten::addmm",
-                   "aten::linear", "aten::matmul", "aten::bmm")),
+         # cuBLAS at a few rows may pick a gemv or a split-K GEMM with its reduction kernel
+         ("gemm", ("gemm", "gemv", "splitk", "nvjet", "cutlass", "xmma", "cublas", "scaled_mm", "f8f8bf16",
+                   "aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm")),
          ("norm", ("rms_norm", "rmsnorm")))
 KIND_NAMES = ("gemm", "quantize", "attention", "lora", "norm", "other")  # the report's order
 

@@ -42,6 +42,7 @@ from serve.orchestrator import Mode
 from .adapter_parts import ALL_MODULES, write_peft_adapter
 from .engine import _hf_inputs, _prompts, _run_engine, build_random_model, replay_step
 from .fp8_accuracy import compare_outputs, projection_bytes
+from .fp8_gemm import gemm_rows
 from .fp8_profile import profile_decode
 from .fp8_report import write_report
 from .results import device_label, results_dir
@@ -71,6 +72,7 @@ class Fp8BenchJob:
     profile: bool = False
     profile_repeats: int = 3
     compare_unfused: bool = False  # also fp8_unfused: the fused quantization's A/B (a fourth engine)
+    gemm: bool = True  # each projection's GEMM alone, bf16 against FP8 (bench/fp8_gemm.py), after the engines
     seed: int = 0
     out_dir: str = "results/bench/fp8"
     command: str = ""
@@ -176,8 +178,9 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
     prompt_len = _hf_inputs(processor, prompts[:1])["input_ids"].shape[1]
     per_seq = max(prompt_len + job.output_tokens, job.decode_context, prompt_len + job.decode_tokens) + 32
     kv_blocks = max(job.batch_sizes + (job.prompts,)) * per_seq // 16 + 64
-    adapter = write_peft_adapter(workdir / "adapter", read_model_args(workdir)[0], job.rank, tuple(job.modules),
-                                 job.seed + 1, torch.bfloat16, job.device)
+    args = read_model_args(workdir)[0]
+    adapter = write_peft_adapter(workdir / "adapter", args, job.rank, tuple(job.modules), job.seed + 1,
+                                 torch.bfloat16, job.device)
     outs, rows, load_s = {}, [], {}
     for name in (p for p in PRECISIONS if p != "fp8_unfused" or job.compare_unfused):
         t0 = time.perf_counter()
@@ -199,6 +202,8 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if job.gemm:  # with every engine gone: the GPU's memory holds only the weight copies it times
+        rows += gemm_rows(args, job.batch_sizes, job.device, job.seed)
     for (name, adapter, mode), got in outs.items():
         if name == "fp32":
             continue
@@ -211,6 +216,6 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode, against="fp8",
                              **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
-                prompt_len=prompt_len, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
+                prompt_len=prompt_len, layers=args.num_layers, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
     write_report(rows, meta, out)
     return rows, meta

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from .fp8_gemm import gemm_lines
 from .fp8_profile import profile_lines
 from .results import write_csv, write_json
 
@@ -56,7 +57,7 @@ def summary_lines(rows: list[dict], meta: dict) -> list[str]:
     if "bf16" in switch and "fp8" in switch and switch["bf16"]["switch_ms"] > 0:
         ratio = switch["fp8"]["switch_ms"] / switch["bf16"]["switch_ms"]
         lines += ["", f"fp8 switch / bf16 switch = {ratio:.2f} (target <= 1.5: {'met' if ratio <= 1.5 else 'missed'})"]
-    return lines + profile_lines(rows)
+    return lines + profile_lines(rows) + gemm_lines(rows, meta.get("layers", 0))
 
 
 def write_report(rows: list[dict], meta: dict, out: Path) -> None:

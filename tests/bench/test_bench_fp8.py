@@ -66,9 +66,15 @@ def test_fp8_suite_on_cpu(vlora_home, tmp_path):
             assert float(names["aten::_scaled_mm"]["calls"]) == 4 * layers
             assert names["aten::_scaled_mm"]["kind"] == "gemm" and names["fp8_quantize_rows"]["kind"] == "quantize"
         assert sum(float(k["total_us"]) for k in kernels) == pytest.approx(r["busy_us"])
+    # the projection GEMMs alone: every shape of the model at every batch size, all four timings
+    gemm = {(r["projection"], r["m"]): r for r in rows if r["section"] == "gemm"}
+    assert set(gemm) == {(p, m) for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") for m in (1, 2)}
+    assert all(r[c] > 0 for r in gemm.values() for c in ("bf16_us", "fp8_us", "fp8_gemm_us", "quantize_us"))
+    assert gemm["down_proj", 1]["k"] == gemm["gate_up_proj", 1]["n"] // 2
     out = tmp_path / "cpu"
     with open(out / "fp8.csv", newline="") as f:
-        assert {r["section"] for r in csv.DictReader(f)} == {"accuracy", "decode", "switch", "profile"}
+        assert {r["section"] for r in csv.DictReader(f)} == {"accuracy", "decode", "switch", "profile", "gemm"}
     assert json.loads((out / "fp8.json").read_text())["meta"]["job"]["model"] == "qwen2_vl_tiny"
     md = (out / "fp8.md").read_text()
     assert "## Accuracy" in md and "fp8 switch / bf16 switch" in md and "## Decode step profile" in md
+    assert "## Projection GEMMs alone" in md and "the 4 layers' projections take" in md

@@ -1,0 +1,117 @@
+"""The FP8 suite's projection GEMMs alone (`bench.fp8.gemm=true`): per projection shape of the model and
+per batch size (rows M), the bf16 `F.linear` against FP8's parts, to say whether the FP8 decode step
+is slow in its GEMMs themselves or around them.
+
+    bf16_us       F.linear(x, W)                                  bf16 weight, 2 bytes a value
+    fp8_us        fp8_linear(x, q_W, s_W): quantize x + _scaled_mm  what an unfused projection runs
+    fp8_gemm_us   torch._scaled_mm alone (x quantized beforehand)   what a fused projection runs
+    quantize_us   quantize_rows(x) alone
+
+and each GEMM's weight bandwidth (weight bytes / time, TB/s): at decode a projection should be
+bound by reading its weight, so FP8 should take half of bf16's time. Each call reads the next of
+enough weight copies to pass 256 MB, so no call finds its weight in L2 (50-60 MB on Hopper).
+On a GPU each is `kernels.timing.time_op` (CUDA graphs, events); on the CPU a wall-clock median
+of the same calls at the tiny shape (the code path, not a speed).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kernels.fp8 import fp8_linear, quantize_rows, quantize_weight
+
+L2_PASS_BYTES = 256 << 20
+
+
+def projection_shapes(args) -> dict[str, tuple[int, int]]:
+    """projection -> (N out, K in), as serve/models/decoder.py builds them."""
+    i = args.intermediate_size
+    return {"qkv_proj": (args.q_size + 2 * args.kv_size, args.hidden_size), "o_proj": (args.hidden_size, args.q_size),
+            "gate_up_proj": (2 * i, args.hidden_size), "down_proj": (args.hidden_size, i)}
+
+
+def _timer(cuda: bool) -> Callable[[Callable[[], object]], float]:
+    if cuda:
+        from kernels.timing import time_op
+
+        return lambda fn: time_op(fn, warmup=5, repeats=30)
+
+    def wall(fn) -> float:
+        fn()
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            runs.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(runs)
+
+    return wall
+
+
+def _cycle(items: list):
+    state = {"i": -1}
+
+    def next_item():
+        state["i"] = (state["i"] + 1) % len(items)
+        return items[state["i"]]
+
+    return next_item
+
+
+def gemm_rows(args, batch_sizes, device: str, seed: int = 0) -> list[dict]:
+    """One `section="gemm"` row per projection shape and batch size."""
+    cuda = torch.device(device).type == "cuda"
+    timed = _timer(cuda)
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for name, (n, k) in projection_shapes(args).items():
+        copies = max(1, -(-L2_PASS_BYTES // (n * k)))  # the FP8 weight's bytes; bf16's are twice as many
+        if not cuda:
+            copies = 1
+        w = [(torch.randn(n, k, generator=g) * 0.02).to(device, torch.bfloat16) for _ in range(copies)]
+        q = [quantize_weight(x) for x in w]
+        next_w, next_q = _cycle(w), _cycle(q)
+        for m in batch_sizes:
+            x = torch.randn(m, k, generator=g).to(device, torch.bfloat16)
+            q_x, s_x = quantize_rows(x)
+            out_dtype = torch.bfloat16 if cuda else x.dtype
+
+            def scaled_mm():
+                q_w, s_w = next_q()
+                return torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_b=s_w.view(1, -1), out_dtype=out_dtype)
+
+            bf16_us = timed(lambda: F.linear(x, next_w()))
+            fp8_us = timed(lambda: fp8_linear(x, *next_q()))
+            gemm_us = timed(scaled_mm)
+            quant_us = timed(lambda: quantize_rows(x))
+            rows.append(dict(section="gemm", projection=name, m=m, n=n, k=k, bf16_us=bf16_us, fp8_us=fp8_us,
+                             fp8_gemm_us=gemm_us, quantize_us=quant_us, gemm_speedup=bf16_us / gemm_us,
+                             bf16_tb_s=2 * n * k / bf16_us / 1e6, fp8_tb_s=n * k / gemm_us / 1e6,
+                             weight_copies=copies))
+        del w, q
+    return rows
+
+
+def gemm_lines(rows: list[dict], layers: int) -> list[str]:
+    """fp8.md's section: the GEMM table and, per batch size, a step's projections summed over the layers."""
+    gemm = [r for r in rows if r["section"] == "gemm"]
+    if not gemm:
+        return []
+    cols = ("projection", "m", "n", "k", "bf16_us", "fp8_us", "fp8_gemm_us", "quantize_us", "gemm_speedup",
+            "bf16_tb_s", "fp8_tb_s")
+    lines = ["", "## Projection GEMMs alone (us; weight TB/s)", "", "| " + " | ".join(cols) + " |",
+             "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |"
+              for r in gemm]
+    lines.append("")
+    for m in dict.fromkeys(r["m"] for r in gemm):
+        at = [r for r in gemm if r["m"] == m]
+        bf16, fp8, mm = (layers * sum(r[c] for r in at) / 1e3 for c in ("bf16_us", "fp8_us", "fp8_gemm_us"))
+        lines.append(f"- batch {m}: the {layers} layers' projections take {bf16:.3g} ms in bf16, {fp8:.3g} ms in "
+                     f"FP8 quantizing each input, {mm:.3g} ms in FP8 GEMMs alone")
+    return lines

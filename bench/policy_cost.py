@@ -3,13 +3,13 @@ view, the policy's decide, the admit list) and observe_step() (learning, the gua
 policy, on a serving run's workloads with their images, in the simulator.
 
     python -m bench.policy_cost [results/serving/nvidia_h200/i48_confirm] --out DIR \\
-        [--loads 0.5 0.7 1.5] [--seeds 0 1 2] [--duration 4] [--policies v_lora merge_only unmerge_only] [--repeat 3] [--cprofile 25]
+        [--loads 0.5 0.7 1.5 3] [--seeds 0 1 2] [--duration 4] [--policies v_lora merge_only unmerge_only] [--repeat 3] [--cprofile 25]
 
 The engine runs the planner on the host in series with the GPU (serve/engine/engine.py: plan, then
 the step, then observe_step), so every microsecond here is added to every step. The simulator
 drives the engine's own scheduler and planner (serve/sim/simulate.py with time_host), so the
 queues the planner sees are those the run's traces build at those loads (a load above 1 keeps a
-backlog of tens of requests). Times are wall-clock on this host, noisy on a shared one: medians
+backlog of tens of requests: at 3 the queue holds 30-70). Times are wall-clock on this host, noisy on a shared one: medians
 and p95 over all steps, each step's time the fastest of --repeat runs of the same trace (the
 simulator and the policies are deterministic: every run takes the same steps). Writes policy_cost.csv (one row per policy and load) and policy_cost.json
 (plus the command) under --out; --cprofile N prints v_lora's N dearest functions (cumulative).
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("run", nargs="?", default=DEFAULT_RUN,
                     help="a serving bench run's folder (profile.json, serving.json, traces.json)")
     ap.add_argument("--out", help="folder for policy_cost.csv and policy_cost.json")
-    ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.7, 1.5])
+    ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.7, 1.5, 3.0])
     ap.add_argument("--capacity", type=float, help="requests/s the loads are shares of (default: the run's)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--duration", type=float, default=4.0, help="seconds of arrivals per trace")

@@ -55,10 +55,10 @@ SHAPE_FIRST_STEP, SHAPE_MIN_STEP = 0.1, 0.004
 CACHE_SIZE = 4096  # step shapes whose features (and current estimates) are kept
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """x with a @ x = b (Gaussian elimination, partial pivoting; a is symmetric positive definite here)."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+def _eliminate(m: list[list[float]]) -> list[float]:
+    """x with m[:, :n] @ x = m[:, n] (Gaussian elimination, partial pivoting, in place; m's n rows of
+    n + 1 hold a symmetric positive definite system here)."""
+    n = len(m)
     # (refit every served step, on the engine's step loop: the row operations run as list
     # comprehensions, each element computed as the plain loops would, in the same order)
     for c in range(n):
@@ -221,11 +221,12 @@ class LearnedCosts:
     def _refit(self) -> None:
         n = len(FEATURES)
         ridge = [self.prior_steps * max(s, 1e-3) ** 2 for s in self._scale]
-        a = [[self._xx[i][j] + (ridge[i] if i == j else 0.0) for j in range(n)] for i in range(n)]
+        xx = self._xx
         b = [self._xy[i] + ridge[i] * PRIOR[i] for i in range(n)]
         free = list(range(n))
         for _ in range(len(_NONNEGATIVE)):  # active set: a part fitted below 0 is held at 0, the rest refit
-            w = _solve([[a[i][j] for j in free] for i in free], [b[i] for i in free])
+            # the free parts' normal equations (x x^T plus the ridge on its diagonal | x y plus the prior)
+            w = _eliminate([[xx[i][j] + (ridge[i] if i == j else 0.0) for j in free] + [b[i]] for i in free])
             weights = [0.0] * n
             for i, v in zip(free, w):
                 weights[i] = v

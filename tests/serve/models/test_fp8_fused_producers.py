@@ -70,3 +70,27 @@ def test_bf16_and_the_torch_path_keep_their_kernels(tiny_zoo, monkeypatch):
     monkeypatch.setattr(fp8_models, "FUSE_QUANTIZATION", False)
     unfused, _ = load_model(path, dtype="bfloat16", attention_backend="triton", quantization="fp8")
     assert not any(_flags(unfused.language_model))
+
+
+def test_the_engine_with_fused_quantization_gives_the_same_logits(tiny_zoo, monkeypatch):
+    """Prefill and decode steps through the engine (Triton attention and norms; the interpreter on the CPU)."""
+    from serve import Engine, EngineConfig, Request, SamplingParams
+
+    monkeypatch.setattr(fp8_models, "ALLOW_CPU", True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        outs = {}
+        for fuse in (True, False):
+            monkeypatch.setattr(fp8_models, "FUSE_QUANTIZATION", fuse)
+            engine = Engine(tiny_zoo["qwen2_vl_tiny"], EngineConfig(
+                device=DEV, dtype="bfloat16", quantization="fp8", attention_backend="triton", num_kv_blocks=64,
+                enable_prefix_cache=False, cuda_graphs=False))
+            assert _flags(engine.model.language_model) == [fuse] * (3 * len(engine.model.language_model.layers))
+            params = SamplingParams(max_tokens=3, ignore_eos=True, keep_logits=True, detokenize=False)
+            outs[fuse] = engine.generate([Request(prompt=p, sampling=params) for p in ("a red car", "two dogs")])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(outs[True], outs[False]):
+        assert a.token_ids == b.token_ids and len(a.logits) == 3
+        assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))

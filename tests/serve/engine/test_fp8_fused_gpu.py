@@ -1,0 +1,60 @@
+"""GPU only (compute capability >= 8.9): the fused FP8 quantization (the norms and SiLU-mul writing their
+projection's FP8 input) in the engine with CUDA graphs gives what every projection quantizing itself
+gives, and the fp8 suite's profile sees one quantization launch a layer instead of four."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from serve import Engine, EngineConfig, Request, SamplingParams
+from serve.models import fp8 as fp8_models
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="needs a GPU with FP8 tensor cores (compute capability >= 8.9)")]
+
+
+def _generate(ckpt, fuse: bool, monkeypatch):
+    monkeypatch.setattr(fp8_models, "FUSE_QUANTIZATION", fuse)
+    engine = Engine(ckpt, EngineConfig(device="cuda", dtype="bfloat16", quantization="fp8", num_kv_blocks=256,
+                                       cuda_graphs=True, graph_batch_sizes=(1, 2, 4), enable_prefix_cache=False))
+    lm = engine.model.language_model
+    assert all(layer.input_layernorm.fp8_output == fuse and layer.mlp.fp8_act == fuse for layer in lm.layers)
+    params = SamplingParams(max_tokens=8, ignore_eos=True, keep_logits=True, detokenize=False)
+    outs = engine.generate([Request(prompt=p, sampling=params) for p in ("a red car", "two dogs and a cat")])
+    assert engine.stats().graph_steps > 0
+    return outs
+
+
+def test_fused_quantization_gives_the_unfused_tokens_and_logits(tiny_zoo, monkeypatch):
+    ckpt = tiny_zoo["qwen2_vl_tiny"]
+    fused, plain = _generate(ckpt, True, monkeypatch), _generate(ckpt, False, monkeypatch)
+    for a, b in zip(fused, plain):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logits, b.logits):  # the same FP8 bytes into the same GEMMs
+            torch.testing.assert_close(x.float(), y.float(), atol=1e-3, rtol=1e-3)
+
+
+def test_fp8_bench_profile_counts_one_quantization_launch_a_layer(vlora_home, tmp_path):
+    from bench.fp8 import Fp8BenchJob, run_fp8_bench
+
+    rows, meta = run_fp8_bench(Fp8BenchJob(model="qwen2_vl_tiny", device="cuda", prompts=2, prompt_tokens=16,
+                                           image_size=56, output_tokens=4, batch_sizes=(1, 4), decode_tokens=3,
+                                           switch_repeats=1, profile=True, profile_repeats=2, compare_unfused=True,
+                                           out_dir=str(tmp_path)))
+    layers = meta["layers"]
+    out = next(tmp_path.iterdir())
+    for name, own in (("fp8", layers), ("fp8_unfused", 4 * layers)):
+        with open(out / f"profile_{name}_b4.csv", newline="") as f:
+            calls = {}
+            for k in csv.DictReader(f):
+                calls[k["kernel"]] = calls.get(k["kernel"], 0) + float(k["calls"])
+        quantize = sum(c for k, c in calls.items() if "_quantize_rows_kernel" in k)
+        fused = sum(c for k, c in calls.items() if "_fp8_kernel" in k)
+        assert quantize == own and fused == (3 * layers if name == "fp8" else 0)
+    assert all(r["fp8_gemm_us"] > 0 for r in rows if r["section"] == "gemm")
+    acc = [r for r in rows if r["section"] == "accuracy" and r["against"] == "fp8"]
+    assert acc and all(r["logit_max_abs_err"] < 1e-2 for r in acc)

@@ -9,10 +9,13 @@ The engine runs the planner on the host in series with the GPU (serve/engine/eng
 the step, then observe_step), so every microsecond here is added to every step. The simulator
 drives the engine's own scheduler and planner (serve/sim/simulate.py with time_host), so the
 queues the planner sees are those the run's traces build at those loads (a load above 1 keeps a
-backlog of tens of requests: at 3 the queue holds 30-70). Times are wall-clock on this host, noisy on a shared one: medians
-and p95 over all steps, each step's time the fastest of --repeat runs of the same trace (the
-simulator and the policies are deterministic: every run takes the same steps). Writes policy_cost.csv (one row per policy and load) and policy_cost.json
-(plus the command) under --out; --cprofile N prints v_lora's N dearest functions (cumulative).
+backlog: at 3 the queue holds 30-70 requests). Times are wall-clock on this host: medians and p95
+over all steps, each step's time the fastest of --repeat runs of the same trace (the simulator and
+the policies are deterministic, every run takes the same steps, so other processes on a shared
+host are left out). Writes policy_cost.csv (a row per policy and load) and policy_cost.json (plus
+the command) under --out, with each policy's mean ms per generated token on the profile's device
+as simulated, and with its host time paid on the simulated clock (SimConfig.charge_host: one more
+run per trace, with this host's times). --cprofile N prints v_lora's N dearest functions.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from serve.sim import SimConfig, simulate
 
 DEFAULT_RUN = "results/serving/nvidia_h200/i48_confirm"
 COLUMNS = ("policy", "load", "steps", "queue_median", "queue_max", "plan_us_median", "plan_us_p95",
-           "observe_us_median", "observe_us_p95", "host_us_median", "host_us_p95", "host_us_mean")
+           "observe_us_median", "observe_us_p95", "host_us_median", "host_us_p95", "host_us_mean", "ms_per_token",
+           "ms_per_token_host_paid")
 
 
 def with_images(trace, spec):
@@ -69,16 +73,22 @@ def measure(run: Path, loads: list[float], seeds: list[int], duration: float, po
         point = {k: v for k, v in specs.items() if k[1] == load}
         traces = [with_images(generate(spec), spec) for spec in workloads(point, seeds, duration).values()]
         for name in policies:
-            samples = []
+            samples, latency, charged = [], [], []
             for trace in traces:
                 runs = []
                 for _ in range(repeat):  # the same steps each time: the simulator and the policies are deterministic
                     policy = build_policy(name, profile, params[name])
                     if profiler is not None and name == "v_lora":
                         profiler.enable()
-                    runs.append(simulate(trace, policy, profile, sim).host_us)
+                    result = simulate(trace, policy, profile, sim)
                     if profiler is not None and name == "v_lora":
                         profiler.disable()
+                    runs.append(result.host_us)
+                latency.append(result.metrics.avg_token_latency_ms)
+                # the same trace with the host time paid on the simulated clock, as the engine's loop pays it
+                paid = simulate(trace, build_policy(name, profile, params[name]), profile,
+                                dataclasses.replace(sim, charge_host=True))
+                charged.append(paid.metrics.avg_token_latency_ms)
                 # each step's fastest repeat: what the work costs, without the other processes of a shared host
                 samples += [(min(p for p, _, _ in same), min(o for _, o, _ in same), same[0][2]) for same in zip(*runs)]
             plan = [p for p, _, _ in samples]
@@ -90,11 +100,14 @@ def measure(run: Path, loads: list[float], seeds: list[int], duration: float, po
                          "plan_us_median": round(_q(plan, 0.5), 1), "plan_us_p95": round(_q(plan, 0.95), 1),
                          "observe_us_median": round(_q(obs, 0.5), 1), "observe_us_p95": round(_q(obs, 0.95), 1),
                          "host_us_median": round(_q(host, 0.5), 1), "host_us_p95": round(_q(host, 0.95), 1),
-                         "host_us_mean": round(sum(host) / max(1, len(host)), 1)})
+                         "host_us_mean": round(sum(host) / max(1, len(host)), 1),
+                         "ms_per_token": round(sum(latency) / len(latency), 3),
+                         "ms_per_token_host_paid": round(sum(charged) / len(charged), 3)})
             r = rows[-1]
             print(f"load={load:g} {name}: {r['steps']} steps, queue median {r['queue_median']} (max {r['queue_max']}); "
                   f"plan {r['plan_us_median']} us (p95 {r['plan_us_p95']}), observe {r['observe_us_median']} us "
-                  f"(p95 {r['observe_us_p95']}), host per step {r['host_us_median']} us (p95 {r['host_us_p95']})",
+                  f"(p95 {r['observe_us_p95']}), host per step {r['host_us_median']} us (p95 {r['host_us_p95']}); "
+                  f"{r['ms_per_token']} ms/token, {r['ms_per_token_host_paid']} with the host time paid",
                   flush=True)
     return rows
 

@@ -70,6 +70,9 @@ class SimConfig:
     # time the host side of each step (the planner's plan() and observe_step() on time.perf_counter):
     # what the policy costs the engine's step loop, which runs it in series with the GPU
     time_host: bool = False
+    # advance the clock by that host time too, as the engine's serial step loop pays it (wall-clock
+    # times of this host: the simulation is then no longer reproducible run to run)
+    charge_host: bool = False
 
     def __post_init__(self) -> None:
         for name in ("host_ms", "image_ms_per_ktoken", "step_noise", "first_use_ms", "spike_ms"):
@@ -183,6 +186,8 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
         t0 = clock()
         plan = planner.plan()
         plan_us = (clock() - t0) * 1e6
+        if cfg.charge_host:
+            now += plan_us / 1e3
         if planner.stats.switches > logged:
             ms = planner.stats.switch_ms_last
             switches.append(SwitchEvent(now, str(before), str(planner.mode), ms))
@@ -236,8 +241,11 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
         finished = scheduler.postprocess(batch, sampled)
         t0 = clock()
         planner.observe_step(batch, step_ms / 1e3)  # as the engine does after each step
+        observe_us = (clock() - t0) * 1e6
+        if cfg.charge_host:
+            now += observe_us / 1e3
         if cfg.time_host:
-            host_us.append((plan_us, (clock() - t0) * 1e6, queued))
+            host_us.append((plan_us, observe_us, queued))
         for seq, _ in batch.entries:
             rec = records[seq.request_id]
             if id(seq) in prefilling and rec.first_token_ms is None:

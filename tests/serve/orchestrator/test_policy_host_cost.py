@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from decision_trace import GOLDEN, record_all
 from orchestrator_cases import linear_profile, req
 
@@ -43,3 +45,19 @@ def test_the_planner_charges_its_host_time_to_every_policy_and_the_serving_rows_
         per_step = learning_columns(stats)["host_us_per_step"]
         assert per_step == 1e3 * stats["host_ms"] / stats["host_steps"]
     assert learning_columns(None)["host_us_per_step"] != learning_columns(None)["host_us_per_step"]  # nan: no policy
+
+
+def test_paying_the_host_time_on_the_simulated_clock_delays_the_steps_by_it():
+    p = linear_profile()
+    trace = [req("r", "a", 0.0, prompt=100, out=6)]  # one request: the same six steps either way
+    free = simulate(trace, build_policy("v_lora", p), p, SimConfig(keep_timeline=True))
+    paid = simulate(trace, build_policy("v_lora", p), p, SimConfig(keep_timeline=True, time_host=True,
+                                                                    charge_host=True))
+    assert [(s.seqs, s.tokens) for s in paid.timeline] == [(s.seqs, s.tokens) for s in free.timeline]
+    # each step starts later by the host time before it: all earlier plans and observes, and its own plan
+    done = 0.0
+    for k, (plan, observe, _) in enumerate(paid.host_us):
+        delay = paid.timeline[k].start_ms - free.timeline[k].start_ms
+        assert delay == pytest.approx(done + plan / 1e3, abs=1e-6)
+        done += (plan + observe) / 1e3
+    assert paid.metrics.avg_token_latency_ms > free.metrics.avg_token_latency_ms

@@ -29,7 +29,7 @@ from serve.orchestrator import Mode, RequestRecord, RequestView, adapter_names, 
 
 LEARNING_COLUMNS = ("pred_err_median", "plan_err_median", "learned_steps", "guard_engaged", "guard_fallback_steps",
                     "guard_to_merge", "guard_to_unmerge", "slowest_step_ms", "slowest_step_pred_ms",
-                    "slowest_step_mode", "kernel_compiles", "host_us_per_step")
+                    "slowest_step_mode", "kernel_compiles", "host_us_per_step", "step_ms_mean")
 
 
 def use_policy(engine, name: str, params: dict) -> None:
@@ -134,7 +134,7 @@ def replay(engine, trace: Sequence[RequestView], requests: Sequence[Request], dr
                         switch_ms=after.switch_ms_total - before.switch_ms_total)
     extra = {"aborted": aborted, **{f"steps_{k}": v for k, v in steps.items()}, "replay_s": replay_s,
              **learning_columns(getattr(after, "policy_stats", None)),
-             "kernel_compiles": _compiled(after) - _compiled(before)}
+             "kernel_compiles": _compiled(after) - _compiled(before), "step_ms_mean": _step_ms(engine, after, before)}
     policy = getattr(getattr(engine, "planner", None), "policy", None)
     if log_path is not None and (getattr(after, "policy_stats", None) or {}).get("learning") is not None:
         write_json(log_path, {"policy": policy.name, "stats": after.policy_stats, "start_ms": start * 1e3,
@@ -146,6 +146,13 @@ def _telling(d) -> bool:
     """A decision worth keeping: a switch, a guard's fallback, or a step far slower than predicted."""
     slow = d.measured_ms is not None and d.predicted_ms is not None and d.measured_ms > 1.5 * d.predicted_ms + 5
     return d.switch or d.reason.startswith("guard") or slow
+
+
+def _step_ms(engine, after, before) -> float:
+    """The replay's mean measured step (the model step, without the planner's host time around it)."""
+    n = after.num_steps - before.num_steps
+    times = list(getattr(engine, "step_times", ()))[-n:] if 0 < n <= 4096 else []
+    return 1e3 * sum(times) / len(times) if times else float("nan")
 
 
 def _compiled(stats) -> int:

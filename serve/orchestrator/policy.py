@@ -249,10 +249,13 @@ class VLoRAPolicy(Adaptive, Policy):
         everyone = self._everyone(view, starving)
         plans = [(Mode.unmerge(), everyone, "unmerge", self.plan_cost(view, Mode.unmerge(), everyone))]
         for a in dict.fromkeys(x for x in (cur, top) if x is not None):
-            plans.append((Mode.mixture(a), everyone, f"mixture({a})", self.plan_cost(view, Mode.mixture(a), everyone)))
+            mixed = self.plan_cost(view, Mode.mixture(a), everyone)
+            plans.append((Mode.mixture(a), everyone, f"mixture({a})", mixed))
             if all(r.adapter == a for r in starving):  # holding others is allowed until one starves
                 mine = [r for r in everyone if r.adapter == a]
-                plans.append((Mode.mixture(a), mine, f"hold({a})", self.hold_cost(view, a, mine)))
+                # every request is a's: holding admits the same batch as mixture(a), at its price
+                alone = len(mine) == len(everyone) and all(r.adapter == a for r in view.running)
+                plans.append((Mode.mixture(a), mine, f"hold({a})", mixed if alone else self.hold_cost(view, a, mine)))
         costs = [(cost, m.merged_adapter != cur, i) for i, (m, _, _, cost) in enumerate(plans)]
         best = min(costs)
         mode, admit, label, _ = plans[best[2]]

@@ -149,7 +149,10 @@ def _telling(d) -> bool:
 
 
 def _step_ms(engine, after, before) -> float:
-    """The replay's mean measured step (the model step, without the planner's host time around it)."""
+    """The replay's mean measured step (the model step, without the planner's host time around it); nan
+    for engines that count no steps of their own (replicas: each replica steps its own engine)."""
+    if not hasattr(after, "num_steps"):
+        return float("nan")
     n = after.num_steps - before.num_steps
     times = list(getattr(engine, "step_times", ()))[-n:] if 0 < n <= 4096 else []
     return 1e3 * sum(times) / len(times) if times else float("nan")

@@ -5,27 +5,15 @@ B @ A runs on the tensor cores."""
 
 from __future__ import annotations
 
-import os
+import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from hopper_ptx import compile_ptx
 
-# Compiled in a process of its own: this one runs Triton in its interpreter (tests/conftest.py).
 _COMPILE = """
-import json, sys
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile
 from kernels.fp8 import _quantize_rows_kernel
 from kernels.fp8_merge import _merge_fp8_kernel
-
-def ptx(kernel, pointers, consts):
-    names = kernel.arg_names
-    signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
-    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(n),): v for n, v in consts.items()})
-    return compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
 out = {"quantize": ptx(_quantize_rows_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"),
@@ -41,15 +29,7 @@ sys.stdout.write(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def ptx() -> dict[str, str]:
-    import json
-
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=Path(__file__).resolve().parents[2])
-    if done.returncode != 0 and ("ptxas" in done.stderr or "backend" in done.stderr.lower()):
-        pytest.skip(f"cannot compile for CUDA here: {done.stderr[-300:]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+    return json.loads(compile_ptx(_COMPILE))
 
 
 @pytest.mark.parametrize("kernel", ["quantize", "quantize_one_pass", "merge"])

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_rows_ref
 from .interpreter import interpreted
+from .row_ops import rms_norm_row, silu_mul
 
 
 @triton.jit
@@ -43,20 +44,12 @@ def _quantize_row(y, q_row, s_ptr, offs, mask, FP8_LIMIT: tl.constexpr, FLOOR: t
 def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, n_cols, eps,
                          stride_x, stride_r, stride_o, stride_ro, stride_q, HAS_RES: tl.constexpr,
                          FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr):
-    # serve/models/fused.py's _rms_norm_kernel, line for line, then the row's quantization
+    # serve/models/fused.py's _rms_norm_kernel (the same row_ops.rms_norm_row), then the row's quantization
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if HAS_RES:
-        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
-    h = x.to(tl.float32)
-    var = tl.sum(h * h, axis=0) / n_cols
-    h = (h * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    y = (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    y = rms_norm_row(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, stride_x, stride_r, stride_ro,
+                     offs, mask, HAS_RES)
     tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
     _quantize_row(y.to(tl.float32), q_ptr + row * stride_q, s_ptr + row, offs, mask, FP8_LIMIT, FLOOR)
 
@@ -69,13 +62,12 @@ def _silu_mul_fp8_kernel(x_ptr, out_ptr, q_ptr, s_ptr, n_cols, stride_x, stride_
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_x
-    dt = out_ptr.dtype.element_ty
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for c0 in range(0, n_cols, BLOCK):
         mask = c0 + offs < n_cols
         gate = tl.load(x_row + c0 + offs, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(x_row + n_cols + c0 + offs, mask=mask, other=0.0).to(tl.float32)
-        act = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt)
+        act = silu_mul(gate, up, out_ptr)
         tl.store(out_ptr + row * stride_o + c0 + offs, act, mask=mask)
         amax = tl.maximum(amax, tl.abs(act.to(tl.float32)))
     scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FP8_LIMIT), FLOOR)
@@ -84,7 +76,7 @@ def _silu_mul_fp8_kernel(x_ptr, out_ptr, q_ptr, s_ptr, n_cols, stride_x, stride_
         mask = c0 + offs < n_cols
         gate = tl.load(x_row + c0 + offs, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(x_row + n_cols + c0 + offs, mask=mask, other=0.0).to(tl.float32)
-        act = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        act = silu_mul(gate, up, out_ptr).to(tl.float32)
         q = tl.minimum(tl.maximum(tl.math.div_rn(act, scale), -FP8_LIMIT), FP8_LIMIT)
         tl.store(q_ptr + row * stride_q + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
 

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.row_ops import rms_norm_row, silu_mul
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
@@ -27,17 +29,9 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if HAS_RES:
-        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)  # the model-dtype add
-        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
-    h = x.to(tl.float32)
-    var = tl.sum(h * h, axis=0) / n_cols
-    h = (h * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)  # cast before the weight, as HF does
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_o + offs, (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    y = rms_norm_row(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, stride_x, stride_r, stride_ro,
+                     offs, mask, HAS_RES)
+    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
@@ -100,9 +94,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_o, BLOCK: tl.const
     mask = offs < n_cols
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
-    dt = out_ptr.dtype.element_ty
-    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)  # silu rounded to the model dtype, as torch
-    tl.store(out_ptr + row * stride_o + offs, (act * up).to(dt), mask=mask)
+    tl.store(out_ptr + row * stride_o + offs, silu_mul(gate, up, out_ptr), mask=mask)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,23 @@ def make_head(directory: str | Path, type_: str, hidden: int, seed: int, **kw) -
     return Path(directory)
 
 
+def make_classifier_adapter(base: str | Path, out: str | Path) -> Path:
+    """An adapter on q/v/down with a mean-pooled classify head whose projection is scaled by 0.1, so its
+    probabilities stay unsaturated and a confidence check compares something."""
+    from zoo import load_pretrained
+
+    from heads import load_head
+
+    model = load_pretrained(base)[0]
+    path = make_adapter(model, out, ["q_proj", "v_proj", "down_proj"], 8, 16, seed=3)
+    make_head(path, "classify", model.config.get_text_config().hidden_size, seed=4, pooling="mean")
+    head = load_head(path)
+    with torch.no_grad():
+        head.proj.weight *= 0.1
+    save_head(head, path)
+    return path
+
+
 def write_meta(adapter: str | Path, domains: dict[str, str]) -> None:
     """meta.json naming each domain's task, as the trainer writes it."""
     meta = {"name": Path(adapter).name, "tasks": sorted(set(domains.values())),

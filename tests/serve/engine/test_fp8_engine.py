@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_cases import make_adapter, make_head, one_thread  # noqa: F401 (autouse: one intra-op thread)
+from adapter_cases import make_classifier_adapter, one_thread  # noqa: F401 (autouse: one intra-op thread)
 from serve_cases import case_specs, make_request
 
-from heads import load_head, save_head
 from serve import Engine, EngineConfig
 from serve.models import fp8 as fp8_module
 from serve.models.fp8 import Fp8Linear
@@ -19,17 +18,7 @@ MAX_NEW = 8
 
 @pytest.fixture(scope="module")
 def adapter(tiny_zoo, tmp_path_factory):
-    from zoo import load_pretrained
-
-    model = load_pretrained(tiny_zoo["qwen2_vl_tiny"])[0]
-    path = make_adapter(model, tmp_path_factory.mktemp("fp8_adapter") / "cls", ["q_proj", "v_proj", "down_proj"],
-                        8, 16, seed=3)
-    make_head(path, "classify", model.config.get_text_config().hidden_size, seed=4, pooling="mean")
-    head = load_head(path)
-    with torch.no_grad():  # unsaturated probabilities, so the confidence check compares something
-        head.proj.weight *= 0.1
-    save_head(head, path)
-    return path
+    return make_classifier_adapter(tiny_zoo["qwen2_vl_tiny"], tmp_path_factory.mktemp("fp8_adapter") / "cls")
 
 
 def _run(ckpt, adapter, quantization: str) -> tuple[Engine, list, list]:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adapter_cases import make_adapter, make_head
+from adapter_cases import make_classifier_adapter
 from serve_cases import case_specs, make_request
 
-from heads import load_head, save_head
 from kernels.fp8 import dequantize, fp8_linear, quantize_rows_ref, quantize_rows_triton, quantize_weight
 from serve import Engine, EngineConfig
 from serve.orchestrator import Mode
@@ -48,17 +47,7 @@ def test_fp8_gemm_matches_dequantized_reference(m, k, n):
 
 @pytest.fixture(scope="module")
 def adapter(tiny_zoo, tmp_path_factory):
-    from zoo import load_pretrained
-
-    model = load_pretrained(tiny_zoo["qwen2_vl_tiny"])[0]
-    path = make_adapter(model, tmp_path_factory.mktemp("fp8_gpu") / "cls", ["q_proj", "v_proj", "down_proj"],
-                        8, 16, seed=3)
-    make_head(path, "classify", model.config.get_text_config().hidden_size, seed=4, pooling="mean")
-    head = load_head(path)
-    with torch.no_grad():
-        head.proj.weight *= 0.1
-    save_head(head, path)
-    return path
+    return make_classifier_adapter(tiny_zoo["qwen2_vl_tiny"], tmp_path_factory.mktemp("fp8_gpu") / "cls")
 
 
 def _engine(ckpt, adapter, quantization: str, graphs: bool = True) -> Engine:

@@ -66,8 +66,8 @@ def one_launch_for(x: torch.Tensor, lora_a: torch.Tensor, meta: SegmentMeta, sli
 
 def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, table: TilingTable | None = None,
              shrink_config: TileConfig | None = None, expand_config: TileConfig | None = None,
-             fused_config: TileConfig | None = None, pdl: bool | None = None, flat: bool | None = None,
-             handoff_config: TileConfig | None = None):
+             fused_config: TileConfig | None = None, pdl: bool | None = None,
+             flat: bool | tuple[bool, bool] | None = None, handoff_config: TileConfig | None = None):
     """y[:, slice i] += scales[s] * (x @ A[i, s].T) @ B[s, slice i].T for each token's slot s.
 
     Given configs pin the kernels: `fused_config` or `handoff_config` a one-launch kernel,
@@ -76,7 +76,7 @@ def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, tab
     pdl: the expand launched behind the shrink with programmatic dependent launch, so that its
     launch overlaps the shrink (None: wherever the device supports it, `pdl_available`).
     flat: the token tiles' layout on both grids (`token_tiles.seg_block`; None: per launch, the
-    one with fewer programs).
+    one with fewer programs), or a (shrink, expand) pair of them.
     """
     slices = tuple(int(w) for w in slices)
     if len(slices) != lora_a.shape[0]:
@@ -97,8 +97,9 @@ def add_lora(y, x, lora_a, lora_b, meta: SegmentMeta, ranks, scales, slices, tab
         looked_up = configs_for(x, lora_a, meta, slices, table)
         shrink_config, expand_config = shrink_config or looked_up[0], expand_config or looked_up[1]
     pdl = pdl_available(x.device) if pdl is None else pdl and pdl_available(x.device)
-    v = shrink(x, lora_a, meta, ranks, shrink_config, launch_dependents=pdl, flat=flat)  # allocates v: no kernel
-    return expand(y, v, lora_b, meta, ranks, scales, slices, expand_config, pdl=pdl, flat=flat)  # between them
+    shrink_flat, expand_flat = flat if isinstance(flat, tuple) else (flat, flat)
+    v = shrink(x, lora_a, meta, ranks, shrink_config, launch_dependents=pdl, flat=shrink_flat)  # allocates v: no kernel
+    return expand(y, v, lora_b, meta, ranks, scales, slices, expand_config, pdl=pdl, flat=expand_flat)  # between them
 
 
 def pinned(shrink_config: TileConfig, expand_config: TileConfig, pdl: bool | None = None, flat: bool | None = None):

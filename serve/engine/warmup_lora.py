@@ -26,9 +26,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from kernels import (NO_LORA, SegmentMeta, TilingTable, add_lora, build_segments, configs_for, expand, one_launch_for,
-                     shrink)
-from kernels.interpreter import pdl_available
+from kernels import NO_LORA, SegmentMeta, TilingTable, add_lora, build_segments, configs_for, one_launch_for
 from kernels.lora import default_table
 from kernels.tiling import next_pow2
 from kernels.token_tiles import FLAT_MIN_TOKENS, seg_block
@@ -140,13 +138,13 @@ def sweep_lora_kernels(engine) -> int:
     layers = {}
     for layer in lora.layers:  # every layer of a kind has its shapes: one stands for all
         layers.setdefault(layer.kind, layer)
-    ran = 0
+    ran, mixture = 0, _may_merge(engine)
     with torch.no_grad():
         for layer in layers.values():
             x = torch.zeros(max_tokens, layer.in_features, dtype=layer.lora_a.dtype, device=device)
             y = torch.zeros(max_tokens, sum(layer.slices), dtype=layer.lora_a.dtype, device=device)
             seen, slots = set(), layer.lora_a.shape[1]
-            for ids, mix in sweep_batches(max_tokens, slots, _may_merge(engine)):
+            for ids, mix in sweep_batches(max_tokens, slots, mixture):
                 meta = build_segments(ids, device, mix_slot=mix)
                 for flats in layouts(meta, block_ms(layer.lora_a, meta, layer.slices, table), slots, max_tokens):
                     key = variant(layer.lora_a, meta, layer.slices, table, flats)
@@ -168,14 +166,8 @@ def _may_merge(engine) -> bool:
 
 
 def _launch(layer, x, y, meta: SegmentMeta, table: TilingTable, flats: tuple[bool, bool]) -> None:
-    """The operator's launches for this batch as `LoRALinear.forward` makes them (kernels/lora.py), with
-    the grid layouts given: programmatic dependent launch where `add_lora` uses it, none where the
-    shrink runs beside the base matmul (`add_lora_beside`)."""
-    args = (layer.lora_a, layer.lora_b, meta, layer.ranks, layer.scales, layer.slices)
-    if one_launch_for(x, layer.lora_a, meta, layer.slices, table) is not None:
-        add_lora(y, x, *args, table=table)
-        return
-    shrink_cfg, expand_cfg = configs_for(x, layer.lora_a, meta, layer.slices, table)
-    pdl = not layer.overlap_shrink and pdl_available(x.device)
-    v = shrink(x, layer.lora_a, meta, layer.ranks, shrink_cfg, launch_dependents=pdl, flat=flats[0])
-    expand(y, v, layer.lora_b, meta, layer.ranks, layer.scales, layer.slices, expand_cfg, pdl=pdl, flat=flats[1])
+    """The operator's launches for this batch as `LoRALinear.forward` makes them, with the grid layouts
+    given: programmatic dependent launch where `add_lora` uses it, none where the shrink runs beside
+    the base matmul (`add_lora_beside`); a one-launch op where the table picks one (no grid layout)."""
+    add_lora(y, x, layer.lora_a, layer.lora_b, meta, layer.ranks, layer.scales, layer.slices, table=table,
+             pdl=False if layer.overlap_shrink else None, flat=flats)

@@ -50,6 +50,26 @@ def test_flat_grid_gives_the_bits_of_the_by_segment_grid(split_k, col_tiles, k, 
     assert torch.equal(flat[~lora], y0[~lora]), "tokens without LoRA are untouched"
 
 
+def test_each_launch_takes_its_own_layout(monkeypatch):
+    """flat as a (shrink, expand) pair: each launch on its own grid (the warm-up's sweep compiles the
+    mixed pairs live batches reach), the same bits as either layout on both."""
+    import kernels.lora as lora
+
+    seen = []
+    for name in ("shrink", "expand"):
+        real = getattr(lora, name)
+        monkeypatch.setattr(lora, name, lambda *a, _real=real, _name=name, **kw: (seen.append((_name, kw["flat"])),
+                                                                                    _real(*a, **kw))[1])
+    slot_ids = _skewed(150, seed=7)
+    lora_a, lora_b, ranks, scales = make_pool(8, (32,), 48, 32, torch.float16, 7)
+    x, y0, meta = make_batch(len(slot_ids), 48, 32, slot_ids, torch.float16, 7)
+    cfgs = dict(shrink_config=TileConfig(16, 32, 16, 2), expand_config=TileConfig(32, 16, 16))
+    runs = [add_lora(y0.clone(), x, lora_a, lora_b, meta, ranks, scales, (32,), flat=flat, **cfgs)
+            for flat in (False, (True, False), (False, True))]
+    assert all(torch.equal(run, runs[0]) for run in runs[1:])
+    assert seen[2:] == [("shrink", True), ("expand", False), ("shrink", False), ("expand", True)]
+
+
 def test_flat_grid_in_a_mixture_batch_and_with_padded_graph_metadata():
     """Mixture (deLoRA) batches, and metadata padded to fixed sizes as a CUDA graph captures it
     (empty segments, a token bound past the batch): the flat bound must cover every tile."""

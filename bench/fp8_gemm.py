@@ -4,7 +4,10 @@ is slow in its GEMMs themselves or around them.
 
     bf16_us       F.linear(x, W)                                  bf16 weight, 2 bytes a value
     fp8_us        fp8_linear(x, q_W, s_W): quantize x + _scaled_mm  what an unfused projection runs
-    fp8_gemm_us   torch._scaled_mm alone (x quantized beforehand)   what a fused projection runs
+    fp8_gemm_us   the GEMM alone (x quantized beforehand)           what a fused projection runs
+    plain_us      torch._scaled_mm(q_x, q_W.T) alone                the GEMM as written
+    swap_us       the same GEMM transposed (kernels.fp8.scaled_mm_rows): what fp8_linear runs at most
+                  SWAP_MAX_M tokens; both are timed at every size, to place that threshold
     quantize_us   quantize_rows(x) alone
 
 and each GEMM's weight bandwidth (weight bytes / time, TB/s): at decode a projection should be
@@ -23,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.fp8 import fp8_linear, quantize_rows, quantize_weight
+from kernels.fp8 import SWAP_MAX_M, fp8_linear, quantize_rows, quantize_weight, scaled_mm_rows
 
 L2_PASS_BYTES = 256 << 20
 
@@ -79,18 +82,18 @@ def gemm_rows(args, batch_sizes, device: str, seed: int = 0) -> list[dict]:
         for m in batch_sizes:
             x = torch.randn(m, k, generator=g).to(device, torch.bfloat16)
             q_x, s_x = quantize_rows(x)
-            out_dtype = torch.bfloat16 if cuda else x.dtype
 
-            def scaled_mm():
-                q_w, s_w = next_q()
-                return torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_b=s_w.view(1, -1), out_dtype=out_dtype)
+            def scaled_mm(swap: bool):
+                return lambda: scaled_mm_rows(q_x, s_x, *next_q(), swap=swap)
 
             bf16_us = timed(lambda: F.linear(x, next_w()))
             fp8_us = timed(lambda: fp8_linear(x, *next_q()))
-            gemm_us = timed(scaled_mm)
+            plain_us, swap_us = timed(scaled_mm(False)), timed(scaled_mm(True))
+            gemm_us = swap_us if m <= SWAP_MAX_M else plain_us
             quant_us = timed(lambda: quantize_rows(x))
             rows.append(dict(section="gemm", projection=name, m=m, n=n, k=k, bf16_us=bf16_us, fp8_us=fp8_us,
-                             fp8_gemm_us=gemm_us, quantize_us=quant_us, gemm_speedup=bf16_us / gemm_us,
+                             fp8_gemm_us=gemm_us, plain_us=plain_us, swap_us=swap_us, quantize_us=quant_us,
+                             gemm_speedup=bf16_us / gemm_us,
                              bf16_tb_s=2 * n * k / bf16_us / 1e6, fp8_tb_s=n * k / gemm_us / 1e6,
                              weight_copies=copies))
         del w, q
@@ -102,7 +105,8 @@ def gemm_lines(rows: list[dict], layers: int) -> list[str]:
     gemm = [r for r in rows if r["section"] == "gemm"]
     if not gemm:
         return []
-    cols = ("projection", "m", "n", "k", "bf16_us", "fp8_us", "fp8_gemm_us", "quantize_us", "gemm_speedup",
+    cols = ("projection", "m", "n", "k", "bf16_us", "fp8_us", "fp8_gemm_us", "plain_us", "swap_us", "quantize_us",
+            "gemm_speedup",
             "bf16_tb_s", "fp8_tb_s")
     lines = ["", "## Projection GEMMs alone (us; weight TB/s)", "", "| " + " | ".join(cols) + " |",
              "|" + "---|" * len(cols)]

@@ -141,17 +141,51 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_rows_ref(x)
 
 
+# At most this many tokens, the GPU GEMM runs transposed (fp8_linear). cuBLAS's rowwise-scaled FP8
+# kernels tile the token dimension by 128: at decode batches (1-64 tokens) most of each tile is
+# padding, and the weight streamed at 1.0-2.5 TB/s against bf16's 2.2-3.7 (H200, 2026-11-28,
+# results/fp8/nvidia_h200/second_run/). Transposed, the weight's output channels fill the tiles.
+SWAP_MAX_M = 64
+
+
+def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tensor,
+                   swap: bool) -> torch.Tensor:
+    """(q_x @ q_weight.T) * s_x * weight_scale on a GPU, bf16 [M, N], by `torch._scaled_mm` either as
+    written or transposed: y.T = q_weight @ q_x.T with the scales' roles swapped. Transposed, the
+    tokens are _scaled_mm's second operand, whose both sizes must be multiples of 16: the rows are
+    padded with zeros (scale 1) and the extra columns dropped."""
+    if not swap:
+        return torch._scaled_mm(q_x, q_weight.t(), scale_a=s_x, scale_b=weight_scale.view(1, -1),
+                                out_dtype=torch.bfloat16)
+    m, k = q_x.shape
+    rows = max(16, -(-m // 16) * 16)
+    q_p = torch.zeros((rows, k), dtype=torch.uint8, device=q_x.device)  # zeros by bytes: fp8 has no fill
+    q_p[:m] = q_x.view(torch.uint8)
+    q_p = q_p.view(FP8_DTYPE)
+    s_p = torch.ones((rows, 1), dtype=torch.float32, device=s_x.device)
+    s_p[:m] = s_x
+    y_t = torch._scaled_mm(q_weight, q_p.t(), scale_a=weight_scale.view(-1, 1), scale_b=s_p.view(1, -1),
+                           out_dtype=torch.bfloat16)
+    return y_t[:, :m].t().contiguous()
+
+
 def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ dequantize(q_weight, weight_scale).T (+ bias), with x quantized per token on the fly.
 
     x: [M, K]; q_weight: [N, K] fp8 (row-major, so .T is the column-major operand _scaled_mm wants);
     weight_scale: [N] fp32. Returns [M, N] in x's dtype. On a GPU the rowwise-scaled GEMM writes
-    bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs.
+    bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs; at
+    most SWAP_MAX_M tokens it runs transposed. On the CPU (tests only: the engine refuses FP8 there)
+    it is the fp32 product of the dequantized operands, since CPU `_scaled_mm` takes rowwise scales
+    in some torch releases and not in others.
     """
     q_x, s_x = attached_rows(x) or quantize_rows(x)  # written beside x by its producer, or quantized here
-    out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
-    y = torch._scaled_mm(q_x, q_weight.t(), scale_a=s_x, scale_b=weight_scale.view(1, -1), out_dtype=out_dtype)
+    if x.is_cuda:
+        y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale, swap=q_x.shape[0] <= SWAP_MAX_M)
+    else:
+        with torch.profiler.record_function("fp8_scaled_mm"):  # a CPU profile shows the GEMM's ops as one
+            y = (q_x.float() * s_x) @ dequantize(q_weight, weight_scale).T
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if bias is None else y + bias

@@ -8,8 +8,9 @@ a whole row when they write it, so they can write its FP8 copy too:
     rms_norm_fp8(x, w, eps, residual):  the decoder's fused RMSNorm (serve/models/fused.py), whose
         program has the normed row in registers: its amax, the scale and the cast cost no extra read.
         Feeds qkv_proj (input_layernorm) and gate_up_proj (post_attention_layernorm).
-    silu_mul_fp8(gate_up):              silu(gate) * up, one program per row in two sweeps (the
-        second recomputes the product from gate and up rather than reading back what it wrote).
+    silu_mul_fp8(gate_up):              silu(gate) * up by blocks of a row, each with its amax; then
+        a second launch, also by blocks, takes the row's scale from those amaxes and casts what the
+        first wrote. Two launches that fill the GPU at decode, not one program per long row.
         Feeds down_proj.
 
 Both return the model-dtype activation exactly as the unfused kernels do (the LoRA branch and
@@ -55,30 +56,40 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_p
 
 
 @triton.jit
-def _silu_mul_fp8_kernel(x_ptr, out_ptr, q_ptr, s_ptr, n_cols, stride_x, stride_o, stride_q,
-                         FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr):
-    # one program per row: sweep 1 writes silu(gate) * up (serve/models/fused.py's arithmetic) and
-    # finds its amax; sweep 2 recomputes it (gate and up again, from L2) and writes the FP8 copy
+def _silu_mul_amax_kernel(x_ptr, out_ptr, amax_ptr, n_cols, stride_x, stride_o, n_blocks, BLOCK: tl.constexpr):
+    # program (row, block): silu(gate) * up of one block of the row (serve/models/fused.py's arithmetic),
+    # written, and the block's amax. A row is 18944 wide on the 7B and a decode step has few rows: one
+    # program per row left the GPU nearly idle (14 us a call at batch 1, H200) where blocks fill it.
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
+    blk = tl.program_id(1)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
     x_row = x_ptr + row * stride_x
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for c0 in range(0, n_cols, BLOCK):
-        mask = c0 + offs < n_cols
-        gate = tl.load(x_row + c0 + offs, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(x_row + n_cols + c0 + offs, mask=mask, other=0.0).to(tl.float32)
-        act = silu_mul(gate, up, out_ptr)
-        tl.store(out_ptr + row * stride_o + c0 + offs, act, mask=mask)
-        amax = tl.maximum(amax, tl.abs(act.to(tl.float32)))
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FP8_LIMIT), FLOOR)
-    tl.store(s_ptr + row, scale)
-    for c0 in range(0, n_cols, BLOCK):
-        mask = c0 + offs < n_cols
-        gate = tl.load(x_row + c0 + offs, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(x_row + n_cols + c0 + offs, mask=mask, other=0.0).to(tl.float32)
-        act = silu_mul(gate, up, out_ptr).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(act, scale), -FP8_LIMIT), FP8_LIMIT)
-        tl.store(q_ptr + row * stride_q + c0 + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_row + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    act = silu_mul(gate, up, out_ptr)
+    tl.store(out_ptr + row * stride_o + offs, act, mask=mask)
+    tl.store(amax_ptr + row * n_blocks + blk, tl.max(tl.abs(act.to(tl.float32)), axis=0))
+
+
+@triton.jit
+def _quantize_blocks_kernel(act_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_a, stride_q, n_blocks,
+                            FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
+                            BLOCKS_P2: tl.constexpr):
+    # program (row, block): the row's scale from its blocks' amaxes (max is exact in any order: the
+    # same scale as one sweep), then the block's FP8 copy of the activation as written
+    row = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    b = tl.arange(0, BLOCKS_P2)
+    amax = tl.max(tl.load(amax_ptr + row * n_blocks + b, mask=b < n_blocks, other=0.0), axis=0)
+    scale = tl.maximum(tl.math.div_rn(amax, FP8_LIMIT), FLOOR)
+    if blk == 0:
+        tl.store(s_ptr + row, scale)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    act = tl.load(act_ptr + row * stride_a + offs, mask=mask, other=0.0).to(tl.float32)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(act, scale), -FP8_LIMIT), FP8_LIMIT)
+    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def _fp8_buffers(rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,10 +136,14 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
     q, scale = _fp8_buffers(t, n, gate_up.device)
     if t:
-        block = min(2048, max(16, triton.next_power_of_2(n)))
-        _silu_mul_fp8_kernel[(t,)](gate_up, out, q, scale, n, gate_up.stride(0), out.stride(0), q.stride(0),
-                                   FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=block,
-                                   num_warps=4 if block <= 1024 else 8)
+        block = min(1024, max(16, triton.next_power_of_2(n)))
+        blocks = triton.cdiv(n, block)
+        amax = torch.empty((t, blocks), dtype=torch.float32, device=gate_up.device)
+        _silu_mul_amax_kernel[(t, blocks)](gate_up, out, amax, n, gate_up.stride(0), out.stride(0), blocks,
+                                           BLOCK=block, num_warps=4)
+        _quantize_blocks_kernel[(t, blocks)](out, amax, q, scale, n, out.stride(0), q.stride(0), blocks,
+                                             FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=block,
+                                             BLOCKS_P2=max(2, triton.next_power_of_2(blocks)), num_warps=4)
     attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)
     return out
 

@@ -10,13 +10,16 @@ import pytest
 from hopper_ptx import compile_ptx
 
 _COMPILE = """
-from kernels.fp8_fused import _rms_norm_fp8_kernel, _silu_mul_fp8_kernel
+from kernels.fp8_fused import _quantize_blocks_kernel, _rms_norm_fp8_kernel, _silu_mul_amax_kernel
 
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
 bf16 = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", res_out_ptr="*bf16", q_ptr="*fp8e4nv",
             s_ptr="*fp32")
 out = {"norm": ptx(_rms_norm_fp8_kernel, bf16, dict(limits, HAS_RES=True, BLOCK=4096), floats=("eps",)),
-       "silu": ptx(_silu_mul_fp8_kernel, bf16, dict(limits, BLOCK=2048))}
+       "silu_amax": ptx(_silu_mul_amax_kernel, dict(x_ptr="*bf16", out_ptr="*bf16", amax_ptr="*fp32"),
+                        dict(BLOCK=1024)),
+       "silu": ptx(_quantize_blocks_kernel, dict(act_ptr="*bf16", amax_ptr="*fp32", q_ptr="*fp8e4nv", s_ptr="*fp32"),
+                   dict(limits, BLOCK=1024, BLOCKS_P2=32))}
 sys.stdout.write(json.dumps(out))
 """
 
@@ -33,3 +36,8 @@ def test_fused_fp8_kernels_round_to_nearest_and_divide_by_the_scale_as_ieee(ptx,
     # the scale (amax / 448) and each value / scale: div_rn. (The norm's mean and the SiLU's 1 / (1 + e^-x)
     # keep the plain `/` of serve/models/fused.py, so the activation is that kernel's, bit for bit.)
     assert code.count("div.rn.f32") >= 2
+
+
+def test_the_silu_blocks_compile_and_leave_the_rounding_to_the_second_launch(ptx):
+    # the SiLU-mul's first launch writes the model-dtype activation and its blocks' amaxes: no FP8 yet
+    assert ptx["silu_amax"] and "e4m3" not in ptx["silu_amax"]

@@ -49,11 +49,12 @@ def test_rms_norm_fp8_is_the_norm_kernel_then_quantize_rows_byte_for_byte(dtype,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n", [37, 3000])  # one column block, and two (BLOCK 2048) with a ragged end
+@pytest.mark.parametrize("n", [37, 3000])  # one column block, and three (BLOCK 1024) with a ragged end
 def test_silu_mul_fp8_is_the_silu_kernel_then_quantize_rows_byte_for_byte(dtype, n):
     g = torch.Generator().manual_seed(n)
     gate_up = (3 * torch.randn(4, 2 * n, generator=g)).to(DEV, dtype)
     gate_up[2] = 0
+    gate_up[1, n - 1], gate_up[1, 2 * n - 1] = 8.0, 40.0  # row 1's amax in its last block: every block's scale
     act = silu_mul_fp8(gate_up)
     assert act.shape == (4, n) and torch.equal(act, silu_and_mul(gate_up))
     _same_rows(act)

@@ -71,7 +71,9 @@ class LocalGroup:
     """Rank 0 of a tensor-parallel group whose other ranks it started; `engine` is its LeaderEngine."""
 
     def __init__(self, checkpoint: str, engine_config: dict, builder: Callable[[str], tuple[str, dict]] | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, follower: str = "serve.distributed.local_group._follow"):
+        """follower: "module.function" each follower runs as function(spec_path, rank); the default
+        follows the leader's engine calls, a benchmark's also runs timed steps on every rank."""
         world = int(engine_config.get("tensor_parallel_size", 1))
         if world < 2:
             raise ValueError(f"a tensor-parallel group needs tensor_parallel_size >= 2, got {world}")
@@ -83,7 +85,9 @@ class LocalGroup:
         fd, self._spec_path = tempfile.mkstemp(prefix="vlora-group-", suffix=".pkl")
         with os.fdopen(fd, "wb") as f:
             pickle.dump(self.spec, f)
-        self.followers = [subprocess.Popen([sys.executable, "-c", _FOLLOWER, self._spec_path, str(rank)])
+        module, _, function = follower.rpartition(".")
+        code = f"import sys; from {module} import {function}; {function}(sys.argv[1], int(sys.argv[2]))"
+        self.followers = [subprocess.Popen([sys.executable, "-c", code, self._spec_path, str(rank)])
                           for rank in range(1, world)]
         engine = None
         try:
@@ -127,9 +131,6 @@ class LocalGroup:
                 p.wait()
         if os.path.exists(self._spec_path):
             os.remove(self._spec_path)
-
-
-_FOLLOWER = "import sys; from serve.distributed.local_group import _follow; _follow(sys.argv[1], int(sys.argv[2]))"
 
 
 def _follow(spec_path: str, rank: int) -> None:

@@ -11,7 +11,7 @@ from ..config import to_dataclass
 from bench.results import write_csv
 
 SUITES = ("kernels", "merge", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train",
-          "offline", "fp8")
+          "offline", "fp8", "tp")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -40,10 +40,13 @@ def run(cfg: DictConfig) -> dict:
         return _offline(b)
     if b.suite == "fp8":  # device=cpu with a tiny zoo model runs anywhere
         return _fp8(b)
+    if b.suite == "tp":  # device=cpu with the tiny shape runs anywhere (gloo ranks)
+        return _tp(b)
     if not torch.cuda.is_available():
         raise SystemExit("vlora bench times GPU kernels; no CUDA device is available here")
     fields = {k: v for k, v in OmegaConf.to_container(b, resolve=True).items()
-              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train", "offline")}
+              if k not in ("suite", "engine", "adapters", "serving", "streams", "scaling", "soak", "vision", "train", "offline",
+                           "fp8", "tp")}
     if b.suite == "adapters":
         from bench.adapters import AdapterBenchJob, run_adapter_bench
 
@@ -169,6 +172,22 @@ def _fp8(b: DictConfig) -> dict:
               for k, v in OmegaConf.to_container(b.fp8, resolve=True).items()}
     rows, meta = run_fp8_bench(to_dataclass(Fp8BenchJob, values, out_dir=b.out_dir, command=_command()))
     return {"fp8": rows, "meta": meta}
+
+
+def _tp(b: DictConfig) -> dict:
+    """Tensor parallel against one GPU: parity in every LoRA mode, decode / prefill / vision times (bench/tp.py)."""
+    from bench.tp import TpBenchJob, run_tp_bench
+
+    values = {k: tuple(v) if isinstance(v, list) else v
+              for k, v in OmegaConf.to_container(b.tp, resolve=True).items()}
+    try:
+        job = to_dataclass(TpBenchJob, values, out_dir=b.out_dir, command=_command())
+        rows, meta = run_tp_bench(job)
+    except ValueError as e:  # a bad option: one line, before any model is built
+        if "bench.tp" not in str(e):
+            raise
+        raise SystemExit(str(e)) from None
+    return {"tp": rows, "meta": meta}
 
 
 def _command() -> str:

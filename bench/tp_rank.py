@@ -1,0 +1,182 @@
+"""The tensor-parallel benchmark's ranks (bench/tp.py): the same timed work on one engine or on every
+rank of a group.
+
+A group is a `LocalGroup` whose followers run `bench_follower` instead of the plain follower: they
+wait for the leader's next message on the group's control channel, and either follow the engine
+calls of a `LeaderEngine` (the product path: parity runs, wall-time steps, prefill) until it closes,
+or run one of `OPS` together with rank 0, so collectives inside a CUDA-graph replay, a profiled
+step or the split vision tower pair up. Each op is called the same number of times on every rank.
+
+    ranks = Ranks.group(ckpt, engine_config, threads)    # or Ranks.single(engine)
+    step_ms = ranks.call("replay", job, 32)              # rank 0's answer
+    with ranks.serving() as engine: engine.generate(...) # a LeaderEngine (the engine itself alone)
+    ranks.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import statistics
+import time
+
+import torch
+
+from serve.engine import Request, SamplingParams
+
+from .engine import _prompts, replay_step
+from .step_profile import profile_step
+
+FOLLOW = "__follow__"  # the followers follow a LeaderEngine's calls until it closes
+
+
+def _time_ms(fn, warmup: int, repeats: int, cuda: bool) -> float:
+    """Median ms of `fn`: CUDA events on a GPU (kernels.timing), wall time on the CPU; the same
+    number of calls either way, so every rank of a group makes as many."""
+    if cuda:
+        from kernels.timing import time_op
+
+        return time_op(fn, warmup=warmup, repeats=repeats, use_graph=False) / 1e3
+    for _ in range(warmup + 1):  # time_op's warm-up and its single timed call
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def op_replay(engine, job, batch: int) -> float:
+    """Device ms of one decode step at `batch` sequences of job.decode_context tokens: the CUDA graph
+    the engine would replay plus the LM head (bench/engine.py replay_step); NaN without graphs."""
+    if engine.runner.graphs is None:
+        return float("nan")
+    return _time_ms(replay_step(engine, batch, [job.decode_context] * batch), 3, job.repeats, True)
+
+
+def op_profile(engine, job, batch: int, rank: int) -> dict:
+    """Rank 0: the replayed step's kernels under torch.profiler, NCCL's share of their time; the
+    other ranks replay as many steps (1 + repeats) unprofiled. {} without graphs."""
+    if engine.runner.graphs is None:
+        return {}
+    step = replay_step(engine, batch, [job.decode_context] * batch)
+    repeats = 3
+    if rank != 0:
+        for _ in range(repeats + 1):
+            step()
+        torch.cuda.synchronize()
+        return {}
+    prof = profile_step(step, repeats=repeats, device="cuda")
+    nccl = sum(k["us"] for k in prof["kernels"] if "nccl" in k["name"].lower())
+    return dict(span_us=prof["span_us"], busy_us=prof["busy_us"], nccl_us=nccl,
+                comm_share=nccl / prof["span_us"] if prof["span_us"] > 0 else float("nan"))
+
+
+def op_vision(engine, job, images: int) -> dict:
+    """ms of the engine's vision encoder on `images` prompts' pictures (one call; on a group each
+    rank encodes its share, then one all-gather), and how many items this rank encoded itself."""
+    params = SamplingParams(max_tokens=1, detokenize=False)
+    items = [it for text, image in _prompts(job, engine.tokenizer, images, 50_000)
+             for it in engine.prepare(Request(prompt=text, images=[image], sampling=params))[0].vision]
+    vision = engine.model.vision
+    before = getattr(vision, "items_here", None)
+    cuda = str(engine.config.device).startswith("cuda")
+    ms = _time_ms(lambda: engine.model.encode(items), 2, job.vision_repeats, cuda)
+    calls = 2 + 1 + job.vision_repeats
+    here = len(items) if before is None else (vision.items_here - before) // calls
+    return dict(vision_ms=ms, items=len(items), items_here=here, vision_tokens=sum(it.num_tokens for it in items))
+
+
+OPS = {"replay": op_replay, "vision": op_vision}
+
+
+def bench_follower(spec_path: str, rank: int) -> None:
+    """A follower of the benchmark's group (LocalGroup(follower="bench.tp_rank.bench_follower"))."""
+    from serve.distributed.driver import STOP, follow
+    from serve.distributed.group import leave_group
+    from serve.distributed.local_group import build_rank
+
+    with open(spec_path, "rb") as f:
+        spec = pickle.load(f)
+    engine = None
+    try:
+        engine = build_rank(spec, rank)
+        tp = engine.model.tp
+        while True:
+            name, args, _ = tp.from_leader()
+            if name == STOP:
+                break
+            if name == FOLLOW:
+                follow(engine)
+            elif name == "profile":
+                op_profile(engine, *args, rank=rank)
+            else:
+                OPS[name](engine, *args)
+        leave_group(engine)
+    finally:
+        leave_group(engine, wait=False)
+
+
+class Ranks:
+    """One engine (tp=1) or a LocalGroup's leader: the benchmark's calls, the same either way."""
+
+    def __init__(self, engine, group=None):
+        self.engine, self.group = engine, group
+        self.tp = 1 if group is None else group.spec.world_size
+
+    @classmethod
+    def single(cls, engine) -> "Ranks":
+        return cls(engine)
+
+    @classmethod
+    def group_of(cls, checkpoint: str, engine_config: dict, threads: int | None) -> "Ranks":
+        from serve.distributed.local_group import LocalGroup
+
+        group = LocalGroup(checkpoint, engine_config, threads=threads, follower="bench.tp_rank.bench_follower")
+        return cls(group.engine.engine, group)
+
+    def _send(self, name: str, args: tuple) -> None:
+        if self.group is not None:
+            self.engine.model.tp.from_leader((name, args, {}))
+
+    def call(self, name: str, *args):
+        """Op `name` on every rank; rank 0's result."""
+        self._send(name, args)
+        if name == "profile":
+            return op_profile(self.engine, *args, rank=0)
+        return OPS[name](self.engine, *args)
+
+    @contextlib.contextmanager
+    def serving(self):
+        """The Engine API for a while: a LeaderEngine whose calls every rank runs (or the engine)."""
+        if self.group is None:
+            yield self.engine
+            return
+        from serve.distributed import LeaderEngine
+
+        self._send(FOLLOW, ())
+        leader = LeaderEngine(self.engine)
+        try:
+            yield leader
+        finally:
+            leader.close()  # the followers' `follow` returns; they wait for the next op
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        else:
+            self.engine.release_graphs()
+
+    def abort(self) -> None:
+        """After a failure on rank 0: the followers may wait in a collective forever, so they are
+        killed (the processes this group started) and the group is left without waiting."""
+        if self.group is None:
+            return
+        from serve.distributed.group import leave_group
+
+        for p in self.group.followers:
+            p.kill()
+            p.wait()
+        leave_group(self.engine, wait=False)
+        self.group.engine = None

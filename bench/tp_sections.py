@@ -1,0 +1,165 @@
+"""The tensor-parallel benchmark's sections, in the order of their worth (bench/tp.py): TP=1 (parity
+outputs, timings), each TP=N (parity against TP=1, timings), then the float32 reference. Every
+measured row goes to `save` at once; a row already in `rows` (a resumed run) is not measured again."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+from serve.engine import Engine, EngineConfig
+
+from .engine import _prompts, _run_engine
+from .tp_parity import parity_rows, run_sequence
+from .tp_rank import Ranks
+
+
+def _key(row: dict) -> tuple:
+    return row["section"], row["tp"], row.get("batch")
+
+
+def run_sections(job, clock, rows, meta, save, ckpt: str, adapters: dict, kv_blocks: int, log) -> None:
+    from .tp import _free, engine_config
+
+    done = {_key(r) for r in rows}
+    names = list(adapters)
+    parity_left = [n for n in job.sizes if ("parity", n, None) not in done]
+    noise_left = job.fp32_reference and ("noise", 1, None) not in done
+    outputs: dict[int, dict] = {}
+
+    def timed_section(what: str, fn) -> None:
+        t0 = time.monotonic()
+        fn()
+        meta["seconds"][what] = time.monotonic() - t0
+
+    for tp in (1, *job.sizes):
+        if clock.left() <= 0:
+            meta["notes"].append(f"TP={tp} skipped: past budget_s={job.budget_s:g}")
+            log(meta["notes"][-1])
+            continue
+        want_outputs = (parity_left or noise_left) if tp == 1 else (tp in parity_left or noise_left)
+        if not want_outputs and _timings_done(job, done, tp):
+            continue
+        log(f"TP={tp}: building {'the engine' if tp == 1 else 'the group'}")
+        t0 = time.monotonic()
+        config = engine_config(job, adapters, kv_blocks, tp, job.dtype)
+        ranks = (Ranks.single(Engine(ckpt, EngineConfig.from_dict(config))) if tp == 1
+                 else Ranks.group_of(ckpt, config, job.threads))
+        meta["seconds"][f"build_tp{tp}"] = time.monotonic() - t0
+        log(f"TP={tp}: built in {time.monotonic() - t0:.0f} s")
+        try:
+            if want_outputs:
+                log(f"TP={tp}: parity runs")
+                with ranks.serving() as engine:
+                    timed_section(f"parity_tp{tp}", lambda: outputs.__setitem__(
+                        tp, run_sequence(engine, job, names, log)))
+                if tp != 1 and tp in parity_left and 1 in outputs:
+                    save(parity_rows(outputs[1], outputs[tp], "parity", tp, "TP=1", job.dtype))
+                    log(f"TP={tp}: parity saved")
+            timed_section(f"timing_tp{tp}", lambda: _timings(job, clock, ranks, tp, done, save, meta, log))
+        except BaseException:
+            ranks.abort()
+            raise
+        ranks.close()
+        del ranks
+        _free(job.device)
+    if noise_left:
+        _reference(job, clock, ckpt, adapters, kv_blocks, outputs, names, save, meta, log)
+
+
+def _timings_done(job, done: set, tp: int) -> bool:
+    keys = [("decode", tp, b) for b in job.batches] + [("prefill", tp, None), ("vision", tp, None)]
+    if job.profile and job.device.startswith("cuda"):
+        keys += [("profile", tp, b) for b in job.batches]
+    return all(k in done for k in keys)
+
+
+def _timings(job, clock, ranks: Ranks, tp: int, done: set, save, meta, log) -> None:
+    """Decode steps per batch, prefill, the vision encoder and the profiled steps of one TP size."""
+    end = time.monotonic() + min(job.section_s, max(clock.left(), 0.0))
+
+    def past(what: str) -> bool:
+        if time.monotonic() < end:
+            return False
+        meta["notes"].append(f"TP={tp} {what} skipped: past section_s={job.section_s:g} or budget_s")
+        log(meta["notes"][-1])
+        return True
+
+    for b in job.batches:
+        if ("decode", tp, b) in done:
+            continue
+        if past(f"decode batch {b}"):
+            return
+        step_ms = ranks.call("replay", job, b)
+        with ranks.serving() as engine:
+            run = _run_engine(engine, SimpleNamespace(output_tokens=job.decode_tokens),
+                              _prompts(job, engine.tokenizer, b, 1000 * b))
+        save([dict(section="decode", tp=tp, batch=b, decode_step_ms=step_ms, decode_context=job.decode_context,
+                   decode_wall_ms=run["decode_wall_ms"], decode_steps=run["decode_steps"])])
+        log(f"TP={tp} decode b={b}: step {step_ms:.3f} ms (graph replay + LM head), wall {run['decode_wall_ms']:.3f} ms")
+    if ("prefill", tp, None) not in done and not past("prefill"):
+        with ranks.serving() as engine:
+            prompts = _prompts(job, engine.tokenizer, job.prompts, 2000)
+            one = SimpleNamespace(output_tokens=1)
+            _run_engine(engine, one, prompts)  # first shapes out of the timing
+            runs = [_run_engine(engine, one, prompts) for _ in range(3)]
+        ms = statistics.median(r["total_s"] for r in runs) * 1e3
+        save([dict(section="prefill", tp=tp, prompts=job.prompts, prompt_tokens=sum(runs[0]["prompt_lens"]),
+                   prefill_ms=ms)])
+        log(f"TP={tp} prefill of {job.prompts} prompts with images: {ms:.1f} ms")
+    if ("vision", tp, None) not in done and not past("vision"):
+        got = ranks.call("vision", job, job.vision_images)
+        save([dict(section="vision", tp=tp, images=job.vision_images, **got)])
+        log(f"TP={tp} vision encoder, {got['items']} items ({got['items_here']} on rank 0): {got['vision_ms']:.1f} ms")
+    if not (job.profile and job.device.startswith("cuda")):
+        note = "communication share: NCCL kernels are counted on a GPU only (profile=true, device=cuda)"
+        if note not in meta["notes"]:
+            meta["notes"].append(note)
+        return
+    for b in job.batches:
+        if ("profile", tp, b) in done or past(f"profile batch {b}"):
+            continue
+        try:
+            got = ranks.call("profile", job, b)
+        except RuntimeError as e:  # no CUPTI: the other ranks ran their steps all the same
+            meta["notes"].append(f"TP={tp} profile b={b}: {e}")
+            continue
+        save([dict(section="profile", tp=tp, batch=b, **got)])
+        log(f"TP={tp} profile b={b}: NCCL {got.get('comm_share', float('nan')):.1%} of the step")
+
+
+def _reference(job, clock, ckpt, adapters, kv_blocks, outputs, names, save, meta, log) -> None:
+    """A float32 TP=1 engine's parity sequence; every bf16 run held here compared with it."""
+    from .tp import _free, engine_config
+
+    if clock.left() <= 0:
+        meta["notes"].append(f"fp32 reference skipped: past budget_s={job.budget_s:g}")
+        log(meta["notes"][-1])
+        return
+    if not outputs:
+        meta["notes"].append("fp32 reference skipped: no bf16 outputs in this run (a resumed run)")
+        return
+    log("fp32 TP=1 reference: building")
+    t0 = time.monotonic()
+    engine = None
+    try:
+        engine = Engine(ckpt, EngineConfig.from_dict(engine_config(job, adapters, kv_blocks, 1, "float32")))
+        ref = run_sequence(engine, job, names, log)
+    except torch.cuda.OutOfMemoryError as e:
+        meta["notes"].append(f"fp32 reference skipped: out of GPU memory ({str(e).splitlines()[0]})")
+        log(meta["notes"][-1])
+        return
+    finally:
+        if engine is not None:
+            engine.release_graphs()
+        del engine
+        _free(job.device)
+    meta["seconds"]["fp32_reference"] = time.monotonic() - t0
+    new = []
+    for tp, got in sorted(outputs.items()):
+        new += parity_rows(ref, got, "noise", tp, "fp32 TP=1", job.dtype)
+    save(new)
+    log("fp32 reference: noise rows saved")

@@ -148,6 +148,8 @@ def compare(job, counts: tuple[int, ...], out_dir: str = "results/streams_http")
     hf, processor = build_random_model(job.model, job.seed, job.dtype, job.device, workdir)
     chunks = render_chunks(job)
     engine, names = _engine(job, workdir, hf, chunk_flops(hf, processor, job, chunks[0])["prompt_tokens"])
+    if job.engine_warm_up and engine.needs_warm_up:  # else the first point's server would answer "warming"
+        _log(f"engine warm-up: {engine.warm_up(side=job.image_size, frames=job.frames_per_chunk).line()}")
     if job.warmup_point_s > 0:
         run_point(engine, job, "head", min(counts), chunks, names, seconds=job.warmup_point_s)
     rows = []

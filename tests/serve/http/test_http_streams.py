@@ -30,3 +30,20 @@ def test_a_streams_point_over_http(tiny_zoo):
     assert row["transport"] == "http" and row["errors"] == 0, row["error_kinds"]
     assert row["sent"] == row["done"] == 2 and row["unfinished"] == 0 and row["settled"]
     assert not math.isnan(row["frame_decode_ms"]) and not math.isnan(row["prefill_ms"])  # vlora.timing
+
+
+def test_the_transport_comparison_runs_from_its_command_line(tmp_path, capsys):
+    # `python -m bench.streams_http`: one engine, warmed up before its first point (else that point's server
+    # answers "warming"), both transports at each count, transports.csv written with the HTTP/RPyC ratios
+    import csv
+
+    from bench.streams_http import main
+
+    main(["--model", "qwen2_vl_tiny", "--device", "cpu", "--image-size", "56", "--counts", "1", "--seconds", "1",
+          "--out-dir", str(tmp_path)])
+    with open(tmp_path / "cpu" / "transports.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["transport"] for r in rows] == ["rpc", "http"]
+    assert all(r["errors"] == "0" and r["unfinished"] == "0" for r in rows)
+    assert float(rows[1]["chunks_per_s_vs_rpc"]) > 0
+    assert "transport=http" in capsys.readouterr().out

@@ -17,12 +17,15 @@ from .tp_parity import parity_rows, run_sequence
 from .tp_rank import Ranks
 
 
+REFERENCE_MIN_S = 60  # a float32 7B engine's load and parity runs, about
+
+
 def _key(row: dict) -> tuple:
     return row["section"], row["tp"], row.get("batch")
 
 
 def run_sections(job, clock, rows, meta, save, ckpt: str, adapters: dict, kv_blocks: int, log) -> None:
-    from .tp import _free, engine_config
+    from .tp import _free
 
     done = {_key(r) for r in rows}
     names = list(adapters)
@@ -30,44 +33,63 @@ def run_sections(job, clock, rows, meta, save, ckpt: str, adapters: dict, kv_blo
     noise_left = job.fp32_reference and ("noise", 1, None) not in done
     outputs: dict[int, dict] = {}
 
-    def timed_section(what: str, fn) -> None:
-        t0 = time.monotonic()
-        fn()
-        meta["seconds"][what] = time.monotonic() - t0
-
     for tp in (1, *job.sizes):
         if clock.left() <= 0:
             meta["notes"].append(f"TP={tp} skipped: past budget_s={job.budget_s:g}")
             log(meta["notes"][-1])
             continue
-        want_outputs = (parity_left or noise_left) if tp == 1 else (tp in parity_left or noise_left)
+        want_outputs = bool(parity_left or noise_left) if tp == 1 else (tp in parity_left or noise_left)
         if not want_outputs and _timings_done(job, done, tp):
             continue
-        log(f"TP={tp}: building {'the engine' if tp == 1 else 'the group'}")
-        t0 = time.monotonic()
-        config = engine_config(job, adapters, kv_blocks, tp, job.dtype)
-        ranks = (Ranks.single(Engine(ckpt, EngineConfig.from_dict(config))) if tp == 1
-                 else Ranks.group_of(ckpt, config, job.threads))
-        meta["seconds"][f"build_tp{tp}"] = time.monotonic() - t0
-        log(f"TP={tp}: built in {time.monotonic() - t0:.0f} s")
         try:
-            if want_outputs:
-                log(f"TP={tp}: parity runs")
-                with ranks.serving() as engine:
-                    timed_section(f"parity_tp{tp}", lambda: outputs.__setitem__(
-                        tp, run_sequence(engine, job, names, log)))
-                if tp != 1 and tp in parity_left and 1 in outputs:
-                    save(parity_rows(outputs[1], outputs[tp], "parity", tp, "TP=1", job.dtype))
-                    log(f"TP={tp}: parity saved")
-            timed_section(f"timing_tp{tp}", lambda: _timings(job, clock, ranks, tp, done, save, meta, log))
-        except BaseException:
-            ranks.abort()
-            raise
-        ranks.close()
-        del ranks
+            _one_size(job, clock, tp, want_outputs, parity_left, outputs, done, save, meta, ckpt, adapters,
+                      kv_blocks, log)
+        except Exception as e:  # this size's rows so far are saved; the next size and the reference still run
+            import traceback
+
+            traceback.print_exc()
+            meta["notes"].append(f"TP={tp} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            log(meta["notes"][-1])
+            save([])
         _free(job.device)
     if noise_left:
         _reference(job, clock, ckpt, adapters, kv_blocks, outputs, names, save, meta, log)
+
+
+def _one_size(job, clock, tp: int, want_outputs: bool, parity_left: list, outputs: dict, done: set, save, meta,
+              ckpt: str, adapters: dict, kv_blocks: int, log) -> None:
+    """Builds TP=tp (one engine, or a group), runs its parity sequence when wanted and its timings."""
+    from .tp import engine_config
+
+    log(f"TP={tp}: building {'the engine' if tp == 1 else 'the group'}")
+    t0 = time.monotonic()
+    config = engine_config(job, adapters, kv_blocks, tp, job.dtype)
+    ranks = (Ranks.single(Engine(ckpt, EngineConfig.from_dict(config))) if tp == 1
+             else Ranks.group_of(ckpt, config, job.threads))  # a group that fails to start stops its ranks
+    meta["seconds"][f"build_tp{tp}"] = time.monotonic() - t0
+    log(f"TP={tp}: built in {time.monotonic() - t0:.0f} s")
+    try:
+        if want_outputs:
+            log(f"TP={tp}: parity runs")
+            t0 = time.monotonic()
+            outputs[tp] = _parity_outputs(ranks, job, list(adapters), log)
+            meta["seconds"][f"parity_tp{tp}"] = time.monotonic() - t0
+            if tp != 1 and tp in parity_left and 1 in outputs:
+                save(parity_rows(outputs[1], outputs[tp], "parity", tp, "TP=1", job.dtype))
+                log(f"TP={tp}: parity saved")
+        t0 = time.monotonic()
+        _timings(job, clock, ranks, tp, done, save, meta, log)
+        meta["seconds"][f"timing_tp{tp}"] = time.monotonic() - t0
+    except BaseException:
+        ranks.abort()  # a follower may be waiting in a collective rank 0 will never join
+        raise
+    ranks.close()
+
+
+def _parity_outputs(ranks: Ranks, job, names: list[str], log) -> dict:
+    # in a function of its own: no name outlives it holding the engine (its GPU memory) after close
+    with ranks.serving() as engine:
+        return run_sequence(engine, job, names, log)
 
 
 def _timings_done(job, done: set, tp: int) -> bool:
@@ -122,10 +144,10 @@ def _timings(job, clock, ranks: Ranks, tp: int, done: set, save, meta, log) -> N
     for b in job.batches:
         if ("profile", tp, b) in done or past(f"profile batch {b}"):
             continue
-        try:
-            got = ranks.call("profile", job, b)
-        except RuntimeError as e:  # no CUPTI: the other ranks ran their steps all the same
-            meta["notes"].append(f"TP={tp} profile b={b}: {e}")
+        got = ranks.call("profile", job, b)
+        if "error" in got:  # every rank made its calls all the same
+            meta["notes"].append(f"TP={tp} profile b={b}: {got['error']}")
+            log(meta["notes"][-1])
             continue
         save([dict(section="profile", tp=tp, batch=b, **got)])
         log(f"TP={tp} profile b={b}: NCCL {got.get('comm_share', float('nan')):.1%} of the step")
@@ -135,8 +157,9 @@ def _reference(job, clock, ckpt, adapters, kv_blocks, outputs, names, save, meta
     """A float32 TP=1 engine's parity sequence; every bf16 run held here compared with it."""
     from .tp import _free, engine_config
 
-    if clock.left() <= 0:
-        meta["notes"].append(f"fp32 reference skipped: past budget_s={job.budget_s:g}")
+    if clock.left() < REFERENCE_MIN_S:
+        meta["notes"].append(f"fp32 reference skipped: {max(clock.left(), 0):.0f} s of budget_s={job.budget_s:g} left "
+                             f"(it needs ~{REFERENCE_MIN_S} s at the 7B shape)")
         log(meta["notes"][-1])
         return
     if not outputs:
@@ -148,9 +171,11 @@ def _reference(job, clock, ckpt, adapters, kv_blocks, outputs, names, save, meta
     try:
         engine = Engine(ckpt, EngineConfig.from_dict(engine_config(job, adapters, kv_blocks, 1, "float32")))
         ref = run_sequence(engine, job, names, log)
-    except torch.cuda.OutOfMemoryError as e:
-        meta["notes"].append(f"fp32 reference skipped: out of GPU memory ({str(e).splitlines()[0]})")
+    except Exception as e:  # out of GPU memory, say: what was measured stays, with the reason
+        what = "out of GPU memory" if isinstance(e, torch.cuda.OutOfMemoryError) else type(e).__name__
+        meta["notes"].append(f"fp32 reference skipped: {what} ({str(e).splitlines()[0] if str(e) else ''})")
         log(meta["notes"][-1])
+        save([])
         return
     finally:
         if engine is not None:

@@ -45,16 +45,25 @@ def load_model(path: str | Path, dtype: str = "auto", device="cpu", attention_ba
     weights: tensors to load instead of the directory's safetensors (e.g. the state dict of a
     transformers model built in memory); the directory then needs only config and processor files.
     pixels: where Qwen pixel rows are prepared, "host" or "device" (see PromptProcessor).
-    quantization: "fp8" quantizes the language model's projections once, after loading (fp8.py).
+    quantization: "fp8" quantizes the language model's projections once, after loading (fp8.py); a
+    checkpoint that holds FP8 projections (fp8_checkpoint.py) keeps its bytes, or is dequantized with "none".
     """
     from transformers import AutoProcessor
 
+    from .fp8_checkpoint import inspect_checkpoint
+
     args, hf_config = read_model_args(path)
     torch_dtype = resolve_dtype(dtype, args)
+    source = WeightSource(tensors=weights) if weights is not None else WeightSource.from_dir(path)
+    # FP8 weights the engine cannot serve are refused here, from headers, before the model is built
+    fp8_checkpoint = inspect_checkpoint(path, source, quantization, torch_dtype)
     cls = LlavaForServing if args.arch == "llava" else Qwen2VLForServing
     model = cls(args, hf_config, attention_backend, torch_dtype, device)
-    source = WeightSource(tensors=weights) if weights is not None else WeightSource.from_dir(path)
     with torch.no_grad():
+        if fp8_checkpoint is not None and quantization == "fp8":
+            from .fp8 import prepare_fp8_projections
+
+            prepare_fp8_projections(model.language_model)  # the stored FP8 bytes load as they are
         model.load(source)
         if quantization == "fp8":
             from .fp8 import quantize_projections

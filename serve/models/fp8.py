@@ -59,20 +59,47 @@ class Fp8Linear(nn.Module):
     (in_features, output_slices, slice_names, slice_range), so adapters and the merger see one shape.
     """
 
-    def __init__(self, linear: Linear):
+    def __init__(self, linear: Linear, quantize: bool = True):
+        """quantize=False: empty FP8 weights for `load_slice` to fill (a checkpoint that holds FP8)."""
         super().__init__()
         self.in_features = linear.in_features
         self.output_slices = linear.output_slices
         self.slice_names = linear.slice_names
         self.layer_index = linear.layer_index
         self.out_dtype = linear.weight.dtype
-        q, scale = quantize_weight(linear.weight.data)
+        if quantize:
+            q, scale = quantize_weight(linear.weight.data)
+        else:
+            device = linear.weight.device
+            q = torch.zeros(linear.out_features, linear.in_features, dtype=FP8_DTYPE, device=device)
+            scale = torch.ones(linear.out_features, dtype=torch.float32, device=device)
         self.weight = nn.Parameter(q, requires_grad=False)
         self.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.bias = linear.bias
 
     out_features = Linear.out_features
     slice_range = Linear.slice_range
+
+    def load_slice(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   scale: torch.Tensor | None = None) -> None:
+        """Rows of slice `name` from a checkpoint: FP8 `weight` [n, K] with its `scale` [n] copied as
+        they are, or a float weight quantized per row here, as `quantize_projections` would (each row
+        has its own scale, so a slice quantizes alone exactly as inside the fused weight)."""
+        start, end = self.slice_range(name)
+        if tuple(weight.shape) != (end - start, self.in_features):
+            raise ValueError(f"{name}: checkpoint weight {tuple(weight.shape)} does not fit "
+                             f"[{end - start}, {self.in_features}]")
+        if weight.dtype != FP8_DTYPE:
+            weight, scale = quantize_weight(weight.to(self.out_dtype))
+        elif scale is None or tuple(scale.shape) != (end - start,):
+            raise ValueError(f"{name}: an FP8 weight needs one scale per row, [{end - start}], got "
+                             f"{None if scale is None else tuple(scale.shape)}")
+        self.weight.data[start:end].copy_(weight)
+        self.weight_scale.data[start:end].copy_(scale)
+        if bias is not None:
+            if self.bias is None:
+                raise ValueError(f"{name}: the checkpoint has a bias but the layer was built without one")
+            self.bias.data[start:end].copy_(bias)
 
     def dequantized(self) -> torch.Tensor:
         """The weight the GEMM multiplies by, [N, K] fp32."""
@@ -99,6 +126,17 @@ def quantize_projections(language_model) -> int:
         count += 1
     if FUSE_QUANTIZATION:
         fuse_quantization(language_model)
+    return count
+
+
+def prepare_fp8_projections(language_model) -> int:
+    """Replaces every projection `Linear` by an empty `Fp8Linear` before a checkpoint that holds FP8
+    weights loads into it (fp8_checkpoint.py): its bytes and scales go in as they are stored."""
+    count = 0
+    for layer, kind, module in list(language_model.projections()):
+        if isinstance(module, Linear):
+            language_model.set_projection(layer, kind, Fp8Linear(module, quantize=False))
+            count += 1
     return count
 
 

@@ -29,6 +29,7 @@ class WeightSource:
         self._tensors = tensors
         self._files = files or {}
         self._handles: dict[Path, object] = {}
+        self.fp8 = None  # how FP8 projections are stored (fp8_checkpoint.Fp8Checkpoint), None: no FP8 tensors
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "WeightSource":
@@ -54,15 +55,27 @@ class WeightSource:
     def __contains__(self, name: str) -> bool:
         return name in (self._tensors if self._tensors is not None else self._files)
 
-    def get(self, name: str) -> torch.Tensor:
-        if self._tensors is not None:
-            return self._tensors[name]
+    def _handle(self, name: str):
         from safetensors import safe_open
 
         file = self._files[name]
         if file not in self._handles:
             self._handles[file] = safe_open(file, framework="pt")
-        return self._handles[file].get_tensor(name)
+        return self._handles[file]
+
+    def get(self, name: str) -> torch.Tensor:
+        if self._tensors is not None:
+            return self._tensors[name]
+        return self._handle(name).get_tensor(name)
+
+    def header(self, name: str) -> tuple[str, list[int]]:
+        """(dtype, shape) of tensor `name` without reading its data: safetensors' dtype name ("BF16",
+        "F8_E4M3") from a file's header, torch's ("torch.float8_e4m3fn") for an in-memory mapping."""
+        if self._tensors is not None:
+            tensor = self._tensors[name]
+            return str(tensor.dtype), list(tensor.shape)
+        view = self._handle(name).get_slice(name)
+        return view.get_dtype(), list(view.get_shape())
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
@@ -86,6 +99,15 @@ def load_language_model(model: DecoderModel, source: WeightSource) -> None:
     def maybe(name: str) -> torch.Tensor | None:
         return source.get(prefix + name) if prefix + name in source else None
 
+    def load(linear: nn.Module, slice_name: str, module: str, bias: torch.Tensor | None = None) -> None:
+        weight = get(module + ".weight")
+        if weight.dtype == torch.float8_e4m3fn:  # stored with its scales (checked before the model was built)
+            from .fp8_checkpoint import load_fp8_slice
+
+            load_fp8_slice(linear, slice_name, weight, source, prefix + module, bias)
+        else:
+            linear.load_slice(slice_name, weight, bias)
+
     _copy(model.embed_tokens.weight, get("embed_tokens.weight"), prefix + "embed_tokens.weight")
     _copy(model.norm.weight, get("norm.weight"), prefix + "norm.weight")
     for i, layer in enumerate(model.layers):
@@ -94,12 +116,11 @@ def load_language_model(model: DecoderModel, source: WeightSource) -> None:
         _copy(layer.post_attention_layernorm.weight, get(p + "post_attention_layernorm.weight"),
               prefix + p + "post_attention_layernorm")
         for name in ("q_proj", "k_proj", "v_proj"):
-            layer.attn.qkv_proj.load_slice(name, get(f"{p}self_attn.{name}.weight"),
-                                           maybe(f"{p}self_attn.{name}.bias"))
-        layer.attn.o_proj.load_slice("o_proj", get(p + "self_attn.o_proj.weight"))
+            load(layer.attn.qkv_proj, name, f"{p}self_attn.{name}", maybe(f"{p}self_attn.{name}.bias"))
+        load(layer.attn.o_proj, "o_proj", p + "self_attn.o_proj")
         for name in ("gate_proj", "up_proj"):
-            layer.mlp.gate_up_proj.load_slice(name, get(f"{p}mlp.{name}.weight"))
-        layer.mlp.down_proj.load_slice("down_proj", get(p + "mlp.down_proj.weight"))
+            load(layer.mlp.gate_up_proj, name, f"{p}mlp.{name}")
+        load(layer.mlp.down_proj, "down_proj", p + "mlp.down_proj")
     if model.lm_head is not None:
         head = next((h for h in LM_HEADS if h in source), None)
         if head is None:

@@ -25,7 +25,7 @@ def ckpts(tiny_zoo, tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8_ckpts")
     src = tiny_zoo["qwen2_vl_tiny"]
     return {layout: write_fp8_checkpoint(src, root / layout, layout)
-            for layout in ("fbgemm_fp8", "ct_channel", "ct_tensor", "fp8_block")}
+            for layout in ("fbgemm_fp8", "ct_channel", "ct_tensor", "fp8_block", "ct_block")}
 
 
 def _stored(tensors: dict, layer: int, kind: str, scale_name: str = "weight_scale"):
@@ -71,12 +71,13 @@ def test_bf16_channel_scales_and_a_per_tensor_scale_load_exactly(ckpts, tiny_zoo
             assert torch.equal(got.weight_scale, want)
 
 
-def test_block_scales_are_requantized_per_channel_within_half_an_e4m3_step(ckpts):
-    model, _ = load_model(ckpts["fp8_block"], dtype="bfloat16", quantization="fp8")
-    tensors = stored_tensors(ckpts["fp8_block"])
+@pytest.mark.parametrize("layout, scale_name", [("fp8_block", "weight_scale_inv"), ("ct_block", "weight_scale")])
+def test_block_scales_are_requantized_per_channel_within_half_an_e4m3_step(ckpts, layout, scale_name):
+    model, _ = load_model(ckpts[layout], dtype="bfloat16", quantization="fp8")
+    tensors = stored_tensors(ckpts[layout])
     worst = 0.0
     for layer, kind, got in model.language_model.projections():
-        q, scales = _stored(tensors, layer, kind, "weight_scale_inv")
+        q, scales = _stored(tensors, layer, kind, scale_name)
         parts = torch.split(q, list(got.output_slices))
         dense = torch.cat([dequantize_blocks(p, s, BLOCK) for p, s in zip(parts, scales)])  # exact in fp32
         ref_q, ref_s = quantize_weight(dense)

@@ -90,7 +90,7 @@ class Fp8Linear(nn.Module):
             raise ValueError(f"{name}: checkpoint weight {tuple(weight.shape)} does not fit "
                              f"[{end - start}, {self.in_features}]")
         if weight.dtype != FP8_DTYPE:
-            weight, scale = quantize_weight(weight.to(self.out_dtype))
+            weight, scale = quantize_weight(weight.to(self.weight.device, self.out_dtype))
         elif scale is None or tuple(scale.shape) != (end - start,):
             raise ValueError(f"{name}: an FP8 weight needs one scale per row, [{end - start}], got "
                              f"{None if scale is None else tuple(scale.shape)}")

@@ -194,7 +194,8 @@ def load_fp8_slice(linear, slice_name: str, weight: torch.Tensor, source, key: s
     if spec is None:
         raise ValueError(f"{key}.weight is FP8 but the checkpoint's quantization_config was not read "
                          "(load it with serve.models.load_model)")
-    scale = source.get(f"{key}.{spec.scale_name}").float()
+    device = linear.weight.device  # dequantize / requantize where the weights live (the GPU when serving)
+    weight, scale = weight.to(device), source.get(f"{key}.{spec.scale_name}").to(device).float()
     if spec.block is not None:
         dense = dequantize_blocks(weight, scale, spec.block)  # [N, K] fp32
         if isinstance(linear, Fp8Linear):

@@ -141,11 +141,12 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_rows_ref(x)
 
 
-# At most this many tokens, the GPU GEMM runs transposed (fp8_linear). cuBLAS's rowwise-scaled FP8
-# kernels tile the token dimension by 128: at decode batches (1-64 tokens) most of each tile is
-# padding, and the weight streamed at 1.0-2.5 TB/s against bf16's 2.2-3.7 (H200, 2026-11-28,
-# results/fp8/nvidia_h200/second_run/). Transposed, the weight's output channels fill the tiles.
-SWAP_MAX_M = 64
+# Tokens up to which fp8_linear would run the GEMM transposed (scaled_mm_rows(swap=True)): none. At decode
+# sizes cuBLAS's rowwise FP8 kernel tiles the token dimension by 128 and streams the weight at 1.0-2.5
+# TB/s against bf16's 2.2-3.7 (H200, 2026-11-28). Transposed, cuBLAS picked the same kernel and the
+# padding and the transpose back added 6-10 us a projection (results/fp8/nvidia_h200/third_run/): kept
+# as the bench's A/B, off in the engine.
+SWAP_MAX_M = 0
 
 
 def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -176,13 +177,13 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     x: [M, K]; q_weight: [N, K] fp8 (row-major, so .T is the column-major operand _scaled_mm wants);
     weight_scale: [N] fp32. Returns [M, N] in x's dtype. On a GPU the rowwise-scaled GEMM writes
     bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs; at
-    most SWAP_MAX_M tokens it runs transposed. On the CPU (tests only: the engine refuses FP8 there)
+    most SWAP_MAX_M tokens (none today) it runs transposed. On the CPU (tests only: the engine refuses FP8 there)
     it is the fp32 product of the dequantized operands, since CPU `_scaled_mm` takes rowwise scales
     in some torch releases and not in others.
     """
     q_x, s_x = attached_rows(x) or quantize_rows(x)  # written beside x by its producer, or quantized here
     if x.is_cuda:
-        y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale, swap=q_x.shape[0] <= SWAP_MAX_M)
+        y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale, swap=0 < q_x.shape[0] <= SWAP_MAX_M)
     else:
         with torch.profiler.record_function("fp8_scaled_mm"):  # a CPU profile shows the GEMM's ops as one
             y = (q_x.float() * s_x) @ dequantize(q_weight, weight_scale).T

@@ -56,7 +56,7 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_p
 
 
 @triton.jit
-def _silu_mul_amax_kernel(x_ptr, out_ptr, amax_ptr, n_cols, stride_x, stride_o, n_blocks, BLOCK: tl.constexpr):
+def _silu_mul_fp8_kernel(x_ptr, out_ptr, amax_ptr, n_cols, stride_x, stride_o, n_blocks, BLOCK: tl.constexpr):
     # program (row, block): silu(gate) * up of one block of the row (serve/models/fused.py's arithmetic),
     # written, and the block's amax. A row is 18944 wide on the 7B and a decode step has few rows: one
     # program per row left the GPU nearly idle (14 us a call at batch 1, H200) where blocks fill it.
@@ -73,7 +73,7 @@ def _silu_mul_amax_kernel(x_ptr, out_ptr, amax_ptr, n_cols, stride_x, stride_o, 
 
 
 @triton.jit
-def _quantize_blocks_kernel(act_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_a, stride_q, n_blocks,
+def _cast_blocks_fp8_kernel(act_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_a, stride_q, n_blocks,
                             FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
                             BLOCKS_P2: tl.constexpr):
     # program (row, block): the row's scale from its blocks' amaxes (max is exact in any order: the
@@ -139,9 +139,9 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> torch.Tensor:
         block = min(1024, max(16, triton.next_power_of_2(n)))
         blocks = triton.cdiv(n, block)
         amax = torch.empty((t, blocks), dtype=torch.float32, device=gate_up.device)
-        _silu_mul_amax_kernel[(t, blocks)](gate_up, out, amax, n, gate_up.stride(0), out.stride(0), blocks,
+        _silu_mul_fp8_kernel[(t, blocks)](gate_up, out, amax, n, gate_up.stride(0), out.stride(0), blocks,
                                            BLOCK=block, num_warps=4)
-        _quantize_blocks_kernel[(t, blocks)](out, amax, q, scale, n, out.stride(0), q.stride(0), blocks,
+        _cast_blocks_fp8_kernel[(t, blocks)](out, amax, q, scale, n, out.stride(0), q.stride(0), blocks,
                                              FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=block,
                                              BLOCKS_P2=max(2, triton.next_power_of_2(blocks)), num_warps=4)
     attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)

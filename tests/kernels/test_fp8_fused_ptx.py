@@ -10,15 +10,15 @@ import pytest
 from hopper_ptx import compile_ptx
 
 _COMPILE = """
-from kernels.fp8_fused import _quantize_blocks_kernel, _rms_norm_fp8_kernel, _silu_mul_amax_kernel
+from kernels.fp8_fused import _cast_blocks_fp8_kernel, _rms_norm_fp8_kernel, _silu_mul_fp8_kernel
 
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
 bf16 = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", res_out_ptr="*bf16", q_ptr="*fp8e4nv",
             s_ptr="*fp32")
 out = {"norm": ptx(_rms_norm_fp8_kernel, bf16, dict(limits, HAS_RES=True, BLOCK=4096), floats=("eps",)),
-       "silu_amax": ptx(_silu_mul_amax_kernel, dict(x_ptr="*bf16", out_ptr="*bf16", amax_ptr="*fp32"),
+       "silu_amax": ptx(_silu_mul_fp8_kernel, dict(x_ptr="*bf16", out_ptr="*bf16", amax_ptr="*fp32"),
                         dict(BLOCK=1024)),
-       "silu": ptx(_quantize_blocks_kernel, dict(act_ptr="*bf16", amax_ptr="*fp32", q_ptr="*fp8e4nv", s_ptr="*fp32"),
+       "silu": ptx(_cast_blocks_fp8_kernel, dict(act_ptr="*bf16", amax_ptr="*fp32", q_ptr="*fp8e4nv", s_ptr="*fp32"),
                    dict(limits, BLOCK=1024, BLOCKS_P2=32))}
 sys.stdout.write(json.dumps(out))
 """

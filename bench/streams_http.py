@@ -28,7 +28,8 @@ from collections import Counter
 
 import numpy as np
 
-from .streams_load import HEAD_TASK, TIMING_KEYS, _log, _row, _settle, _stamped, _steps, run_cameras
+from .streams_load import (HEAD_TASK, TIMING_KEYS, _log, _row, _settle, _stamped, _steps, encoded_since, gc_pauses,
+                           run_cameras)
 
 
 def run_http_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters: list[str],
@@ -46,20 +47,22 @@ def run_http_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], ada
     first = 0 if warm_up or cold else math.ceil(job.warmup_s)
     measured = math.ceil(seconds if warm_up else job.cold_seconds if cold else job.seconds)
     leftover = engine.abort_all()  # each point starts from an idle engine, as run_point's
-    steps_before = engine.num_steps
+    steps_before, encoded_before = engine.num_steps, dict(engine.runner.counters)
     token = secrets.token_hex(16)
     server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=8).start()
     http = HttpServer(server.state, HttpConfig(port=0, max_concurrent=max(256, 8 * n)), "base").start()
     _log(f"{'warm-up ' if warm_up else ''}http mode={mode} streams={n}: {first + measured} chunks each")
     plain = SimpleNamespace(**dataclasses.asdict(job))
-    records, errors, t0 = run_cameras(_http_cameras, (plain, mode, n, http.port, token, chunks, adapters, first,
-                                                      first + measured), first + measured + job.drain_s + 120)
+    with gc_pauses() as pauses:  # the server's process: the engine's thread, the HTTP loop and its workers
+        records, errors, t0 = run_cameras(_http_cameras, (plain, mode, n, http.port, token, chunks, adapters, first,
+                                                          first + measured), first + measured + job.drain_s + 120)
     settled = _settle(server)
     http.close()
     server.close()
     row = {"transport": "http", **_row(job, mode, n, records, Counter(errors), t0 + first, measured)}
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
-               **_steps(engine, engine.num_steps - steps_before))
+               **_steps(engine, engine.num_steps - steps_before), **encoded_since(engine, encoded_before),
+               gc=pauses.summary())
     _log(("warm-up " if warm_up else "") + "http " + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k in SHOWN))
     return row

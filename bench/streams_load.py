@@ -107,13 +107,19 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
         row["server_warm_up_s"] = warm_s
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
                **_steps(engine, engine.num_steps - steps_before, first=30 if cold else 0),
-               **{k: engine.runner.counters[k] - encoded_before[k]  # pictures through the tower (3 a chunk, once)
-                  for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures")},
+               **encoded_since(engine, encoded_before),
                late_compiles=[spec for _, spec in WATCH.late[late_before:]],  # Triton variants the warm-up missed
                gc=pauses.summary())
     _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps",)))
     return row
+
+
+def encoded_since(engine, before: dict) -> dict:
+    """Pictures through the tower since `before` (dict(engine.runner.counters)): 3 a chunk, once; how many of
+    them were encoded during the step before theirs (encode_ahead), and how many such tries failed."""
+    return {k: engine.runner.counters[k] - before[k]
+            for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures")}
 
 
 def run_cameras(target, args: tuple, timeout_s: float) -> tuple:

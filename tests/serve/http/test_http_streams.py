@@ -30,6 +30,8 @@ def test_a_streams_point_over_http(tiny_zoo):
     assert row["transport"] == "http" and row["errors"] == 0, row["error_kinds"]
     assert row["sent"] == row["done"] == 2 and row["unfinished"] == 0 and row["settled"]
     assert not math.isnan(row["frame_decode_ms"]) and not math.isnan(row["prefill_ms"])  # vlora.timing
+    # the same engine-side columns as an RPyC point: items through the tower (a chunk's frames are one video) and GC
+    assert row["items_encoded"] == row["done"] and row["items_encoded_ahead"] >= 0 and "collections" in row["gc"]
 
 
 def test_the_transport_comparison_runs_from_its_command_line(tmp_path, capsys):

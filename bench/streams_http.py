@@ -98,9 +98,12 @@ def _http_cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
         frames = _stamped(chunks[(i + k * n) % len(chunks)], next(serials), not job.static_camera)
         sent = time.perf_counter()
+        # encoded on a worker thread, as each RPyC camera encodes on its own: on the one event loop, n streams'
+        # JPEG encodes would queue behind each other and count in every later chunk's latency
+        urls = await asyncio.to_thread(_data_urls, frames, job.encoding)
         body = {"model": adapters[i % len(adapters)], "max_tokens": job.answer_tokens, "ignore_eos": True,
                 "vlora": vlora, "messages": [{"role": "user", "content": [
-                    {"type": "video", "video": _data_urls(frames, job.encoding)}, {"type": "text", "text": job.prompt}]}]}
+                    {"type": "video", "video": urls}, {"type": "text", "text": job.prompt}]}]}
         final = None
         try:
             response = await asyncio.wait_for(http.post("/v1/chat/completions", json=body), max(0.1, end - sent))

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8_decode import decode_max_m, fp8_decode_mm
 from .interpreter import interpreted
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -147,6 +148,10 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # padding and the transpose back added 6-10 us a projection (results/fp8/nvidia_h200/third_run/): kept
 # as the bench's A/B, off in the engine.
 SWAP_MAX_M = 0
+# Tokens up to which fp8_linear runs kernels/fp8_decode.py's Triton GEMM on a GPU (the weight tiled by
+# output channels, the tokens padded to 16-64): none until timed against _scaled_mm on a GPU;
+# VLORA_FP8_DECODE_MAX_M (0..64), read here once, overrides it.
+DECODE_KERNEL_MAX_M = decode_max_m(0)
 
 
 def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -177,12 +182,15 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     x: [M, K]; q_weight: [N, K] fp8 (row-major, so .T is the column-major operand _scaled_mm wants);
     weight_scale: [N] fp32. Returns [M, N] in x's dtype. On a GPU the rowwise-scaled GEMM writes
     bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs; at
-    most SWAP_MAX_M tokens (none today) it runs transposed. On the CPU (tests only: the engine refuses FP8 there)
-    it is the fp32 product of the dequantized operands, since CPU `_scaled_mm` takes rowwise scales
+    most SWAP_MAX_M tokens (none today) it runs transposed; at 1..DECODE_KERNEL_MAX_M tokens (none unless
+    VLORA_FP8_DECODE_MAX_M says) it is kernels/fp8_decode.py's Triton GEMM instead. On the CPU (tests
+    only: the engine refuses FP8 there) it is the fp32 product of the dequantized operands, since CPU `_scaled_mm` takes rowwise scales
     in some torch releases and not in others.
     """
     q_x, s_x = attached_rows(x) or quantize_rows(x)  # written beside x by its producer, or quantized here
-    if x.is_cuda:
+    if x.is_cuda and 0 < q_x.shape[0] <= DECODE_KERNEL_MAX_M:
+        y = fp8_decode_mm(q_x, s_x, q_weight, weight_scale)
+    elif x.is_cuda:
         y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale, swap=0 < q_x.shape[0] <= SWAP_MAX_M)
     else:
         with torch.profiler.record_function("fp8_scaled_mm"):  # a CPU profile shows the GEMM's ops as one

@@ -1,0 +1,175 @@
+"""The FP8 projection GEMM at decode sizes (at most MAX_M = 64 tokens), in Triton:
+
+    y[M, N] (bf16) = (q_x[M, K] @ q_w[N, K].T) * s_x[M, 1] * s_w[N]      (kernels/fp8.py's fp8_linear math)
+
+Why: cuBLAS's rowwise-scaled FP8 kernel tiles the tokens by 128, so at 1-64 tokens it streams the FP8
+weight at 0.6-2.5 TB/s, under bf16's 2.2-3.7 (H200, results/fp8/nvidia_h200/third_run/). Here the
+weight is the wide side: a program takes BLOCK_N output channels by a range of K, reads that weight
+tile once, and multiplies it by all the tokens, padded to BLOCK_M (16, 32 or 64) by load masks, not
+copies: `tl.dot(w_tile [BLOCK_N, BLOCK_K], x_tile.T [BLOCK_K, BLOCK_M])`, so on sm_90 the FP8 wgmma
+takes the channels as its M (64 a warpgroup) and the few tokens as its N (16-64). Both operands are
+K-contiguous in memory, as FP8 wgmma requires.
+
+Split-K: the small-N projections (N 3584-4608: 28-72 channel tiles) would leave most of 132 SMs idle,
+so K is split over SPLIT_K programs. Each writes its fp32 partial sum to a [SPLIT_K, M, N] buffer and
+a second launch sums the splits, applies both scales and writes bf16. That is two launches, with no
+zeroing (every partial is written) and a fixed summation order, so results repeat bit for bit run to
+run; atomics into an fp32 buffer would need a zeroing launch too (three) and sum in any order. The
+partials (SPLIT_K * M * N * 4 bytes, at most 7 MB) stay in L2. Without split-K the scales and the
+bf16 cast are the GEMM's epilogue: one launch.
+
+Accumulation: every FP8 wgmma's sum of 32 products is added into an fp32 accumulator
+(max_num_imprecise_acc=32), as cuBLAS's non-fast accumulation promotes; Triton's sm_90 default would keep
+the whole K in the tensor cores' narrower accumulator, and 0 (no imprecise sums at all) makes Triton
+drop wgmma for an fp16 mma.sync of upcast operands (seen in Triton 3.8's PTX).
+
+`fp8_linear` (kernels/fp8.py) runs this kernel on a GPU at 1..DECODE_KERNEL_MAX_M tokens; that is 0
+(off) until measured, and the environment variable VLORA_FP8_DECODE_MAX_M (an integer 0..64, read
+once at import) overrides it, so a GPU run switches it on without code changes. Nothing here syncs
+with the host; buffers are allocated by shape only, so the forward stays capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .interpreter import interpreted
+
+WGMMA_K = tl.constexpr(32)  # K of one FP8 wgmma instruction: its sum is promoted to fp32 after each
+MAX_M = 64  # tokens: BLOCK_M is the next power of two >= M, at least 16 (wgmma's N), at most 64
+
+# Launch configurations, (n, k) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages), for Qwen2-VL-7B's
+# projections; first guesses, to be tuned on a GPU. Goal: >= 2 programs per SM of an H100/H200 (132),
+# each streaming >= 7 weight tiles of BLOCK_N x 128 bytes, 4 stages in flight. Other shapes: _fallback.
+CONFIGS = {
+    (4608, 3584): (64, 128, 4, 4, 4),    # qkv_proj: 72 channel tiles x 4 splits of 7 K tiles = 288 programs
+    (3584, 3584): (64, 128, 4, 4, 4),    # o_proj: 56 x 4 = 224
+    (37888, 3584): (128, 128, 1, 4, 4),  # gate_up_proj: 296 channel tiles, no split: one launch
+    (3584, 18944): (64, 128, 8, 4, 4),   # down_proj: 56 x 8 splits of 18-19 K tiles = 448
+}
+TARGET_PROGRAMS = 264  # _fallback: two programs per SM on a 132-SM card
+MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this spends more on its partial than it saves
+MAX_SPLIT_K = 16
+
+
+def decode_max_m(default: int, environ=None) -> int:
+    """fp8_linear's DECODE_KERNEL_MAX_M: `default`, or VLORA_FP8_DECODE_MAX_M when set (0..MAX_M)."""
+    raw = (os.environ if environ is None else environ).get("VLORA_FP8_DECODE_MAX_M", "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) > MAX_M:
+        raise ValueError(f"VLORA_FP8_DECODE_MAX_M must be an integer from 0 to {MAX_M} (tokens), got {raw!r}")
+    return int(raw)
+
+
+def _fallback(n: int, k: int) -> tuple[int, int, int, int, int]:
+    block_n, block_k = (128 if triton.cdiv(n, 128) >= TARGET_PROGRAMS else 64), 128
+    tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
+    split = max(1, min(triton.cdiv(TARGET_PROGRAMS, tiles), k_tiles // MIN_K_TILES_PER_SPLIT, MAX_SPLIT_K))
+    return block_n, block_k, split, 4, 4
+
+
+def decode_config(n: int, k: int, split_k: int | None = None) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for an [N, K] weight; split_k overrides SPLIT_K
+    (clamped to the number of K tiles, so that no split is empty)."""
+    block_n, block_k, split, warps, stages = CONFIGS.get((n, k)) or _fallback(n, k)
+    if split_k is not None:
+        split = split_k
+    return block_n, block_k, max(1, min(split, triton.cdiv(k, block_k))), warps, stages
+
+
+# both kernels' names hold "gemm", so bench/fp8_profile.py counts their time as the projections' GEMMs
+@triton.jit
+def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sx,
+                       stride_os, stride_om, K_TILES_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    # grid: (N tiles, SPLIT_K). acc is y.T's tile: channels down, tokens across.
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n, mask_m = offs_n < N, offs_m < M
+    k_lo = pid_k * K_TILES_PER_SPLIT * BLOCK_K
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for t in range(0, K_TILES_PER_SPLIT):
+        k_in = k_lo + t * BLOCK_K + offs_k < K  # K's tail, and the last split's tiles past K
+        w = tl.load(w_ptrs, mask=mask_n[:, None] & k_in[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & k_in[None, :], other=0.0)  # tokens past M: zero rows
+        if UPCAST_DOT:  # the interpreter: products of e4m3 values are exact in fp32
+            acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=WGMMA_K)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    out_mask = mask_n[:, None] & mask_m[None, :]
+    out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
+    if SPLIT:  # fp32 partial of split pid_k; _fp8_decode_gemm_reduce_kernel scales and casts
+        tl.store(out_ptr + pid_k * stride_os + out_offs, acc, mask=out_mask)
+    else:
+        s_w = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
+        s_x = tl.load(sx_ptr + offs_m * stride_sx, mask=mask_m, other=0.0)
+        y = acc * s_w[:, None] * s_x[None, :]
+        tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, y_ptr, N, stride_ps, stride_sx, stride_ym,
+                              SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    # grid: (M, N blocks): y[m, n] = sum over splits (in split order) * s_w[n] * s_x[m]
+    m, pid = tl.program_id(0), tl.program_id(1)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    row = part_ptr + m * N + offs
+    acc = tl.load(row, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(row + s * stride_ps, mask=mask, other=0.0)
+    s_w = tl.load(sw_ptr + offs, mask=mask, other=0.0)
+    s_x = tl.load(sx_ptr + m * stride_sx)
+    tl.store(y_ptr + m * stride_ym + offs, (acc * s_w * s_x).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor,
+                  split_k: int | None = None) -> torch.Tensor:
+    """(q_x @ q_w.T) * s_x * s_w as bf16 [M, N], for 1 <= M <= MAX_M tokens.
+
+    q_x: [M, K] fp8 e4m3, rows K-contiguous; s_x: [M, 1] (or [M]) fp32; q_w: [N, K] fp8, rows
+    K-contiguous; s_w: [N] fp32. split_k: override the configuration's SPLIT_K (tests, tuning)."""
+    if q_x.dim() != 2 or q_w.dim() != 2 or q_x.shape[1] != q_w.shape[1]:
+        raise ValueError(f"fp8_decode_mm needs q_x [M, K] and q_w [N, K], got {tuple(q_x.shape)} and {tuple(q_w.shape)}")
+    m, k = q_x.shape
+    n = q_w.shape[0]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"fp8_decode_mm serves 1..{MAX_M} tokens, got M={m}")
+    if q_x.dtype != torch.float8_e4m3fn or q_w.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8_decode_mm needs float8_e4m3fn operands, got {q_x.dtype} and {q_w.dtype}")
+    if q_x.stride(1) != 1 or q_w.stride(1) != 1:
+        raise ValueError(f"fp8_decode_mm needs K-contiguous rows, got strides {q_x.stride()} and {q_w.stride()}")
+    if s_x.numel() != m or s_w.shape != (n,) or s_x.dtype != torch.float32 or s_w.dtype != torch.float32:
+        raise ValueError(f"fp8_decode_mm needs fp32 scales s_x [{m}, 1] and s_w [{n}], got "
+                         f"{tuple(s_x.shape)} {s_x.dtype} and {tuple(s_w.shape)} {s_w.dtype}")
+    block_n, block_k, split, warps, stages = decode_config(n, k, split_k)
+    block_m = max(16, triton.next_power_of_2(m))
+    k_tiles = triton.cdiv(triton.cdiv(k, block_k), split)
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=q_x.device)
+    s_x = s_x.reshape(m)
+    out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=q_x.device)
+    _fp8_decode_gemm_kernel[(triton.cdiv(n, block_n), split)](
+        q_x, q_w, s_x, s_w, out, m, n, k, q_x.stride(0), q_w.stride(0), s_x.stride(0),
+        out.stride(0) if split > 1 else 0, n, K_TILES_PER_SPLIT=k_tiles, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), num_warps=warps, num_stages=stages)
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](out, s_x, s_w, y, n, out.stride(0), s_x.stride(0),
+                                                              y.stride(0), SPLIT_K=split, BLOCK=block, num_warps=4)
+    return y
+
+
+def fp8_decode_mm_ref(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """The fp32 product of the dequantized operands (the test oracle), [M, N] fp32."""
+    return (q_x.float() * s_x.reshape(-1, 1).float()) @ (q_w.float() * s_w.float()[:, None]).T

@@ -1,0 +1,123 @@
+"""kernels/fp8_decode.py: the decode-sized FP8 GEMM against the fp32 product of its dequantized operands
+(the interpreter on the CPU, compiled on a GPU), its launch table, and fp8_linear's switch to it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from kernels import fp8
+from kernels.fp8 import quantize_rows_ref, quantize_weight, scaled_mm_rows
+from kernels.fp8_decode import CONFIGS, MAX_M, decode_config, decode_max_m, fp8_decode_mm, fp8_decode_mm_ref
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# the bf16 output's rounding: to nearest on a GPU (2**-8 of a value at most); the interpreter truncates
+# float32 -> bfloat16 (seen in Triton 3.8), off by up to 2**-7
+BF16_REL = 2.0 ** -8 if DEV == "cuda" else 2.0 ** -7
+SHAPES_7B = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584),
+             "down_proj": (3584, 18944)}
+
+
+def _operands(m: int, n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-2, 1, m)[:, None]  # scales differ per token
+    w = torch.randn(n, k, generator=g) * torch.logspace(-3, -1, n)[:, None]  # and per channel
+    (q_x, s_x), (q_w, s_w) = quantize_rows_ref(x), quantize_weight(w)  # fp8 made by torch: the interpreter
+    return [t.to(DEV) for t in (q_x, s_x, q_w, s_w)]                 # rounds fp32 -> e4m3 wrongly
+
+
+def _check(y: torch.Tensor, q_x, s_x, q_w, s_w) -> None:
+    ref = fp8_decode_mm_ref(q_x, s_x, q_w, s_w)
+    assert y.dtype == torch.bfloat16 and y.shape == ref.shape and torch.isfinite(y).all()
+    # the bf16 output's rounding plus the fp32 accumulation's (far below, on the sum of |products|)
+    bound = (q_x.float().abs() * s_x.reshape(-1, 1)) @ (q_w.float().abs() * s_w[:, None]).T
+    torch.testing.assert_close(y.float(), ref, rtol=BF16_REL, atol=1e-5 * bound.max().item())
+
+
+@pytest.mark.parametrize("split_k", [1, 4])  # 4: K's 5 tiles as 2+2+1+0 (the last split past K writes zeros)
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 64])  # BLOCK_M 16, 16, 16, 64, 64: masked token rows
+def test_decode_gemm_matches_dequantized_fp32_product(m, split_k):
+    # N 200: three full channel tiles of 64 and a tail of 8; K 517: four tiles of 128 and a tail of 5
+    q_x, s_x, q_w, s_w = _operands(m, 200, 517, seed=m)
+    y = fp8_decode_mm(q_x, s_x, q_w, s_w, split_k=split_k)
+    _check(y, q_x, s_x, q_w, s_w)
+    if split_k > 1:  # the splits are summed in a fixed order: the same bits every run
+        assert torch.equal(y, fp8_decode_mm(q_x, s_x, q_w, s_w, split_k=split_k))
+
+
+def test_split_k_and_one_pass_agree_on_a_scale_vector_of_shape_m():
+    q_x, s_x, q_w, s_w = _operands(3, 96, 384, seed=5)
+    one, split = fp8_decode_mm(q_x, s_x.view(-1), q_w, s_w, split_k=1), fp8_decode_mm(q_x, s_x, q_w, s_w, split_k=3)
+    # the same fp32 products summed in another order, then one bf16 rounding each
+    torch.testing.assert_close(one.float(), split.float(), rtol=2 * BF16_REL, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["m0", "m65", "dtype", "k", "scale"])
+def test_bad_operands_are_refused_with_one_line(bad):
+    q_x, s_x, q_w, s_w = _operands(MAX_M + 1, 16, 32, seed=0)
+    args = dict(m0=(q_x[:0], s_x[:0], q_w, s_w), m65=(q_x, s_x, q_w, s_w),
+                dtype=(q_x[:2].float(), s_x[:2], q_w, s_w), k=(q_x[:2, :16], s_x[:2], q_w, s_w),
+                scale=(q_x[:2], s_x[:3], q_w, s_w))[bad]
+    with pytest.raises(ValueError, match="fp8_decode_mm") as err:
+        fp8_decode_mm(*args)
+    assert "\n" not in str(err.value)
+
+
+def test_launch_table_fills_132_sms_with_no_empty_split():
+    for name, (n, k) in SHAPES_7B.items():
+        assert (n, k) in CONFIGS, name
+    # the table's shapes, a tensor-parallel half of each (the fallback), and a small model's
+    for n, k in [*SHAPES_7B.values(), *((n // 2, k) for n, k in SHAPES_7B.values()), (2304, 9472), (64, 48)]:
+        block_n, block_k, split, warps, stages = decode_config(n, k)
+        k_tiles = triton.cdiv(k, block_k)
+        per_split = triton.cdiv(k_tiles, split)
+        assert per_split * (split - 1) < k_tiles, (n, k)  # every split reads some of K
+        if n >= 2048:
+            assert triton.cdiv(n, block_n) * split >= 132, (n, k)
+        assert block_n in (64, 128) and warps * 32 * block_n // 64 >= 128 and stages >= 2
+    assert decode_config(3584, 3584, split_k=100)[2] == 28  # an override is clamped to K's tiles
+
+
+def test_decode_max_m_comes_from_the_environment_once_at_import():
+    assert decode_max_m(0, {}) == 0 and decode_max_m(5, {"VLORA_FP8_DECODE_MAX_M": " "}) == 5
+    assert decode_max_m(0, {"VLORA_FP8_DECODE_MAX_M": "64"}) == 64
+    for raw in ("65", "-1", "1.5", "all"):
+        with pytest.raises(ValueError, match=r"VLORA_FP8_DECODE_MAX_M must be an integer from 0 to 64"):
+            decode_max_m(0, {"VLORA_FP8_DECODE_MAX_M": raw})
+    assert fp8.DECODE_KERNEL_MAX_M == decode_max_m(0)  # off unless this run's environment says
+    env = {**os.environ, "VLORA_FP8_DECODE_MAX_M": "48", "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", "import kernels.fp8 as f; print(f.DECODE_KERNEL_MAX_M)"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip() == "48", done.stderr[-500:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(SHAPES_7B))
+@pytest.mark.parametrize("m", [1, 7, 32, 64])
+def test_decode_gemm_at_the_7b_shapes_on_a_gpu(name, m):
+    n, k = SHAPES_7B[name]
+    q_x, s_x, q_w, s_w = _operands(m, n, k, seed=m)
+    y = fp8_decode_mm(q_x, s_x, q_w, s_w)
+    _check(y, q_x, s_x, q_w, s_w)
+    # cuBLAS's rowwise GEMM: the same products, its own summation order and bf16 rounding
+    torch.testing.assert_close(y.float(), scaled_mm_rows(q_x, s_x, q_w, s_w, swap=False).float(),
+                               rtol=2.0 ** -7, atol=1e-4 * y.float().abs().max().item())
+
+
+@pytest.mark.gpu
+def test_fp8_linear_runs_the_decode_kernel_up_to_its_threshold(monkeypatch):
+    monkeypatch.setattr(fp8, "DECODE_KERNEL_MAX_M", 8)
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(384, 256, generator=g) * 0.05).to(DEV)
+    q_w, s_w = quantize_weight(w)
+    for m in (1, 8, 9):
+        x = torch.randn(m, 256, generator=g).to(DEV, torch.bfloat16)
+        q_x, s_x = fp8.quantize_rows(x)
+        want = fp8_decode_mm(q_x, s_x, q_w, s_w) if m <= 8 else scaled_mm_rows(q_x, s_x, q_w, s_w, swap=False)
+        assert torch.equal(fp8.fp8_linear(x, q_w, s_w), want)

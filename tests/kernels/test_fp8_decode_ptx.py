@@ -1,0 +1,59 @@
+"""kernels/fp8_decode.py's GEMM compiled for Hopper on this machine (no GPU needed): the dot is an FP8
+wgmma with the weight's channels as its M and the tokens as its N, each wgmma's sum promoted to fp32,
+and both operands stream in 16-byte cp.async copies, pipelined."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hopper_ptx import compile_ptx
+
+# Compiled as a launch specializes it: the pointers, sizes and strides divisible by 16 (the 7B's K and
+# N are), so the K-masked loads may be 16 bytes wide. (hopper_ptx's ptx() declares no divisibility.)
+_COMPILE = """
+from kernels.fp8_decode import _fp8_decode_gemm_kernel as kernel
+
+names = kernel.arg_names
+aligned = ("x_ptr", "w_ptr", "sx_ptr", "sw_ptr", "out_ptr", "N", "K", "stride_xm", "stride_wn", "stride_os",
+           "stride_om")
+
+def launch_ptx(out_ptr, consts, warps=4, stages=4):
+    pointers = dict(x_ptr="*fp8e4nv", w_ptr="*fp8e4nv", sx_ptr="*fp32", sw_ptr="*fp32", out_ptr=out_ptr)
+    signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
+    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(n),): v for n, v in consts.items()},
+                       attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages)).asm["ptx"]
+
+base = dict(K_TILES_PER_SPLIT=7, BLOCK_K=128, UPCAST_DOT=False)
+out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=False)),
+       "m64_n128_split": launch_ptx("*fp32", dict(base, BLOCK_M=64, BLOCK_N=128, SPLIT=True))}
+sys.stdout.write(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def ptx() -> dict[str, str]:
+    return json.loads(compile_ptx(_COMPILE))
+
+
+@pytest.mark.parametrize("variant, tokens", [("m16_n64", 16), ("m64_n128_split", 64)])
+def test_decode_gemm_is_an_fp8_wgmma_over_channels_by_tokens(ptx, variant, tokens):
+    code = ptx[variant]
+    # m64: 64 weight channels a warpgroup; n: the padded tokens; k32 of e4m3 by e4m3 into f32
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.f32\.e4m3\.e4m3", code))
+    assert shapes == {f"m64n{tokens}k32"}, sorted(set(re.findall(r"\bw?gmma[.\w]*|\bmma\.sync[.\w]*", code)))
+    assert "mma.sync" not in code  # no fp16 mma of upcast operands (what max_num_imprecise_acc=0 gives)
+    # each wgmma's sum is added into the fp32 accumulator (max_num_imprecise_acc=32): one add.f32 per
+    # accumulator register per wgmma (BLOCK_K / 32 = 4 a tile), no fewer
+    per_thread = (64 if variant == "m64_n128_split" else 16) * (128 if variant == "m64_n128_split" else 64) // 128
+    assert code.count("add.f32") >= 4 * per_thread
+
+
+@pytest.mark.parametrize("variant", ["m16_n64", "m64_n128_split"])
+def test_decode_gemm_streams_its_tiles_in_16_byte_async_copies(ptx, variant):
+    code = ptx[variant]
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], (0x\w+)", code)
+    assert copies and set(copies) == {"0x10"}
+    assert "cp.async.wait_group" in code and "ld.global.b8" not in code  # pipelined, no byte loads

@@ -67,10 +67,12 @@ def test_fp8_suite_on_cpu(vlora_home, tmp_path):
             assert float(names["fp8_scaled_mm"]["calls"]) == 4 * layers
             assert names["fp8_scaled_mm"]["kind"] == "gemm" and names["fp8_quantize_rows"]["kind"] == "quantize"
         assert sum(float(k["total_us"]) for k in kernels) == pytest.approx(r["busy_us"])
-    # the projection GEMMs alone: every shape of the model at every batch size, all four timings
+    # the projection GEMMs alone: every shape of the model at every batch size, every timing (the Triton
+    # decode GEMM through the interpreter here)
     gemm = {(r["projection"], r["m"]): r for r in rows if r["section"] == "gemm"}
     assert set(gemm) == {(p, m) for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") for m in (1, 2)}
-    assert all(r[c] > 0 for r in gemm.values() for c in ("bf16_us", "fp8_us", "fp8_gemm_us", "plain_us", "swap_us", "quantize_us"))
+    assert all(r[c] > 0 for r in gemm.values() for c in ("bf16_us", "fp8_us", "fp8_gemm_us", "plain_us", "swap_us",
+                                                          "triton_us", "quantize_us", "triton_tb_s"))
     assert gemm["down_proj", 1]["k"] == gemm["gate_up_proj", 1]["n"] // 2
     out = tmp_path / "cpu"
     with open(out / "fp8.csv", newline="") as f:

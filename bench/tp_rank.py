@@ -5,7 +5,7 @@ A group is a `LocalGroup` whose followers run `bench_follower` instead of the pl
 wait for the leader's next message on the group's control channel, and either follow the engine
 calls of a `LeaderEngine` (the product path: parity runs, wall-time steps, prefill) until it closes,
 or run one of `OPS` together with rank 0, so collectives inside a CUDA-graph replay, a profiled
-step or the split vision tower pair up. Each op is called the same number of times on every rank.
+step or the split vision tower pair up (the vision ops: bench/tp_vision.py). Each op is called the same number of times on every rank.
 
     ranks = Ranks.group(ckpt, engine_config, threads)    # or Ranks.single(engine)
     step_ms = ranks.call("replay", job, 32)              # rank 0's answer
@@ -22,10 +22,9 @@ import time
 
 import torch
 
-from serve.engine import Request, SamplingParams
-
-from .engine import _prompts, replay_step
+from .engine import replay_step
 from .step_profile import profile_step
+from .tp_vision import op_vision, op_vision_profile
 
 FOLLOW = "__follow__"  # the followers follow a LeaderEngine's calls until it closes
 
@@ -86,22 +85,8 @@ def op_profile(engine, job, batch: int, rank: int) -> dict:
                 comm_share=nccl / prof["span_us"] if prof["span_us"] > 0 else float("nan"))
 
 
-def op_vision(engine, job, images: int) -> dict:
-    """ms of the engine's vision encoder on `images` prompts' pictures (one call; on a group each
-    rank encodes its share, then one all-gather), and how many items this rank encoded itself."""
-    params = SamplingParams(max_tokens=1, detokenize=False)
-    items = [it for text, image in _prompts(job, engine.tokenizer, images, 50_000)
-             for it in engine.prepare(Request(prompt=text, images=[image], sampling=params))[0].vision]
-    vision = engine.model.vision
-    before = getattr(vision, "items_here", None)
-    cuda = str(engine.config.device).startswith("cuda")
-    ms = _time_ms(lambda: engine.model.encode(items), 2, job.vision_repeats, cuda)
-    calls = 2 + 1 + job.vision_repeats
-    here = len(items) if before is None else (vision.items_here - before) // calls
-    return dict(vision_ms=ms, items=len(items), items_here=here, vision_tokens=sum(it.num_tokens for it in items))
-
-
-OPS = {"replay": op_replay, "vision": op_vision}
+OPS = {"replay": op_replay, "vision": op_vision, "profile": op_profile, "vision_profile": op_vision_profile}
+RANKED = ("profile", "vision_profile")  # ops told the rank they run on (rank 0 profiles, the others only call)
 
 
 def bench_follower(spec_path: str, rank: int) -> None:
@@ -122,10 +107,8 @@ def bench_follower(spec_path: str, rank: int) -> None:
                 break
             if name == FOLLOW:
                 follow(engine)
-            elif name == "profile":
-                op_profile(engine, *args, rank=rank)
             else:
-                OPS[name](engine, *args)
+                OPS[name](engine, *args, **({"rank": rank} if name in RANKED else {}))
         leave_group(engine)
     finally:
         leave_group(engine, wait=False)
@@ -156,9 +139,7 @@ class Ranks:
     def call(self, name: str, *args):
         """Op `name` on every rank; rank 0's result."""
         self._send(name, args)
-        if name == "profile":
-            return op_profile(self.engine, *args, rank=0)
-        return OPS[name](self.engine, *args)
+        return OPS[name](self.engine, *args, **({"rank": 0} if name in RANKED else {}))
 
     @contextlib.contextmanager
     def serving(self):

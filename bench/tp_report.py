@@ -53,20 +53,48 @@ def _timing_lines(rows: list[dict], sizes: list[int]) -> list[str]:
             target = (f" (target <= {DECODE_TARGET}: {'met' if ratio <= DECODE_TARGET else 'missed'})"
                       if r["tp"] == 2 else "")
             lines += ["", f"TP={r['tp']} / TP=1 decode {kind} at batch 32 = {ratio:.3f}{target}"]
-    for section, col, title in (("prefill", "prefill_ms", "Prefill of the prompts with images (wall ms)"),
-                                ("vision", "vision_ms", "Vision encoder (ms; TP=N: items shared out across ranks)")):
-        got = {r["tp"]: r for r in _by(rows, section)}
-        if not got:
-            continue
-        table = [dict(r, ratio=_ratio(r[col], got.get(1, {}).get(col))) for _, r in sorted(got.items())]
-        cols = ("tp", "prompts", "prompt_tokens", col, "ratio") if section == "prefill" else \
-            ("tp", "images", "items", "items_here", "vision_tokens", col, "ratio")
-        lines += ["", f"## {title}", ""] + _table(table, cols)
+    got = {r["tp"]: r for r in _by(rows, "prefill")}
+    if got:
+        table = [dict(r, ratio=_ratio(r["prefill_ms"], got.get(1, {}).get("prefill_ms"))) for _, r in sorted(got.items())]
+        lines += ["", "## Prefill of the prompts with images (wall ms)", ""]
+        lines += _table(table, ("tp", "prompts", "prompt_tokens", "prefill_ms", "ratio"))
+    lines += _vision_lines(rows)
     prof = _by(rows, "profile")
     if prof:
         lines += ["", "## Communication share of a decode step (rank 0, torch.profiler: NCCL kernels over the "
                       "step's span, waits for the other ranks included)", ""]
         lines += _table(prof, ("tp", "batch", "span_us", "busy_us", "nccl_us", "comm_share"))
+    return lines
+
+
+def _vision_mode(row: dict) -> str:
+    return row.get("tp_vision") or ("whole" if row["tp"] == 1 else "split")  # rows from before the modes
+
+
+def _vision_lines(rows: list[dict]) -> list[str]:
+    """The encoder per TP size and tower mode against TP=1, the split one's per-rank breakdown and its
+    profiled call."""
+    vision = sorted(_by(rows, "vision"), key=lambda r: (r["tp"], _vision_mode(r) != "split"))
+    if not vision:
+        return []
+    one = next((r["vision_ms"] for r in vision if r["tp"] == 1), None)
+    table = [dict(r, tp_vision=_vision_mode(r), ratio=_ratio(r["vision_ms"], one)) for r in vision]
+    lines = ["", "## Vision encoder (ms; tp_vision: split = each rank its share of the items, then one "
+                 "all-gather; whole = every rank every item)", ""]
+    lines += _table(table, ("tp", "tp_vision", "images", "items", "items_here", "vision_tokens", "vision_ms", "ratio"))
+    split = [r for r in table if "tower_ms" in r]
+    if split:
+        lines += ["", "Split, per rank (medians of 3 calls, ms): rank 0's tower pass (device), the tower's end to the "
+                      "all-gather's end (transfer + waiting for a later rank), the call's host time, the host time until "
+                      "the tower pass was launched; the slowest other rank's beside them", ""]
+        lines += _table(split, ("tp", "tower_ms", "gather_ms", "host_ms", "host_tower_ms", "peer_tower_ms",
+                                "peer_host_ms", "peer_host_tower_ms"))
+    prof = _by(rows, "vision_profile")
+    if prof:
+        lines += ["", "Profiled call on rank 0 (us; torch.profiler, the split tower on a group): the tower's kernels, "
+                      "the all-gather's (waits for the other ranks included), idle = span - both; the longest "
+                      "tower kernels (ms)", ""]
+        lines += _table(prof, ("tp", "tp_vision", "what", "span_us", "tower_us", "comm_us", "idle_us", "top_tower_ms"))
     return lines
 
 

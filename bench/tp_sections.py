@@ -21,7 +21,16 @@ REFERENCE_MIN_S = 60  # a float32 7B engine's load and parity runs, about
 
 
 def _key(row: dict) -> tuple:
-    return row["section"], row["tp"], row.get("batch")
+    mode = row.get("tp_vision")
+    if mode is None and row["section"] == "vision":  # rows from before both modes were timed: split on a group
+        mode = "whole" if row["tp"] == 1 else "split"
+    return row["section"], row["tp"], row.get("batch"), mode
+
+
+def vision_modes(tp: int) -> tuple[str, ...]:
+    """How the tower runs at each size: the whole tower on one GPU; on a group split and whole
+    (EngineConfig.tp_vision), the split one profiled."""
+    return ("whole",) if tp == 1 else ("split", "whole")
 
 
 def run_sections(job, clock, rows, meta, save, ckpt: str, adapters: dict, kv_blocks: int, log) -> None:
@@ -29,8 +38,8 @@ def run_sections(job, clock, rows, meta, save, ckpt: str, adapters: dict, kv_blo
 
     done = {_key(r) for r in rows}
     names = list(adapters)
-    parity_left = [n for n in job.sizes if ("parity", n, None) not in done]
-    noise_left = job.fp32_reference and ("noise", 1, None) not in done
+    parity_left = [n for n in job.sizes if ("parity", n, None, None) not in done]
+    noise_left = job.fp32_reference and ("noise", 1, None, None) not in done
     outputs: dict[int, dict] = {}
 
     for tp in (1, *job.sizes):
@@ -93,9 +102,12 @@ def _parity_outputs(ranks: Ranks, job, names: list[str], log) -> dict:
 
 
 def _timings_done(job, done: set, tp: int) -> bool:
-    keys = [("decode", tp, b) for b in job.batches] + [("prefill", tp, None), ("vision", tp, None)]
+    keys = [("decode", tp, b, None) for b in job.batches] + [("prefill", tp, None, None)]
+    keys += [("vision", tp, None, m) for m in vision_modes(tp)]
+    if job.profile:
+        keys.append(("vision_profile", tp, None, vision_modes(tp)[0]))
     if job.profile and job.device.startswith("cuda"):
-        keys += [("profile", tp, b) for b in job.batches]
+        keys += [("profile", tp, b, None) for b in job.batches]
     return all(k in done for k in keys)
 
 
@@ -111,7 +123,7 @@ def _timings(job, clock, ranks: Ranks, tp: int, done: set, save, meta, log) -> N
         return True
 
     for b in job.batches:
-        if ("decode", tp, b) in done:
+        if ("decode", tp, b, None) in done:
             continue
         if past(f"decode batch {b}"):
             return
@@ -122,7 +134,7 @@ def _timings(job, clock, ranks: Ranks, tp: int, done: set, save, meta, log) -> N
         save([dict(section="decode", tp=tp, batch=b, decode_step_ms=step_ms, decode_context=job.decode_context,
                    decode_wall_ms=run["decode_wall_ms"], decode_steps=run["decode_steps"])])
         log(f"TP={tp} decode b={b}: step {step_ms:.3f} ms (graph replay + LM head), wall {run['decode_wall_ms']:.3f} ms")
-    if ("prefill", tp, None) not in done and not past("prefill"):
+    if ("prefill", tp, None, None) not in done and not past("prefill"):
         with ranks.serving() as engine:
             prompts = _prompts(job, engine.tokenizer, job.prompts, 2000)
             one = SimpleNamespace(output_tokens=1)
@@ -132,17 +144,14 @@ def _timings(job, clock, ranks: Ranks, tp: int, done: set, save, meta, log) -> N
         save([dict(section="prefill", tp=tp, prompts=job.prompts, prompt_tokens=sum(runs[0]["prompt_lens"]),
                    prefill_ms=ms)])
         log(f"TP={tp} prefill of {job.prompts} prompts with images: {ms:.1f} ms")
-    if ("vision", tp, None) not in done and not past("vision"):
-        got = ranks.call("vision", job, job.vision_images)
-        save([dict(section="vision", tp=tp, images=job.vision_images, **got)])
-        log(f"TP={tp} vision encoder, {got['items']} items ({got['items_here']} on rank 0): {got['vision_ms']:.1f} ms")
+    _vision(job, ranks, tp, done, save, meta, log, past)
     if not (job.profile and job.device.startswith("cuda")):
         note = "communication share: NCCL kernels are counted on a GPU only (profile=true, device=cuda)"
         if note not in meta["notes"]:
             meta["notes"].append(note)
         return
     for b in job.batches:
-        if ("profile", tp, b) in done or past(f"profile batch {b}"):
+        if ("profile", tp, b, None) in done or past(f"profile batch {b}"):
             continue
         got = ranks.call("profile", job, b)
         if "error" in got:  # every rank made its calls all the same
@@ -151,6 +160,32 @@ def _timings(job, clock, ranks: Ranks, tp: int, done: set, save, meta, log) -> N
             continue
         save([dict(section="profile", tp=tp, batch=b, **got)])
         log(f"TP={tp} profile b={b}: NCCL {got.get('comm_share', float('nan')):.1%} of the step")
+
+
+def _vision(job, ranks: Ranks, tp: int, done: set, save, meta, log, past) -> None:
+    """The encoder timed in each of `vision_modes(tp)`, then (profile=true) one call of the first
+    profiled on rank 0."""
+    for mode in vision_modes(tp):
+        if ("vision", tp, None, mode) in done or past(f"vision {mode}"):
+            continue
+        got = ranks.call("vision", job, job.vision_images, mode)
+        save([dict(section="vision", tp=tp, images=job.vision_images, **got)])
+        parts = (f"; rank 0 tower {got['tower_ms']:.1f}, gather {got['gather_ms']:.1f}, host {got['host_ms']:.1f} ms, "
+                 f"slowest peer tower {got['peer_tower_ms']:.1f}, host {got['peer_host_ms']:.1f} ms"
+                 if "tower_ms" in got else "")
+        log(f"TP={tp} vision encoder {mode}, {got['items']} items ({got['items_here']} on rank 0): "
+            f"{got['vision_ms']:.1f} ms{parts}")
+    mode = vision_modes(tp)[0]
+    if not job.profile or ("vision_profile", tp, None, mode) in done or past("vision profile"):
+        return
+    got = ranks.call("vision_profile", job, job.vision_images)
+    if "error" in got:
+        meta["notes"].append(f"TP={tp} vision profile: {got['error']}")
+        log(meta["notes"][-1])
+        return
+    save([dict(section="vision_profile", tp=tp, images=job.vision_images, **got)])
+    log(f"TP={tp} vision {mode}, profiled on rank 0: span {got['span_us'] / 1e3:.1f} ms, tower "
+        f"{got['tower_us'] / 1e3:.1f}, all-gather {got['comm_us'] / 1e3:.1f}, idle {got['idle_us'] / 1e3:.1f}")
 
 
 def _reference(job, clock, ckpt, adapters, kv_blocks, outputs, names, save, meta, log) -> None:

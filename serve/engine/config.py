@@ -72,6 +72,10 @@ class EngineConfig:
     # > 1: this process is one rank of a tensor-parallel group (serve.distributed); torch.distributed
     # must be initialised with this world size, and every rank gets the same requests and calls
     tensor_parallel_size: int = 1
+    # the vision tower under tensor parallelism (serve/models/parallel.py SplitVision): "split", each rank
+    # encodes its share of a step's items and one all-gather shares the embeddings; "whole", every rank
+    # encodes every item, no collective. `vlora bench bench.suite=tp` times both (docs/scale_out.md)
+    tp_vision: str = "split"
     # adapters (serve/lora): the pool is allocated at start; adapter_slots=0 serves the base model only
     adapter_slots: int = 8  # adapters resident on the device at once
     host_adapter_cache: int = 64  # adapters whose weights stay in (pinned) host memory
@@ -113,6 +117,9 @@ class EngineConfig:
             raise ValueError(f"adapter_slots must be >= 0 (0 = no adapters), got {self.adapter_slots}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tp_vision not in ("split", "whole"):  # serve.models.parallel.VISION_MODES
+            raise ValueError(f"tp_vision={self.tp_vision!r}: use split (each rank encodes its share of the "
+                             "items, then one all-gather) or whole (every rank encodes every item)")
         self.quantization = self.quantization or "none"  # a YAML null
         if self.quantization not in ("none", "fp8"):
             raise ValueError(f"quantization={self.quantization!r} is not one of none, fp8")

@@ -116,7 +116,7 @@ class Engine:
             if tp.world_size != config.tensor_parallel_size:
                 raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} but torch.distributed "
                                  f"has {tp.world_size} ranks")
-            shard_model(self.model, tp)
+            shard_model(self.model, tp, vision=config.tp_vision)
         self.dtype = self.model.language_model.embed_tokens.weight.dtype
         if self.device.type == "cuda":
             WATCH.install()

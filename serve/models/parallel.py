@@ -11,9 +11,12 @@ Each rank keeps a slice of every decoder layer (gpt-fast's / vLLM's split):
 
 Embeddings, norms and the LM head stay whole on every rank. The K/V cache holds the rank's own
 K/V heads (the model's args become the local ones, so the runner sizes it per rank). The vision
-tower is whole on every rank too, but splits the work instead of the weights (`SplitVision`):
-each rank encodes its share of a step's images and clips, and one all-gather hands every rank all
-the embeddings, so the tower's time falls with the ranks without touching its modules.
+tower is whole on every rank too (`SplitVision`), and `EngineConfig.tp_vision` says how it runs:
+"split" shares out the work instead of the weights: each rank encodes its share of a step's
+images and clips, and one all-gather hands every rank all the embeddings, so the tower's time
+should fall with the ranks without touching its modules; "whole" has every rank encode every
+item itself: no collective, the same embeddings on every rank by construction (the same weights,
+inputs and kernels). Which is faster is measured (`vlora bench bench.suite=tp`, docs/scale_out.md).
 
 LoRA follows Punica's split, which needs no communication of its own: on a column-split
 projection each rank holds all of A and its rows of B (x A^T is the same everywhere, B's rows
@@ -130,9 +133,19 @@ def split_rows(linear: Linear, tp: TPGroup) -> Linear:
     return local
 
 
-def shard_model(model, tp: TPGroup) -> None:
+VISION_MODES = ("split", "whole")  # how the vision tower runs under tensor parallelism (SplitVision)
+
+
+def check_vision_mode(mode: str) -> None:
+    if mode not in VISION_MODES:
+        raise ValueError(f"tp_vision={mode!r}: use split (each rank encodes its share of the items, then one "
+                         "all-gather) or whole (every rank encodes every item, no collective)")
+
+
+def shard_model(model, tp: TPGroup, vision: str = "split") -> None:
     """Splits a loaded serve.models VisionLanguageModel across the ranks of `tp`, in place, before
-    adapters are attached and before the engine sizes its K/V cache."""
+    adapters are attached and before the engine sizes its K/V cache. vision: `VISION_MODES`."""
+    check_vision_mode(vision)  # before any layer is cut
     args = model.args
     check_divisible(args, tp.world_size)
     w = tp.world_size
@@ -151,7 +164,7 @@ def shard_model(model, tp: TPGroup) -> None:
         attn.attn.num_heads, attn.attn.num_kv_heads = local_args.num_heads, local_args.num_kv_heads
         attn.reduce_output = mlp.reduce_output = tp.all_reduce
     model.args = lm.args = local_args
-    model.vision = SplitVision(model.vision, tp)
+    model.vision = SplitVision(model.vision, tp, vision)
     model.tp = tp
 
 
@@ -167,16 +180,18 @@ def assign_items(sizes: list[int], world_size: int) -> list[int]:
 
 
 class SplitVision(nn.Module):
-    """A vision encoder (serve.models.vision) whose step's items are shared out across the ranks.
+    """A vision encoder (serve.models.vision) on every rank of a tensor-parallel group.
 
-    Each rank runs the whole tower on its items (balanced by tokens, `assign_items`), then one
-    all-gather gives every rank every item's embedding rows, in the caller's order. A step with
-    fewer items than ranks runs whole on every rank: splitting one clip would need the tower's
-    own attention split."""
+    mode "split": each rank runs the whole tower on its share of the step's items (balanced by
+    tokens, `assign_items`), then one all-gather gives every rank every item's embedding rows, in
+    the caller's order. A step with fewer items than ranks runs whole on every rank: splitting one
+    clip would need the tower's own attention split. mode "whole": every rank encodes every item
+    itself, with no collective (so the ranks need not reach the tower together)."""
 
-    def __init__(self, inner: nn.Module, tp: TPGroup):
+    def __init__(self, inner: nn.Module, tp: TPGroup, mode: str = "split"):
         super().__init__()
-        self.inner, self.tp = inner, tp
+        check_vision_mode(mode)
+        self.inner, self.tp, self.mode = inner, tp, mode
         self.items_here = 0  # items this rank encoded itself (the rest came from its peers)
 
     def load(self, source) -> None:
@@ -184,7 +199,7 @@ class SplitVision(nn.Module):
 
     def forward(self, items: list) -> list[torch.Tensor]:
         world = self.tp.world_size
-        if len(items) < world:
+        if self.mode == "whole" or len(items) < world:
             self.items_here += len(items)
             return self.inner(items)
         # with at least `world` items the first `world` go to distinct ranks: none is left empty

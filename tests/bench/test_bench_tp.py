@@ -45,17 +45,27 @@ def test_tp_suite_on_cpu_matches_one_process_and_resumes(vlora_home, tmp_path, c
     decode = {(r["tp"], r["batch"]): r for r in rows if r["section"] == "decode"}
     assert set(decode) == {(tp, b) for tp in (1, 2) for b in (1, 2)}
     assert all(math.isnan(r["decode_step_ms"]) and r["decode_wall_ms"] > 0 for r in decode.values())  # no graphs
-    vision = {r["tp"]: r for r in rows if r["section"] == "vision"}
-    assert vision[1]["items_here"] == vision[1]["items"] == 4
-    assert vision[2]["items_here"] == 2 and vision[2]["vision_ms"] > 0  # rank 0 encoded its half
+    vision = {(r["tp"], r["tp_vision"]): r for r in rows if r["section"] == "vision"}
+    assert set(vision) == {(1, "whole"), (2, "split"), (2, "whole")}  # the tower both ways on the group
+    assert vision[1, "whole"]["items_here"] == vision[1, "whole"]["items"] == 4
+    split, whole = vision[2, "split"], vision[2, "whole"]
+    assert split["items_here"] == 2 and split["vision_ms"] > 0  # rank 0 encoded its half
+    assert whole["items_here"] == 4 and whole["vision_ms"] > 0  # every rank all of them
+    # the split one broken down on every rank: rank 0's tower pass and the all-gather after it, its peer's
+    assert all(split[k] > 0 for k in ("tower_ms", "gather_ms", "host_ms", "peer_tower_ms", "peer_host_ms"))
+    prof = {r["tp"]: r for r in rows if r["section"] == "vision_profile"}
+    assert prof[1]["tp_vision"] == "whole" and prof[1]["comm_us"] == 0 and prof[1]["tower_us"] > 0
+    assert prof[2]["tp_vision"] == "split" and prof[2]["comm_us"] > 0 and prof[2]["tower_us"] > 0  # gloo's all-gather
     assert {r["tp"] for r in rows if r["section"] == "prefill"} == {1, 2}
     out = tmp_path / "cpu"
     with open(out / "tp.csv", newline="") as f:
-        assert {r["section"] for r in csv.DictReader(f)} == {"parity", "noise", "decode", "prefill", "vision"}
+        assert {r["section"] for r in csv.DictReader(f)} == {"parity", "noise", "decode", "prefill", "vision",
+                                                             "vision_profile"}
     meta = json.loads((out / "tp.json").read_text())["meta"]
     assert meta["job"]["sizes"] == [2] and any("NCCL" in n for n in meta["notes"])
     md = (out / "tp.md").read_text()
     assert "## Parity: TP=N against TP=1" in md and "## Decode step" in md and "## Vision encoder" in md
+    assert "| 2 | split |" in md and "| 2 | whole |" in md and "Profiled call on rank 0" in md
     printed = capsys.readouterr().out
     assert "bench.suite=tp bench.tp.sizes=[2]" in printed and "bench.out_dir=$OUT/tp" in printed
     # a rerun keeps every section and builds no engine: the same rows come back

@@ -15,7 +15,9 @@ so K is split over SPLIT_K programs. Each writes its fp32 partial sum to a [SPLI
 a second launch sums the splits, applies both scales and writes bf16. That is two launches, with no
 zeroing (every partial is written) and a fixed summation order, so results repeat bit for bit run to
 run; atomics into an fp32 buffer would need a zeroing launch too (three) and sum in any order. The
-partials (SPLIT_K * M * N * 4 bytes, at most 7 MB) stay in L2. Without split-K the scales and the
+partials (SPLIT_K * M * N * 4 bytes, at most 7 MB) stay in L2. On Hopper the reduction is launched
+with programmatic dependent launch (kernels/interpreter.py `pdl_available`; VLORA_PDL=0 turns it off),
+so its launch overlaps the GEMM and it waits for the partials on the device. Without split-K the scales and the
 bf16 cast are the GEMM's epilogue: one launch.
 
 Accumulation: every FP8 wgmma's sum of 32 products is added into an fp32 accumulator
@@ -37,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpreter import interpreted
+from .interpreter import gdc_launch_dependents, gdc_wait, interpreted, pdl_available
 
 WGMMA_K = tl.constexpr(32)  # K of one FP8 wgmma instruction: its sum is promoted to fp32 after each
 MAX_M = 64  # tokens: BLOCK_M is the next power of two >= M, at least 16 (wgmma's N), at most 64
@@ -86,8 +88,11 @@ def decode_config(n: int, k: int, split_k: int | None = None) -> tuple[int, int,
 @triton.jit
 def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sx,
                        stride_os, stride_om, K_TILES_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                       LAUNCH_DEPENDENTS: tl.constexpr):
     # grid: (N tiles, SPLIT_K). acc is y.T's tile: channels down, tokens across.
+    if LAUNCH_DEPENDENTS:  # the reduction behind may be scheduled now; it waits for the partials itself
+        gdc_launch_dependents()
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -120,17 +125,19 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stri
 
 @triton.jit
 def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, y_ptr, N, stride_ps, stride_sx, stride_ym,
-                              SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+                                   SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # grid: (M, N blocks): y[m, n] = sum over splits (in split order) * s_w[n] * s_x[m]
     m, pid = tl.program_id(0), tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
+    s_w = tl.load(sw_ptr + offs, mask=mask, other=0.0)  # the scales do not depend on the GEMM
+    s_x = tl.load(sx_ptr + m * stride_sx)
+    if PDL:
+        gdc_wait()  # launched behind the GEMM with PDL: every partial written and visible past here
     row = part_ptr + m * N + offs
     acc = tl.load(row, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(row + s * stride_ps, mask=mask, other=0.0)
-    s_w = tl.load(sw_ptr + offs, mask=mask, other=0.0)
-    s_x = tl.load(sx_ptr + m * stride_sx)
     tl.store(y_ptr + m * stride_ym + offs, (acc * s_w * s_x).to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -159,14 +166,17 @@ def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: 
     y = torch.empty((m, n), dtype=torch.bfloat16, device=q_x.device)
     s_x = s_x.reshape(m)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=q_x.device)
+    pdl = split > 1 and pdl_available(q_x.device)
     _fp8_decode_gemm_kernel[(triton.cdiv(n, block_n), split)](
         q_x, q_w, s_x, s_w, out, m, n, k, q_x.stride(0), q_w.stride(0), s_x.stride(0),
         out.stride(0) if split > 1 else 0, n, K_TILES_PER_SPLIT=k_tiles, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), num_warps=warps, num_stages=stages)
+        BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), LAUNCH_DEPENDENTS=pdl, num_warps=warps,
+        num_stages=stages)
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](out, s_x, s_w, y, n, out.stride(0), s_x.stride(0),
-                                                              y.stride(0), SPLIT_K=split, BLOCK=block, num_warps=4)
+                                                                   y.stride(0), SPLIT_K=split, BLOCK=block, PDL=pdl,
+                                                                   num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y
 
 

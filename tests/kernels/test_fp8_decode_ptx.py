@@ -13,7 +13,7 @@ from hopper_ptx import compile_ptx
 # Compiled as a launch specializes it: the pointers, sizes and strides divisible by 16 (the 7B's K and
 # N are), so the K-masked loads may be 16 bytes wide. (hopper_ptx's ptx() declares no divisibility.)
 _COMPILE = """
-from kernels.fp8_decode import _fp8_decode_gemm_kernel as kernel
+from kernels.fp8_decode import _fp8_decode_gemm_kernel as kernel, _fp8_decode_gemm_reduce_kernel
 
 names = kernel.arg_names
 aligned = ("x_ptr", "w_ptr", "sx_ptr", "sw_ptr", "out_ptr", "N", "K", "stride_xm", "stride_wn", "stride_os",
@@ -27,8 +27,10 @@ def launch_ptx(out_ptr, consts, warps=4, stages=4):
     return compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages)).asm["ptx"]
 
 base = dict(K_TILES_PER_SPLIT=7, BLOCK_K=128, UPCAST_DOT=False)
-out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=False)),
-       "m64_n128_split": launch_ptx("*fp32", dict(base, BLOCK_M=64, BLOCK_N=128, SPLIT=True))}
+out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False)),
+       "m64_n128_split": launch_ptx("*fp32", dict(base, BLOCK_M=64, BLOCK_N=128, SPLIT=True, LAUNCH_DEPENDENTS=True)),
+       "reduce": ptx(_fp8_decode_gemm_reduce_kernel, dict(part_ptr="*fp32", sx_ptr="*fp32", sw_ptr="*fp32",
+                                                          y_ptr="*bf16"), dict(SPLIT_K=4, BLOCK=1024, PDL=True))}
 sys.stdout.write(json.dumps(out))
 """
 
@@ -57,3 +59,13 @@ def test_decode_gemm_streams_its_tiles_in_16_byte_async_copies(ptx, variant):
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], (0x\w+)", code)
     assert copies and set(copies) == {"0x10"}
     assert "cp.async.wait_group" in code and "ld.global.b8" not in code  # pipelined, no byte loads
+
+
+def test_split_k_reduction_is_launched_behind_the_gemm_and_waits_for_it_on_the_device(ptx):
+    assert "griddepcontrol.launch_dependents" in ptx["m64_n128_split"]
+    assert "griddepcontrol" not in ptx["m16_n64"]  # one launch: nothing behind it to release
+    reduce = ptx["reduce"]
+    # the scales are loaded before the wait, the partials after it
+    assert "griddepcontrol.wait" in reduce
+    before, after = reduce.split("griddepcontrol.wait", 1)
+    assert "ld.global" in before and "ld.global" in after

@@ -178,6 +178,76 @@ def test_a_group_started_from_one_process_answers_like_one_process(setup):
         LocalGroup(ckpt, dataclasses.asdict(_config(adapters, 1)))
 
 
+def _vision_items(engine) -> list:
+    """The mixed batch's pictures: an image, two images and a clip's two frame groups (5 items)."""
+    return [it for spec in case_specs("qwen2_vl") for it in engine.prepare(make_request(spec))[0].vision]
+
+
+def _whole_vision_rank(rank: int, port: int, ckpt: str, adapters: dict, out_path: str) -> None:
+    """Both ranks (SPMD) with tp_vision=whole: the encoder's embeddings whole and split, then the
+    requests served whole."""
+    from serve.distributed import join_group, leave_group
+
+    faulthandler.dump_traceback_later(RANK_TIMEOUT_S, exit=True)
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    join_group("cpu", rank, rank, 2)
+    engine = None
+    try:
+        config = _config(adapters, 2)
+        config.tp_vision = "whole"
+        engine = Engine(ckpt, config)
+        vision, items = engine.model.vision, _vision_items(engine)
+        whole = engine.model.encode(items)
+        here = vision.items_here  # every item on every rank
+        vision.mode = "split"
+        split = engine.model.encode(items)
+        vision.mode = "whole"
+        result = {o.request_id: (o.token_ids, torch.stack(o.logits)) for o in engine.generate(_requests())}
+        torch.save({"whole": whole, "split": split, "here": here, "items": len(items), "result": result},
+                   f"{out_path}.{rank}")
+        leave_group(engine)
+    finally:
+        leave_group(engine, wait=False)
+
+
+def test_whole_vision_gives_the_split_and_one_process_embeddings_tokens_and_logits(setup, tmp_path):
+    ckpt, adapters = setup
+    torch.set_num_threads(1)
+    one = Engine(ckpt, _config(adapters, 1))
+    want_embeds = one.model.encode(_vision_items(one))
+    want = {o.request_id: (o.token_ids, torch.stack(o.logits)) for o in one.generate(_requests())}
+    out = str(tmp_path / "whole")
+    mp.spawn(_whole_vision_rank, args=(free_port(), ckpt, adapters, out), nprocs=2, join=True)
+    runs = [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
+    for got in runs:
+        assert got["items"] == 5 and got["here"] == 5  # whole: no item left to a peer
+        for whole, split, ref in zip(got["whole"], got["split"], want_embeds, strict=True):
+            torch.testing.assert_close(whole, ref, atol=0, rtol=0)  # the same tower on the same pixels
+            torch.testing.assert_close(split, whole, atol=1e-5, rtol=0)  # other batch shapes per rank
+        assert set(got["result"]) == set(want)
+        for rid, (tokens, logits) in got["result"].items():
+            assert tokens == want[rid][0], rid
+            torch.testing.assert_close(logits, want[rid][1], atol=1e-4, rtol=0)
+    for a, b in zip(runs[0]["whole"], runs[1]["whole"]):
+        assert torch.equal(a, b)  # the same embeddings on every rank by construction
+
+
+def test_a_bad_tp_vision_is_refused_and_the_serve_config_passes_it(tmp_path):
+    from omegaconf import OmegaConf
+
+    from serve.models.parallel import SplitVision, TPGroup
+    from vlora.config import compose
+
+    with pytest.raises(ValueError, match="tp_vision='both': use split .* or whole"):
+        EngineConfig(tensor_parallel_size=2, tp_vision="both")
+    with pytest.raises(ValueError, match="tp_vision='halves'"):
+        SplitVision(torch.nn.Identity(), TPGroup(0, 2), "halves")
+    cfg = compose("serve", ["engine.tp_vision=whole"])
+    assert EngineConfig.from_dict(OmegaConf.to_container(cfg.engine, resolve=True)).tp_vision == "whole"
+    assert compose("serve", []).engine.tp_vision == EngineConfig().tp_vision == "split"
+
+
 def test_shapes_that_do_not_split_are_refused():
     from serve.distributed import check_divisible
 

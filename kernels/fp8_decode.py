@@ -142,13 +142,15 @@ def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, y_ptr, N, stride_ps
 
 
 def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor,
-                  split_k: int | None = None) -> torch.Tensor:
+                  split_k: int | None = None, config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """(q_x @ q_w.T) * s_x * s_w as bf16 [M, N], for 1 <= M <= MAX_M tokens.
 
     q_x: [M, K] fp8 e4m3, rows K-contiguous; s_x: [M, 1] (or [M]) fp32; q_w: [N, K] fp8, rows
-    K-contiguous; s_w: [N] fp32. split_k: override the configuration's SPLIT_K (tests, tuning)."""
+    K-contiguous; s_w: [N] fp32. split_k: override the configuration's SPLIT_K (tests); config: the whole
+    (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) instead of the table's (bench/fp8_decode_sweep.py)."""
     if q_x.dim() != 2 or q_w.dim() != 2 or q_x.shape[1] != q_w.shape[1]:
-        raise ValueError(f"fp8_decode_mm needs q_x [M, K] and q_w [N, K], got {tuple(q_x.shape)} and {tuple(q_w.shape)}")
+        raise ValueError(f"fp8_decode_mm needs q_x [M, K] and q_w [N, K], got {tuple(q_x.shape)} and "
+                         f"{tuple(q_w.shape)}")
     m, k = q_x.shape
     n = q_w.shape[0]
     if not 1 <= m <= MAX_M:
@@ -160,9 +162,13 @@ def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: 
     if s_x.numel() != m or s_w.shape != (n,) or s_x.dtype != torch.float32 or s_w.dtype != torch.float32:
         raise ValueError(f"fp8_decode_mm needs fp32 scales s_x [{m}, 1] and s_w [{n}], got "
                          f"{tuple(s_x.shape)} {s_x.dtype} and {tuple(s_w.shape)} {s_w.dtype}")
-    block_n, block_k, split, warps, stages = decode_config(n, k, split_k)
+    block_n, block_k, split, warps, stages = config or decode_config(n, k, split_k)
+    k_tiles = triton.cdiv(k, block_k)
+    if config and not (block_n in (64, 128, 256) and block_k in (64, 128, 256) and 1 <= split <= k_tiles):
+        raise ValueError(f"fp8_decode_mm config {config}: BLOCK_N and BLOCK_K must be 64, 128 or 256 and SPLIT_K "
+                         f"1..{k_tiles} (K's tiles)")
     block_m = max(16, triton.next_power_of_2(m))
-    k_tiles = triton.cdiv(triton.cdiv(k, block_k), split)
+    k_tiles = triton.cdiv(k_tiles, split)  # per split
     y = torch.empty((m, n), dtype=torch.bfloat16, device=q_x.device)
     s_x = s_x.reshape(m)
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=q_x.device)

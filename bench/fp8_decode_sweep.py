@@ -1,0 +1,112 @@
+"""Tunes kernels/fp8_decode.py's launch table on a GPU: per projection shape of Qwen2-VL-7B and token
+count, every candidate (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) timed with
+`kernels.timing.time_op` (CUDA graphs, events), each call reading the next of enough weight copies to
+pass 256 MB (no weight found in L2), beside the table's own choice and `_scaled_mm`. Prints one line per
+(projection, m): the best candidate, its time and weight TB/s, the table's and cuBLAS's; then the best
+config per projection summed over the token counts, as CONFIGS lines to paste.
+
+    python -m bench.fp8_decode_sweep                       # every projection, m 1 16 32 64
+    python -m bench.fp8_decode_sweep --projections down_proj --m 1 32 --out sweep.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+
+import torch
+import triton
+
+from kernels.fp8 import quantize_rows, quantize_weight, scaled_mm_rows
+from kernels.fp8_decode import CONFIGS, decode_config, fp8_decode_mm
+
+SHAPES_7B = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584),
+             "down_proj": (3584, 18944)}
+L2_PASS_BYTES = 256 << 20
+MAX_PROGRAMS = 8 * 132  # more programs than this only add partials to sum
+
+
+def candidates(n: int, k: int) -> list[tuple[int, int, int, int, int]]:
+    """The sweep's grid for an [N, K] weight, the table's own choice first; splits that leave a split
+    empty or more than MAX_PROGRAMS programs are left out."""
+    out = [decode_config(n, k)]
+    for block_n, block_k, split, warps, stages in itertools.product((64, 128), (128, 256), (1, 2, 4, 8, 16),
+                                                                    (4, 8), (3, 5)):
+        k_tiles = triton.cdiv(k, block_k)
+        per_split = triton.cdiv(k_tiles, split)
+        if per_split * (split - 1) >= k_tiles or triton.cdiv(n, block_n) * split > MAX_PROGRAMS:
+            continue
+        if warps == 8 and block_n == 64:  # 8 warps need two warpgroups of 64 channels
+            continue
+        cfg = (block_n, block_k, split, warps, stages)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def sweep(shapes: dict[str, tuple[int, int]], ms: list[int], device: str, timed, seed: int = 0) -> list[dict]:
+    """One row per (projection, m, config): us and weight TB/s; `timed(fn) -> us`."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for name, (n, k) in shapes.items():
+        copies = max(1, -(-L2_PASS_BYTES // (n * k))) if device != "cpu" else 1
+        weights = [quantize_weight((torch.randn(n, k, generator=g) * 0.02).to(device)) for _ in range(copies)]
+        state = {"i": 0}
+
+        def next_w():
+            state["i"] = (state["i"] + 1) % copies
+            return weights[state["i"]]
+
+        for m in ms:
+            q_x, s_x = quantize_rows(torch.randn(m, k, generator=g).to(device, torch.bfloat16))
+            cublas = timed(lambda: scaled_mm_rows(q_x, s_x, *next_w(), swap=False)) if device != "cpu" else float("nan")
+            for i, cfg in enumerate(candidates(n, k)):
+                us = timed(lambda: fp8_decode_mm(q_x, s_x, *next_w(), config=cfg))
+                rows.append(dict(projection=name, m=m, n=n, k=k, config=cfg, table=i == 0, us=us,
+                                 tb_s=n * k / us / 1e6, cublas_us=cublas))
+        del weights
+    return rows
+
+
+def best_lines(rows: list[dict]) -> list[str]:
+    lines = []
+    for key in dict.fromkeys((r["projection"], r["m"]) for r in rows):
+        at = [r for r in rows if (r["projection"], r["m"]) == key]
+        best, table = min(at, key=lambda r: r["us"]), next(r for r in at if r["table"])
+        lines.append(f"{key[0]:>13} m={key[1]:<3} best {best['config']} {best['us']:.2f} us {best['tb_s']:.2f} TB/s; "
+                     f"table {table['config']} {table['us']:.2f} us; _scaled_mm {best['cublas_us']:.2f} us")
+    lines.append("CONFIGS (the best summed over the token counts):")
+    for name in dict.fromkeys(r["projection"] for r in rows):
+        at = [r for r in rows if r["projection"] == name]
+        total: dict[tuple, float] = {}
+        for r in at:
+            total[r["config"]] = total.get(r["config"], 0.0) + r["us"]
+        cfg = min(total, key=total.get)
+        lines.append(f"    ({at[0]['n']}, {at[0]['k']}): {cfg},  # {name}: {total[cfg]:.1f} us over m "
+                     f"{sorted({r['m'] for r in at})}; table {CONFIGS.get((at[0]['n'], at[0]['k']))}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--projections", nargs="+", choices=list(SHAPES_7B), default=list(SHAPES_7B))
+    ap.add_argument("--m", nargs="+", type=int, default=[1, 16, 32, 64])
+    ap.add_argument("--out", help="CSV of every timing")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.fp8_decode_sweep times on a CUDA GPU; none is visible")
+    from kernels.timing import time_op
+
+    rows = sweep({p: SHAPES_7B[p] for p in args.projections}, args.m, "cuda",
+                 lambda fn: time_op(fn, warmup=5, repeats=20))
+    if args.out:
+        with open(args.out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    print("\n".join(best_lines(rows)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""bench/fp8_decode_sweep.py on the CPU (Triton's interpreter, one call a timing): every candidate config
+computes the same product, the table's own choice leads, and the report names the best per projection."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from bench.fp8_decode_sweep import SHAPES_7B, best_lines, candidates, main, sweep
+from kernels.fp8 import quantize_rows_ref, quantize_weight
+from kernels.fp8_decode import decode_config, fp8_decode_mm, fp8_decode_mm_ref
+
+
+def _once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def test_candidates_start_with_the_table_and_never_leave_a_split_empty():
+    for n, k in SHAPES_7B.values():
+        cands = candidates(n, k)
+        assert cands[0] == decode_config(n, k) and len(set(cands)) == len(cands) > 20
+        for block_n, block_k, split, _, _ in cands:
+            tiles = -(-k // block_k)
+            assert -(-tiles // split) * (split - 1) < tiles
+
+
+def test_every_candidate_computes_the_same_product():
+    g = torch.Generator().manual_seed(0)
+    (q_x, s_x), (q_w, s_w) = quantize_rows_ref(torch.randn(5, 320, generator=g)), quantize_weight(
+        torch.randn(136, 320, generator=g))
+    ref = fp8_decode_mm_ref(q_x, s_x, q_w, s_w)
+    for cfg in candidates(136, 320)[::3]:
+        torch.testing.assert_close(fp8_decode_mm(q_x, s_x, q_w, s_w, config=cfg).float(), ref, rtol=2.0 ** -7,
+                                   atol=1e-3 * ref.abs().max().item())
+    with pytest.raises(ValueError, match="config"):
+        fp8_decode_mm(q_x, s_x, q_w, s_w, config=(64, 128, 4, 4, 3))  # 3 K tiles cannot make 4 splits
+
+
+def test_sweep_rows_and_report_on_a_tiny_shape():
+    rows = sweep({"tiny_proj": (72, 256)}, [1, 17], "cpu", _once)
+    per_m = len(candidates(72, 256))
+    assert len(rows) == 2 * per_m and all(r["us"] > 0 and r["tb_s"] > 0 for r in rows)
+    assert [r["table"] for r in rows[:per_m]] == [True] + [False] * (per_m - 1)
+    lines = best_lines(rows)
+    assert lines[0].strip().startswith("tiny_proj m=1") and "best" in lines[0] and "table" in lines[0]
+    assert lines[-2] == "CONFIGS (the best summed over the token counts):" and lines[-1].startswith("    (72, 256): (")
+
+
+def test_the_command_refuses_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(SystemExit, match="CUDA GPU"):
+        main(["--m", "1"])

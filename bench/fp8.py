@@ -43,6 +43,7 @@ from .adapter_parts import ALL_MODULES, write_peft_adapter
 from .engine import _hf_inputs, _prompts, _run_engine, build_random_model, replay_step
 from .fp8_accuracy import compare_outputs, projection_bytes
 from .fp8_gemm import gemm_rows
+from .fp8_heads import check_heads_job, heads_rows
 from .fp8_profile import profile_decode
 from .fp8_report import write_report
 from .results import device_label, results_dir
@@ -73,6 +74,19 @@ class Fp8BenchJob:
     profile_repeats: int = 3
     compare_unfused: bool = False  # also fp8_unfused: the fused quantization's A/B (a fourth engine)
     gemm: bool = True  # each projection's GEMM alone, bf16 against FP8 (bench/fp8_gemm.py), after the engines
+    # trained adapters' task-head answers and caption tokens, FP8 against bf16 on the same world items
+    # (bench/fp8_heads.py, section "heads"); heads_only: that section alone, no random-weight engines
+    heads: bool = False
+    heads_only: bool = False
+    adapters_dir: str | None = None  # a fusion manifest's folder or an adapter; None: adapters trained here
+    heads_model: str = "qwen2_vl_tiny"  # zoo model the adapters are trained on (adapters_dir: their own base)
+    heads_domains: tuple[str, ...] = ("exists_bus", "count_vehicles", "class_main", "detect_car")
+    heads_items: int = 256  # held-out items per domain, answered by both precisions
+    heads_train_items: int = 512
+    heads_epochs: int = 4
+    heads_image_size: int = 224  # the world's frames (square)
+    heads_captions: int = 8  # caption prompts for the greedy-token comparison (0: none)
+    heads_caption_tokens: int = 24
     seed: int = 0
     out_dir: str = "results/bench/fp8"
     command: str = ""
@@ -167,9 +181,16 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
         fp8_models.check_quantization("fp8", device)  # before the model is built
     if job.profile_repeats < 1:
         raise ValueError(f"bench.fp8.profile_repeats={job.profile_repeats}: must be >= 1")
+    if job.heads or job.heads_only:
+        check_heads_job(job)  # before any model is built
     label = device_label(device)
     out = results_dir(job.out_dir, label)
     workdir = Path(tempfile.mkdtemp(prefix="fp8-bench-"))
+    if job.heads_only:
+        rows = heads_rows(job, workdir)
+        meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, job=dataclasses.asdict(job))
+        write_report(rows, meta, out)
+        return rows, meta
     hf, processor = build_random_model(job.model, job.seed, "bfloat16", job.device, workdir)
     weights = {k: v.detach().cpu() for k, v in hf.state_dict().items()}  # each engine copies from the host
     del hf
@@ -204,6 +225,8 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
             torch.cuda.empty_cache()
     if job.gemm:  # with every engine gone: the GPU's memory holds only the weight copies it times
         rows += gemm_rows(args, job.batch_sizes, job.device, job.seed)
+    if job.heads:
+        rows += heads_rows(job, workdir)
     for (name, adapter, mode), got in outs.items():
         if name == "fp32":
             continue

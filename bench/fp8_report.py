@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from .fp8_gemm import gemm_lines
+from .fp8_heads import heads_lines
 from .fp8_profile import profile_lines
 from .results import write_csv, write_json
 
@@ -25,6 +26,9 @@ def _table(rows: list[dict], cols: tuple[str, ...]) -> list[str]:
 
 def summary_lines(rows: list[dict], meta: dict) -> list[str]:
     job = meta["job"]
+    if job.get("heads_only"):  # the heads section alone: no random-weight engines ran
+        return [f"# FP8 against bf16 on trained adapters' heads ({meta['device']}, {meta['date']})", "",
+                f"Command: `{job['command'] or 'run_fp8_bench'}`", *heads_lines(rows)]
     acc = [r for r in rows if r["section"] == "accuracy"]
     decode = {(r["precision"], r["batch"]): r for r in rows if r["section"] == "decode"}
     switch = {r["precision"]: r for r in rows if r["section"] == "switch"}
@@ -57,7 +61,7 @@ def summary_lines(rows: list[dict], meta: dict) -> list[str]:
     if "bf16" in switch and "fp8" in switch and switch["bf16"]["switch_ms"] > 0:
         ratio = switch["fp8"]["switch_ms"] / switch["bf16"]["switch_ms"]
         lines += ["", f"fp8 switch / bf16 switch = {ratio:.2f} (target <= 1.5: {'met' if ratio <= 1.5 else 'missed'})"]
-    return lines + profile_lines(rows) + gemm_lines(rows, meta.get("layers", 0))
+    return lines + profile_lines(rows) + gemm_lines(rows, meta.get("layers", 0)) + heads_lines(rows)
 
 
 def write_report(rows: list[dict], meta: dict, out: Path) -> None:

@@ -5,8 +5,10 @@ pass 256 MB (no weight found in L2), beside the table's own choice and `_scaled_
 (projection, m): the best candidate, its time and weight TB/s, the table's and cuBLAS's; then the best
 config per projection summed over the token counts, as CONFIGS lines to paste.
 
-    python -m bench.fp8_decode_sweep                       # every projection, m 1 16 32 64
     python -m bench.fp8_decode_sweep --projections down_proj --m 1 32 --out sweep.csv
+
+Each candidate compiles once per padded token count (16, 32, 64) and split length: 17-41 candidates
+a projection, so one projection a command keeps each call within minutes.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ SHAPES_7B = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (
              "down_proj": (3584, 18944)}
 L2_PASS_BYTES = 256 << 20
 MAX_PROGRAMS = 8 * 132  # more programs than this only add partials to sum
+# a program's pipeline: num_stages x (weight tile + 64-token tile) bytes of shared memory, under Hopper's
+# 227 KB a block (Triton refuses the launch above it)
+MAX_SHARED = 227 << 10
 
 
 def candidates(n: int, k: int) -> list[tuple[int, int, int, int, int]]:
     """The sweep's grid for an [N, K] weight, the table's own choice first; splits that leave a split
-    empty or more than MAX_PROGRAMS programs are left out."""
+    empty, more than MAX_PROGRAMS programs or more than MAX_SHARED are left out."""
     out = [decode_config(n, k)]
     for block_n, block_k, split, warps, stages in itertools.product((64, 128), (128, 256), (1, 2, 4, 8, 16),
                                                                     (4, 8), (3, 5)):
@@ -38,6 +43,8 @@ def candidates(n: int, k: int) -> list[tuple[int, int, int, int, int]]:
         if per_split * (split - 1) >= k_tiles or triton.cdiv(n, block_n) * split > MAX_PROGRAMS:
             continue
         if warps == 8 and block_n == 64:  # 8 warps need two warpgroups of 64 channels
+            continue
+        if stages * (block_n + 64) * block_k > MAX_SHARED:
             continue
         cfg = (block_n, block_k, split, warps, stages)
         if cfg not in out:

@@ -55,7 +55,8 @@ def _timing_lines(rows: list[dict], sizes: list[int]) -> list[str]:
             lines += ["", f"TP={r['tp']} / TP=1 decode {kind} at batch 32 = {ratio:.3f}{target}"]
     got = {r["tp"]: r for r in _by(rows, "prefill")}
     if got:
-        table = [dict(r, ratio=_ratio(r["prefill_ms"], got.get(1, {}).get("prefill_ms"))) for _, r in sorted(got.items())]
+        one = got.get(1, {}).get("prefill_ms")
+        table = [dict(r, ratio=_ratio(r["prefill_ms"], one)) for _, r in sorted(got.items())]
         lines += ["", "## Prefill of the prompts with images (wall ms)", ""]
         lines += _table(table, ("tp", "prompts", "prompt_tokens", "prefill_ms", "ratio"))
     lines += _vision_lines(rows)
@@ -84,11 +85,12 @@ def _vision_lines(rows: list[dict]) -> list[str]:
     lines += _table(table, ("tp", "tp_vision", "images", "items", "items_here", "vision_tokens", "vision_ms", "ratio"))
     split = [r for r in table if "tower_ms" in r]
     if split:
-        lines += ["", "Split, per rank (medians of 3 calls, ms): rank 0's tower pass (device), the tower's end to the "
-                      "all-gather's end (transfer + waiting for a later rank), the call's host time, the host time until "
-                      "the tower pass was launched; the slowest other rank's beside them", ""]
-        lines += _table(split, ("tp", "tower_ms", "gather_ms", "host_ms", "host_tower_ms", "peer_tower_ms",
-                                "peer_host_ms", "peer_host_tower_ms"))
+        lines += ["", "Split, per rank (medians of 3 calls, ms): on rank 0 the call's start to its tower pass's end "
+                      "(device), that end to the all-gather's end (transfer + waiting for a later rank), the call's host "
+                      "time and the host time until its tower pass was launched; gather_min: the all-gather's own time "
+                      "(the last rank to reach it); the slowest other rank's tower and host times", ""]
+        lines += _table(split, ("tp", "tower_ms", "gather_ms", "host_ms", "host_tower_ms", "gather_min_ms",
+                                "peer_tower_ms", "peer_host_ms", "peer_host_tower_ms"))
     prof = _by(rows, "vision_profile")
     if prof:
         lines += ["", "Profiled call on rank 0 (us; torch.profiler, the split tower on a group): the tower's kernels, "

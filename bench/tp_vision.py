@@ -91,10 +91,12 @@ class _Marked(nn.Module):
 
 def _split_parts(engine, items: list, calls: int = 3) -> dict:
     """Medians over `calls` split calls on this rank, and the slowest other rank's, ms:
-    tower_ms (device time of the rank's own tower pass; host time on the CPU), gather_ms (the
-    tower's end to the all-gather's end: the transfer plus any wait for a later rank), host_ms (the
-    call's host time: launches and host work, the GPU running behind) and host_tower_ms (host time
-    until the rank's tower pass was launched). Collective: every rank calls it with the same items."""
+    tower_ms (the call's start to the end of the rank's own tower pass on the device, launch gaps
+    included; host time on the CPU), gather_ms (the tower's end to the all-gather's end: the
+    transfer plus any wait for a later rank), host_ms (the call's host time: launches and host
+    work, the GPU running behind) and host_tower_ms (host time until the rank's tower pass was
+    launched); gather_min_ms, the least gather_ms of all ranks: the all-gather's own time, as the
+    rank that reached it last saw it. Collective: every rank calls it with the same items."""
     vision, cuda = engine.model.vision, _cuda(engine)
     marks: list = []
     inner = vision.inner
@@ -125,8 +127,8 @@ def _split_parts(engine, items: list, calls: int = 3) -> dict:
     every = [None] * tp.world_size
     dist.all_gather_object(every, mine, group=tp.control if tp.control is not None else tp.group)
     peers = [p for r, p in enumerate(every) if r != tp.rank]
-    return dict(mine, peer_tower_ms=max(p["tower_ms"] for p in peers), peer_host_ms=max(p["host_ms"] for p in peers),
-                peer_host_tower_ms=max(p["host_tower_ms"] for p in peers))
+    slowest = {f"peer_{n}": max(p[n] for p in peers) for n in ("tower_ms", "host_ms", "host_tower_ms")}
+    return dict(mine, gather_min_ms=min(p["gather_ms"] for p in every), **slowest)
 
 
 def op_vision_profile(engine, job, images: int, rank: int) -> dict:

@@ -52,7 +52,8 @@ def test_tp_suite_on_cpu_matches_one_process_and_resumes(vlora_home, tmp_path, c
     assert split["items_here"] == 2 and split["vision_ms"] > 0  # rank 0 encoded its half
     assert whole["items_here"] == 4 and whole["vision_ms"] > 0  # every rank all of them
     # the split one broken down on every rank: rank 0's tower pass and the all-gather after it, its peer's
-    assert all(split[k] > 0 for k in ("tower_ms", "gather_ms", "host_ms", "peer_tower_ms", "peer_host_ms"))
+    parts = ("tower_ms", "gather_ms", "host_ms", "gather_min_ms", "peer_tower_ms", "peer_host_ms")
+    assert all(split[k] > 0 for k in parts)
     prof = {r["tp"]: r for r in rows if r["section"] == "vision_profile"}
     assert prof[1]["tp_vision"] == "whole" and prof[1]["comm_us"] == 0 and prof[1]["tower_us"] > 0
     assert prof[2]["tp_vision"] == "split" and prof[2]["comm_us"] > 0 and prof[2]["tower_us"] > 0  # gloo's all-gather

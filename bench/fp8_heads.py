@@ -58,6 +58,7 @@ def _engine(job, adapters: list[HeadAdapter], quantization: str) -> Engine:
     cuda = job.device.startswith("cuda")
     config = EngineConfig(device=job.device, dtype="bfloat16", quantization=quantization, max_batch_size=32,
                           max_tokens_per_step=8192, num_kv_blocks=32 * 64 + 64, cuda_graphs=cuda,
+                          graph_batch_sizes=(1, 2, 4, 8, 16, 32),  # no bucket above max_batch_size
                           lora_graph_segments=(), lora_graph_seg_lens=(), encoder_cache_items=0,
                           enable_prefix_cache=False, seed=job.seed, warm_up="off", encode_ahead="off",
                           vision_compile=False, adapter_slots=len(adapters), host_adapter_cache=len(adapters),

@@ -28,8 +28,9 @@ def _operands(m: int, n: int, k: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g) * torch.logspace(-2, 1, m)[:, None]  # scales differ per token
     w = torch.randn(n, k, generator=g) * torch.logspace(-3, -1, n)[:, None]  # and per channel
-    (q_x, s_x), (q_w, s_w) = quantize_rows_ref(x), quantize_weight(w)  # fp8 made by torch: the interpreter
-    return [t.to(DEV) for t in (q_x, s_x, q_w, s_w)]                 # rounds fp32 -> e4m3 wrongly
+    # fp8 made by torch (the interpreter rounds fp32 -> e4m3 wrongly), on the device the kernel runs on
+    (q_x, s_x), (q_w, s_w) = quantize_rows_ref(x.to(DEV)), quantize_weight(w.to(DEV))
+    return q_x, s_x, q_w, s_w
 
 
 def _check(y: torch.Tensor, q_x, s_x, q_w, s_w) -> None:

@@ -45,8 +45,9 @@ WGMMA_K = tl.constexpr(32)  # K of one FP8 wgmma instruction: its sum is promote
 MAX_M = 64  # tokens: BLOCK_M is the next power of two >= M, at least 16 (wgmma's N), at most 64
 
 # Launch configurations, (n, k) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages), for Qwen2-VL-7B's
-# projections; first guesses, to be tuned on a GPU (python -m bench.fp8_decode_sweep prints lines to paste). Goal: >= 2 programs per SM of an H100/H200 (132),
-# each streaming >= 7 weight tiles of BLOCK_N x 128 bytes, 4 stages in flight. Other shapes: _fallback.
+# projections; first guesses, to be tuned on a GPU (`python -m bench.fp8_decode_sweep` prints lines to
+# paste). Goal: >= 2 programs per SM of an H100/H200 (132), each streaming >= 7 weight tiles of
+# BLOCK_N x 128 bytes, 4 stages in flight. Other shapes: _fallback.
 CONFIGS = {
     (4608, 3584): (64, 128, 4, 4, 4),    # qkv_proj: 72 channel tiles x 4 splits of 7 K tiles = 288 programs
     (3584, 3584): (64, 128, 4, 4, 4),    # o_proj: 56 x 4 = 224

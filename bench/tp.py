@@ -10,8 +10,9 @@ LocalGroup (rank 0 here, the followers load the checkpoint by path: bench/tp_ran
   token agreement, each divergence with the TP=1 margin there (near-ties show as small margins);
 - timing: the decode step at each batch (the CUDA graph the engine replays plus the LM head, as
   bench/fp8.py times it; the engine's wall time per decode step beside it), prefill of `prompts`
-  prompts with an image each (wall ms), the vision encoder on `vision_images` pictures (items
-  shared out across the ranks on a group) and, on a GPU, NCCL's share of a profiled decode step;
+  prompts with an image each (wall ms), the vision encoder on `vision_images` pictures (on a group
+  both ways, EngineConfig.tp_vision split and whole; the split one broken down per rank and one call
+  of it profiled on rank 0: bench/tp_vision.py) and, on a GPU, NCCL's share of a profiled decode step;
 - last, when time is left: a float32 TP=1 engine runs the same sequence, and TP=1 and each TP=N
   are compared with it: bf16's own noise beside the TP error (`fp32_reference`).
 

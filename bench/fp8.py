@@ -12,7 +12,9 @@ Each engine decodes the same prompts greedily, with no adapter and with one rand
   (device time), and everywhere the engine's wall time per decode-only step;
 - weight memory: the projections' bytes, and for fp8 the bytes the merged mode keeps to restore;
 - switch: merge and unmerge of the adapter (median ms), fp8 over bf16 (target <= 1.5), and whether
-  unmerge gave back the exact weights.
+  unmerge gave back the exact weights;
+- heads (heads=true, or heads_only=true alone): trained adapters' head answers and caption tokens,
+  FP8 against bf16 on the same world items, each beside the truth (bench/fp8_heads.py).
 
 On the CPU (tiny model, `device=cpu`) FP8 is let through by serve.models.fp8.ALLOW_CPU for the
 length of the run: it measures the same arithmetic, not serving speed.

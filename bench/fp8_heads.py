@@ -109,17 +109,26 @@ def _answers(engine: Engine, adapters: list[HeadAdapter], items: dict, job, reru
     out = _unmerged(engine, adapters, items)
     if rerun:
         out.update({("rerun", *k[1:]): v for k, v in _unmerged(engine, adapters, items).items()})
-    first = adapters[0]
-    captions = _caption_requests(first, next(iter(items.values())), job)
+    first, pictures = _caption_source(adapters, items)
+    captions = _caption_requests(first, pictures, job) if first else []
     if captions:
         out["unmerged", "caption"] = _keep(engine.generate(captions))
     for a in adapters:
         engine.set_mode(Mode.merge(a.name))
         out.update({("merged", *k): v for k, v in _split(a, items, engine.generate(_head_requests(a, items))).items()})
         if a is first and captions:
-            out["merged", "caption"] = _keep(engine.generate(_caption_requests(first, next(iter(items.values())), job)))
+            out["merged", "caption"] = _keep(engine.generate(_caption_requests(first, pictures, job)))
         engine.set_mode(Mode.unmerge())
     return out
+
+
+def _caption_source(adapters: list[HeadAdapter], items: dict) -> tuple[HeadAdapter | None, list]:
+    """The first adapter with a picture domain, and that domain's items (captions ask about a picture)."""
+    for a in adapters:
+        for d in a.domains:
+            if any(it.image is not None for it in items[a.name, d]):
+                return a, items[a.name, d]
+    return None, []
 
 
 def _keep(outs: list) -> list:
@@ -205,7 +214,8 @@ def heads_rows(job, workdir: Path) -> list[dict]:
                                      truth_metric="f1@0.5" if task == "detect" else "top1", truth_from=truth_from(rec)))
     for mode in ("unmerged", "merged"):
         if (mode, "caption") in answers["bf16"]:
-            rows.append(dict(section="heads", kind="caption", adapter=adapters[0].name, mode=mode, precision="fp8",
+            rows.append(dict(section="heads", kind="caption", adapter=_caption_source(adapters, items)[0].name,
+                             mode=mode, precision="fp8",
                              against="bf16", **caption_row(answers["bf16"][mode, "caption"],
                                                            answers["fp8"][mode, "caption"])))
     return rows

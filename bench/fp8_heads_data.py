@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 # domain -> DomainSpec fields (as conf/dataset/<name>.yaml), labelled by the world's truth: one head of
-# each type that is cheap to make; direction (clips) is left to adapters_dir (clips cost rendering)
+# each type that is cheap to make (the default list); direction, on clips, costs rendering and is asked for by name
 HEAD_DOMAINS = {
     "exists_bus": dict(task="binary", target="exists", classes=["bus"], question="Is there a bus?"),
     "count_vehicles": dict(task="count", target="count", classes=["car", "bus", "truck"],
@@ -29,6 +29,9 @@ HEAD_DOMAINS = {
     "class_main": dict(task="classify", target="class", question="What kind of object is the largest one?",
                        world={"min_objects": 1}),
     "detect_car": dict(task="detect", target="boxes", classes=["car"], question="Where are the cars?", max_boxes=6),
+    # clips of one second (conf/dataset/direction.yaml): four frames each through the engine's video input
+    "direction": dict(task="classify", target="direction", media="clip",
+                      question="Which way is the largest moving object going?", world={"clip_frames": 16, "fps": 15}),
 }
 HEAD_TASKS = ("binary", "classify", "count", "detect")  # lm domains have no head: they answer in text
 

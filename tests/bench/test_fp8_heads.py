@@ -42,9 +42,11 @@ def _bench(tmp_path, *overrides) -> dict:
 
 
 def test_heads_section_per_domain_and_mode(vlora_home, tmp_path, one_thread, fp8_on_cpu):
-    rows = _bench(tmp_path)["fp8"]
+    # the default domains, and direction: a clip domain, its frames through the engine's video input
+    rows = _bench(tmp_path, "bench.fp8.heads_domains=[exists_bus,count_vehicles,class_main,detect_car,direction]")["fp8"]
     heads = {(r["domain"], r["mode"], r["precision"]): r for r in rows if r["kind"] == "head"}
-    domains = {"exists_bus": "binary", "count_vehicles": "count", "class_main": "classify", "detect_car": "detect"}
+    domains = {"exists_bus": "binary", "count_vehicles": "count", "class_main": "classify", "detect_car": "detect",
+               "direction": "classify"}
     assert set(heads) == {(d, m, "fp8") for d in domains for m in ("unmerged", "merged")} | {
         (d, "unmerged", "bf16 rerun") for d in domains}
     for (domain, mode, precision), r in heads.items():

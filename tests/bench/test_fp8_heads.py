@@ -113,3 +113,15 @@ def test_the_cpu_is_refused_without_the_test_switch(tmp_path):
     with pytest.raises(ValueError, match="measures FP8 head answers on a GPU"):
         run_fp8_bench(Fp8BenchJob(device="cpu", heads=True, out_dir=str(tmp_path)))
     assert not Path(tmp_path / "cpu").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 needs a GPU of compute capability >= 8.9")
+def test_heads_section_on_gpu(vlora_home, tmp_path):
+    """The GPU path (training with bf16 autocast, CUDA graphs, the FP8 GEMMs) at the CPU test's sizes."""
+    rows = run(compose("bench", ["bench.suite=fp8", "bench.fp8.heads_only=true", *SMALL[1:],
+                                 f"bench.out_dir={tmp_path}"]))["fp8"]
+    heads = [r for r in rows if r["kind"] == "head"]
+    assert len(heads) == 12 and all(0 <= r["agreement"] <= 1 for r in heads)
+    assert all(r["agreement"] == 1 for r in heads if r["precision"] == "bf16 rerun")

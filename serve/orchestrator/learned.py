@@ -37,7 +37,9 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
+from operator import mul
 
+from .nnls import nonnegative_solve
 from .profile import LORA_OPS, CostProfile, batch_shape
 from .types import Mode
 
@@ -55,31 +57,6 @@ SHAPE_FIRST_STEP, SHAPE_MIN_STEP = 0.1, 0.004
 CACHE_SIZE = 4096  # step shapes whose features (and current estimates) are kept
 
 
-def _eliminate(m: list[list[float]]) -> list[float]:
-    """x with m[:, :n] @ x = m[:, n] (Gaussian elimination, partial pivoting, in place; m's n rows of
-    n + 1 hold a symmetric positive definite system here)."""
-    n = len(m)
-    # (refit every served step, on the engine's step loop: the row operations run as list
-    # comprehensions, each element computed as the plain loops would, in the same order)
-    for c in range(n):
-        col = [abs(m[r][c]) for r in range(c, n)]
-        p = c + col.index(max(col))  # the first largest, as max(range, key=...) picks it
-        m[c], m[p] = m[p], m[c]
-        top = m[c]
-        pivot = top[c]
-        tail = top[c:]
-        for r in range(c + 1, n):
-            row = m[r]
-            f = row[c] / pivot
-            if f:
-                row[c:] = [v - f * t for v, t in zip(row[c:], tail)]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        row = m[r]
-        x[r] = (row[n] - sum([row[k] * x[k] for k in range(r + 1, n)])) / row[r]
-    return x
-
-
 class LearnedCosts:
     """The profile's estimates, corrected by the measured steps. Offers the CostProfile methods
     the policies plan with (`step_ms`, `batch_ms`, `switch_cost_ms`, `switch_ms`), plus `observe`."""
@@ -95,6 +72,9 @@ class LearnedCosts:
         self._xx = [[0.0] * n for _ in range(n)]  # forgetful sums of x x^T and x y
         self._xy = [0.0] * n
         self._scale = [1.0] * n  # forgetful mean |x_i|: the prior is worth prior_steps steps of this size
+        # parts never seen non-zero (an operator the policy never runs): their rows and columns of
+        # x x^T stay exactly 0, so the solver takes each as its own equation (nnls.nonnegative_solve)
+        self._unseen = set(range(n))
         self.weights = list(PRIOR)
         self.switch_ms = dict(profile.switch_ms)  # op -> learnt ms of one fold
         self.observed = 0
@@ -137,7 +117,7 @@ class LearnedCosts:
         return x
 
     def predict(self, x: list[float]) -> float:
-        return max(0.0, sum(w * v for w, v in zip(self.weights, x)))
+        return max(0.0, sum(map(mul, self.weights, x)))  # (the same sum, in the same order, as a generator's)
 
     @staticmethod
     def shape(seqs: int, tokens: int, lora_tokens: int, lora_op: str) -> tuple:
@@ -207,13 +187,17 @@ class LearnedCosts:
         self._spread *= math.exp(0.05 if rel > self._spread else -0.05)  # tracks the median |residual|
         limit = HUBER * max(self._spread, 0.02)
         weight = 1.0 if rel <= limit else limit / rel
-        lam, n = self.forget, len(x)
-        xx = self._xx
-        for i in range(n):
-            self._scale[i] = lam * self._scale[i] + (1 - lam) * abs(x[i]) if self.observed else max(abs(x[i]), 1e-3)
-            xi = weight * x[i]
-            self._xy[i] = lam * self._xy[i] + xi * measured_ms
-            xx[i] = [lam * r + xi * v for r, v in zip(xx[i], x)]
+        lam = self.forget
+        if self.observed:
+            keep = 1 - lam
+            self._scale = [lam * s + keep * abs(v) for s, v in zip(self._scale, x)]
+        else:
+            self._scale = [max(abs(v), 1e-3) for v in x]
+        wx = [weight * v for v in x]
+        self._xy = [lam * s + xi * measured_ms for s, xi in zip(self._xy, wx)]
+        self._xx = [[lam * r + xi * v for r, v in zip(row, x)] for row, xi in zip(self._xx, wx)]
+        if self._unseen:
+            self._unseen = {i for i in self._unseen if not x[i]}
         self.observed += 1
         self._refit()
         return predicted
@@ -223,18 +207,8 @@ class LearnedCosts:
         ridge = [self.prior_steps * max(s, 1e-3) ** 2 for s in self._scale]
         xx = self._xx
         b = [self._xy[i] + ridge[i] * PRIOR[i] for i in range(n)]
-        free = list(range(n))
-        for _ in range(len(_NONNEGATIVE)):  # active set: a part fitted below 0 is held at 0, the rest refit
-            # the free parts' normal equations (x x^T plus the ridge on its diagonal | x y plus the prior)
-            w = _eliminate([[xx[i][j] + (ridge[i] if i == j else 0.0) for j in free] + [b[i]] for i in free])
-            weights = [0.0] * n
-            for i, v in zip(free, w):
-                weights[i] = v
-            negative = [i for i in free if i in _NONNEGATIVE and weights[i] < 0]
-            if not negative:
-                break
-            free.remove(min(negative, key=lambda i: weights[i]))
-        self.weights = [max(0.0, v) if i in _NONNEGATIVE else v for i, v in enumerate(weights)]
+        # (the solver does the plain active-set elimination's arithmetic, less the work never read: nnls.py)
+        self.weights = nonnegative_solve(xx, ridge, b, _NONNEGATIVE, self._unseen)
 
     def observe_switch(self, op: str, folds: int, measured_ms: float, share: float = 0.2) -> None:
         """A switch of `folds` folds (merge a->b: 2) measured at `measured_ms`."""

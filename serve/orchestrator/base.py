@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import replace
 
 from .profile import CostProfile
 from .types import Decision, DecisionRecord, Mode, PolicyStats, RequestView, StepView
@@ -75,7 +74,7 @@ class Policy:
         d = self._decide(view)
         self._check(view, d)
         switch = d.mode.merged_adapter != view.mode.merged_adapter
-        d = replace(d, switch=switch)
+        d = Decision(d.mode, d.admit, d.pause, switch, d.reason, d.starving)  # (replace(d, switch=...), cheaper)
         s = self.stats
         s.decisions += 1
         s.steps_by_mode[d.mode.kind] += 1

@@ -188,6 +188,8 @@ class VLoRAPolicy(Adaptive, Policy):
 
     def starving(self, view: StepView) -> list[RequestView]:
         """Waiting requests over their threshold, the most overdue first."""
+        if not view.waiting:  # (most steps below capacity: no credit to estimate)
+            return []
         credits = self.credits(view)
         urgency = {r.request_id: credits[r.request_id] / self.threshold_ms(r) for r in view.waiting}
         return sorted((r for r in view.waiting if urgency[r.request_id] > 1),
@@ -202,10 +204,13 @@ class VLoRAPolicy(Adaptive, Policy):
 
     def _top(self, present: list[RequestView], cur: str | None) -> tuple[Counter, str | None]:
         """Requests per adapter and the most requested adapter (ties: the merged one, then the earliest)."""
-        counts = Counter(r.adapter for r in present if r.adapter is not None)
-        first = {}
-        for r in fcfs(present):
-            first.setdefault(r.adapter, r.arrival_ms)
+        counts, first = Counter(), {}  # first: each adapter's earliest arrival (what fcfs order puts first)
+        for r in present:
+            a = r.adapter
+            if a is not None:
+                counts[a] += 1
+                if a not in first or r.arrival_ms < first[a]:
+                    first[a] = r.arrival_ms
         top = min(counts, key=lambda a: (-counts[a], a != cur, first[a], a)) if counts else None
         return counts, top
 

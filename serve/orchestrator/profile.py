@@ -67,16 +67,18 @@ def batch_shape(mode: Mode, batch: Sequence[tuple[str | None, int]], lora_op: st
     """(seqs, tokens, lora_tokens, adapters, op) of `batch` = [(adapter, tokens this step)] in `mode`: the
     tokens that go through a LoRA operator and over how many adapters (mixture runs deLoRA through ATMM,
     its merged adapter among them)."""
-    lora_tokens, adapters = 0, set()
-    for adapter, n in batch:
-        if mode.needs_lora(adapter):
+    tokens, lora_tokens, adapters = 0, 0, set()
+    unmerged, merged = mode.kind == "unmerge", mode.adapter
+    for adapter, n in batch:  # (priced several times a step on the engine's step loop: mode.needs_lora inlined)
+        tokens += n
+        if (adapter is not None) if unmerged else (adapter != merged):
             lora_tokens += n
             if adapter is not None:
                 adapters.add(adapter)
     op = lora_op
     if mode.kind == "mixture":
-        op, adapters = "delora", adapters | {mode.adapter}
-    return len(batch), sum(n for _, n in batch), lora_tokens, len(adapters), op
+        op, adapters = "delora", adapters | {merged}
+    return len(batch), tokens, lora_tokens, len(adapters), op
 
 
 @dataclass

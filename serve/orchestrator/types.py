@@ -51,17 +51,19 @@ class Mode:
             raise ValueError(f"mode {self.kind!r} needs {'no' if self.kind == 'unmerge' else 'an'} adapter, "
                              f"got adapter={self.adapter!r}")
 
+    # the policies name modes many times a step on the engine's step loop (each plan they price): a
+    # mode is a frozen value, so each (kind, adapter) is built and checked once and then handed out
     @classmethod
     def unmerge(cls) -> Mode:
-        return cls("unmerge")
+        return _made("unmerge", None)
 
     @classmethod
     def merge(cls, adapter: str) -> Mode:
-        return cls("merge", adapter)
+        return _made("merge", adapter)
 
     @classmethod
     def mixture(cls, adapter: str) -> Mode:
-        return cls("mixture", adapter)
+        return _made("mixture", adapter)
 
     @property
     def merged_adapter(self) -> str | None:
@@ -79,6 +81,18 @@ class Mode:
 
     def __str__(self) -> str:
         return self.kind if self.adapter is None else f"{self.kind}({self.adapter})"
+
+
+_MODES: dict[tuple[str, str | None], Mode] = {}
+
+
+def _made(kind: str, adapter: str | None) -> Mode:
+    mode = _MODES.get((kind, adapter))
+    if mode is None:
+        mode = Mode(kind, adapter)
+        if len(_MODES) < 4096:  # (adapter names come from requests: keep the table bounded)
+            _MODES[(kind, adapter)] = mode
+    return mode
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ class Adaptive:
         self._fresh_state()
 
     def decide(self, view: StepView) -> Decision:
-        # the plans of one decision share their planned steps; keyed by object ids, so never kept past it
-        self._price_cache = {}
+        # the plans of one decision share their planned steps (by the ids they admit to the view's running
+        # requests, so never kept past it), and the decision's own step is most often one of them
+        cache = self._price_cache = {}
         try:
             d = super().decide(view)
         finally:
@@ -57,10 +58,12 @@ class Adaptive:
         if d.reason == "idle":
             self._planned = None  # no step follows it
             return d
-        waiting = {r.request_id: r for r in view.waiting}
-        paused = set(d.pause)
-        batch = [r for r in view.running if r.request_id not in paused] + [waiting[i] for i in d.admit]
-        step = planned_step(view, batch)
+        step = None if d.pause else cache.get((d.admit, None))
+        if step is None:
+            waiting = {r.request_id: r for r in view.waiting}
+            paused = set(d.pause)
+            batch = [r for r in view.running if r.request_id not in paused] + [waiting[i] for i in d.admit]
+            step = planned_step(view, batch)
         record = self.log[-1]
         record.predicted_ms = self.costs.batch_ms(d.mode, step.entries, self.lora_op, step.image_tokens)
         self._planned = record

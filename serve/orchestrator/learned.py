@@ -180,7 +180,7 @@ class LearnedCosts:
                 step = max(SHAPE_MIN_STEP, SHAPE_FIRST_STEP / math.sqrt(seen))
                 gap = math.log(measured_ms / fitted) - factor
                 self._shape_log[key] = factor + (min(step, gap) if gap > 0 else max(-step, gap))
-        self.log.append((str(mode), len(batch), sum(n for _, n in batch), predicted, measured_ms))
+        self.log.append((str(mode), seqs, tokens, predicted, measured_ms))  # (batch_shape's count and sum)
         # Huber weights: a step far off the fit (another process on the host, a page fault) counts
         # less, so the fit follows the typical step (the median) rather than the tail's mean
         rel = abs(measured_ms - fitted) / max(fitted, 1e-3)
@@ -195,9 +195,12 @@ class LearnedCosts:
             self._scale = [max(abs(v), 1e-3) for v in x]
         wx = [weight * v for v in x]
         self._xy = [lam * s + xi * measured_ms for s, xi in zip(self._xy, wx)]
-        self._xx = [[lam * r + xi * v for r, v in zip(row, x)] for row, xi in zip(self._xx, wx)]
         if self._unseen:
             self._unseen = {i for i in self._unseen if not x[i]}
+        # (a part still never seen keeps its row at +0.0, as lam * 0.0 + 0.0 * v leaves it: not recomputed)
+        unseen = self._unseen
+        self._xx = [row if i in unseen else [lam * r + xi * v for r, v in zip(row, x)]
+                    for i, (row, xi) in enumerate(zip(self._xx, wx))]
         self.observed += 1
         self._refit()
         return predicted

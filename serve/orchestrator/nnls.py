@@ -17,6 +17,9 @@ hence every price and decision. What it leaves out is work whose result is never
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from operator import itemgetter, mul
+
+first = itemgetter(0)
 
 
 class Elimination:
@@ -35,7 +38,7 @@ class Elimination:
         upper, pivots, states = self.upper, self.pivots, self.states
         while rows:
             states.append((rows, ids))  # never changed below: a row is replaced, not written into
-            col = [abs(r[0]) for r in rows]
+            col = list(map(abs, map(first, rows)))
             p = col.index(max(col))  # the first largest, as the plain algorithm picks it
             if p:
                 rows, ids = rows[:], ids[:]
@@ -59,7 +62,7 @@ class Elimination:
         x = [0.0] * n
         for r in range(n - 1, -1, -1):
             row = self.upper[r]
-            x[r] = (row[-1] - sum([a * b for a, b in zip(row[1:-1], x[r + 1:])])) / row[0]
+            x[r] = (row[-1] - sum(map(mul, row[1:-1], x[r + 1:]))) / row[0]  # (the same sum, in the same order)
         return x
 
     def without(self, var: int) -> Elimination | None:

@@ -30,10 +30,8 @@ class PlannedStep:
     image_tokens: int
     goes_on: list[RequestView]  # requests that keep generating after this step
     horizon: float  # mean decode steps left to them after this step
-
-    @property
-    def tokens(self) -> int:
-        return sum(n for _, n in self.entries)
+    tokens: int = 0  # this step's tokens (the entries' sum)
+    decoders: list[tuple[str | None, int]] = ()  # (adapter, 1) of each request in goes_on: its decode steps
 
 
 def _chunk_images(r: RequestView, chunk: int) -> int:
@@ -45,6 +43,7 @@ def _chunk_images(r: RequestView, chunk: int) -> int:
 def planned_step(view: StepView, batch: Sequence[RequestView]) -> PlannedStep:
     """The step the scheduler runs for `batch` (running requests first, then admitted, in order)."""
     budget, entries, images, goes_on = view.max_tokens_per_step, [], 0, []
+    tokens = 0
     for r in batch:
         if budget <= 0:
             break
@@ -53,24 +52,27 @@ def planned_step(view: StepView, batch: Sequence[RequestView]) -> PlannedStep:
         if r.image_tokens:
             images += _chunk_images(r, n)
         budget -= n
+        tokens += n
         entries.append((r.adapter, n))
         prefill_done = left <= n
         after = r.remaining_output - (1 if prefill_done else 0)  # the step that ends the prompt samples a token
         if r.output_mode == "generate" and after > 0:
             goes_on.append((r, after))
     horizon = sum(a for _, a in goes_on) / len(goes_on) if goes_on else 0.0
-    return PlannedStep(entries, images, [r for r, _ in goes_on], horizon)
+    return PlannedStep(entries, images, [r for r, _ in goes_on], horizon, tokens, [(r.adapter, 1) for r, _ in goes_on])
 
 
 def plan_price(costs, view: StepView, mode: Mode, admit: Sequence[RequestView], lora_op: str, switch_op: str,
                dwell_steps: float, merged_only: bool = False, cache: dict | None = None) -> float:
     """ms per token of running `mode` with the running requests plus `admit` (as many as fit).
     merged_only: once the other adapters' running requests have finished (hold's merged phase).
-    cache: planned steps of this decision by (admit list, merged adapter kept), shared by its plans."""
-    key = (id(admit), mode.merged_adapter if merged_only else None)
+    cache: planned steps of this decision by (admitted ids, merged adapter kept), shared by its plans
+    (and with the decision's own predicted step: adaptive.py); the running requests are the view's."""
+    admitted = admit[:view.free_slots]
+    key = (tuple([r.request_id for r in admitted]), mode.merged_adapter if merged_only else None)
     step = cache.get(key) if cache is not None else None
     if step is None:
-        batch = [*view.running, *admit[:view.free_slots]]
+        batch = [*view.running, *admitted]
         if merged_only:
             batch = [r for r in batch if r.adapter == mode.merged_adapter]
         step = planned_step(view, batch)
@@ -79,7 +81,7 @@ def plan_price(costs, view: StepView, mode: Mode, admit: Sequence[RequestView], 
     if not step.entries:
         return float("inf")
     ms = costs.batch_ms(mode, step.entries, lora_op, step.image_tokens)
-    decoders = [(r.adapter, 1) for r in step.goes_on]
+    decoders = step.decoders
     ms += step.horizon * costs.batch_ms(mode, decoders, lora_op) if decoders else 0.0
     tokens = step.tokens + step.horizon * len(decoders)
     steps = 1 + step.horizon
@@ -99,7 +101,8 @@ def hold_price(costs, view: StepView, a: str, mine: Sequence[RequestView], lora_
     merged = plan_price(costs, view, Mode.mixture(a), mine, lora_op, switch_op, dwell_steps, True, cache)
     if merged == float("inf"):
         return mixed
-    step = (cache or {}).get((id(mine), None)) or planned_step(view, [*view.running, *mine[:view.free_slots]])
+    step = (cache or {}).get((tuple([r.request_id for r in mine[:view.free_slots]]), None)) \
+        or planned_step(view, [*view.running, *mine[:view.free_slots]])
     horizon = max(1.0, step.horizon)
     drain = min(horizon, max(r.remaining_output for r in others))
     return (drain * mixed + (horizon - drain) * merged) / horizon

@@ -139,3 +139,37 @@ def test_a_singular_system_fails_as_the_plain_elimination_does(alone):
         reference_solve(xx, ridge, [1.0] * n, NONNEGATIVE)
     with pytest.raises(ZeroDivisionError):
         nnls.nonnegative_solve(xx, ridge, [1.0] * n, NONNEGATIVE, alone)
+
+
+def test_the_learnt_weights_are_the_plain_refits_while_parts_are_first_seen_late():
+    """Each step's weights against the refit as it was (every sum over every part, then the plain
+    elimination), while deLoRA, then images, are first seen mid-way (einsum never): a part's
+    solved-alone or skipped row must end the step it is first seen non-zero."""
+    costs = LearnedCosts(linear_profile())
+    n, lam = len(FEATURES), costs.forget
+    scale, xy, xx = [1.0] * n, [0.0] * n, [[0.0] * n for _ in range(n)]
+    rng = random.Random(3)
+    for k in range(60):
+        mode = Mode.mixture("a") if k >= 10 and k % 2 else Mode.unmerge()
+        batch = [("a", 1), ("b", rng.randint(1, 300)), (None, 3)][:1 + k % 3]
+        images = 256 * (k % 4 == 0) if k >= 20 else 0
+        seqs, tokens, lora_tokens, adapters, op = costs.batch_shape(mode, batch)
+        x = costs.features(seqs, tokens, lora_tokens, adapters, op, images)
+        fitted = costs.predict(x)
+        measured = fitted * rng.uniform(0.7, 1.6) + 1.0
+        spread = costs._spread
+        costs.observe(mode, batch, measured, image_tokens=images)
+        # the sums as LearnedCosts kept them before (the Huber weight from the same running spread)
+        rel = abs(measured - fitted) / max(fitted, 1e-3)
+        limit = 2.0 * max(spread * __import__("math").exp(0.05 if rel > spread else -0.05), 0.02)
+        weight = 1.0 if rel <= limit else limit / rel
+        for i in range(n):
+            scale[i] = lam * scale[i] + (1 - lam) * abs(x[i]) if k else max(abs(x[i]), 1e-3)
+            xi = weight * x[i]
+            xy[i] = lam * xy[i] + xi * measured
+            xx[i] = [lam * r + xi * v for r, v in zip(xx[i], x)]
+        ridge = [costs.prior_steps * max(s, 1e-3) ** 2 for s in scale]
+        prior = [0.0, 0.0, 0.0, *[1.0] * (n - 4), 0.0]
+        b = [xy[i] + ridge[i] * prior[i] for i in range(n)]
+        assert bits(costs.weights) == bits(reference_solve(xx, ridge, b, NONNEGATIVE)), k
+    assert costs._unseen == {FEATURES.index("lora_einsum")}

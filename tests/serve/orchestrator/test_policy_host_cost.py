@@ -61,3 +61,40 @@ def test_paying_the_host_time_on_the_simulated_clock_delays_the_steps_by_it():
         assert delay == pytest.approx(done + plan / 1e3, abs=1e-6)
         done += (plan + observe) / 1e3
     assert paid.metrics.avg_token_latency_ms > free.metrics.avg_token_latency_ms
+
+
+def test_each_decisions_predicted_step_is_its_own_batch_priced_afresh():
+    """The decision's predicted step cost reuses the planned step of the plan it took (by the ids it
+    admits): on a trace with dwells, holds and the guard's fallbacks, every prediction is the one
+    the decided batch prices to when planned from scratch."""
+    from decision_trace import RUN
+
+    import dataclasses
+
+    from bench.policy_cost import with_images
+    from bench.serving_sim import device_profile
+    from bench.serving_traces import spec_of
+    from serve.orchestrator import CostProfile, generate
+    from serve.orchestrator.pricing import planned_step
+
+    profile = CostProfile.load(RUN / "profile.json")
+    spec = json.loads((RUN / "traces.json").read_text())["trace_load_0.5_skew0.9_seed0.jsonl"]["spec"]
+    spec = dataclasses.replace(spec_of(spec), rate=30.0, duration_s=1.5, seed=3)
+    policy = build_policy("v_lora", profile, {"guard_window": 16, "guard_hold_steps": 8})
+    decide, checked = policy.decide, []
+
+    def checking(view):
+        d = decide(view)
+        waiting = {r.request_id: r for r in view.waiting}
+        batch = [r for r in view.running if r.request_id not in set(d.pause)] + [waiting[i] for i in d.admit]
+        step = planned_step(view, batch)
+        if d.reason != "idle":
+            want = policy.costs.batch_ms(d.mode, step.entries, policy.lora_op, step.image_tokens)
+            assert policy.log[-1].predicted_ms == want, d.reason
+            checked.append(d.reason.split(":")[0])
+        return d
+
+    policy.decide = checking
+    simulate(with_images(generate(spec), spec), policy, device_profile(profile, 4.0),
+             SimConfig(32, 8192, step_noise=0.3, noise_seed=3, image_ms_per_ktoken=10.0))
+    assert len(checked) > 100 and {"dwell", "guard"} <= set(checked), set(checked)

@@ -109,6 +109,7 @@ class EngineReplica:
         self.adapters = dict(adapters)  # name -> PEFT directory this replica may load
         # loaded at start (config, manifest): served for the replica's life, never unloaded by Ray's LRU
         self.startup = frozenset(a["name"] for a in self.engine.list_adapters())
+        self.loads: dict[str, int] = {}  # adapter -> times this replica loaded it (affinity: once each)
         self.loop = EngineLoop(self.engine).start()
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()  # the machine (Ray node) it runs on
@@ -125,6 +126,7 @@ class EngineReplica:
             if name not in self.adapters:
                 raise ValueError(f"adapter {name!r} is not served; served: {sorted(loaded | set(self.adapters))}")
             engine.load_adapter(name, self.adapters[name])
+            self.loads[name] = self.loads.get(name, 0) + 1
 
         await asyncio.to_thread(self.loop.call, load)
         return _Loaded(self.loop, name, unload=name not in self.startup)
@@ -151,7 +153,7 @@ class EngineReplica:
         final = next(e for e in reversed(events) if e["type"] in ("final", "error"))
         stats = self.engine.stats()  # counters read between steps' updates: a snapshot, good enough for totals
         counters = {"steps_by_mode": dict(stats.steps_by_mode or {}), "mode_switches": stats.mode_switches,
-                    "switch_ms_total": stats.switch_ms_total}
+                    "switch_ms_total": stats.switch_ms_total, "adapter_loads": dict(self.loads)}
         return {**final, "replica": self.replica, "node": self.node, "counters": counters}
 
     def list_adapters(self) -> list[dict]:
@@ -237,6 +239,7 @@ class ReplicatedStats:
     failed: int = 0
     by_replica: dict[str, int] = field(default_factory=dict)
     by_node: dict[str, int] = field(default_factory=dict)  # requests answered per Ray node (machine)
+    adapter_loads: dict[str, dict[str, int]] = field(default_factory=dict)  # replica -> adapter -> loads
     # the replicas' engine counters summed (each replica's latest report)
     steps_by_mode: dict[str, int] = field(default_factory=dict)
     mode_switches: int = 0
@@ -347,6 +350,7 @@ class ReplicatedEngine:
                 s.steps_by_mode[mode] = s.steps_by_mode.get(mode, 0) + n
         s.mode_switches = sum(c.get("mode_switches", 0) for c in self._counters.values())
         s.switch_ms_total = sum(c.get("switch_ms_total", 0.0) for c in self._counters.values())
+        s.adapter_loads = {r: dict(c.get("adapter_loads") or {}) for r, c in self._counters.items()}
         return dataclasses.replace(s, by_replica=dict(s.by_replica), by_node=dict(s.by_node))  # a snapshot
 
     def list_adapters(self) -> list[dict]:

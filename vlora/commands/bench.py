@@ -106,6 +106,13 @@ def _replay(b: DictConfig) -> dict:
         from bench.scaling import ScalingBenchJob as Job
         from bench.scaling import run_scaling_bench as run_job
     values = OmegaConf.to_container(b[b.suite], resolve=True)
+    if b.suite == "scaling":  # workload=streams: cameras with heads on one GPU and on replicas (bench.scaling_streams)
+        workload, streams = values.pop("workload", "serving"), values.pop("streams", None) or {}
+        if workload != "serving":
+            from bench.scaling_streams import run_streams_scaling, streams_job
+
+            rows, meta = run_streams_scaling(streams_job(workload, streams, b.out_dir))
+            return {"scaling": rows, "meta": meta}
     policies = _policies(values)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     rows, meta = run_job(to_dataclass(Job, values, policies=policies, out_dir=b.out_dir))

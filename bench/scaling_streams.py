@@ -1,0 +1,293 @@
+"""The scaling suite's streams workload: cameras with heads on one GPU and on replicas of one host.
+
+    vlora bench bench.suite=scaling bench.scaling.workload=streams bench.scaling.streams.gpus=[2]
+
+Each setup serves the streams evaluation's engine (a 7B-shaped Qwen2-VL, random weights, `adapters`
+random LoRA adapters each with a classification head) behind the RPyC front end, and cameras (one
+chunk a second each, head answers) run the streams search on it: `stream_counts` cameras per GPU
+times the setup's GPUs, upwards until one misses the target (p95 > target_ms, an error or an
+unanswered chunk), then `refine` bisection steps. A setup's answer is its largest passing count.
+
+    single     one engine in this process (GPU 0), as `vlora serve` runs it
+    replicas   N Ray Serve replicas on N GPUs (one each) behind ReplicatedEngine, as
+               `vlora serve replicas.count=N` fronts them; adapters load on a replica's first
+               request for them and Ray's router keeps sending an adapter to the replica that holds it
+
+Scaling efficiency = cameras(N) / (N x cameras(single)). Rows also carry the chunks each replica
+answered and its adapter loads (affinity: each adapter loaded once, by one replica while it has room).
+
+The kill point (bench.scaling_streams_point): on the replicas setup of the most GPUs, `kill_cameras`
+cameras (default `kill_share` of its measured cameras) run `kill_seconds`; `kill_after_s` in, the
+busiest replica's process is killed; the front end sends that replica's requests again. Reported:
+chunks lost, per-second p95 around the kill, the spike and the time to recover. Note that past half
+of two replicas' capacity the survivor alone is overloaded until Ray Serve's replacement replica is up,
+so the recovery time there includes that replica's start.
+
+Every setup's rows are saved as measured (streams_<setup>_<gpus>.json) and a setup already saved is not
+run again unless fresh=true; the report (streams_scaling.csv/.json/.md, streams_kill.csv) is written
+from whatever is saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import importlib.util
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .results import device_label, results_dir, write_json
+from .streams import StreamsBenchJob, _log, render_chunks, search
+from .streams_hf import chunk_flops
+
+SETUPS = ("single", "replicas")
+APP = "vlora-scaling-streams"
+
+
+@dataclass
+class ScalingStreamsJob(StreamsBenchJob):
+    setups: tuple[str, ...] = SETUPS
+    gpus: tuple[int, ...] = (2,)  # GPU counts of the replicas setup (one replica a GPU), rising
+    stream_counts: tuple[int, ...] = (16, 20, 24, 28, 32, 36, 40)  # cameras per GPU, rising
+    modes: tuple[str, ...] = ("head",)
+    kill_cameras: int | None = None  # the kill point's cameras; None: kill_share x measured; 0: no kill point
+    kill_share: float = 0.8
+    kill_after_s: float = 5.0  # from the cameras' start to the kill
+    kill_seconds: float = 30.0  # the kill point's measured seconds (the kill falls within them)
+    kill_drain_s: float = 60.0  # the kill point's chunks count as lost only this long after a stream's last send
+    replica_capacity: int | None = None  # requests a replica takes at once (default max_batch_size)
+    fresh: bool = False
+    engine_only: bool = False
+    hf_baseline: bool = False
+    fresh_caches: bool = False
+
+    def __post_init__(self) -> None:
+        self.setups = (self.setups,) if isinstance(self.setups, str) else tuple(self.setups)
+        self.gpus = (self.gpus,) if isinstance(self.gpus, int) else tuple(self.gpus)
+        super().__post_init__()
+        bad = [s for s in self.setups if s not in SETUPS]
+        if bad or not self.setups:
+            raise ValueError(f"setups {list(self.setups)}: give some of {list(SETUPS)}")
+        if self.modes != ("head",):
+            raise ValueError(f"modes {list(self.modes)}: the scaling streams workload runs the cameras' heads only")
+        if not self.gpus or list(self.gpus) != sorted(set(self.gpus)) or min(self.gpus) < 1:
+            raise ValueError(f"gpus {list(self.gpus)}: the replicas setup's GPU counts, rising and positive")
+        if not 0 < self.kill_share <= 1 or (self.kill_cameras is not None and self.kill_cameras < 0):
+            raise ValueError(f"kill_share ({self.kill_share}) must be in (0, 1] and kill_cameras "
+                             f"({self.kill_cameras}) null or >= 0")
+        if not 0 < self.kill_after_s <= self.kill_seconds - 2 or self.kill_drain_s < 0:
+            raise ValueError(f"kill_after_s ({self.kill_after_s}) must be positive and leave at least 2 of "
+                             f"kill_seconds ({self.kill_seconds}) after the kill; kill_drain_s >= 0")
+        if self.kill_cameras and "replicas" not in self.setups:
+            raise ValueError(f"kill_cameras={self.kill_cameras}: the kill point needs the replicas setup")
+        if "replicas" in self.setups and importlib.util.find_spec("ray") is None:
+            raise ValueError('setup replicas needs Ray Serve: pip install -e ".[ray]"')
+
+    def runs(self) -> list[tuple[str, int]]:
+        """(setup, GPUs) in the order they run."""
+        return ([("single", 1)] if "single" in self.setups else []) + \
+            ([("replicas", g) for g in self.gpus] if "replicas" in self.setups else [])
+
+
+def streams_job(workload: str, values: dict, out_dir: str) -> ScalingStreamsJob:
+    """The job of bench.scaling.workload=streams from bench.scaling.streams' options."""
+    from vlora.config import to_dataclass
+
+    if workload != "streams":
+        raise ValueError(f"bench.scaling.workload={workload!r}: give serving or streams")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return to_dataclass(ScalingStreamsJob, values, out_dir=out_dir)
+
+
+def run_streams_scaling(job: ScalingStreamsJob) -> tuple[list[dict], dict]:
+    """Runs the setups not yet saved, then writes the report; returns (rows, summary)."""
+    from zoo import get_spec
+
+    from .scaling_streams_report import report
+
+    if get_spec(job.model).arch not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ValueError(f"model {job.model!r}: cameras send video chunks, which only the Qwen2-VL / Qwen2.5-VL "
+                         "zoo models take")
+    if job.device.startswith("cuda"):
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        need = max(g for _, g in job.runs())
+        if have < need:
+            raise RuntimeError(f"setups {job.runs()} need {need} GPU(s); this machine has {have}")
+    out = results_dir(job.out_dir, device_label(job.device))
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="scaling-streams-"))
+    plan = None
+    for setup, gpus in job.runs():
+        path = out / f"streams_{setup}_{gpus}.json"
+        if path.is_file() and not job.fresh:
+            _log(f"{setup} ({gpus} GPU): measured already ({path}); fresh=true measures again")
+            continue
+        plan = plan or _plan(job, workdir)
+        meta = dict(setup=setup, gpus=gpus, device=device_label(job.device), date=time.strftime("%Y-%m-%d"),
+                    torch=torch.__version__, job=dataclasses.asdict(job))
+        t0 = time.perf_counter()
+        rows = (_single if setup == "single" else _replicas)(job, plan, gpus, meta)
+        write_json(path, {"meta": {**meta, "wall_s": time.perf_counter() - t0}, "rows": rows})
+        gc.collect()  # the next setup's engines size their K/V caches from the GPU memory left free
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return report(job, out)
+
+
+@dataclass
+class _Plan:
+    workdir: Path
+    config: dict  # EngineConfig's fields, adapters loaded at start left out
+    adapters: dict[str, str]  # name -> PEFT directory (with a head)
+    chunks: list
+
+
+def _plan(job: ScalingStreamsJob, workdir: Path) -> _Plan:
+    """The checkpoint folder (config and processor; weights are made where each engine runs), the
+    adapters with heads, the rendered chunks and the engine config of bench.streams' engine."""
+    from bench.adapter_parts import write_peft_adapter
+    from bench.adapters import write_head
+    from bench.engine import build_random_model
+    from serve.models import read_model_args
+
+    hf, processor = build_random_model(job.model, job.seed, job.dtype, "meta", workdir)
+    chunks = render_chunks(job)
+    prompt_tokens = chunk_flops(hf, processor, job, chunks[0])["prompt_tokens"]
+    del hf
+    args = read_model_args(workdir)[0]
+    adapters = {}
+    for i in range(job.adapters):
+        path = write_peft_adapter(workdir / "adapters" / f"a{i}", args, job.rank, job.targets, 1000 + i,
+                                  getattr(torch, job.dtype), "cpu")
+        write_head(path, args.hidden_size)
+        adapters[f"a{i}"] = str(path)
+    per_seq = prompt_tokens + job.answer_tokens + 32
+    cuda = job.device.startswith("cuda")
+    # as bench.streams' engine (one GPU's K/V sized for a full batch of chunks)
+    config = dict(device="cuda" if cuda else job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
+                  max_tokens_per_step=job.max_tokens_per_step, seed=job.seed, encode_ahead=job.encode_ahead,
+                  warm_up="on" if job.engine_warm_up else "off", max_prefill_with_decode=job.max_prefill_with_decode,
+                  num_kv_blocks=2 * job.max_batch_size * per_seq // 16 + 64 if cuda else None,
+                  graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, job.max_batch_size})),
+                  adapter_slots=job.adapters, host_adapter_cache=job.adapters + 4, max_lora_rank=job.rank,
+                  lora_targets=tuple(job.targets), policy=job.policy, policy_params=job.policy_params,
+                  quantization=job.quantization)
+    return _Plan(workdir, config, adapters, chunks)
+
+
+def _weights(model: str, seed: int, dtype: str, workdir: str, device: str) -> tuple[str, dict]:
+    """Runs where an engine runs (a replica: on its own GPU): the zoo model's random weights, the same
+    for the same seed; the checkpoint folder is the plan's."""
+    from bench.engine import build_random_model
+
+    hf, _ = build_random_model(model, seed, dtype, device, Path(workdir) / f"rank-{os.getpid()}")
+    return workdir, dict(hf.state_dict())
+
+
+def _threads(job: ScalingStreamsJob) -> int:
+    """torch threads of one engine process: its share of the host's cores at the most GPUs."""
+    return max(1, (os.cpu_count() or 1) // max(job.gpus))
+
+
+def _search(engine, job: ScalingStreamsJob, plan: _Plan, setup: str, gpus: int) -> list[dict]:
+    from .scaling_streams_point import run_scaling_point
+
+    names = list(plan.adapters)
+    counts = tuple(n * gpus for n in job.stream_counts)
+    if job.warmup_point_s > 0:  # compiles, graph shapes, a replica's adapter loads: not measured
+        run_scaling_point(engine, job, counts[0], plan.chunks, names, seconds=job.warmup_point_s)
+    rows = search(lambda n: run_scaling_point(engine, job, n, plan.chunks, names), counts, job.refine)
+    return [{"setup": setup, "gpus": gpus, **r} for r in rows]
+
+
+def _single(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict) -> list[dict]:
+    from serve.engine import Engine, EngineConfig
+
+    torch.set_num_threads(_threads(job))
+    config = EngineConfig(**plan.config, adapters=tuple(f"{n}={p}" for n, p in plan.adapters.items()))
+    t0 = time.perf_counter()
+    checkpoint, weights = _weights(job.model, job.seed, job.dtype, str(plan.workdir), config.device)
+    engine = Engine(checkpoint, config, weights=weights)
+    del weights
+    if engine.needs_warm_up:  # as vlora serve does before it serves
+        engine.warm_up(side=job.image_size, frames=job.frames_per_chunk)
+    meta["load_s"] = time.perf_counter() - t0
+    return _search(engine, job, plan, "single", 1)
+
+
+def _replicas(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict) -> list[dict]:
+    from ray import serve
+
+    from serve.distributed.replicas import ReplicatedEngine, build_deployment, start_serve, stop_serve
+
+    from .scaling_streams_point import run_scaling_point
+
+    cuda = job.device.startswith("cuda")
+    t0 = time.perf_counter()
+    start_serve(num_cpus=max(2, os.cpu_count() or 2), num_gpus=gpus if cuda else 0)
+    try:
+        deployment = build_deployment(
+            str(plan.workdir), plan.config, plan.adapters, num_replicas=gpus,
+            ray_actor_options={"num_gpus": 1, "num_cpus": _threads(job)} if cuda else {"num_cpus": 0},
+            max_ongoing_requests=job.replica_capacity or job.max_batch_size, max_adapters_per_replica=job.adapters,
+            builder=functools.partial(_weights, job.model, job.seed, job.dtype, str(plan.workdir)))
+        engine = ReplicatedEngine(serve.run(deployment, name=APP, route_prefix=None))
+        meta["load_s"] = time.perf_counter() - t0
+        try:
+            rows = _search(engine, job, plan, "replicas", gpus)
+            cameras = max((r["streams"] for r in rows if r["pass"]), default=0)
+            kill_n = job.kill_cameras if job.kill_cameras is not None else round(job.kill_share * cameras)
+            if gpus == max(job.gpus) and kill_n > 0 and gpus > 1:
+                row = run_scaling_point(engine, job, kill_n, plan.chunks, list(plan.adapters),
+                                        kill=functools.partial(kill_busiest_replica, engine))
+                rows.append({"setup": "replicas", "gpus": gpus, **row})
+            elif gpus == max(job.gpus):
+                _log(f"no kill point: {kill_n} camera(s) on {gpus} replica(s)")
+            meta["by_replica"] = dict(engine.stats().by_replica)
+        finally:
+            engine.close()
+    finally:
+        stop_serve()
+    return rows
+
+
+def kill_busiest_replica(engine, app: str = APP, wait_s: float = 3.0) -> tuple[str, float]:
+    """Kills the process of one of the app's replicas, the first seen holding requests (polled for up
+    to wait_s; else the one that answered the most), so that some of its requests must be sent again;
+    returns its id and the time of the kill (perf_counter). Ray Serve starts a replacement."""
+    import ray
+
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
+              if "SERVE_REPLICA" in a["name"] and f"::{app}#" in a["name"]]
+    if not actors:
+        raise RuntimeError(f"no replica of app {app!r} to kill")
+    handles = [ray.get_actor(a["name"], namespace=a["namespace"]) for a in actors]
+    answered = engine.stats().by_replica
+    victim = max(range(len(actors)), key=lambda i: answered.get(actors[i]["name"].rsplit("#", 1)[-1], 0))
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        ongoing = ray.get([h.get_num_ongoing_requests.remote() for h in handles])
+        if max(ongoing) > 0:
+            victim = max(range(len(actors)), key=lambda i: ongoing[i])
+            break
+        time.sleep(0.002)
+    ray.kill(handles[victim], no_restart=False)
+    return actors[victim]["name"].rsplit("#", 1)[-1], time.perf_counter()
+
+
+def load_saved(out: Path, job: ScalingStreamsJob) -> list[tuple[dict, list[dict]]]:
+    """(meta, rows) of every setup saved under out, in run order."""
+    saved = []
+    for setup, gpus in [("single", 1)] + [("replicas", g) for g in sorted({1, 2, 4, 8} | set(job.gpus))]:
+        path = out / f"streams_{setup}_{gpus}.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            saved.append((data["meta"], data["rows"]))
+    return saved

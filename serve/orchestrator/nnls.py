@@ -32,6 +32,8 @@ class Elimination:
         self.upper: list[list[float]] = []
         self.pivots: list[int] = []
         self.states: list[tuple[list[list[float]], list[int]] | None] = []
+        self._x: list[float] | None = None  # the back-substitution so far: columns _solved on
+        self._solved = 0
 
     def run(self, rows: list[list[float]], ids: list[int]) -> Elimination:
         """Eliminates `rows` (ids: the variable of each row's equation) from column len(upper) on."""
@@ -48,21 +50,24 @@ class Elimination:
             pivot, tail = top[0], top[1:]
             upper.append(top)
             pivots.append(ids[0])
-            nxt = []
-            for row in rows[1:]:
-                f = row[0] / pivot
-                # v - f * t per entry, as the plain algorithm computes it (its column-c entry is never read)
-                nxt.append([v - f * t for v, t in zip(row[1:], tail)] if f else row[1:])
-            rows, ids = nxt, ids[1:]
+            # each row less f * the pivot row, entry by entry as the plain algorithm computes it (its
+            # column-c entry, never read again, left out); a row with f == 0 is left as it is
+            rows = [[v - f * t for v, t in zip(row[1:], tail)] if (f := row[0] / pivot) else row[1:]
+                    for row in rows[1:]]
+            ids = ids[1:]
         return self
 
-    def solve(self) -> list[float]:
-        """Back-substitution, the unknowns in column order."""
-        n = len(self.upper)
-        x = [0.0] * n
-        for r in range(n - 1, -1, -1):
+    def solve(self, down_to: int = 0) -> list[float]:
+        """Back-substitution, the unknowns in column order, from the last column down to `down_to`
+        (the columns before it stay 0.0 until a later call asks for them: a solve whose non-negative
+        parts come out negative is dropped without its first columns, the host terms)."""
+        if self._x is None:
+            self._x, self._solved = [0.0] * len(self.upper), len(self.upper)
+        x = self._x
+        for r in range(self._solved - 1, down_to - 1, -1):
             row = self.upper[r]
             x[r] = (row[-1] - sum(map(mul, row[1:-1], x[r + 1:]))) / row[0]  # (the same sum, in the same order)
+        self._solved = min(self._solved, down_to)
         return x
 
     def without(self, var: int) -> Elimination | None:
@@ -105,15 +110,21 @@ def nonnegative_solve(xx: Sequence[Sequence[float]], ridge: Sequence[float], b: 
     free = list(range(n))
     coupled = [i for i in free if i not in alone]
     elim = Elimination(coupled).run(system(xx, ridge, b, coupled), coupled)
-    for _ in range(len(nonnegative)):
+    passes = len(nonnegative)
+    for k in range(passes):
         weights = [0.0] * n
-        for i, v in zip(elim.variables, elim.solve()):
+        # the columns of non-negative parts first: if one is negative, this solve is dropped (but the
+        # last pass's weights stand whatever they are)
+        first = next((c for c, i in enumerate(elim.variables) if i in nonnegative), 0) if k + 1 < passes else 0
+        for i, v in zip(elim.variables, elim.solve(first)):
             weights[i] = v
         for j in alone:
             if j in free:
                 weights[j] = b[j] / (xx[j][j] + ridge[j])
         negative = [i for i in free if i in nonnegative and weights[i] < 0]
         if not negative:
+            for i, v in zip(elim.variables, elim.solve()):  # the rest of the columns: these weights stand
+                weights[i] = v
             break
         drop = min(negative, key=lambda i: weights[i])
         free.remove(drop)

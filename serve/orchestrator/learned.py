@@ -93,6 +93,8 @@ class LearnedCosts:
     def features(self, seqs: int, tokens: int, lora_tokens: int = 0, lora_adapters: int = 0,
                  lora_op: str = "atmm", image_tokens: int = 0) -> list[float]:
         """The step's features (shared: not to be changed by the caller)."""
+        if lora_tokens <= 0:  # no LoRA work: the same features whichever operator and adapters are named
+            lora_adapters, lora_op = 0, None
         key = (seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens)
         x = self._features.get(key)
         if x is None:
@@ -128,6 +130,8 @@ class LearnedCosts:
                 lora_op: str = "atmm", image_tokens: int = 0) -> float:
         if seqs <= 0:
             return 0.0
+        if lora_tokens <= 0:  # (merge(a) and mixture(a) of a's requests alone: one estimate, as one shape)
+            lora_adapters, lora_op = 0, None
         key = (seqs, tokens, lora_tokens, lora_adapters, lora_op, image_tokens)
         ms = self._estimates.get(key)
         if ms is None:

@@ -73,14 +73,17 @@ class FixedModeGuard:
             return self.active
         row = (measured_ms, switch_ms, predicted_ms, unmerge_ms, merge_ms)
         self._steps.append(row)
-        self._sums = [s + v for s, v in zip(self._sums, row)]
+        s = self._sums  # (each sum as the element-wise list sums made it, without their comprehensions)
+        s = [s[0] + measured_ms, s[1] + switch_ms, s[2] + predicted_ms, s[3] + unmerge_ms, s[4] + merge_ms]
         if len(self._steps) > self.window:
             old = self._steps.popleft()
-            self._sums = [s - v for s, v in zip(self._sums, old)]
+            s = [s[0] - old[0], s[1] - old[1], s[2] - old[2], s[3] - old[3], s[4] - old[4]]
+        self._sums = s
         if len(self._steps) < self.window:
             return None
-        self.last_ratio = self.ratios()
-        best = max(FALLBACKS, key=lambda k: self.last_ratio[k])  # the cheapest fixed mode: the policy loses most to it
+        ratio = self.last_ratio = self.ratios()
+        best = "merge" if ratio["merge"] > ratio["unmerge"] else "unmerge"  # the cheapest fixed mode: the policy
+        # loses most to it (max over FALLBACKS: unmerge on a tie)
         if self.last_ratio[best] > 1 + self.margin:
             soon = self.released_at is not None and self.steps - self.released_at <= self.cool
             self.hold = min(self.max_hold, 2 * self.hold) if soon else self.base_hold

@@ -3,7 +3,8 @@ view, the policy's decide, the admit list) and observe_step() (learning, the gua
 policy, on a serving run's workloads with their images, in the simulator.
 
     python -m bench.policy_cost [results/serving/nvidia_h200/i48_confirm] --out DIR \\
-        [--loads 0.5 0.7 1.5 3] [--seeds 0 1 2] [--duration 4] [--policies v_lora merge_only unmerge_only] [--repeat 3] [--cprofile 25]
+        [--loads 0.5 0.7 1.5 3] [--seeds 0 1 2] [--duration 4] [--policies v_lora merge_only unmerge_only] [--repeat 3] \\
+        [--runs 5] [--cprofile 25]
 
 The engine runs the planner on the host in series with the GPU (serve/engine/engine.py: plan, then
 the step, then observe_step), so every microsecond here is added to every step. The simulator
@@ -15,7 +16,10 @@ the policies are deterministic, every run takes the same steps, so other process
 host are left out). Writes policy_cost.csv (a row per policy and load) and policy_cost.json (plus
 the command) under --out, with each policy's mean ms per generated token on the profile's device
 as simulated, and with its host time paid on the simulated clock (SimConfig.charge_host: one more
-run per trace, with this host's times). --cprofile N prints v_lora's N dearest functions.
+run per trace, with this host's times). --runs K measures it all K times over (rows carry `run`) and
+writes policy_cost_summary.csv: per policy and load, the median over runs of each run's median and
+p95 host us per step, with their smallest and largest, so a shared host's noise shows. --cprofile N
+prints v_lora's N dearest functions.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import cProfile
 import dataclasses
 import io
 import json
+import os
 import platform
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,7 +45,9 @@ from serve.sim import SimConfig, simulate
 DEFAULT_RUN = "results/serving/nvidia_h200/i48_confirm"
 COLUMNS = ("policy", "load", "steps", "queue_median", "queue_max", "plan_us_median", "plan_us_p95",
            "observe_us_median", "observe_us_p95", "host_us_median", "host_us_p95", "host_us_mean", "ms_per_token",
-           "ms_per_token_host_paid")
+           "ms_per_token_host_paid", "run")
+SUMMARY = ("policy", "load", "runs", "host_us_median", "host_us_median_min", "host_us_median_max", "host_us_p95",
+           "host_us_p95_min", "host_us_p95_max", "plan_us_median", "observe_us_median")
 
 
 def with_images(trace, spec):
@@ -112,6 +120,23 @@ def measure(run: Path, loads: list[float], seeds: list[int], duration: float, po
     return rows
 
 
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per policy and load: the median over runs of each run's median (and p95), with the spread."""
+    out = {}
+    for r in rows:
+        out.setdefault((r["policy"], r["load"]), []).append(r)
+    summary = []
+    for (policy, load), runs in out.items():
+        row = {"policy": policy, "load": load, "runs": len(runs)}
+        for col in ("host_us_median", "host_us_p95", "plan_us_median", "observe_us_median"):
+            values = [r[col] for r in runs]
+            row[col] = round(statistics.median(values), 1)
+            if col.startswith("host"):
+                row[col + "_min"], row[col + "_max"] = min(values), max(values)
+        summary.append(row)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.policy_cost", description=__doc__.split("\n")[0])
     ap.add_argument("run", nargs="?", default=DEFAULT_RUN,
@@ -123,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--duration", type=float, default=4.0, help="seconds of arrivals per trace")
     ap.add_argument("--policies", nargs="+", default=["v_lora", "merge_only", "unmerge_only"])
     ap.add_argument("--repeat", type=int, default=3, help="runs of each trace; each step's fastest is kept")
+    ap.add_argument("--runs", type=int, default=1, help="measure everything this many times (the host's noise)")
     ap.add_argument("--cprofile", type=int, default=0, help="print v_lora's N dearest functions")
     args = ap.parse_args(argv)
     run = Path(args.run)
@@ -132,12 +158,15 @@ def main(argv: list[str] | None = None) -> None:
     capacity = args.capacity or job.get("capacity_rps")
     if capacity is None and not (run / "capacity.json").is_file():
         ap.error(f"{run}: no capacity.json and no capacity_rps in serving.json; pass --capacity")
-    if args.duration <= 0 or any(x <= 0 for x in args.loads) or args.repeat < 1:
-        ap.error("--duration and --loads must be > 0, --repeat >= 1")
+    if args.duration <= 0 or any(x <= 0 for x in args.loads) or args.repeat < 1 or args.runs < 1:
+        ap.error("--duration and --loads must be > 0, --repeat and --runs >= 1")
     profiler = cProfile.Profile() if args.cprofile else None
     started = time.time()
     sim = SimConfig(job.get("max_batch_size", 32), job.get("max_tokens_per_step", 8192), time_host=True)
-    rows = measure(run, args.loads, args.seeds, args.duration, args.policies, capacity, profiler, sim, args.repeat)
+    rows = []
+    for k in range(args.runs):
+        rows += [{**r, "run": k} for r in measure(run, args.loads, args.seeds, args.duration, args.policies, capacity,
+                                                   profiler, sim, args.repeat)]
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.cprofile)
@@ -145,10 +174,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         out = Path(args.out)
         write_csv(out / "policy_cost.csv", rows, COLUMNS)
+        if args.runs > 1:
+            write_csv(out / "policy_cost_summary.csv", summarize(rows), SUMMARY)
         write_json(out / "policy_cost.json", {"command": "python -m bench.policy_cost " + " ".join(argv or sys.argv[1:]),
                                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
                                               "host": platform.processor() or platform.machine(),
-                                              "python": platform.python_version(), "rows": rows})
+                                              "python": platform.python_version(), "cpus": os.cpu_count(),
+                                              # other work on a shared host: its 1-minute load when the runs ended
+                                              "load_average_1min": os.getloadavg()[0], "rows": rows,
+                                              "summary": summarize(rows)})
         print(f"wrote {out}/policy_cost.csv and policy_cost.json", file=sys.stderr)
 
 

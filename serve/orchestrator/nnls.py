@@ -89,8 +89,16 @@ class Elimination:
 
 def system(xx: Sequence[Sequence[float]], ridge: Sequence[float], b: Sequence[float],
            free: Sequence[int]) -> list[list[float]]:
-    """The free parts' normal equations: x x^T plus the ridge on its diagonal | x y plus the prior."""
-    return [[xx[i][j] + (ridge[i] if i == j else 0.0) for j in free] + [b[i]] for i in free]
+    """The free parts' normal equations: x x^T plus the ridge on its diagonal | x y plus the prior
+    (each entry xx + 0.0 off the diagonal, as the plain algorithm built it: a -0.0 comes out 0.0)."""
+    rows = []
+    for k, i in enumerate(free):
+        xi = xx[i]
+        row = [xi[j] + 0.0 for j in free]
+        row[k] = xi[i] + ridge[i]
+        row.append(b[i])
+        rows.append(row)
+    return rows
 
 
 def nonnegative_solve(xx: Sequence[Sequence[float]], ridge: Sequence[float], b: Sequence[float],

@@ -119,12 +119,12 @@ def nonnegative_solve(xx: Sequence[Sequence[float]], ridge: Sequence[float], b: 
     coupled = [i for i in free if i not in alone]
     elim = Elimination(coupled).run(system(xx, ridge, b, coupled), coupled)
     passes = len(nonnegative)
+    # the columns of non-negative parts first: if one is negative, this solve is dropped (but the last
+    # pass's weights stand whatever they are). Only such parts are dropped: the columns before stay.
+    first = next((c for c, i in enumerate(coupled) if i in nonnegative), 0)
     for k in range(passes):
         weights = [0.0] * n
-        # the columns of non-negative parts first: if one is negative, this solve is dropped (but the
-        # last pass's weights stand whatever they are)
-        first = next((c for c, i in enumerate(elim.variables) if i in nonnegative), 0) if k + 1 < passes else 0
-        for i, v in zip(elim.variables, elim.solve(first)):
+        for i, v in zip(elim.variables, elim.solve(first if k + 1 < passes else 0)):
             weights[i] = v
         for j in alone:
             if j in free:

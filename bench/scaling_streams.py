@@ -258,10 +258,11 @@ def _replicas(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict) -> lis
     return rows
 
 
-def kill_busiest_replica(engine, app: str = APP, wait_s: float = 3.0) -> tuple[str, float]:
+def kill_busiest_replica(engine, app: str = APP, wait_s: float = 3.0) -> tuple[str, float, int]:
     """Kills the process of one of the app's replicas, the first seen holding requests (polled for up
     to wait_s; else the one that answered the most), so that some of its requests must be sent again;
-    returns its id and the time of the kill (perf_counter). Ray Serve starts a replacement."""
+    returns its id, the time of the kill (perf_counter) and the requests it held when last asked.
+    Ray Serve starts a replacement."""
     import ray
 
     actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
@@ -271,15 +272,16 @@ def kill_busiest_replica(engine, app: str = APP, wait_s: float = 3.0) -> tuple[s
     handles = [ray.get_actor(a["name"], namespace=a["namespace"]) for a in actors]
     answered = engine.stats().by_replica
     victim = max(range(len(actors)), key=lambda i: answered.get(actors[i]["name"].rsplit("#", 1)[-1], 0))
-    end = time.monotonic() + wait_s
+    end, held = time.monotonic() + wait_s, 0
     while time.monotonic() < end:
         ongoing = ray.get([h.get_num_ongoing_requests.remote() for h in handles])
         if max(ongoing) > 0:
             victim = max(range(len(actors)), key=lambda i: ongoing[i])
+            held = ongoing[victim]
             break
         time.sleep(0.002)
     ray.kill(handles[victim], no_restart=False)
-    return actors[victim]["name"].rsplit("#", 1)[-1], time.perf_counter()
+    return actors[victim]["name"].rsplit("#", 1)[-1], time.perf_counter(), held
 
 
 def load_saved(out: Path, job: ScalingStreamsJob) -> list[tuple[dict, list[dict]]]:

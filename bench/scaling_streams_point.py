@@ -8,8 +8,8 @@ made by the same `_row`; a replicas point adds what the front end saw of the rep
 answered per replica, chunks sent again (retried) or failed, and each replica's adapter loads
 (adapter affinity: each adapter loaded by few replicas, once each).
 
-With `kill` (a function that kills one replica's process and returns its id and the time of the
-kill), it is called `kill_after_s` after the cameras start and the cameras keep running: the point
+With `kill` (a function that kills one replica's process and returns its id, the time of the kill
+and the requests it held), it is called `kill_after_s` after the cameras start and the cameras keep running: the point
 then also reports chunks lost (sent and never answered, or answered with an error: must be 0), the
 p95 latency per second of send time around the kill, the spike (the highest such p95 from the
 second before the kill on) and the recovery time: from the kill to the first second from which
@@ -55,7 +55,7 @@ def run_scaling_point(engine, job, n: int, chunks: list[np.ndarray], adapters: l
     if kill is not None:
         def fire():
             try:  # the time is perf_counter's, CLOCK_MONOTONIC: the camera process's clock too
-                killed["replica"], killed["t"] = kill()
+                killed["replica"], killed["t"], killed["held"] = kill()
             except Exception as e:  # reported in the row, not lost in the timer's thread
                 killed["error"] = f"{type(e).__name__}: {e}"
         timer = threading.Timer(job.kill_after_s, fire)
@@ -124,7 +124,8 @@ def kill_report(records: list[dict], errors: Counter, killed: dict, target_ms: f
     bad = [t["second"] for t in timeline if t["second"] >= 0 and t["p95_ms"] > target_ms]
     last = max((t["second"] for t in timeline), default=-1)
     recovered = not bad or bad[-1] < last
-    return {"lost": lost, "killed": killed["replica"], "kill_at_s": t_kill - min(r["sent"] for r in records),
+    return {"lost": lost, "killed": killed["replica"], "victim_held": killed.get("held"),
+            "kill_at_s": t_kill - min(r["sent"] for r in records),
             "timeline": timeline, "spike_p95_ms": max((t["p95_ms"] for t in after), default=math.nan),
             "p95_before_ms": percentile([v for s, vs in seconds.items() if s < -1 for v in vs], 95)
             if any(s < -1 for s in seconds) else math.nan,

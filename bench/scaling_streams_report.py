@@ -1,7 +1,8 @@
 """The scaling streams workload's report: per setup the cameras within target, per GPU and the
 efficiency against one GPU's, the replicas' adapter loads, and the kill point's loss, spike and
-recovery. Writes streams_scaling.csv (every point), streams_kill.csv (the kill's per-second p95),
-streams_scaling.json and streams_scaling.md, and prints the table."""
+recovery. Writes streams_scaling.csv (every point), streams_scaling_setups.csv (a row per setup),
+streams_kill.csv (the kill's per-second p95), streams_scaling.json and streams_scaling.md, and prints
+the table."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from .results import write_csv, write_json
 COLUMNS = ("setup", "gpus", "point", "streams", "pass", "sent", "done", "unfinished", "errors", "p50_ms", "p95_ms",
            "p99_ms", "chunks_per_s", "served_per_s", "retried", "failed", "lost", "spike_p95_ms", "recovery_s")
 KILL_COLUMNS = ("setup", "gpus", "streams", "second", "chunks", "p95_ms", "max_ms")
+SETUP_COLUMNS = ("setup", "gpus", "cameras", "cameras_per_gpu", "efficiency", "bounded", "p95_ms_at_cameras",
+                 "replicas_per_adapter", "adapter_loads", "device", "date")
 
 
 def summarize(saved: list[tuple[dict, list[dict]]]) -> dict:
@@ -34,7 +37,7 @@ def summarize(saved: list[tuple[dict, list[dict]]]) -> dict:
         for r in rows:
             if r["point"] == "kill":
                 kill = {k: r.get(k) for k in ("setup", "gpus", "streams", "sent", "done", "lost", "killed",
-                                              "kill_error", "kill_at_s", "p95_before_ms", "spike_p95_ms",
+                                              "kill_error", "victim_held", "kill_at_s", "p95_before_ms", "spike_p95_ms",
                                               "recovery_s", "recovered", "retried", "failed", "p95_ms")}
     base = setups.get("single-1", {}).get("cameras")
     for s in setups.values():
@@ -52,6 +55,7 @@ def report(job, out: Path) -> tuple[list[dict], dict]:
     timeline = [{"setup": r["setup"], "gpus": r["gpus"], "streams": r["streams"], **t}
                 for r in rows if r["point"] == "kill" for t in r.get("timeline", [])]
     write_csv(out / "streams_kill.csv", timeline, KILL_COLUMNS, drop_extra=True)
+    write_csv(out / "streams_scaling_setups.csv", list(summary["setups"].values()), SETUP_COLUMNS, drop_extra=True)
     write_json(out / "streams_scaling.json", summary)
     text = markdown(summary, timeline)
     (out / "streams_scaling.md").write_text(text)
@@ -76,7 +80,8 @@ def markdown(summary: dict, timeline: list[dict]) -> str:
         lines += ["", f"## A replica killed under load ({kill['streams']} cameras on {kill['gpus']} replicas)", ""]
         if kill.get("kill_error"):
             lines.append(f"The kill failed: {kill['kill_error']}")
-        lines += [f"- chunks lost: {kill['lost']} of {kill['sent']} measured (sent again: {kill['retried']})",
+        lines += [f"- chunks lost: {kill['lost']} of {kill['sent']} measured; the killed replica held "
+                  f"{kill['victim_held']} request(s) when last asked; chunks sent again: {kill['retried']}",
                   f"- p95 before the kill: {kill.get('p95_before_ms', math.nan):.0f} ms; spike (max per-second p95 "
                   f"after): {kill['spike_p95_ms']:.0f} ms",
                   f"- back within {target:g} ms and staying there: "

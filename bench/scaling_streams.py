@@ -98,12 +98,14 @@ class ScalingStreamsJob(StreamsBenchJob):
 
 def streams_job(workload: str, values: dict, out_dir: str) -> ScalingStreamsJob:
     """The job of bench.scaling.workload=streams from bench.scaling.streams' options."""
-    from vlora.config import to_dataclass
-
     if workload != "streams":
         raise ValueError(f"bench.scaling.workload={workload!r}: give serving or streams")
+    known = {f.name for f in dataclasses.fields(ScalingStreamsJob)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"bench.scaling.streams has no option(s) {unknown}; valid: {sorted(known)}")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    return to_dataclass(ScalingStreamsJob, values, out_dir=out_dir)
+    return ScalingStreamsJob(**{**values, "out_dir": out_dir})
 
 
 def run_streams_scaling(job: ScalingStreamsJob) -> tuple[list[dict], dict]:

@@ -26,7 +26,7 @@ def test_bad_options_are_refused_before_ray_starts():
                           ({"kill_after_s": 10.0, "kill_seconds": 5.0}, "kill_after_s"),
                           ({"modes": ["generate"]}, "heads only"), ({"kill_share": 1.5}, "kill_share"),
                           ({"setups": ["single"], "kill_cameras": 2}, "needs the replicas setup"),
-                          ({"stream_counts": [0]}, "stream_counts"), ({"frames": 3}, "no field")]:
+                          ({"stream_counts": [0]}, "stream_counts"), ({"frames": 3}, "no option")]:
         with pytest.raises(ValueError, match=match):
             streams_job("streams", {"device": "cpu", "model": "qwen2_vl_tiny", **values}, "out")
     with pytest.raises(ValueError, match="give serving or streams"):

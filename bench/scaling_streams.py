@@ -31,7 +31,6 @@ from whatever is saved.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import importlib.util
 import json
@@ -135,7 +134,12 @@ def run_streams_scaling(job: ScalingStreamsJob) -> tuple[list[dict], dict]:
         meta = dict(setup=setup, gpus=gpus, device=device_label(job.device), date=time.strftime("%Y-%m-%d"),
                     torch=torch.__version__, job=dataclasses.asdict(job))
         t0 = time.perf_counter()
-        rows = (_single if setup == "single" else _replicas)(job, plan, gpus, meta)
+        if setup == "single":
+            rows = _single(job, plan, gpus, meta)
+        else:
+            from .scaling_streams_replicas import run_replicas
+
+            rows = run_replicas(job, plan, gpus, meta)
         write_json(path, {"meta": {**meta, "wall_s": time.perf_counter() - t0}, "rows": rows})
         gc.collect()  # the next setup's engines size their K/V caches from the GPU memory left free
         if torch.cuda.is_available():
@@ -222,68 +226,6 @@ def _single(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict) -> list[
         engine.warm_up(side=job.image_size, frames=job.frames_per_chunk)
     meta["load_s"] = time.perf_counter() - t0
     return _search(engine, job, plan, "single", 1)
-
-
-def _replicas(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict) -> list[dict]:
-    from ray import serve
-
-    from serve.distributed.replicas import ReplicatedEngine, build_deployment, start_serve, stop_serve
-
-    from .scaling_streams_point import run_scaling_point
-
-    cuda = job.device.startswith("cuda")
-    t0 = time.perf_counter()
-    start_serve(num_cpus=max(2, os.cpu_count() or 2), num_gpus=gpus if cuda else 0)
-    try:
-        deployment = build_deployment(
-            str(plan.workdir), plan.config, plan.adapters, num_replicas=gpus,
-            ray_actor_options={"num_gpus": 1, "num_cpus": _threads(job)} if cuda else {"num_cpus": 0},
-            max_ongoing_requests=job.replica_capacity or job.max_batch_size, max_adapters_per_replica=job.adapters,
-            builder=functools.partial(_weights, job.model, job.seed, job.dtype, str(plan.workdir)))
-        engine = ReplicatedEngine(serve.run(deployment, name=APP, route_prefix=None))
-        meta["load_s"] = time.perf_counter() - t0
-        try:
-            rows = _search(engine, job, plan, "replicas", gpus)
-            cameras = max((r["streams"] for r in rows if r["pass"]), default=0)
-            kill_n = job.kill_cameras if job.kill_cameras is not None else round(job.kill_share * cameras)
-            if gpus == max(job.gpus) and kill_n > 0 and gpus > 1:
-                row = run_scaling_point(engine, job, kill_n, plan.chunks, list(plan.adapters),
-                                        kill=functools.partial(kill_busiest_replica, engine))
-                rows.append({"setup": "replicas", "gpus": gpus, **row})
-            elif gpus == max(job.gpus):
-                _log(f"no kill point: {kill_n} camera(s) on {gpus} replica(s)")
-            meta["by_replica"] = dict(engine.stats().by_replica)
-        finally:
-            engine.close()
-    finally:
-        stop_serve()
-    return rows
-
-
-def kill_busiest_replica(engine, app: str = APP, wait_s: float = 3.0) -> tuple[str, float, int]:
-    """Kills the process of one of the app's replicas, the first seen holding requests (polled for up
-    to wait_s; else the one that answered the most), so that some of its requests must be sent again;
-    returns its id, the time of the kill (perf_counter) and the requests it held when last asked.
-    Ray Serve starts a replacement."""
-    import ray
-
-    actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
-              if "SERVE_REPLICA" in a["name"] and f"::{app}#" in a["name"]]
-    if not actors:
-        raise RuntimeError(f"no replica of app {app!r} to kill")
-    handles = [ray.get_actor(a["name"], namespace=a["namespace"]) for a in actors]
-    answered = engine.stats().by_replica
-    victim = max(range(len(actors)), key=lambda i: answered.get(actors[i]["name"].rsplit("#", 1)[-1], 0))
-    end, held = time.monotonic() + wait_s, 0
-    while time.monotonic() < end:
-        ongoing = ray.get([h.get_num_ongoing_requests.remote() for h in handles])
-        if max(ongoing) > 0:
-            victim = max(range(len(actors)), key=lambda i: ongoing[i])
-            held = ongoing[victim]
-            break
-        time.sleep(0.002)
-    ray.kill(handles[victim], no_restart=False)
-    return actors[victim]["name"].rsplit("#", 1)[-1], time.perf_counter(), held
 
 
 def load_saved(out: Path, job: ScalingStreamsJob) -> list[tuple[dict, list[dict]]]:

@@ -111,6 +111,10 @@ class EngineReplica:
         self.startup = frozenset(a["name"] for a in self.engine.list_adapters())
         self.loads: dict[str, int] = {}  # adapter -> times this replica loaded it (affinity: once each)
         self.loop = EngineLoop(self.engine).start()
+        # ready only once warm: Ray routes to a replica as soon as this returns, and a warming engine
+        # refuses the adapter loads of requests (a replacement replica lost chunks that way)
+        while self.loop.warming is not None:
+            time.sleep(0.1)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()  # the machine (Ray node) it runs on
 

@@ -59,7 +59,7 @@ class ScalingStreamsJob(StreamsBenchJob):
     kill_cameras: int | None = None  # the kill point's cameras; None: kill_share x measured; 0: no kill point
     kill_share: float = 0.8
     kill_after_s: float = 5.0  # from the cameras' start to the kill
-    kill_seconds: float = 30.0  # the kill point's measured seconds (the kill falls within them)
+    kill_seconds: float = 90.0  # the kill point's measured seconds: long enough for a replacement replica to start
     kill_drain_s: float = 60.0  # the kill point's chunks count as lost only this long after a stream's last send
     replica_capacity: int | None = None  # requests a replica takes at once (default max_batch_size)
     fresh: bool = False
@@ -90,9 +90,10 @@ class ScalingStreamsJob(StreamsBenchJob):
             raise ValueError('setup replicas needs Ray Serve: pip install -e ".[ray]"')
 
     def runs(self) -> list[tuple[str, int]]:
-        """(setup, GPUs) in the order they run."""
-        return ([("single", 1)] if "single" in self.setups else []) + \
-            ([("replicas", g) for g in self.gpus] if "replicas" in self.setups else [])
+        """(setup, GPUs) in the order they run; "kill": the kill point, on the most GPUs (two or more)."""
+        replicas = [("replicas", g) for g in self.gpus] if "replicas" in self.setups else []
+        kill = [("kill", self.gpus[-1])] if replicas and self.kill_cameras != 0 and self.gpus[-1] > 1 else []
+        return ([("single", 1)] if "single" in self.setups else []) + replicas + kill
 
 
 def streams_job(workload: str, values: dict, out_dir: str) -> ScalingStreamsJob:
@@ -124,26 +125,32 @@ def run_streams_scaling(job: ScalingStreamsJob) -> tuple[list[dict], dict]:
     out = results_dir(job.out_dir, device_label(job.device))
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="scaling-streams-"))
-    plan = None
-    for setup, gpus in job.runs():
-        path = out / f"streams_{setup}_{gpus}.json"
-        if path.is_file() and not job.fresh:
-            _log(f"{setup} ({gpus} GPU): measured already ({path}); fresh=true measures again")
-            continue
-        plan = plan or _plan(job, workdir)
-        meta = dict(setup=setup, gpus=gpus, device=device_label(job.device), date=time.strftime("%Y-%m-%d"),
-                    torch=torch.__version__, job=dataclasses.asdict(job))
-        t0 = time.perf_counter()
-        if setup == "single":
-            rows = _single(job, plan, gpus, meta)
-        else:
-            from .scaling_streams_replicas import run_replicas
+    plan = deployments = None
+    try:
+        for setup, gpus in job.runs():
+            path = out / f"streams_{setup}_{gpus}.json"
+            if path.is_file() and not job.fresh:
+                _log(f"{setup} ({gpus} GPU): measured already ({path}); fresh=true measures again")
+                continue
+            plan = plan or _plan(job, workdir)
+            meta = dict(setup=setup, gpus=gpus, device=device_label(job.device), date=time.strftime("%Y-%m-%d"),
+                        torch=torch.__version__, job=dataclasses.asdict(job))
+            t0 = time.perf_counter()
+            if setup == "single":
+                rows = _single(job, plan, gpus, meta)
+            else:
+                from .scaling_streams_replicas import Deployments, run_kill, run_replicas
 
-            rows = run_replicas(job, plan, gpus, meta)
-        write_json(path, {"meta": {**meta, "wall_s": time.perf_counter() - t0}, "rows": rows})
-        gc.collect()  # the next setup's engines size their K/V caches from the GPU memory left free
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+                deployments = deployments or Deployments(job, plan)
+                rows = (run_replicas(job, deployments, gpus, meta) if setup == "replicas" else
+                        run_kill(job, deployments, gpus, meta, measured_cameras(out / f"streams_replicas_{gpus}.json")))
+            write_json(path, {"meta": {**meta, "wall_s": time.perf_counter() - t0}, "rows": rows})
+            gc.collect()  # the next setup's engines size their K/V caches from the GPU memory left free
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    finally:
+        if deployments is not None:
+            deployments.close()
     return report(job, out)
 
 
@@ -228,10 +235,19 @@ def _single(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict) -> list[
     return _search(engine, job, plan, "single", 1)
 
 
+def measured_cameras(path: Path) -> int | None:
+    """The largest passing camera count saved in a setup's file (None: not measured)."""
+    if not path.is_file():
+        return None
+    return max((r["streams"] for r in json.loads(path.read_text())["rows"] if r["point"] == "warm" and r["pass"]),
+               default=0)
+
+
 def load_saved(out: Path, job: ScalingStreamsJob) -> list[tuple[dict, list[dict]]]:
     """(meta, rows) of every setup saved under out, in run order."""
     saved = []
-    for setup, gpus in [("single", 1)] + [("replicas", g) for g in sorted({1, 2, 4, 8} | set(job.gpus))]:
+    counts = sorted({1, 2, 4, 8} | set(job.gpus))
+    for setup, gpus in [("single", 1)] + [("replicas", g) for g in counts] + [("kill", g) for g in counts]:
         path = out / f"streams_{setup}_{gpus}.json"
         if path.is_file():
             data = json.loads(path.read_text())

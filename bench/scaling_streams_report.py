@@ -22,6 +22,9 @@ def summarize(saved: list[tuple[dict, list[dict]]]) -> dict:
     """setup label -> cameras within target, per GPU, efficiency, adapter loads; and the kill point."""
     setups, kill = {}, None
     for meta, rows in saved:
+        kill = next((dict(r) for r in rows if r["point"] == "kill"), kill)
+        if meta["setup"] == "kill":
+            continue
         search = [r for r in rows if r["point"] == "warm"]
         passing = [r["streams"] for r in search if r["pass"]]
         cameras = max(passing, default=0)
@@ -34,11 +37,10 @@ def summarize(saved: list[tuple[dict, list[dict]]]) -> dict:
                          "adapter_loads": (search[-1].get("adapter_loads") if search else None),
                          "replicas_per_adapter": (search[-1].get("replicas_per_adapter") if search else None),
                          "chunks_by_replica": meta.get("by_replica")}
-        for r in rows:
-            if r["point"] == "kill":
-                kill = {k: r.get(k) for k in ("setup", "gpus", "streams", "sent", "done", "lost", "killed",
-                                              "kill_error", "victim_held", "kill_at_s", "p95_before_ms", "spike_p95_ms",
-                                              "recovery_s", "recovered", "retried", "failed", "p95_ms")}
+    if kill is not None:
+        kill = {k: kill.get(k) for k in ("setup", "gpus", "streams", "sent", "done", "lost", "killed", "kill_error",
+                                         "victim_held", "kill_at_s", "p95_before_ms", "spike_p95_ms", "recovery_s",
+                                         "recovered", "retried", "failed", "p95_ms")}
     base = setups.get("single-1", {}).get("cameras")
     for s in setups.values():
         s["efficiency"] = s["cameras"] / (s["gpus"] * base) if base else math.nan

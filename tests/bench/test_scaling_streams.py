@@ -93,6 +93,7 @@ def test_one_engine_and_replicas_and_a_killed_replica(vlora_home, tmp_path, monk
     assert float(per_setup["replicas"]["efficiency"]) == 1.0 and float(per_setup["replicas"]["cameras_per_gpu"]) == 1.0
     assert "chunks lost: 0" in (out / "streams_scaling.md").read_text()
     assert json.loads((out / "streams_scaling.json").read_text())["setups"]["replicas-2"]["cameras"] == 2
+    assert (out / "streams_kill_2.json").is_file()  # saved apart: a rerun of the kill alone resumes after the search
 
     # run again: both setups are saved, so nothing is measured and the report is the same
     again = run(cfg)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-import statistics
-import time
 
 import torch
+
+from serve.orchestrator.profile import time_call_ms
 
 from .engine import replay_step
 from .step_profile import profile_step
@@ -36,14 +36,7 @@ def _time_ms(fn, warmup: int, repeats: int, cuda: bool) -> float:
         from kernels.timing import time_op
 
         return time_op(fn, warmup=warmup, repeats=repeats, use_graph=False) / 1e3
-    for _ in range(warmup + 1):  # time_op's warm-up and its single timed call
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return time_call_ms(fn, warmup + 1, repeats)  # + 1: time_op's warm-up and its single timed call
 
 
 def op_replay(engine, job, batch: int) -> float:

@@ -71,6 +71,35 @@ def profile_step(step: Callable[[], None], repeats: int = 10, device: str | None
     return {"kernels": kernels, "span_us": span, "busy_us": busy, "idle_share": max(0.0, 1 - busy / span)}
 
 
+
+def profile_on_rank0(step: Callable[[], None], rank: int, repeats: int, cuda: bool) -> dict:
+    """profile_step on rank 0 of a group; every other rank makes the same 1 + repeats calls unprofiled, so the
+    collectives inside `step` pair up, also when the profiler fails on rank 0 (no CUPTI, say: rank 0 then makes
+    the calls it has left). Returns the profile on rank 0, {} elsewhere, {"error": ...} on a failure."""
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    if rank != 0:
+        for _ in range(repeats + 1):
+            step()
+        sync()
+        return {}
+    calls = 0
+
+    def counted() -> None:
+        nonlocal calls
+        calls += 1
+        step()
+
+    try:
+        return profile_step(counted, repeats=repeats, device="cuda" if cuda else "cpu")
+    except Exception as e:
+        for _ in range(repeats + 1 - calls):
+            step()
+        sync()
+        return dict(error=f"{type(e).__name__}: {e}")
+
 def by_kind(profile: dict) -> dict[str, dict]:
     """{kind: {"launches", "us"}} per step."""
     out: dict[str, dict] = {}

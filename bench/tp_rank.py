@@ -23,7 +23,7 @@ import torch
 from serve.orchestrator.profile import time_call_ms
 
 from .engine import replay_step
-from .step_profile import profile_step
+from .step_profile import profile_on_rank0
 from .tp_vision import op_vision, op_vision_profile
 
 FOLLOW = "__follow__"  # the followers follow a LeaderEngine's calls until it closes
@@ -52,27 +52,9 @@ def op_profile(engine, job, batch: int, rank: int) -> dict:
     other ranks replay as many steps (1 + repeats) unprofiled. {} without graphs."""
     if engine.runner.graphs is None:
         return {}
-    step = replay_step(engine, batch, [job.decode_context] * batch)
-    repeats = 3
-    if rank != 0:
-        for _ in range(repeats + 1):
-            step()
-        torch.cuda.synchronize()
-        return {}
-    calls = 0
-
-    def counted():
-        nonlocal calls
-        calls += 1
-        step()
-
-    try:
-        prof = profile_step(counted, repeats=repeats, device="cuda")
-    except Exception as e:  # no CUPTI, say: the other ranks still make all their calls, so rank 0 makes them too
-        for _ in range(repeats + 1 - calls):
-            step()
-        torch.cuda.synchronize()
-        return dict(error=f"{type(e).__name__}: {e}")
+    prof = profile_on_rank0(replay_step(engine, batch, [job.decode_context] * batch), rank, 3, cuda=True)
+    if rank != 0 or "error" in prof:
+        return prof
     nccl = sum(k["us"] for k in prof["kernels"] if "nccl" in k["name"].lower())
     return dict(span_us=prof["span_us"], busy_us=prof["busy_us"], nccl_us=nccl,
                 comm_share=nccl / prof["span_us"] if prof["span_us"] > 0 else float("nan"))

@@ -25,7 +25,7 @@ from torch import nn
 from serve.engine import Request, SamplingParams
 
 from .engine import _prompts
-from .step_profile import profile_step
+from .step_profile import profile_on_rank0
 
 COMM_MARKS = ("nccl", "all_gather", "allgather", "gloo")  # the all-gather's kernels (GPU) or operators (CPU)
 
@@ -142,27 +142,11 @@ def op_vision_profile(engine, job, images: int, rank: int) -> dict:
         engine.model.encode(items)
 
     with tower_mode(engine.model.vision, "split") as ran:
-        if rank != 0:
-            for _ in range(2):
-                call()
-            if cuda:
-                torch.cuda.synchronize()
-            return {}
-        calls = 0
-
-        def counted():
-            nonlocal calls
-            calls += 1
-            call()
-
-        try:
-            prof = profile_step(counted, repeats=1, device="cuda" if cuda else "cpu")
-        except Exception as e:  # no CUPTI, say: the other ranks still make both calls, so rank 0 does too
-            for _ in range(2 - calls):
-                call()
-            if cuda:
-                torch.cuda.synchronize()
-            return dict(tp_vision=ran, error=f"{type(e).__name__}: {e}")
+        prof = profile_on_rank0(call, rank, 1, cuda)
+    if rank != 0:
+        return prof
+    if "error" in prof:
+        return dict(tp_vision=ran, **prof)
     comm = [k for k in prof["kernels"] if any(m in k["name"].lower() for m in COMM_MARKS)]
     comm_us = sum(k["us"] for k in comm)
     tower = [k for k in prof["kernels"] if k not in comm]

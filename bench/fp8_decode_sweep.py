@@ -67,7 +67,7 @@ def sweep(shapes: dict[str, tuple[int, int]], ms: list[int], device: str, timed,
 
         for m in ms:
             q_x, s_x = quantize_rows(torch.randn(m, k, generator=g).to(device, torch.bfloat16))
-            cublas = timed(lambda: scaled_mm_rows(q_x, s_x, *next_w(), swap=False)) if device != "cpu" else float("nan")
+            cublas = timed(lambda: scaled_mm_rows(q_x, s_x, *next_w())) if device != "cpu" else float("nan")
             for i, cfg in enumerate(candidates(n, k)):
                 us = timed(lambda: fp8_decode_mm(q_x, s_x, *next_w(), config=cfg))
                 rows.append(dict(projection=name, m=m, n=n, k=k, config=cfg, table=i == 0, us=us,

@@ -6,8 +6,8 @@ is slow in its GEMMs themselves or around them.
     fp8_us        fp8_linear(x, q_W, s_W): quantize x + _scaled_mm  what an unfused projection runs
     fp8_gemm_us   fp8_linear's GEMM alone (x quantized beforehand)  what a fused projection runs
     plain_us      torch._scaled_mm(q_x, q_W.T) alone                the GEMM as written
-    swap_us       the same GEMM transposed (kernels.fp8.scaled_mm_rows): what fp8_linear runs at most
-                  SWAP_MAX_M tokens; both are timed at every size, to place that threshold
+    swap_us       the same GEMM transposed (transposed_scaled_mm), timed at every size: tried as the decode
+                  path and measured slower (results/fp8/nvidia_h200/third_run/), kept as this A/B
     triton_us     kernels/fp8_decode.py's Triton GEMM (weight tiled by channels, split-K): what fp8_linear
                   runs at 1..DECODE_KERNEL_MAX_M tokens (VLORA_FP8_DECODE_MAX_M); timed at every size up
                   to its MAX_M (64), NaN above, and NaN on the CPU unless Triton interprets (TRITON_INTERPRET=1)
@@ -17,7 +17,7 @@ and each GEMM's weight bandwidth (weight bytes / time, TB/s: bf16_tb_s, fp8_tb_s
 triton_tb_s): at decode a projection should be bound by reading its weight, so FP8 should take half
 of bf16's time. Each call reads the next of enough weight copies to pass 256 MB, so no call finds its
 weight in L2 (50-60 MB on Hopper). fp8_gemm_us is the GEMM fp8_linear would pick: triton_us at
-1..DECODE_KERNEL_MAX_M tokens on a GPU, else swap_us or plain_us.
+1..DECODE_KERNEL_MAX_M tokens on a GPU, else plain_us.
 On a GPU each is `kernels.timing.time_op` (CUDA graphs, events); on the CPU a wall-clock median
 of the same calls at the tiny shape (the code path, not a speed).
 """
@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.fp8 import DECODE_KERNEL_MAX_M, SWAP_MAX_M, fp8_linear, quantize_rows, quantize_weight, scaled_mm_rows
+from kernels.fp8 import DECODE_KERNEL_MAX_M, FP8_DTYPE, fp8_linear, quantize_rows, quantize_weight, scaled_mm_rows
 from kernels.fp8_decode import MAX_M as DECODE_MAX_M
 from kernels.fp8_decode import fp8_decode_mm
 from kernels.interpreter import interpreted
@@ -64,6 +64,23 @@ def _timer(cuda: bool) -> Callable[[Callable[[], object]], float]:
     return wall
 
 
+def transposed_scaled_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor,
+                         weight_scale: torch.Tensor) -> torch.Tensor:
+    """kernels.fp8.scaled_mm_rows transposed: y.T = q_weight @ q_x.T, the scales' roles swapped, so the weight's
+    output channels fill cuBLAS's 128-row tiles at decode sizes. The tokens are then _scaled_mm's second
+    operand, whose both sizes must be multiples of 16: rows padded with zeros (scale 1), extra columns dropped.
+    On an H200 cuBLAS picked the same kernel either way and the copies cost 6-10 us a projection."""
+    m, k = q_x.shape
+    rows = max(16, -(-m // 16) * 16)
+    q_p = torch.zeros((rows, k), dtype=torch.uint8, device=q_x.device)  # zeros by bytes: fp8 has no fill
+    q_p[:m] = q_x.view(torch.uint8)
+    s_p = torch.ones((rows, 1), dtype=torch.float32, device=s_x.device)
+    s_p[:m] = s_x
+    y_t = torch._scaled_mm(q_weight, q_p.view(FP8_DTYPE).t(), scale_a=weight_scale.view(-1, 1),
+                           scale_b=s_p.view(1, -1), out_dtype=torch.bfloat16)
+    return y_t[:, :m].t().contiguous()
+
+
 def _cycle(items: list):
     state = {"i": -1}
 
@@ -91,15 +108,15 @@ def gemm_rows(args, batch_sizes, device: str, seed: int = 0) -> list[dict]:
             x = torch.randn(m, k, generator=g).to(device, torch.bfloat16)
             q_x, s_x = quantize_rows(x)
 
-            def scaled_mm(swap: bool):
-                return lambda: scaled_mm_rows(q_x, s_x, *next_q(), swap=swap)
+            def gemm(fn):
+                return lambda: fn(q_x, s_x, *next_q())
 
             bf16_us = timed(lambda: F.linear(x, next_w()))
             fp8_us = timed(lambda: fp8_linear(x, *next_q()))
-            plain_us, swap_us = timed(scaled_mm(False)), timed(scaled_mm(True))
+            plain_us, swap_us = timed(gemm(scaled_mm_rows)), timed(gemm(transposed_scaled_mm))
             triton_us = (timed(lambda: fp8_decode_mm(q_x, s_x, *next_q())) if 0 < m <= DECODE_MAX_M
                          and (cuda or interpreted()) else float("nan"))
-            gemm_us = swap_us if m <= SWAP_MAX_M else plain_us
+            gemm_us = plain_us
             if cuda and 0 < m <= DECODE_KERNEL_MAX_M:  # fp8_linear's choice on a GPU
                 gemm_us = triton_us
             quant_us = timed(lambda: quantize_rows(x))

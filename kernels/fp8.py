@@ -142,37 +142,16 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_rows_ref(x)
 
 
-# Tokens up to which fp8_linear would run the GEMM transposed (scaled_mm_rows(swap=True)): none. At decode
-# sizes cuBLAS's rowwise FP8 kernel tiles the token dimension by 128 and streams the weight at 1.0-2.5
-# TB/s against bf16's 2.2-3.7 (H200, 2026-11-28). Transposed, cuBLAS picked the same kernel and the
-# padding and the transpose back added 6-10 us a projection (results/fp8/nvidia_h200/third_run/): kept
-# as the bench's A/B, off in the engine.
-SWAP_MAX_M = 0
 # Tokens up to which fp8_linear runs kernels/fp8_decode.py's Triton GEMM on a GPU (the weight tiled by
 # output channels, the tokens padded to 16-64): none until timed against _scaled_mm on a GPU;
 # VLORA_FP8_DECODE_MAX_M (0..64), read here once, overrides it.
 DECODE_KERNEL_MAX_M = decode_max_m(0)
 
 
-def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tensor,
-                   swap: bool) -> torch.Tensor:
-    """(q_x @ q_weight.T) * s_x * weight_scale on a GPU, bf16 [M, N], by `torch._scaled_mm` either as
-    written or transposed: y.T = q_weight @ q_x.T with the scales' roles swapped. Transposed, the
-    tokens are _scaled_mm's second operand, whose both sizes must be multiples of 16: the rows are
-    padded with zeros (scale 1) and the extra columns dropped."""
-    if not swap:
-        return torch._scaled_mm(q_x, q_weight.t(), scale_a=s_x, scale_b=weight_scale.view(1, -1),
-                                out_dtype=torch.bfloat16)
-    m, k = q_x.shape
-    rows = max(16, -(-m // 16) * 16)
-    q_p = torch.zeros((rows, k), dtype=torch.uint8, device=q_x.device)  # zeros by bytes: fp8 has no fill
-    q_p[:m] = q_x.view(torch.uint8)
-    q_p = q_p.view(FP8_DTYPE)
-    s_p = torch.ones((rows, 1), dtype=torch.float32, device=s_x.device)
-    s_p[:m] = s_x
-    y_t = torch._scaled_mm(q_weight, q_p.t(), scale_a=weight_scale.view(-1, 1), scale_b=s_p.view(1, -1),
-                           out_dtype=torch.bfloat16)
-    return y_t[:, :m].t().contiguous()
+def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor,
+                   weight_scale: torch.Tensor) -> torch.Tensor:
+    """(q_x @ q_weight.T) * s_x * weight_scale on a GPU, bf16 [M, N]: `torch._scaled_mm` with rowwise scales."""
+    return torch._scaled_mm(q_x, q_weight.t(), scale_a=s_x, scale_b=weight_scale.view(1, -1), out_dtype=torch.bfloat16)
 
 
 def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -182,16 +161,16 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     x: [M, K]; q_weight: [N, K] fp8 (row-major, so .T is the column-major operand _scaled_mm wants);
     weight_scale: [N] fp32. Returns [M, N] in x's dtype. On a GPU the rowwise-scaled GEMM writes
     bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs; at
-    most SWAP_MAX_M tokens (none today) it runs transposed; at 1..DECODE_KERNEL_MAX_M tokens (none unless
-    VLORA_FP8_DECODE_MAX_M says) it is kernels/fp8_decode.py's Triton GEMM instead. On the CPU (tests
-    only: the engine refuses FP8 there) it is the fp32 product of the dequantized operands, since CPU `_scaled_mm` takes rowwise scales
-    in some torch releases and not in others.
+    1..DECODE_KERNEL_MAX_M tokens (none unless VLORA_FP8_DECODE_MAX_M says) it is kernels/fp8_decode.py's
+    Triton GEMM instead. On the CPU (tests only: the engine refuses FP8 there) it is the fp32 product of
+    the dequantized operands, since CPU `_scaled_mm` takes rowwise scales in some torch releases and not
+    in others.
     """
     q_x, s_x = attached_rows(x) or quantize_rows(x)  # written beside x by its producer, or quantized here
     if x.is_cuda and 0 < q_x.shape[0] <= DECODE_KERNEL_MAX_M:
         y = fp8_decode_mm(q_x, s_x, q_weight, weight_scale)
     elif x.is_cuda:
-        y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale, swap=0 < q_x.shape[0] <= SWAP_MAX_M)
+        y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale)
     else:
         with torch.profiler.record_function("fp8_scaled_mm"):  # a CPU profile shows the GEMM's ops as one
             y = (q_x.float() * s_x) @ dequantize(q_weight, weight_scale).T

@@ -81,3 +81,26 @@ def test_fp8_suite_on_cpu(vlora_home, tmp_path):
     md = (out / "fp8.md").read_text()
     assert "## Accuracy" in md and "fp8 switch / bf16 switch" in md and "## Decode step profile" in md
     assert "## Projection GEMMs alone" in md and "the 4 layers' projections take" in md
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 33])
+def test_the_transposed_gemm_gives_the_product_as_written(m):
+    # the swap_us column's GEMM: padded token rows, swapped scales, transposed back. On the CPU, where the torch
+    # release takes rowwise-scaled _scaled_mm at all.
+    from bench.fp8_gemm import transposed_scaled_mm
+    from kernels.fp8 import dequantize, quantize_rows_ref, quantize_weight, scaled_mm_rows
+
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 64, generator=g)
+    x[0] *= 50.0  # one token's scale far from the others': a scale on the wrong axis shows
+    q_w, s_w = quantize_weight(torch.randn(48, 64, generator=g) * torch.linspace(0.1, 4.0, 48)[:, None])
+    q_x, s_x = quantize_rows_ref(x)
+    try:
+        plain = scaled_mm_rows(q_x, s_x, q_w, s_w)
+    except RuntimeError as e:
+        pytest.skip(f"this torch's CPU _scaled_mm takes no rowwise scales: {str(e)[:80]}")
+    swapped = transposed_scaled_mm(q_x, s_x, q_w, s_w)
+    assert swapped.shape == (m, 48) and swapped.is_contiguous()
+    assert torch.equal(swapped, plain)
+    ref = dequantize(q_x, s_x.squeeze(1)) @ dequantize(q_w, s_w).T
+    torch.testing.assert_close(swapped.float(), ref, atol=2.0 ** -8 * ref.abs().max().item(), rtol=2.0 ** -8)

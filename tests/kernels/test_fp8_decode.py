@@ -107,7 +107,7 @@ def test_decode_gemm_at_the_7b_shapes_on_a_gpu(name, m):
     y = fp8_decode_mm(q_x, s_x, q_w, s_w)
     _check(y, q_x, s_x, q_w, s_w)
     # cuBLAS's rowwise GEMM: the same products, its own summation order and bf16 rounding
-    torch.testing.assert_close(y.float(), scaled_mm_rows(q_x, s_x, q_w, s_w, swap=False).float(),
+    torch.testing.assert_close(y.float(), scaled_mm_rows(q_x, s_x, q_w, s_w).float(),
                                rtol=2.0 ** -7, atol=1e-4 * y.float().abs().max().item())
 
 
@@ -120,5 +120,5 @@ def test_fp8_linear_runs_the_decode_kernel_up_to_its_threshold(monkeypatch):
     for m in (1, 8, 9):
         x = torch.randn(m, 256, generator=g).to(DEV, torch.bfloat16)
         q_x, s_x = fp8.quantize_rows(x)
-        want = fp8_decode_mm(q_x, s_x, q_w, s_w) if m <= 8 else scaled_mm_rows(q_x, s_x, q_w, s_w, swap=False)
+        want = fp8_decode_mm(q_x, s_x, q_w, s_w) if m <= 8 else scaled_mm_rows(q_x, s_x, q_w, s_w)
         assert torch.equal(fp8.fp8_linear(x, q_w, s_w), want)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels.fp8 import (FP8_DTYPE, FP8_MAX, SCALE_FLOOR, dequantize, fp8_linear, quantize_rows_ref,
-                         quantize_rows_triton, quantize_weight, scaled_mm_rows)
+                         quantize_rows_triton, quantize_weight)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernel: on the GPU, else interpreted
 # e4m3 keeps 3 mantissa bits: round to nearest is off by at most 2**-4 of the value (normal range)
@@ -78,23 +78,3 @@ def test_fp8_linear_matches_fp32_matmul_of_dequantized_operands(dtype):
     # and against the unquantized product: FP8's error on both operands, a few percent of the scale
     exact = x.float() @ w.T + bias.float()
     assert (y.float() - exact).abs().max() <= 4 * REL_STEP * (x.float().abs() @ w.abs().T).max()
-
-
-@pytest.mark.parametrize("m", [1, 7, 16, 33])
-def test_the_transposed_gemm_gives_the_product_as_written(m):
-    # the GPU's decode-size path (fp8_linear runs it at most SWAP_MAX_M tokens): padded token rows, swapped scales,
-    # transposed back. On the CPU, where the torch release takes rowwise-scaled _scaled_mm at all.
-    g = torch.Generator().manual_seed(m)
-    x = torch.randn(m, 64, generator=g)
-    x[0] *= 50.0  # one token's scale far from the others': a scale on the wrong axis shows
-    q_w, s_w = quantize_weight(torch.randn(48, 64, generator=g) * torch.linspace(0.1, 4.0, 48)[:, None])
-    q_x, s_x = quantize_rows_ref(x)
-    try:
-        plain = scaled_mm_rows(q_x, s_x, q_w, s_w, swap=False)
-    except RuntimeError as e:
-        pytest.skip(f"this torch's CPU _scaled_mm takes no rowwise scales: {str(e)[:80]}")
-    swapped = scaled_mm_rows(q_x, s_x, q_w, s_w, swap=True)
-    assert swapped.shape == (m, 48) and swapped.is_contiguous()
-    assert torch.equal(swapped, plain)
-    ref = dequantize(q_x, s_x.squeeze(1)) @ dequantize(q_w, s_w).T
-    torch.testing.assert_close(swapped.float(), ref, atol=2.0 ** -8 * ref.abs().max().item(), rtol=2.0 ** -8)

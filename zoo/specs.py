@@ -133,6 +133,16 @@ SPECS: dict[str, ModelSpec] = {
             TextSpec(3584, 28, 28, 4, 18944, 152064, mrope_section=_QWEN_MROPE),
             _QWEN2_VL_VISION,
         ),
+        # Qwen2-VL-72B-Instruct's config.json: hidden 8192, 80 layers, 64 heads, 8 KV heads, intermediate
+        # 29568, vocab 152064, rope_theta 1e6, mrope_section [16, 24, 24], untied LM head, max positions
+        # 32768; its vision_config is 7B's (embed_dim 1280, depth 32, 16 heads, mlp_ratio 4) with the
+        # merger's output (hidden_size) 8192, which configs.py takes from the text side. ~73.4 B parameters:
+        # at bf16 one GPU cannot hold it; tensor parallel builds and loads each rank's shard only
+        ModelSpec(
+            "qwen2_vl_72b", "qwen2_vl", "full",
+            TextSpec(8192, 80, 64, 8, 29568, 152064, mrope_section=_QWEN_MROPE),
+            _QWEN2_VL_VISION,
+        ),
         ModelSpec(
             "qwen2_5_vl_3b", "qwen2_5_vl", "full",
             TextSpec(2048, 36, 16, 2, 11008, 151936, tie_word_embeddings=True, mrope_section=_QWEN_MROPE,

@@ -99,24 +99,25 @@ class Engine:
             from serve.models.fp8 import check_quantization
 
             check_quantization(config.quantization, self.device)
-        self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights, pixels,
-                                                config.quantization)
-        self.pixels = pixels  # a front end in another process builds its Preparer the same way
-        self.preparer = Preparer(self.processor, self.model.args)
-        tower = getattr(self.model.vision, "visual", None)
-        if hasattr(tower, "attention"):
-            tower.attention, tower.compiled = config.vision_attention, config.vision_compile
-            seconds = tower.warm_up()
-            if seconds:
-                log.info("vision tower kernels compiled in %.1f s", seconds)
-        if config.tensor_parallel_size > 1:  # before adapters wrap the projections and the cache is sized
-            from serve.models.parallel import TPGroup, shard_model
+        tp = None
+        if config.tensor_parallel_size > 1:  # each rank builds and reads only its shard (serve/models/parallel.py)
+            from serve.models.parallel import TPGroup
 
             tp = TPGroup.current()
             if tp.world_size != config.tensor_parallel_size:
                 raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} but torch.distributed "
                                  f"has {tp.world_size} ranks")
-            shard_model(self.model, tp, vision=config.tp_vision)
+        self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights, pixels,
+                                                config.quantization, tp=tp, tp_vision=config.tp_vision)
+        self.pixels = pixels  # a front end in another process builds its Preparer the same way
+        self.preparer = Preparer(self.processor, self.processor.args)  # the whole model's (a shard's are local)
+        vision = self.model.vision
+        tower = getattr(getattr(vision, "inner", vision), "visual", None)  # inside SplitVision under tensor parallel
+        if hasattr(tower, "attention"):
+            tower.attention, tower.compiled = config.vision_attention, config.vision_compile
+            seconds = tower.warm_up()
+            if seconds:
+                log.info("vision tower kernels compiled in %.1f s", seconds)
         self.dtype = self.model.language_model.embed_tokens.weight.dtype
         if self.device.type == "cuda":
             WATCH.install()

@@ -39,26 +39,32 @@ def resolve_dtype(name: str, args: ModelArgs) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str = "auto", device="cpu", attention_backend: str = "torch",
-               weights: Mapping[str, torch.Tensor] | None = None, pixels: str = "host", quantization: str = "none"):
+               weights: Mapping[str, torch.Tensor] | None = None, pixels: str = "host", quantization: str = "none",
+               tp=None, tp_vision: str = "split"):
     """(VisionLanguageModel, PromptProcessor) of a Hugging Face checkpoint directory.
 
     weights: tensors to load instead of the directory's safetensors (e.g. the state dict of a
-    transformers model built in memory); the directory then needs only config and processor files.
+    transformers model built in memory, or random_weights.RandomWeights, which makes each on demand);
+    the directory then needs only config and processor files.
     pixels: where Qwen pixel rows are prepared, "host" or "device" (see PromptProcessor).
     quantization: "fp8" quantizes the language model's projections once, after loading (fp8.py); a
     checkpoint that holds FP8 projections (fp8_checkpoint.py) keeps its bytes, or is dequantized with "none".
+    tp: a parallel.TPGroup: only this rank's shard is built and read (parallel.py), the vision tower
+    run as `tp_vision` says; the result equals the whole model loaded, then `shard_model`.
     """
     from transformers import AutoProcessor
 
     from .fp8_checkpoint import inspect_checkpoint
 
+    if tp is not None and quantization != "none":
+        raise ValueError(f"quantization={quantization!r} under tensor parallel is not supported: shard bf16 weights")
     args, hf_config = read_model_args(path)
     torch_dtype = resolve_dtype(dtype, args)
     source = WeightSource(tensors=weights) if weights is not None else WeightSource.from_dir(path)
     # FP8 weights the engine cannot serve are refused here, from headers, before the model is built
     fp8_checkpoint = inspect_checkpoint(path, source, quantization, torch_dtype)
     cls = LlavaForServing if args.arch == "llava" else Qwen2VLForServing
-    model = cls(args, hf_config, attention_backend, torch_dtype, device)
+    model = cls(args, hf_config, attention_backend, torch_dtype, device, tp=tp, tp_vision=tp_vision)
     with torch.no_grad():
         if fp8_checkpoint is not None and quantization == "fp8":
             from .fp8 import prepare_fp8_projections

@@ -110,16 +110,28 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding, decoder layers, final norm and LM head of the language side."""
 
-    def __init__(self, args: ModelArgs, backend: str = "torch", dtype=torch.float32, device=None):
+    def __init__(self, args: ModelArgs, backend: str = "torch", dtype=torch.float32, device=None, tp=None):
+        """tp: a parallel.TPGroup: each layer holds only this rank's shard, allocated after it was cut on
+        the meta device (parallel.allocated_shard); `args` stay the whole model's (finish_shard sets the
+        local ones)."""
         super().__init__()
         self.args = args
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype, device)
         self.rope = RotaryEmbedding(args.head_dim, args.rope_theta, args.mrope_section, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(args, i, backend, dtype, device) for i in range(args.num_layers))
+        self.layers = nn.ModuleList(self._layer(args, i, backend, dtype, device, tp) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, backend == "triton")
         self.lm_head = (None if args.tie_word_embeddings else
                         nn.Parameter(torch.empty(args.vocab_size, args.hidden_size, dtype=dtype, device=device),
                                      requires_grad=False))
+
+    @staticmethod
+    def _layer(args: ModelArgs, index: int, backend: str, dtype, device, tp) -> "DecoderLayer":
+        if tp is None:
+            return DecoderLayer(args, index, backend, dtype, device)
+        from .parallel import allocated_shard, local_args
+
+        return allocated_shard(lambda where: DecoderLayer(args, index, backend, dtype, where), tp,
+                               local_args(args, tp.world_size), device)
 
     def embed(self, input_ids: torch.Tensor, mm_embeds: torch.Tensor | None = None,
               mm_mask: torch.Tensor | None = None) -> torch.Tensor:

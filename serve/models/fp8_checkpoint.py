@@ -186,10 +186,22 @@ def dequantize_blocks(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, in
 
 
 def load_fp8_slice(linear, slice_name: str, weight: torch.Tensor, source, key: str,
-                   bias: torch.Tensor | None) -> None:
+                   bias: torch.Tensor | None, shard: tuple[str, int, int] | None = None) -> None:
     """Loads checkpoint FP8 `weight` (module `key`) into slice `slice_name` of `linear`: byte for byte
     into an Fp8Linear (per channel / per tensor), requantized per channel (blocks), or dequantized
-    into a plain Linear (quantization=none)."""
+    into a plain Linear (quantization=none). shard: a tensor-parallel plain Linear's (parallel.py):
+    the dequantized slice is cut to the rank's part."""
+    if shard is not None:
+        if isinstance(linear, Fp8Linear):
+            raise ValueError(f"{key}: FP8 projections are not served under tensor parallel (quantization=none "
+                             "dequantizes them)")
+        from .parallel import shard_part
+
+        def cut(t):
+            return None if t is None else shard_part(t, shard)
+    else:
+        def cut(t):
+            return t
     spec: Fp8Checkpoint | None = source.fp8
     if spec is None:
         raise ValueError(f"{key}.weight is FP8 but the checkpoint's quantization_config was not read "
@@ -202,13 +214,13 @@ def load_fp8_slice(linear, slice_name: str, weight: torch.Tensor, source, key: s
             q, s = quantize_weight(dense)  # the one extra rounding of block checkpoints
             linear.load_slice(slice_name, q, bias, scale=s)
         else:
-            linear.load_slice(slice_name, dense, bias)
+            linear.load_slice(slice_name, cut(dense), cut(bias))
         return
     scale = scale.reshape(-1).expand(weight.shape[0]) if scale.numel() == 1 else scale.reshape(-1)  # [N]
     if isinstance(linear, Fp8Linear):
         linear.load_slice(slice_name, weight, bias, scale=scale)
     else:
-        linear.load_slice(slice_name, dequantize(weight, scale), bias)
+        linear.load_slice(slice_name, cut(dequantize(weight, scale)), cut(bias))
 
 
 def inspect_checkpoint(path, source, quantization: str, dtype: torch.dtype) -> Fp8Checkpoint | None:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .decoder import DecoderModel
+from .parallel import shard_part
 
 TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "model.", "language_model.")
 LM_HEADS = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
@@ -68,14 +69,38 @@ class WeightSource:
             return self._tensors[name]
         return self._handle(name).get_tensor(name)
 
+    def get_part(self, name: str, shard: tuple[str, int, int]) -> torch.Tensor:
+        """A tensor-parallel rank's part of tensor `name` (parallel.shard_part: "out" rows, "in" columns);
+        from a file only those bytes are read."""
+        if self._tensors is not None:
+            return shard_part(self._tensors[name], shard)
+        view = self._handle(name).get_slice(name)
+        shape = view.get_shape()
+        axis, rank, world = shard
+        dim = 0 if axis == "out" else len(shape) - 1
+        if shape[dim] % world:
+            raise ValueError(f"checkpoint tensor {name} of shape {list(shape)} does not split into {world} equal parts")
+        step = shape[dim] // world
+        index = [slice(None)] * len(shape)
+        index[dim] = slice(rank * step, (rank + 1) * step)
+        return view[tuple(index)]
+
     def header(self, name: str) -> tuple[str, list[int]]:
         """(dtype, shape) of tensor `name` without reading its data: safetensors' dtype name ("BF16",
-        "F8_E4M3") from a file's header, torch's ("torch.float8_e4m3fn") for an in-memory mapping."""
+        "F8_E4M3") from a file's header, torch's ("torch.float8_e4m3fn") for an in-memory mapping
+        (a mapping that makes its tensors on demand, random_weights.RandomWeights, says it unmade)."""
         if self._tensors is not None:
+            if hasattr(self._tensors, "header"):
+                return self._tensors.header(name)
             tensor = self._tensors[name]
             return str(tensor.dtype), list(tensor.shape)
         view = self._handle(name).get_slice(name)
         return view.get_dtype(), list(view.get_shape())
+
+
+def _fp8(dtype: str) -> bool:
+    """Whether a header's dtype (WeightSource.header) is FP8."""
+    return dtype.startswith("F8") or dtype.startswith("torch.float8")
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
@@ -100,11 +125,16 @@ def load_language_model(model: DecoderModel, source: WeightSource) -> None:
         return source.get(prefix + name) if prefix + name in source else None
 
     def load(linear: nn.Module, slice_name: str, module: str, bias: torch.Tensor | None = None) -> None:
+        shard = getattr(linear, "tp_shard", None)  # a tensor-parallel shard (parallel.py) takes its part only
+        key = prefix + module + ".weight"
+        if shard is not None and key in source and not _fp8(source.header(key)[0]):
+            linear.load_slice(slice_name, source.get_part(key, shard), None if bias is None else shard_part(bias, shard))
+            return
         weight = get(module + ".weight")
         if weight.dtype == torch.float8_e4m3fn:  # stored with its scales (checked before the model was built)
             from .fp8_checkpoint import load_fp8_slice
 
-            load_fp8_slice(linear, slice_name, weight, source, prefix + module, bias)
+            load_fp8_slice(linear, slice_name, weight, source, prefix + module, bias, shard)
         else:
             linear.load_slice(slice_name, weight, bias)
 

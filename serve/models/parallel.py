@@ -18,6 +18,12 @@ should fall with the ranks without touching its modules; "whole" has every rank 
 item itself: no collective, the same embeddings on every rank by construction (the same weights,
 inputs and kernels). Which is faster is measured (`vlora bench bench.suite=tp`, docs/scale_out.md).
 
+The engine never holds the whole model on a rank: `load_model(..., tp=tp)` builds each decoder layer on
+the meta device, cuts it there and only then allocates the shard (`allocated_shard`), and the loader
+reads each projection's part alone (`shard_part`; from safetensors, only those bytes), so a rank's
+peak memory is its shard plus the unsplit parts (a 72B model at TP=2: docs/scale_out.md).
+`shard_model` splits a model already loaded whole into the same weights.
+
 LoRA follows Punica's split, which needs no communication of its own: on a column-split
 projection each rank holds all of A and its rows of B (x A^T is the same everywhere, B's rows
 give the rank's columns); on a row-split one each rank holds its columns of A and all of B, so
@@ -36,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .layers import Linear
+from .layers import Linear, RMSNorm
 
 CONTROL_TIMEOUT = timedelta(days=365)  # how long a follower may wait for the leader's next call
 
@@ -142,30 +148,83 @@ def check_vision_mode(mode: str) -> None:
                          "all-gather) or whole (every rank encodes every item, no collective)")
 
 
-def shard_model(model, tp: TPGroup, vision: str = "split") -> None:
-    """Splits a loaded serve.models VisionLanguageModel across the ranks of `tp`, in place, before
-    adapters are attached and before the engine sizes its K/V cache. vision: `VISION_MODES`."""
-    check_vision_mode(vision)  # before any layer is cut
-    args = model.args
+def local_args(args, world_size: int):
+    """The model args of one rank: its share of the heads, K/V heads and intermediate size."""
+    return replace(args, num_heads=args.num_heads // world_size, num_kv_heads=args.num_kv_heads // world_size,
+                   intermediate_size=args.intermediate_size // world_size)
+
+
+def check_shardable(args, tp: TPGroup, vision: str) -> None:
+    """Raises ValueError (one line) before any layer is built or cut."""
+    check_vision_mode(vision)
     check_divisible(args, tp.world_size)
-    w = tp.world_size
-    local_args = replace(args, num_heads=args.num_heads // w, num_kv_heads=args.num_kv_heads // w,
-                         intermediate_size=args.intermediate_size // w)
-    lm = model.language_model
-    for layer in lm.layers:
-        attn, mlp = layer.attn, layer.mlp
-        if any(hasattr(m, "base") for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
-            raise RuntimeError("shard_model must run before LoRA layers wrap the projections")
-        attn.qkv_proj = split_columns(attn.qkv_proj, tp)
-        attn.o_proj = split_rows(attn.o_proj, tp)
-        mlp.gate_up_proj = split_columns(mlp.gate_up_proj, tp)
-        mlp.down_proj = split_rows(mlp.down_proj, tp)
-        attn.args = local_args
-        attn.attn.num_heads, attn.attn.num_kv_heads = local_args.num_heads, local_args.num_kv_heads
-        attn.reduce_output = mlp.reduce_output = tp.all_reduce
-    model.args = lm.args = local_args
+
+
+def shard_layer(layer, tp: TPGroup, local) -> None:
+    """Cuts one decoder layer to the rank's shard, in place (a loaded layer, or one on the meta device)."""
+    attn, mlp = layer.attn, layer.mlp
+    if any(hasattr(m, "base") for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+        raise RuntimeError("shard_model must run before LoRA layers wrap the projections")
+    attn.qkv_proj = split_columns(attn.qkv_proj, tp)
+    attn.o_proj = split_rows(attn.o_proj, tp)
+    mlp.gate_up_proj = split_columns(mlp.gate_up_proj, tp)
+    mlp.down_proj = split_rows(mlp.down_proj, tp)
+    attn.args = local
+    attn.attn.num_heads, attn.attn.num_kv_heads = local.num_heads, local.num_kv_heads
+    attn.reduce_output = mlp.reduce_output = tp.all_reduce
+
+
+def allocated_shard(make_layer, tp: TPGroup, local, device):
+    """A decoder layer holding only the rank's shard on `device`: built on the meta device (no memory),
+    cut there, then allocated. Its weights are left for the loader; what a load may leave untouched
+    starts as a fresh layer's would (biases 0, norms 1)."""
+    layer = make_layer("meta")
+    shard_layer(layer, tp, local)
+    layer.to_empty(device=device)
+    with torch.no_grad():
+        for module in layer.modules():
+            if isinstance(module, Linear):
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+            elif next(module.parameters(recurse=False), None) is not None or \
+                    next(module.buffers(recurse=False), None) is not None:
+                raise TypeError(f"{type(module).__name__} holds tensors that allocated_shard does not initialise")
+    return layer
+
+
+def finish_shard(model, tp: TPGroup, vision: str) -> None:
+    """The model-wide part of a split: the local args, the vision tower shared out, the group."""
+    local = local_args(model.args, tp.world_size)
+    model.args = model.language_model.args = local
     model.vision = SplitVision(model.vision, tp, vision)
     model.tp = tp
+
+
+def shard_model(model, tp: TPGroup, vision: str = "split") -> None:
+    """Splits a loaded serve.models VisionLanguageModel across the ranks of `tp`, in place, before
+    adapters are attached and before the engine sizes its K/V cache. vision: `VISION_MODES`.
+    The engine builds the shard directly instead (`load_model(..., tp=tp)`, `allocated_shard`): the
+    same weights, without ever holding the whole model."""
+    check_shardable(model.args, tp, vision)  # before any layer is cut
+    local = local_args(model.args, tp.world_size)
+    for layer in model.language_model.layers:
+        shard_layer(layer, tp, local)
+    finish_shard(model, tp, vision)
+
+
+def shard_part(t: torch.Tensor, shard: tuple[str, int, int]) -> torch.Tensor:
+    """The rank's part of one checkpoint tensor of a sharded projection (a view): for an "out" shard
+    (columns split) rows r*n/w .. (r+1)*n/w of one slice's weight or bias, as `split_columns` keeps
+    of every slice; for an "in" shard (rows split) the same range of the last dimension."""
+    axis, rank, world = shard
+    dim = 0 if axis == "out" else t.dim() - 1
+    n = t.shape[dim]
+    if n % world:
+        raise ValueError(f"a tensor of shape {tuple(t.shape)} does not split into {world} equal parts along dim {dim}")
+    step = n // world
+    return t.narrow(dim, rank * step, step)
 
 
 def assign_items(sizes: list[int], world_size: int) -> list[int]:

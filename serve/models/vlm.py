@@ -18,11 +18,22 @@ from .vision import VisionInput
 class VisionLanguageModel(nn.Module):
     mrope = False  # positions are [3, T] (Qwen) rather than [T]
 
-    def __init__(self, args: ModelArgs, hf_config, backend: str = "torch", dtype=torch.float32, device="cpu"):
+    def __init__(self, args: ModelArgs, hf_config, backend: str = "torch", dtype=torch.float32, device="cpu",
+                 tp=None, tp_vision: str = "split"):
+        """tp: a parallel.TPGroup: built as this rank's shard (parallel.py; the weights load into it after),
+        the vision tower run as `tp_vision` says."""
         super().__init__()
+        if tp is not None:
+            from .parallel import check_shardable
+
+            check_shardable(args, tp, tp_vision)  # before anything is built
         self.args = args
-        self.language_model = DecoderModel(args, backend, dtype, device)
+        self.language_model = DecoderModel(args, backend, dtype, device, tp)
         self.vision = self.build_vision(hf_config, dtype, device)
+        if tp is not None:
+            from .parallel import finish_shard
+
+            finish_shard(self, tp, tp_vision)  # the local args, the tower shared out
 
     def build_vision(self, hf_config, dtype, device) -> nn.Module:
         raise NotImplementedError

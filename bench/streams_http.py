@@ -6,7 +6,8 @@ instead of RPyC, and the two transports compared on one engine.
 head asked through the `vlora` extension, sent at the same times (stream i's chunk k at
 `t0 + i / N + k`, whether or not earlier chunks are answered), latency measured from just before the
 request to its response, rows made by the same `_row`. `compare` runs both transports at each
-stream count, alternating, on one engine built as the streams suite builds it:
+stream count, alternating (with `--repeats R`, R times, every other repeat HTTP first), on one engine built
+as the streams suite builds it:
 
     python -m bench.streams_http --counts 16 32 48                       # a GPU: Qwen2-VL-7B shape
     python -m bench.streams_http --model qwen2_vl_tiny --device cpu --image-size 56 --counts 1 2 --seconds 3
@@ -139,8 +140,8 @@ def _http_cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np
     results.put((records, dict(errors), t0))
 
 
-def compare(job, counts: tuple[int, ...], out_dir: str = "results/streams_http") -> list[dict]:
-    """Head mode over RPyC and over HTTP at each count, on one engine; writes transports.csv/.json."""
+def compare(job, counts: tuple[int, ...], out_dir: str = "results/streams_http", repeats: int = 1) -> list[dict]:
+    """Head mode over RPyC and over HTTP at each count, `repeats` times, on one engine; writes transports.csv/.json."""
     import tempfile
     from pathlib import Path
 
@@ -159,15 +160,20 @@ def compare(job, counts: tuple[int, ...], out_dir: str = "results/streams_http")
     if job.warmup_point_s > 0:
         run_point(engine, job, "head", min(counts), chunks, names, seconds=job.warmup_point_s)
     rows = []
-    for n in counts:
-        rpc = {"transport": "rpc", **run_point(engine, job, "head", n, chunks, names)}
-        http = run_http_point(engine, job, "head", n, chunks, names)
-        for key in ("chunks_per_s", "served_per_s", "p95_ms"):
-            http[f"{key}_vs_rpc"] = http[key] / rpc[key] if rpc[key] else math.nan
-        rows += [rpc, http]
+    for rep in range(repeats):  # near capacity one point is noisy: repeats, each other one HTTP first (order bias)
+        for n in counts:
+            runs = {}
+            for order, transport in enumerate(("rpc", "http") if rep % 2 == 0 else ("http", "rpc")):
+                point = run_point if transport == "rpc" else run_http_point
+                runs[transport] = {"transport": transport, "repeat": rep, "order": order,
+                                   **point(engine, job, "head", n, chunks, names)}
+            rpc, http = runs["rpc"], runs["http"]
+            for key in ("chunks_per_s", "served_per_s", "p95_ms"):
+                http[f"{key}_vs_rpc"] = http[key] / rpc[key] if rpc[key] else math.nan
+            rows += [rpc, http]
     device = device_label(job.device)
     out = results_dir(out_dir, device)
-    columns = ["transport", *SHOWN, "chunks_per_s_vs_rpc", "served_per_s_vs_rpc", "p95_ms_vs_rpc"]
+    columns = ["transport", "repeat", "order", *SHOWN, "chunks_per_s_vs_rpc", "served_per_s_vs_rpc", "p95_ms_vs_rpc"]
     write_csv(out / "transports.csv", rows, columns, drop_extra=True)
     write_json(out / "transports.json", {"device": device, "date": time.strftime("%Y-%m-%d"),
                                          "command": " ".join(["python -m bench.streams_http", *sys.argv[1:]]),
@@ -186,13 +192,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--encoding", default="jpeg", choices=("jpeg", "png"))
     p.add_argument("--out-dir", default="results/streams_http")
+    p.add_argument("--repeats", type=int, default=1, help="every count this many times, alternating which transport goes first")
     a = p.parse_args(argv)
+    if a.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {a.repeats}")
     job = StreamsBenchJob(model=a.model, device=a.device, image_size=a.image_size, seconds=a.seconds,
                           encoding=a.encoding, modes=("head",), stream_counts=tuple(a.counts), engine_only=False,
                           hf_baseline=False, chunk_pool=min(32, 4 * max(a.counts)))
-    for row in compare(job, tuple(a.counts), a.out_dir):
+    for row in compare(job, tuple(a.counts), a.out_dir, a.repeats):
         print(" ".join(f"{k}={row[k]:.4g}" if isinstance(row.get(k), float) else f"{k}={row.get(k)}"
-                       for k in ("transport", *SHOWN, "chunks_per_s_vs_rpc") if k in row))
+                       for k in ("transport", "repeat", *SHOWN, "chunks_per_s_vs_rpc") if k in row))
 
 
 if __name__ == "__main__":

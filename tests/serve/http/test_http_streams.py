@@ -42,10 +42,12 @@ def test_the_transport_comparison_runs_from_its_command_line(tmp_path, capsys):
     from bench.streams_http import main
 
     main(["--model", "qwen2_vl_tiny", "--device", "cpu", "--image-size", "56", "--counts", "1", "--seconds", "1",
-          "--out-dir", str(tmp_path)])
+          "--repeats", "2", "--out-dir", str(tmp_path)])
     with open(tmp_path / "cpu" / "transports.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["transport"] for r in rows] == ["rpc", "http"]
+    assert [r["transport"] for r in rows] == ["rpc", "http"] * 2
+    # the second repeat sends HTTP first: a transport measured always second would carry the first one's leftovers
+    assert [(r["repeat"], r["order"]) for r in rows] == [("0", "0"), ("0", "1"), ("1", "1"), ("1", "0")]
     assert all(r["errors"] == "0" and r["unfinished"] == "0" for r in rows)
     assert float(rows[1]["chunks_per_s_vs_rpc"]) > 0
     assert "transport=http" in capsys.readouterr().out

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_decode import decode_max_m, fp8_decode_mm
+from .fp8_decode import MAX_M, decode_kernel_on, decode_max_m, fp8_decode_mm
 from .interpreter import interpreted
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -143,9 +143,18 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # Tokens up to which fp8_linear runs kernels/fp8_decode.py's Triton GEMM on a GPU (the weight tiled by
-# output channels, the tokens padded to 16-64): none until timed against _scaled_mm on a GPU;
-# VLORA_FP8_DECODE_MAX_M (0..64), read here once, overrides it.
-DECODE_KERNEL_MAX_M = decode_max_m(0)
+# output channels, the tokens padded to 16-64): all of 1..64, since on an H200 it beat _scaled_mm at 1, 32
+# and 64 tokens, per projection and over the whole decode step (results/fp8/nvidia_h200/fourth_run);
+# on Hopper only unless VLORA_FP8_DECODE_MAX_M (0..64, read here once) is set, which overrides both.
+DECODE_KERNEL_MAX_M = decode_max_m(MAX_M)
+_decode_kernel_devices: dict[int, bool] = {}
+
+
+def _decode_kernel_here(device: torch.device) -> bool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _decode_kernel_devices:  # once per GPU: fp8_linear runs 4 times a layer
+        _decode_kernel_devices[index] = decode_kernel_on(torch.cuda.get_device_capability(index))
+    return _decode_kernel_devices[index]
 
 
 def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor,
@@ -161,13 +170,13 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     x: [M, K]; q_weight: [N, K] fp8 (row-major, so .T is the column-major operand _scaled_mm wants);
     weight_scale: [N] fp32. Returns [M, N] in x's dtype. On a GPU the rowwise-scaled GEMM writes
     bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs; at
-    1..DECODE_KERNEL_MAX_M tokens (none unless VLORA_FP8_DECODE_MAX_M says) it is kernels/fp8_decode.py's
-    Triton GEMM instead. On the CPU (tests only: the engine refuses FP8 there) it is the fp32 product of
+    1..DECODE_KERNEL_MAX_M tokens on Hopper (or any GPU where VLORA_FP8_DECODE_MAX_M is set) it is
+    kernels/fp8_decode.py's Triton GEMM instead. On the CPU (tests only: the engine refuses FP8 there) it is the fp32 product of
     the dequantized operands, since CPU `_scaled_mm` takes rowwise scales in some torch releases and not
     in others.
     """
     q_x, s_x = attached_rows(x) or quantize_rows(x)  # written beside x by its producer, or quantized here
-    if x.is_cuda and 0 < q_x.shape[0] <= DECODE_KERNEL_MAX_M:
+    if x.is_cuda and 0 < q_x.shape[0] <= DECODE_KERNEL_MAX_M and _decode_kernel_here(x.device):
         y = fp8_decode_mm(q_x, s_x, q_weight, weight_scale)
     elif x.is_cuda:
         y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale)

@@ -25,9 +25,9 @@ Accumulation: every FP8 wgmma's sum of 32 products is added into an fp32 accumul
 the whole K in the tensor cores' narrower accumulator, and 0 (no imprecise sums at all) makes Triton
 drop wgmma for an fp16 mma.sync of upcast operands (seen in Triton 3.8's PTX).
 
-`fp8_linear` (kernels/fp8.py) runs this kernel on a GPU at 1..DECODE_KERNEL_MAX_M tokens; that is 0
-(off) until measured, and the environment variable VLORA_FP8_DECODE_MAX_M (an integer 0..64, read
-once at import) overrides it, so a GPU run switches it on without code changes. Nothing here syncs
+`fp8_linear` (kernels/fp8.py) runs this kernel at 1..DECODE_KERNEL_MAX_M tokens (64) on Hopper, where it
+was tuned and measured faster than `_scaled_mm`; the environment variable VLORA_FP8_DECODE_MAX_M (an
+integer 0..64, read once at import) overrides the count, on any GPU (0 turns the kernel off). Nothing here syncs
 with the host; buffers are allocated by shape only, so the forward stays capturable in a CUDA graph.
 """
 
@@ -45,14 +45,15 @@ WGMMA_K = tl.constexpr(32)  # K of one FP8 wgmma instruction: its sum is promote
 MAX_M = 64  # tokens: BLOCK_M is the next power of two >= M, at least 16 (wgmma's N), at most 64
 
 # Launch configurations, (n, k) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages), for Qwen2-VL-7B's
-# projections; first guesses, to be tuned on a GPU (`python -m bench.fp8_decode_sweep` prints lines to
-# paste). Goal: >= 2 programs per SM of an H100/H200 (132), each streaming >= 7 weight tiles of
+# projections. gate_up and down: the sweep's best summed over 1, 32 and 64 tokens on an H200
+# (`python -m bench.fp8_decode_sweep`, results/fp8/nvidia_h200/fourth_run/sweep.csv); qkv and o: first
+# guesses until swept. Goal: >= 2 programs per SM of an H100/H200 (132), each streaming >= 7 weight tiles of
 # BLOCK_N x 128 bytes, 4 stages in flight. Other shapes: _fallback.
 CONFIGS = {
     (4608, 3584): (64, 128, 4, 4, 4),    # qkv_proj: 72 channel tiles x 4 splits of 7 K tiles = 288 programs
     (3584, 3584): (64, 128, 4, 4, 4),    # o_proj: 56 x 4 = 224
-    (37888, 3584): (128, 128, 1, 4, 4),  # gate_up_proj: 296 channel tiles, no split: one launch
-    (3584, 18944): (64, 128, 8, 4, 4),   # down_proj: 56 x 8 splits of 18-19 K tiles = 448
+    (37888, 3584): (128, 128, 1, 4, 3),  # gate_up_proj: 296 channel tiles, no split: one launch (4 stages: 1.2-1.4x slower at 32-64 tokens)
+    (3584, 18944): (64, 128, 4, 4, 5),   # down_proj: 56 x 4 splits of 37 K tiles = 224
 }
 TARGET_PROGRAMS = 264  # _fallback: two programs per SM on a 132-SM card
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this spends more on its partial than it saves
@@ -67,6 +68,14 @@ def decode_max_m(default: int, environ=None) -> int:
     if not raw.isdigit() or int(raw) > MAX_M:
         raise ValueError(f"VLORA_FP8_DECODE_MAX_M must be an integer from 0 to {MAX_M} (tokens), got {raw!r}")
     return int(raw)
+
+
+def decode_kernel_on(capability: tuple[int, int], environ=None) -> bool:
+    """Whether fp8_linear runs this kernel on a GPU of `capability`: on Hopper (9.x), where its launch table
+    was tuned and timed; elsewhere only when VLORA_FP8_DECODE_MAX_M is set (an FP8 GPU of another
+    generation keeps `_scaled_mm` until the kernel is measured there)."""
+    raw = (os.environ if environ is None else environ).get("VLORA_FP8_DECODE_MAX_M", "").strip()
+    return capability[0] == 9 or bool(raw)
 
 
 def _fallback(n: int, k: int) -> tuple[int, int, int, int, int]:

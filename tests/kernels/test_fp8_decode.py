@@ -14,7 +14,8 @@ import triton
 
 from kernels import fp8
 from kernels.fp8 import quantize_rows_ref, quantize_weight, scaled_mm_rows
-from kernels.fp8_decode import CONFIGS, MAX_M, decode_config, decode_max_m, fp8_decode_mm, fp8_decode_mm_ref
+from kernels.fp8_decode import (CONFIGS, MAX_M, decode_config, decode_kernel_on, decode_max_m, fp8_decode_mm,
+                                fp8_decode_mm_ref)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # the bf16 output's rounding: to nearest on a GPU (2**-8 of a value at most); the interpreter truncates
@@ -91,7 +92,10 @@ def test_decode_max_m_comes_from_the_environment_once_at_import():
     for raw in ("65", "-1", "1.5", "all"):
         with pytest.raises(ValueError, match=r"VLORA_FP8_DECODE_MAX_M must be an integer from 0 to 64"):
             decode_max_m(0, {"VLORA_FP8_DECODE_MAX_M": raw})
-    assert fp8.DECODE_KERNEL_MAX_M == decode_max_m(0)  # off unless this run's environment says
+    assert fp8.DECODE_KERNEL_MAX_M == decode_max_m(64)  # every decode size unless this run's environment says
+    # on Hopper, where it was tuned; on another FP8 GPU (Ada, 8.9) only when the variable asks for it
+    assert decode_kernel_on((9, 0), {}) and not decode_kernel_on((8, 9), {}) and not decode_kernel_on((10, 0), {})
+    assert decode_kernel_on((8, 9), {"VLORA_FP8_DECODE_MAX_M": "32"})
     env = {**os.environ, "VLORA_FP8_DECODE_MAX_M": "48", "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", "import kernels.fp8 as f; print(f.DECODE_KERNEL_MAX_M)"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])

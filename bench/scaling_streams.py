@@ -1,4 +1,5 @@
-"""The scaling suite's streams workload: cameras with heads on one GPU and on replicas of one host.
+"""The scaling suite's streams workload: cameras with heads on one GPU, on replicas of one host, and on a
+model split over several GPUs.
 
     vlora bench bench.suite=scaling bench.scaling.workload=streams bench.scaling.streams.gpus=[2]
 
@@ -12,6 +13,10 @@ unanswered chunk), then `refine` bisection steps. A setup's answer is its larges
     replicas   N Ray Serve replicas on N GPUs (one each) behind ReplicatedEngine, as
                `vlora serve replicas.count=N` fronts them; adapters load on a replica's first
                request for them and Ray's router keeps sending an adapter to the replica that holds it
+    tp         one tensor-parallel group of `tp_size` GPUs (a LocalGroup; random weights drawn on each
+               rank, its shard only: a model one GPU cannot hold, e.g. qwen2_vl_72b), searched with
+               `stream_counts` per group, then one chunk and a decode step profiled on rank 0 for the
+               share of communication (bench.scaling_streams_tp)
 
 Scaling efficiency = cameras(N) / (N x cameras(single)). Rows also carry the chunks each replica
 answered and its adapter loads (affinity: each adapter loaded once, by one replica while it has room).
@@ -23,9 +28,10 @@ chunks lost, per-second p95 around the kill, the spike and the time to recover. 
 of two replicas' capacity the survivor alone is overloaded until Ray Serve's replacement replica is up,
 so the recovery time there includes that replica's start.
 
-Every setup's rows are saved as measured (streams_<setup>_<gpus>.json) and a setup already saved is not
-run again unless fresh=true; the report (streams_scaling.csv/.json/.md, streams_kill.csv) is written
-from whatever is saved.
+Every setup's rows are saved as measured, after each point (streams_<setup>_<gpus>.json), and a setup
+saved whole for the same model is not run again unless fresh=true; past `budget_s` from the start no
+point starts (a search cut there keeps its points); the report (streams_scaling.csv/.json/.md,
+streams_kill.csv) is written from whatever is saved.
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib.util
-import json
 import os
 import tempfile
 import time
@@ -43,10 +48,11 @@ from pathlib import Path
 import torch
 
 from .results import device_label, results_dir, write_json
+from .scaling_streams_report import measured_cameras, report, saved_whole
 from .streams import StreamsBenchJob, _log, render_chunks, search
 from .streams_hf import chunk_flops
 
-SETUPS = ("single", "replicas")
+SETUPS = ("single", "replicas", "tp")
 APP = "vlora-scaling-streams"
 
 
@@ -62,6 +68,9 @@ class ScalingStreamsJob(StreamsBenchJob):
     kill_seconds: float = 90.0  # the kill point's measured seconds: long enough for a replacement replica to start
     kill_drain_s: float = 60.0  # the kill point's chunks count as lost only this long after a stream's last send
     replica_capacity: int | None = None  # requests a replica takes at once (default max_batch_size)
+    tp_size: int = 2  # the tp setup's GPUs: one tensor-parallel group
+    step_profile: bool = True  # the tp setup: one chunk and a decode step profiled on rank 0 after the search
+    budget_s: float | None = None  # seconds from the start after which no point starts (None: no limit)
     fresh: bool = False
     engine_only: bool = False
     hf_baseline: bool = False
@@ -88,12 +97,17 @@ class ScalingStreamsJob(StreamsBenchJob):
             raise ValueError(f"kill_cameras={self.kill_cameras}: the kill point needs the replicas setup")
         if "replicas" in self.setups and importlib.util.find_spec("ray") is None:
             raise ValueError('setup replicas needs Ray Serve: pip install -e ".[ray]"')
+        if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or self.tp_size < 2:
+            raise ValueError(f"tp_size {self.tp_size!r}: the tp setup's GPUs, 2 or more")
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ValueError(f"budget_s {self.budget_s!r}: positive seconds, or null for no limit")
 
     def runs(self) -> list[tuple[str, int]]:
         """(setup, GPUs) in the order they run; "kill": the kill point, on the most GPUs (two or more)."""
         replicas = [("replicas", g) for g in self.gpus] if "replicas" in self.setups else []
         kill = [("kill", self.gpus[-1])] if replicas and self.kill_cameras != 0 and self.gpus[-1] > 1 else []
-        return ([("single", 1)] if "single" in self.setups else []) + replicas + kill
+        tp = [("tp", self.tp_size)] if "tp" in self.setups else []
+        return ([("single", 1)] if "single" in self.setups else []) + tp + replicas + kill
 
 
 def streams_job(workload: str, values: dict, out_dir: str) -> ScalingStreamsJob:
@@ -112,11 +126,17 @@ def run_streams_scaling(job: ScalingStreamsJob) -> tuple[list[dict], dict]:
     """Runs the setups not yet saved, then writes the report; returns (rows, summary)."""
     from zoo import get_spec
 
-    from .scaling_streams_report import report
-
-    if get_spec(job.model).arch not in ("qwen2_vl", "qwen2_5_vl"):
+    spec = get_spec(job.model)
+    if spec.arch not in ("qwen2_vl", "qwen2_5_vl"):
         raise ValueError(f"model {job.model!r}: cameras send video chunks, which only the Qwen2-VL / Qwen2.5-VL "
                          "zoo models take")
+    if "tp" in job.setups:
+        from serve.models.parallel import check_divisible
+
+        try:
+            check_divisible(spec.text, job.tp_size)
+        except ValueError as e:
+            raise ValueError(f"tp_size={job.tp_size} does not split {job.model}: {e}") from None
     if job.device.startswith("cuda"):
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         need = max(g for _, g in job.runs())
@@ -125,26 +145,37 @@ def run_streams_scaling(job: ScalingStreamsJob) -> tuple[list[dict], dict]:
     out = results_dir(job.out_dir, device_label(job.device))
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="scaling-streams-"))
+    deadline = time.monotonic() + job.budget_s if job.budget_s else None
     plan = deployments = None
     try:
         for setup, gpus in job.runs():
             path = out / f"streams_{setup}_{gpus}.json"
-            if path.is_file() and not job.fresh:
+            if saved_whole(path, job.model) and not job.fresh:
                 _log(f"{setup} ({gpus} GPU): measured already ({path}); fresh=true measures again")
                 continue
-            plan = plan or _plan(job, workdir)
-            meta = dict(setup=setup, gpus=gpus, device=device_label(job.device), date=time.strftime("%Y-%m-%d"),
-                        torch=torch.__version__, job=dataclasses.asdict(job))
+            plan = plan or _plan(job, workdir, deadline)
+            meta = dict(setup=setup, gpus=gpus, model=job.model, tp=gpus if setup == "tp" else 1,
+                        device=device_label(job.device), date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
+                        job=dataclasses.asdict(job))
             t0 = time.perf_counter()
+
+            def save(rows: list[dict], whole: bool = False) -> None:  # after every point: a cut run keeps them
+                write_json(path, {"meta": {**meta, "wall_s": time.perf_counter() - t0, "complete": whole},
+                                  "rows": rows})
+
             if setup == "single":
-                rows = _single(job, plan, gpus, meta)
+                rows = _single(job, plan, gpus, meta, save)
+            elif setup == "tp":
+                from .scaling_streams_tp import run_tp
+
+                rows = run_tp(job, plan, gpus, meta, save)
             else:
                 from .scaling_streams_replicas import Deployments, run_kill, run_replicas
 
                 deployments = deployments or Deployments(job, plan)
-                rows = (run_replicas(job, deployments, gpus, meta) if setup == "replicas" else
+                rows = (run_replicas(job, deployments, gpus, meta, save) if setup == "replicas" else
                         run_kill(job, deployments, gpus, meta, measured_cameras(out / f"streams_replicas_{gpus}.json")))
-            write_json(path, {"meta": {**meta, "wall_s": time.perf_counter() - t0}, "rows": rows})
+            save(rows, whole=True)
             gc.collect()  # the next setup's engines size their K/V caches from the GPU memory left free
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -160,9 +191,11 @@ class _Plan:
     config: dict  # EngineConfig's fields, adapters loaded at start left out
     adapters: dict[str, str]  # name -> PEFT directory (with a head)
     chunks: list
+    deadline: float | None = None  # time.monotonic() past which no point starts (job.budget_s)
+    prompt_tokens: int = 0  # of one chunk's request
 
 
-def _plan(job: ScalingStreamsJob, workdir: Path) -> _Plan:
+def _plan(job: ScalingStreamsJob, workdir: Path, deadline: float | None = None) -> _Plan:
     """The checkpoint folder (config and processor; weights are made where each engine runs), the
     adapters with heads, the rendered chunks and the engine config of bench.streams' engine."""
     from bench.adapter_parts import write_peft_adapter
@@ -192,7 +225,7 @@ def _plan(job: ScalingStreamsJob, workdir: Path) -> _Plan:
                   adapter_slots=job.adapters, host_adapter_cache=job.adapters + 4, max_lora_rank=job.rank,
                   lora_targets=tuple(job.targets), policy=job.policy, policy_params=job.policy_params,
                   quantization=job.quantization)
-    return _Plan(workdir, config, adapters, chunks)
+    return _Plan(workdir, config, adapters, chunks, deadline, prompt_tokens)
 
 
 def _weights(model: str, seed: int, dtype: str, workdir: str, device: str) -> tuple[str, dict]:
@@ -209,18 +242,40 @@ def _threads(job: ScalingStreamsJob) -> int:
     return max(1, (os.cpu_count() or 1) // max(job.gpus))
 
 
-def _search(engine, job: ScalingStreamsJob, plan: _Plan, setup: str, gpus: int) -> list[dict]:
+class _OutOfTime(Exception):
+    """The run's budget_s is spent: no further point starts."""
+
+
+def _search(engine, job: ScalingStreamsJob, plan: _Plan, setup: str, gpus: int, per_group: bool = False,
+            save=None) -> list[dict]:
+    """The camera search: stream_counts per GPU times `gpus` (per_group: the counts as they are, for one
+    group however many GPUs it spans); save(rows) after every point; none starts past plan.deadline."""
     from .scaling_streams_point import run_scaling_point
 
     names = list(plan.adapters)
-    counts = tuple(n * gpus for n in job.stream_counts)
+    counts = tuple(n * (1 if per_group else gpus) for n in job.stream_counts)
+    tp = gpus if setup == "tp" else 1
+    rows: list[dict] = []
+
+    def point(n: int) -> dict:
+        if plan.deadline is not None and time.monotonic() > plan.deadline:
+            raise _OutOfTime
+        rows.append({"setup": setup, "gpus": gpus, "model": job.model, "tp": tp,
+                     **run_scaling_point(engine, job, n, plan.chunks, names)})
+        if save is not None:
+            save(sorted(rows, key=lambda r: r["streams"]))
+        return rows[-1]
+
     if job.warmup_point_s > 0:  # compiles, graph shapes, a replica's adapter loads: not measured
         run_scaling_point(engine, job, counts[0], plan.chunks, names, seconds=job.warmup_point_s)
-    rows = search(lambda n: run_scaling_point(engine, job, n, plan.chunks, names), counts, job.refine)
-    return [{"setup": setup, "gpus": gpus, **r} for r in rows]
+    try:
+        search(point, counts, job.refine)
+    except _OutOfTime:
+        _log(f"{setup}: budget_s={job.budget_s:g} spent; the search ends after {len(rows)} point(s)")
+    return sorted(rows, key=lambda r: r["streams"])
 
 
-def _single(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict) -> list[dict]:
+def _single(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict, save=None) -> list[dict]:
     from serve.engine import Engine, EngineConfig
 
     torch.set_num_threads(_threads(job))
@@ -232,24 +287,4 @@ def _single(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict) -> list[
     if engine.needs_warm_up:  # as vlora serve does before it serves
         engine.warm_up(side=job.image_size, frames=job.frames_per_chunk)
     meta["load_s"] = time.perf_counter() - t0
-    return _search(engine, job, plan, "single", 1)
-
-
-def measured_cameras(path: Path) -> int | None:
-    """The largest passing camera count saved in a setup's file (None: not measured)."""
-    if not path.is_file():
-        return None
-    return max((r["streams"] for r in json.loads(path.read_text())["rows"] if r["point"] == "warm" and r["pass"]),
-               default=0)
-
-
-def load_saved(out: Path, job: ScalingStreamsJob) -> list[tuple[dict, list[dict]]]:
-    """(meta, rows) of every setup saved under out, in run order."""
-    saved = []
-    counts = sorted({1, 2, 4, 8} | set(job.gpus))
-    for setup, gpus in [("single", 1)] + [("replicas", g) for g in counts] + [("kill", g) for g in counts]:
-        path = out / f"streams_{setup}_{gpus}.json"
-        if path.is_file():
-            data = json.loads(path.read_text())
-            saved.append((data["meta"], data["rows"]))
-    return saved
+    return _search(engine, job, plan, "single", 1, save=save)

@@ -50,11 +50,11 @@ class Deployments:
         self.gpus, self.engine = 0, None
 
 
-def run_replicas(job: ScalingStreamsJob, deployments: Deployments, gpus: int, meta: dict) -> list[dict]:
-    """The streams search on `gpus` replicas."""
+def run_replicas(job: ScalingStreamsJob, deployments: Deployments, gpus: int, meta: dict, save=None) -> list[dict]:
+    """The streams search on `gpus` replicas (save: as bench.scaling_streams._search's)."""
     engine, meta["load_s"] = deployments.get(gpus)
     before = dict(engine.stats().by_replica)
-    rows = _search(engine, job, deployments.plan, "replicas", gpus)
+    rows = _search(engine, job, deployments.plan, "replicas", gpus, save=save)
     meta["by_replica"] = {r: n - before.get(r, 0) for r, n in engine.stats().by_replica.items()}
     return rows
 

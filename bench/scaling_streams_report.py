@@ -1,21 +1,54 @@
-"""The scaling streams workload's report: per setup the cameras within target, per GPU and the
-efficiency against one GPU's, the replicas' adapter loads, and the kill point's loss, spike and
+"""The scaling streams workload's saved setups and report: per setup (model, TP size, GPUs) the cameras
+within target, per GPU and the efficiency against one GPU's of the same model, the replicas' adapter
+loads, the tp setup's load time, memory and communication share, and the kill point's loss, spike and
 recovery. Writes streams_scaling.csv (every point), streams_scaling_setups.csv (a row per setup),
 streams_kill.csv (the kill's per-second p95), streams_scaling.json and streams_scaling.md, and prints
 the table."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 from .results import write_csv, write_json
 
-COLUMNS = ("setup", "gpus", "point", "streams", "pass", "sent", "done", "unfinished", "errors", "p50_ms", "p95_ms",
-           "p99_ms", "chunks_per_s", "served_per_s", "retried", "failed", "lost", "spike_p95_ms", "recovery_s")
+COLUMNS = ("setup", "model", "tp", "gpus", "point", "streams", "pass", "sent", "done", "unfinished", "errors",
+           "p50_ms", "p95_ms", "p99_ms", "chunks_per_s", "served_per_s", "retried", "failed", "lost", "spike_p95_ms",
+           "recovery_s")
 KILL_COLUMNS = ("setup", "gpus", "streams", "second", "chunks", "p95_ms", "max_ms")
-SETUP_COLUMNS = ("setup", "gpus", "cameras", "cameras_per_gpu", "efficiency", "bounded", "p95_ms_at_cameras",
-                 "replicas_per_adapter", "adapter_loads", "device", "date")
+SETUP_COLUMNS = ("setup", "model", "tp", "gpus", "cameras", "cameras_per_gpu", "efficiency", "bounded", "complete",
+                 "p95_ms_at_cameras", "load_s", "chunk_comm_share", "decode_comm_share", "replicas_per_adapter",
+                 "adapter_loads", "device", "date")
+
+
+def saved_whole(path: Path, model: str) -> bool:
+    """Whether `path` holds a setup measured to its end for `model` (files from before those fields: yes)."""
+    if not path.is_file():
+        return False
+    meta = json.loads(path.read_text())["meta"]
+    return meta.get("complete", True) and meta.get("model", meta.get("job", {}).get("model", model)) == model
+
+
+def measured_cameras(path: Path) -> int | None:
+    """The largest passing camera count saved in a setup's file (None: not measured)."""
+    if not path.is_file():
+        return None
+    return max((r["streams"] for r in json.loads(path.read_text())["rows"] if r["point"] == "warm" and r["pass"]),
+               default=0)
+
+
+def load_saved(out: Path, job) -> list[tuple[dict, list[dict]]]:
+    """(meta, rows) of every setup saved under out, in run order."""
+    saved = []
+    counts = sorted({1, 2, 4, 8} | set(job.gpus))
+    tp = [("tp", g) for g in sorted({2, 4, 8, job.tp_size})]
+    for setup, gpus in [("single", 1)] + tp + [("replicas", g) for g in counts] + [("kill", g) for g in counts]:
+        path = out / f"streams_{setup}_{gpus}.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            saved.append((data["meta"], data["rows"]))
+    return saved
 
 
 def summarize(saved: list[tuple[dict, list[dict]]]) -> dict:
@@ -30,7 +63,14 @@ def summarize(saved: list[tuple[dict, list[dict]]]) -> dict:
         cameras = max(passing, default=0)
         last = max((r for r in search if r["streams"] == cameras), key=lambda r: r["streams"], default=None)
         label = f"{meta['setup']}-{meta['gpus']}"
-        setups[label] = {"setup": meta["setup"], "gpus": meta["gpus"], "cameras": cameras,
+        profile = meta.get("profile") or {}
+        decode = [d for d in profile.get("decode", []) if "comm_share" in d]
+        setups[label] = {"setup": meta["setup"], "model": meta.get("model", meta.get("job", {}).get("model")),
+                         "tp": meta.get("tp", 1), "gpus": meta["gpus"], "cameras": cameras,
+                         "complete": meta.get("complete", True), "profile": profile or None,
+                         "chunk_comm_share": (profile.get("chunk") or {}).get("comm_share"),
+                         "decode_comm_share": decode[-1]["comm_share"] if decode else None,
+                         "memory": meta.get("memory_built"),
                          "cameras_per_gpu": cameras / meta["gpus"], "bounded": any(not r["pass"] for r in search),
                          "p95_ms_at_cameras": last["p95_ms"] if last else math.nan, "load_s": meta.get("load_s"),
                          "wall_s": meta.get("wall_s"), "device": meta.get("device"), "date": meta.get("date"),
@@ -41,15 +81,14 @@ def summarize(saved: list[tuple[dict, list[dict]]]) -> dict:
         kill = {k: kill.get(k) for k in ("setup", "gpus", "streams", "sent", "done", "lost", "killed", "kill_error",
                                          "victim_held", "kill_at_s", "p95_before_ms", "spike_p95_ms", "recovery_s",
                                          "recovered", "retried", "failed", "p95_ms")}
-    base = setups.get("single-1", {}).get("cameras")
+    # against one GPU serving the same model (an out_dir may hold setups of several models)
+    base = {s["model"]: s["cameras"] for s in setups.values() if s["setup"] == "single"}
     for s in setups.values():
-        s["efficiency"] = s["cameras"] / (s["gpus"] * base) if base else math.nan
+        s["efficiency"] = s["cameras"] / (s["gpus"] * base[s["model"]]) if base.get(s["model"]) else math.nan
     return {"setups": setups, "kill": kill}
 
 
 def report(job, out: Path) -> tuple[list[dict], dict]:
-    from .scaling_streams import load_saved
-
     saved = load_saved(out, job)
     rows = [r for _, rs in saved for r in rs]
     summary = {"target_ms": job.target_ms, **summarize(saved)}
@@ -67,12 +106,17 @@ def report(job, out: Path) -> tuple[list[dict], dict]:
 
 def markdown(summary: dict, timeline: list[dict]) -> str:
     target = summary["target_ms"]
-    lines = [f"# Cameras within {target:g} ms p95: one GPU and replicas", "",
-             "| setup | GPUs | cameras | per GPU | efficiency | replicas per adapter |", "|---|---|---|---|---|---|"]
+    lines = [f"# Cameras within {target:g} ms p95: one GPU, replicas, tensor parallel", "",
+             "| setup | model | TP | GPUs | cameras | per GPU | efficiency | replicas per adapter |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, s in summary["setups"].items():
         bound = "" if s["bounded"] else " (every count passed: a lower bound)"
-        lines.append(f"| {s['setup']} | {s['gpus']} | {s['cameras']}{bound} | {s['cameras_per_gpu']:.1f} | "
-                     f"{s['efficiency']:.2f} | {s['replicas_per_adapter'] or ''} |")
+        bound += "" if s["complete"] else " (cut short: the points measured)"
+        lines.append(f"| {s['setup']} | {s['model']} | {s['tp']} | {s['gpus']} | {s['cameras']}{bound} | "
+                     f"{s['cameras_per_gpu']:.1f} | {s['efficiency']:.2f} | {s['replicas_per_adapter'] or ''} |")
+    for name, s in summary["setups"].items():
+        if s["setup"] == "tp":
+            lines += ["", *tp_lines(s)]
     for name, s in summary["setups"].items():
         if s["adapter_loads"]:
             lines += ["", f"Adapter loads per replica ({name}): " + "; ".join(
@@ -91,3 +135,26 @@ def markdown(summary: dict, timeline: list[dict]) -> str:
                   "", "| second from the kill | chunks sent | p95 ms | max ms |", "|---|---|---|---|"]
         lines += [f"| {t['second']} | {t['chunks']} | {t['p95_ms']:.0f} | {t['max_ms']:.0f} |" for t in timeline]
     return "\n".join(lines) + "\n"
+
+
+def tp_lines(s: dict) -> list[str]:
+    """The tp setup: its load, rank 0's memory, and where a chunk's and a decode step's time goes."""
+    memory, profile = s.get("memory") or {}, s.get("profile") or {}
+    lines = [f"## {s['model']} over {s['gpus']} GPUs (TP={s['tp']}): {s['cameras']} cameras within target", "",
+             f"- built and warm in {s['load_s'] or math.nan:.0f} s; rank 0 holds "
+             f"{memory.get('rank0_param_gib', math.nan):.1f} GiB of parameters"
+             + (f", peak {memory['rank0_peak_gib']:.1f} GiB after loading" if "rank0_peak_gib" in memory else "")]
+    chunk = profile.get("chunk") or {}
+    if "error" in chunk:
+        lines.append(f"- the chunk's profile failed: {chunk['error']}")
+    elif chunk:
+        lines.append(f"- one chunk's head answer (tower, prefill, head): {chunk['span_us'] / 1e3:.1f} ms span, "
+                     f"{chunk['busy_us'] / 1e3:.1f} ms busy, communication {chunk['comm_us'] / 1e3:.1f} ms = "
+                     f"{chunk['comm_share']:.0%} of the span ({chunk['comm_of_busy']:.0%} of busy)")
+    for d in profile.get("decode", []):
+        if "error" in d:
+            lines.append(f"- a decode step's profile failed: {d['error']}")
+        else:
+            lines.append(f"- decode step at batch {d['batch']} ({d['context']} tokens of context): "
+                         f"{d['span_us'] / 1e3:.2f} ms span, NCCL {d['nccl_us'] / 1e3:.2f} ms = {d['comm_share']:.0%}")
+    return lines

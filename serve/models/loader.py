@@ -4,7 +4,8 @@ Checkpoints name the same tensors differently depending on who saved them: relea
 Qwen2-VL files use `model.layers.*` / `visual.*`, released LLaVA files
 `language_model.model.layers.*` / `vision_tower.vision_model.*`, and transformers 5 in memory
 `model.language_model.*` / `model.visual.*`. The loader finds the prefix that the checkpoint
-actually uses, so every layout loads, and says which tensors are missing when one does not.
+actually uses, so every layout loads, and says which tensors are missing when one does not. A
+tensor-parallel shard (a projection with `tp_shard`, parallel.py) reads only its rows or columns.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def load_language_model(model: DecoderModel, source: WeightSource) -> None:
         shard = getattr(linear, "tp_shard", None)  # a tensor-parallel shard (parallel.py) takes its part only
         key = prefix + module + ".weight"
         if shard is not None and key in source and not _fp8(source.header(key)[0]):
-            linear.load_slice(slice_name, source.get_part(key, shard), None if bias is None else shard_part(bias, shard))
+            part = source.get_part(key, shard)
+            linear.load_slice(slice_name, part, None if bias is None else shard_part(bias, shard))
             return
         weight = get(module + ".weight")
         if weight.dtype == torch.float8_e4m3fn:  # stored with its scales (checked before the model was built)

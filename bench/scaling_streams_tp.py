@@ -1,0 +1,210 @@
+"""The scaling streams workload's tp setup: one model split over `tp_size` GPUs, behind the RPyC front end.
+
+A `LocalGroup` of `tp_size` ranks (rank 0 in this process) serves the job's zoo model from random
+weights drawn on each rank (serve.models.random_weights: nothing is written, and each rank builds
+and reads its shard only), so a model no single GPU holds (qwen2_vl_72b: 73.4 B parameters, 147 GB
+at bf16) runs from the plan's folder of config and processor files. The cameras search as on one
+engine, with `stream_counts` per group; then, where the time of a step goes, on rank 0:
+
+    chunk    one camera chunk answered by its head (the vision tower, the prefill of ~800 tokens, the
+             head) under torch.profiler, twice after a first unprofiled one
+    decode   the decode step the engine replays (its CUDA graph plus the LM head; GPU only) at batch 1
+             and at the cameras found, as `bench.suite=tp` profiles it (bench.tp_rank.op_profile)
+
+Each reports its span, the time its kernels were busy and the communication inside it: NCCL's kernels
+on a GPU (an all-reduce's time includes waiting for the slower rank), the collective calls on the CPU.
+
+The followers run `tp_follower`: between serving periods, where they follow the leader's engine calls,
+they run the ops rank 0 names (`OPS`) at the same time as rank 0, so the collectives inside pair up.
+The engine's warm-up is such an op: every rank runs the same made-up waves (Engine.warm_up), before
+the front end starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import pickle
+import time
+from types import SimpleNamespace
+
+import torch
+
+from .scaling_streams import ScalingStreamsJob, _log, _Plan, _search
+from .step_profile import by_kind, profile_on_rank0
+
+FOLLOW = "__follow__"  # the followers follow a LeaderEngine's calls until it closes
+# communication in a profile: NCCL's kernels on a GPU; on the CPU the collective calls of c10d (gloo's
+# own events run on its threads, overlapping those calls)
+COMM = {"cuda": "nccl", "cpu": "c10d::"}
+PROFILED_CHUNKS = 2  # profiled calls after the first (each is one chunk's head answer)
+
+
+def rank_weights(workdir: str, seed: int, dtype: str, device: str):
+    """LocalGroup's builder, in each rank: the plan's folder and its random weights on the rank's device."""
+    from serve.models.random_weights import RandomWeights
+
+    return workdir, RandomWeights(workdir, seed, dtype, device)
+
+
+def _comm(profile: dict, device: str) -> dict:
+    """The profile's span, busy time and communication time (us) and shares."""
+    if not profile or "error" in profile:
+        return profile
+    comm = sum(k["us"] for k in profile["kernels"] if COMM[device] in k["name"].lower())
+    span, busy = profile["span_us"], profile["busy_us"]
+    return {"span_us": span, "busy_us": busy, "comm_us": comm, "comm_share": comm / span if span > 0 else float("nan"),
+            "comm_of_busy": comm / busy if busy > 0 else float("nan"),
+            "by_kind": {k: v["us"] for k, v in by_kind(profile).items()},
+            "top": [{"name": k["name"][:80], "us": k["us"]} for k in profile["kernels"][:8]]}
+
+
+def op_warm_up(engine, rank: int, side: int, frames: int) -> None:
+    if engine.needs_warm_up:
+        engine.warm_up(side=side, frames=frames)
+
+
+def op_chunk(engine, rank: int, job: ScalingStreamsJob, chunk, adapter: str) -> dict:
+    """One chunk's head answer at a time, the same requests on every rank; profiled on rank 0."""
+    from serve.engine import Request, SamplingParams
+
+    from .streams_load import HEAD_TASK, _stamped
+
+    serials = itertools.count(1)
+    cuda = engine.device.type == "cuda"
+
+    def answer() -> None:
+        k = next(serials)
+        engine.add_request(Request(prompt=job.prompt, video=_stamped(chunk, 10**9 + k), adapter=adapter,
+                                   output_mode="head", task=HEAD_TASK, request_id=f"profiled-chunk-{k}",
+                                   sampling=SamplingParams(max_tokens=job.answer_tokens, ignore_eos=True)))
+        while engine.has_unfinished():
+            engine.step()
+
+    return _comm(profile_on_rank0(answer, rank, PROFILED_CHUNKS, cuda), "cuda" if cuda else "cpu")
+
+
+def op_decode(engine, rank: int, context: int, batch: int) -> dict:
+    """The replayed decode step at `batch` sequences of `context` tokens, profiled on rank 0 ({} without
+    CUDA graphs: on the CPU)."""
+    from .tp_rank import op_profile
+
+    found = op_profile(engine, SimpleNamespace(decode_context=context), batch, rank)
+    return found if not found or "error" in found else {**found, "batch": batch, "context": context}
+
+
+OPS = {"warm_up": op_warm_up, "chunk": op_chunk, "decode": op_decode}
+
+
+def tp_follower(spec_path: str, rank: int) -> None:
+    """A follower of the tp setup's group (LocalGroup(follower="bench.scaling_streams_tp.tp_follower"))."""
+    from serve.distributed.driver import STOP, follow
+    from serve.distributed.group import leave_group
+    from serve.distributed.local_group import build_rank
+
+    with open(spec_path, "rb") as f:
+        spec = pickle.load(f)
+    engine = None
+    try:
+        engine = build_rank(spec, rank)
+        tp = engine.model.tp
+        while True:
+            name, args, _ = tp.from_leader()
+            if name == STOP:
+                break
+            if name == FOLLOW:
+                follow(engine)
+            else:
+                OPS[name](engine, rank, *args)
+        leave_group(engine)
+    finally:
+        leave_group(engine, wait=False)
+
+
+class _Group:
+    """Rank 0 of the group: ops on every rank, and serving periods through a LeaderEngine."""
+
+    def __init__(self, group):
+        self.group, self.engine = group, group.engine.engine
+        self.tp = self.engine.model.tp
+
+    def call(self, name: str, *args):
+        self.tp.from_leader((name, args, {}))
+        return OPS[name](self.engine, 0, *args)
+
+    @contextlib.contextmanager
+    def serving(self):
+        from serve.distributed import LeaderEngine
+
+        class Leader(LeaderEngine):
+            def abort_all(self) -> int:  # a point's leftovers aborted on every rank, not on rank 0 alone
+                ids = list(self.engine._requests)
+                for request_id in ids:
+                    self.abort(request_id)
+                return len(ids)
+
+        self.tp.from_leader((FOLLOW, (), {}))
+        leader = Leader(self.engine)
+        try:
+            yield leader
+        finally:
+            leader.close()  # the followers' `follow` returns; they wait for the next op
+
+    def abort(self) -> None:
+        """After a failure on rank 0: the followers may wait in a collective forever, so they are killed."""
+        from serve.distributed.group import leave_group
+
+        for p in self.group.followers:
+            p.kill()
+            p.wait()
+        leave_group(self.engine, wait=False)
+        self.group.engine = None
+
+
+def run_tp(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict, save=None) -> list[dict]:
+    """The camera search on one group of `gpus` ranks, then the profiles (meta["profile"])."""
+    from serve.distributed.local_group import LocalGroup
+
+    config = {**plan.config, "tensor_parallel_size": gpus,
+              "adapters": tuple(f"{n}={p}" for n, p in plan.adapters.items())}
+    t0 = time.perf_counter()
+    group = _Group(LocalGroup(str(plan.workdir), config, threads=max(1, (os.cpu_count() or 1) // gpus),
+                              builder=functools.partial(rank_weights, str(plan.workdir), job.seed, job.dtype),
+                              follower="bench.scaling_streams_tp.tp_follower"))
+    try:
+        meta["built_s"] = time.perf_counter() - t0
+        meta["memory_built"] = _memory(group.engine)
+        _log(f"tp ({gpus} GPUs, {job.model}): built in {meta['built_s']:.0f} s, rank 0 {meta['memory_built']}")
+        group.call("warm_up", job.image_size, job.frames_per_chunk)  # as vlora serve warms before it serves
+        meta["load_s"] = time.perf_counter() - t0
+        meta["memory_warm"] = _memory(group.engine)
+        with group.serving() as leader:
+            rows = _search(leader, job, plan, "tp", gpus, per_group=True, save=save)
+        if job.step_profile:
+            meta["profile"] = _profiles(group, job, plan, rows)
+            _log(f"tp profile: {meta['profile']}")
+    except BaseException:
+        group.abort()
+        raise
+    group.group.close()
+    return rows
+
+
+def _memory(engine) -> dict:
+    """Rank 0's parameters (what the shard holds) and the device's peak so far (GiB)."""
+    params = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    out = {"rank0_param_gib": params / 2**30}
+    if engine.device.type == "cuda":
+        out["rank0_peak_gib"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
+    return out
+
+
+def _profiles(group: _Group, job: ScalingStreamsJob, plan: _Plan, rows: list[dict]) -> dict:
+    cameras = max((r["streams"] for r in rows if r["pass"]), default=1)
+    t0 = time.perf_counter()
+    out = {"chunk": group.call("chunk", job, plan.chunks[0], next(iter(plan.adapters)))}
+    out["decode"] = [d for b in sorted({1, cameras}) if (d := group.call("decode", plan.prompt_tokens, b))]
+    out["seconds"] = time.perf_counter() - t0
+    return out

@@ -145,6 +145,8 @@ def tp_lines(s: dict) -> list[str]:
              f"{memory.get('rank0_param_gib', math.nan):.1f} GiB of parameters"
              + (f", peak {memory['rank0_peak_gib']:.1f} GiB after loading" if "rank0_peak_gib" in memory else "")]
     chunk = profile.get("chunk") or {}
+    if "error" in profile:
+        lines.append(f"- the profiles after the search failed: {profile['error']}")
     if "error" in chunk:
         lines.append(f"- the chunk's profile failed: {chunk['error']}")
     elif chunk:

@@ -168,7 +168,9 @@ def run_tp(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict, save=None
     from serve.distributed.local_group import LocalGroup
 
     config = {**plan.config, "tensor_parallel_size": gpus,
-              "adapters": tuple(f"{n}={p}" for n, p in plan.adapters.items())}
+              "adapters": tuple(f"{n}={p}" for n, p in plan.adapters.items()),
+              # decode graphs past the batch limit are never replayed: on a large model each costs start time
+              "graph_batch_sizes": tuple(b for b in plan.config["graph_batch_sizes"] if b <= job.max_batch_size)}
     t0 = time.perf_counter()
     group = _Group(LocalGroup(str(plan.workdir), config, threads=max(1, (os.cpu_count() or 1) // gpus),
                               builder=functools.partial(rank_weights, str(plan.workdir), job.seed, job.dtype),
@@ -182,12 +184,17 @@ def run_tp(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict, save=None
         meta["memory_warm"] = _memory(group.engine)
         with group.serving() as leader:
             rows = _search(leader, job, plan, "tp", gpus, per_group=True, save=save)
-        if job.step_profile:
-            meta["profile"] = _profiles(group, job, plan, rows)
-            _log(f"tp profile: {meta['profile']}")
     except BaseException:
         group.abort()
         raise
+    if job.step_profile:
+        try:
+            meta["profile"] = _profiles(group, job, plan, rows)
+            _log(f"tp profile: {meta['profile']}")
+        except Exception as e:  # the search stands; a rank may wait in a collective, so the group is ended
+            meta["profile"] = {"error": f"{type(e).__name__}: {e}"}
+            group.abort()
+            return rows
     group.group.close()
     return rows
 
@@ -202,7 +209,8 @@ def _memory(engine) -> dict:
 
 
 def _profiles(group: _Group, job: ScalingStreamsJob, plan: _Plan, rows: list[dict]) -> dict:
-    cameras = max((r["streams"] for r in rows if r["pass"]), default=1)
+    """A chunk's head answer, then the decode step at batch 1 and at the cameras found (at most a batch)."""
+    cameras = min(max((r["streams"] for r in rows if r["pass"]), default=1), job.max_batch_size)
     t0 = time.perf_counter()
     out = {"chunk": group.call("chunk", job, plan.chunks[0], next(iter(plan.adapters)))}
     out["decode"] = [d for b in sorted({1, cameras}) if (d := group.call("decode", plan.prompt_tokens, b))]

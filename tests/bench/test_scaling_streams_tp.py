@@ -50,11 +50,23 @@ def test_a_split_model_serves_cameras_through_the_front_end(vlora_home, tmp_path
     assert again["scaling"] == rows and again["meta"] == summary
 
 
-def test_a_search_past_its_budget_keeps_the_points_measured(tmp_path):
-    job = ScalingStreamsJob(device="cpu", model="qwen2_vl_tiny", setups=("tp",), warmup_point_s=0, budget_s=1.0)
-    plan = SimpleNamespace(adapters={"a0": "x"}, chunks=[], deadline=time.monotonic() - 1)
+def test_a_search_past_its_budget_keeps_the_points_measured(tmp_path, monkeypatch):
+    import bench.scaling_streams_point as point
+
+    job = ScalingStreamsJob(device="cpu", model="qwen2_vl_tiny", setups=("tp",), warmup_point_s=0, budget_s=1.0,
+                            stream_counts=(1, 2, 3, 4))
+    plan = SimpleNamespace(adapters={"a0": "x"}, chunks=[], deadline=time.monotonic() + 3600)
+
+    def run_point(engine, job, n, chunks, names):  # the budget runs out during the second point
+        if n == 2:
+            plan.deadline = time.monotonic() - 1
+        return {"streams": n, "pass": True}
+
+    monkeypatch.setattr(point, "run_scaling_point", run_point)
     saves = []
-    assert _search(None, job, plan, "tp", 2, per_group=True, save=saves.append) == [] and saves == []
+    rows = _search(None, job, plan, "tp", 2, per_group=True, save=lambda r: saves.append([x["streams"] for x in r]))
+    assert [(r["setup"], r["tp"], r["gpus"], r["streams"]) for r in rows] == [("tp", 2, 2, 1), ("tp", 2, 2, 2)]
+    assert saves == [[1], [1, 2]]  # saved after every point: a run killed later keeps them
     path = tmp_path / "streams_tp_2.json"
     for meta, whole in [({"model": "m", "complete": False}, False), ({"model": "other", "complete": True}, False),
                         ({"model": "m", "complete": True}, True), ({"job": {"model": "m"}}, True)]:

@@ -44,7 +44,7 @@ PROFILED_CHUNKS = 2  # profiled calls after the first (each is one chunk's head 
 
 def rank_weights(workdir: str, seed: int, dtype: str, device: str):
     """LocalGroup's builder, in each rank: the plan's folder and its random weights on the rank's device."""
-    from serve.models.random_weights import RandomWeights
+    from serve.models import RandomWeights
 
     return workdir, RandomWeights(workdir, seed, dtype, device)
 

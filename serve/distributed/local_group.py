@@ -22,8 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -39,8 +39,10 @@ class GroupSpec:
     port: int
     device: str  # "cuda" or "cpu": each rank's own GPU, or gloo on the CPU
     # (device) -> (checkpoint dir, weights) built in each rank for its device, or None to load the
-    # checkpoint; it travels pickled, so a module-level function or a functools.partial of one
-    builder: Callable[[str], tuple[str, dict]] | None = None
+    # checkpoint; it travels pickled, so a module-level function or a functools.partial of one. The
+    # weights: a state dict, or serve.models.random_weights.RandomWeights (drawn as the rank loads them:
+    # with tensor parallel the rank keeps only its shard of each, so no rank ever holds the whole model)
+    builder: Callable[[str], tuple[str, Mapping]] | None = None
     threads: int | None = None  # torch threads per rank (None: torch's default)
 
 
@@ -70,8 +72,9 @@ def build_rank(spec: GroupSpec, rank: int):
 class LocalGroup:
     """Rank 0 of a tensor-parallel group whose other ranks it started; `engine` is its LeaderEngine."""
 
-    def __init__(self, checkpoint: str, engine_config: dict, builder: Callable[[str], tuple[str, dict]] | None = None,
-                 threads: int | None = None, follower: str = "serve.distributed.local_group._follow"):
+    def __init__(self, checkpoint: str, engine_config: dict,
+                 builder: Callable[[str], tuple[str, Mapping]] | None = None, threads: int | None = None,
+                 follower: str = "serve.distributed.local_group._follow"):
         """follower: "module.function" each follower runs as function(spec_path, rank); the default
         follows the leader's engine calls, a benchmark's also runs timed steps on every rank."""
         world = int(engine_config.get("tensor_parallel_size", 1))

@@ -24,6 +24,7 @@ from .llava import LlavaForServing
 from .loader import WeightSource
 from .processing import ProcessedPrompt, PromptProcessor, content_hash
 from .qwen2_vl import Qwen2VLForServing
+from .random_weights import RandomWeights
 from .rope import RotaryEmbedding, VisionGrid, mrope_prompt_positions
 from .vision import VisionInput
 from .vlm import VisionLanguageModel
@@ -83,5 +84,5 @@ __all__ = [
     "ModelArgs", "read_model_args", "load_model", "resolve_dtype", "DTYPES", "VisionLanguageModel",
     "Qwen2VLForServing", "LlavaForServing", "DecoderModel", "PROJECTIONS", "Linear", "RMSNorm",
     "RotaryEmbedding", "VisionGrid", "mrope_prompt_positions", "VisionInput", "ProcessedPrompt",
-    "PromptProcessor", "content_hash", "WeightSource",
+    "PromptProcessor", "content_hash", "WeightSource", "RandomWeights",
 ]

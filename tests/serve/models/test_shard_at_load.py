@@ -14,9 +14,8 @@ import torch.multiprocessing as mp
 from fp8_checkpoints import write_fp8_checkpoint
 
 from serve.distributed import free_port
-from serve.models import load_model
+from serve.models import RandomWeights, load_model
 from serve.models.parallel import TPGroup, shard_model
-from serve.models.random_weights import RandomWeights
 
 RANK_TIMEOUT_S = int(os.environ.get("VLORA_TEST_RANK_TIMEOUT_S", 600))
 

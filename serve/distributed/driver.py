@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import sys
 
+# warm_up: every rank runs the same made-up waves (seeded, the same requests and steps); on rank 0 alone
+# its first step would wait in an all-reduce no other rank joins (a server's warm-up never ended)
 MIRRORED = frozenset({"add_request", "abort", "step", "set_mode", "load_adapter", "unload_adapter", "pin_adapter",
-                      "load_manifest", "drop_caches"})
+                      "load_manifest", "drop_caches", "warm_up"})
 STOP = "__stop__"
 
 

@@ -14,10 +14,9 @@ engine, with `stream_counts` per group; then, where the time of a step goes, on 
 Each reports its span, the time its kernels were busy and the communication inside it: NCCL's kernels
 on a GPU (an all-reduce's time includes waiting for the slower rank), the collective calls on the CPU.
 
-The followers run `tp_follower`: between serving periods, where they follow the leader's engine calls,
-they run the ops rank 0 names (`OPS`) at the same time as rank 0, so the collectives inside pair up.
-The engine's warm-up is such an op: every rank runs the same made-up waves (Engine.warm_up), before
-the front end starts.
+The followers run `tp_follower`: between serving periods, where they follow the leader's engine calls
+(the warm-up's made-up waves first, on every rank, as `vlora serve` warms before it serves), they run
+the ops rank 0 names (`OPS`) at the same time as rank 0, so the collectives inside pair up.
 """
 
 from __future__ import annotations
@@ -61,11 +60,6 @@ def _comm(profile: dict, device: str) -> dict:
             "top": [{"name": k["name"][:80], "us": k["us"]} for k in profile["kernels"][:8]]}
 
 
-def op_warm_up(engine, rank: int, side: int, frames: int) -> None:
-    if engine.needs_warm_up:
-        engine.warm_up(side=side, frames=frames)
-
-
 def op_chunk(engine, rank: int, job: ScalingStreamsJob, chunk, adapter: str) -> dict:
     """One chunk's head answer at a time, the same requests on every rank; profiled on rank 0."""
     from serve.engine import Request, SamplingParams
@@ -95,7 +89,7 @@ def op_decode(engine, rank: int, context: int, batch: int) -> dict:
     return found if not found or "error" in found else {**found, "batch": batch, "context": context}
 
 
-OPS = {"warm_up": op_warm_up, "chunk": op_chunk, "decode": op_decode}
+OPS = {"chunk": op_chunk, "decode": op_decode}
 
 
 def tp_follower(spec_path: str, rank: int) -> None:
@@ -179,10 +173,11 @@ def run_tp(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict, save=None
         meta["built_s"] = time.perf_counter() - t0
         meta["memory_built"] = _memory(group.engine)
         _log(f"tp ({gpus} GPUs, {job.model}): built in {meta['built_s']:.0f} s, rank 0 {meta['memory_built']}")
-        group.call("warm_up", job.image_size, job.frames_per_chunk)  # as vlora serve warms before it serves
-        meta["load_s"] = time.perf_counter() - t0
-        meta["memory_warm"] = _memory(group.engine)
         with group.serving() as leader:
+            if leader.needs_warm_up:  # LeaderEngine mirrors it: every rank runs the same waves
+                meta["warm_up"] = leader.warm_up(side=job.image_size, frames=job.frames_per_chunk).to_dict()
+            meta["load_s"] = time.perf_counter() - t0
+            meta["memory_warm"] = _memory(group.engine)
             rows = _search(leader, job, plan, "tp", gpus, per_group=True, save=save)
     except BaseException:
         group.abort()

@@ -43,6 +43,7 @@ def test_a_split_model_serves_cameras_through_the_front_end(vlora_home, tmp_path
     assert tp["profile"]["decode"] == []  # no CUDA graphs on the CPU
     saved = json.loads((tmp_path / "cpu" / "streams_tp_2.json").read_text())["meta"]
     assert saved["complete"] and saved["memory_built"]["rank0_param_gib"] > 0 and saved["load_s"] > 0
+    assert saved["warm_up"]["requests"] > 0  # on both ranks: rank 0 alone would wait in its first all-reduce
     text = (tmp_path / "cpu" / "streams_scaling.md").read_text()
     assert "| tp | qwen2_vl_tiny | 2 | 2 | 2" in text and "qwen2_vl_tiny over 2 GPUs (TP=2)" in text
 

@@ -140,7 +140,8 @@ def markdown(summary: dict, timeline: list[dict]) -> str:
 def tp_lines(s: dict) -> list[str]:
     """The tp setup: its load, rank 0's memory, and where a chunk's and a decode step's time goes."""
     memory, profile = s.get("memory") or {}, s.get("profile") or {}
-    lines = [f"## {s['model']} over {s['gpus']} GPUs (TP={s['tp']}): {s['cameras']} cameras within target", "",
+    lines = [f"## {s['model']} over {s['gpus']} GPUs (TP={s['tp']}): {s['cameras']} cameras within target "
+             f"(p95 {s['p95_ms_at_cameras']:.0f} ms there)", "",
              f"- built and warm in {s['load_s'] or math.nan:.0f} s; rank 0 holds "
              f"{memory.get('rank0_param_gib', math.nan):.1f} GiB of parameters"
              + (f", peak {memory['rank0_peak_gib']:.1f} GiB after loading" if "rank0_peak_gib" in memory else "")]

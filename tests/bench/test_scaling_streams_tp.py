@@ -83,3 +83,22 @@ def test_bad_tp_options_are_refused_before_anything_is_built(tmp_path):
     with pytest.raises(ValueError, match="tp_size=3 does not split qwen2_vl_tiny"):
         run(compose("bench", BASE + ["bench.scaling.streams.tp_size=3", f"bench.out_dir={tmp_path}"]))
     assert not (tmp_path / "cpu").exists()
+
+
+def test_the_report_of_a_gpu_run_names_memory_and_each_steps_communication():
+    from bench.scaling_streams_report import markdown, summarize
+
+    # what a GPU run saves (the decode profiles come from bench.tp_rank.op_profile, GPU only)
+    meta = {"setup": "tp", "gpus": 2, "model": "qwen2_vl_72b", "tp": 2, "load_s": 150.0, "complete": True,
+            "memory_built": {"rank0_param_gib": 71.3, "rank0_peak_gib": 74.0},
+            "profile": {"chunk": {"span_us": 150e3, "busy_us": 120e3, "comm_us": 30e3, "comm_share": 0.2,
+                                  "comm_of_busy": 0.25},
+                        "decode": [{"span_us": 20e3, "busy_us": 19e3, "nccl_us": 3e3, "comm_share": 0.15,
+                                    "batch": b, "context": 803} for b in (1, 5)]}}
+    rows = [{"point": "warm", "streams": n, "pass": n <= 5, "p95_ms": 100.0 * n} for n in (4, 5, 6)]
+    summary = {"target_ms": 1000.0, **summarize([(meta, rows)])}
+    tp = summary["setups"]["tp-2"]
+    assert (tp["cameras"], tp["chunk_comm_share"], tp["decode_comm_share"]) == (5, 0.2, 0.15)
+    text = markdown(summary, [])
+    assert "| tp | qwen2_vl_72b | 2 | 2 | 5 |" in text and "rank 0 holds 71.3 GiB" in text and "peak 74.0 GiB" in text
+    assert "5 cameras within target (p95 500 ms there)" in text and "20% of the span" in text and "decode step at batch 5 (803 tokens of context)" in text and "= 15%" in text

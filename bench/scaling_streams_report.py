@@ -104,6 +104,11 @@ def report(job, out: Path) -> tuple[list[dict], dict]:
     return rows, summary
 
 
+def _efficiency(value: float) -> str:
+    # a model measured on no single GPU (the 72B at TP=2) has nothing to scale against: say so, not "nan"
+    return "no one-GPU run" if math.isnan(value) else f"{value:.2f}"
+
+
 def markdown(summary: dict, timeline: list[dict]) -> str:
     target = summary["target_ms"]
     lines = [f"# Cameras within {target:g} ms p95: one GPU, replicas, tensor parallel", "",
@@ -113,7 +118,7 @@ def markdown(summary: dict, timeline: list[dict]) -> str:
         bound = "" if s["bounded"] else " (every count passed: a lower bound)"
         bound += "" if s["complete"] else " (cut short: the points measured)"
         lines.append(f"| {s['setup']} | {s['model']} | {s['tp']} | {s['gpus']} | {s['cameras']}{bound} | "
-                     f"{s['cameras_per_gpu']:.1f} | {s['efficiency']:.2f} | {s['replicas_per_adapter'] or ''} |")
+                     f"{s['cameras_per_gpu']:.1f} | {_efficiency(s['efficiency'])} | {s['replicas_per_adapter'] or ''} |")
     for name, s in summary["setups"].items():
         if s["setup"] == "tp":
             lines += ["", *tp_lines(s)]

@@ -101,5 +101,6 @@ def test_the_report_of_a_gpu_run_names_memory_and_each_steps_communication():
     assert (tp["cameras"], tp["chunk_comm_share"], tp["decode_comm_share"]) == (5, 0.2, 0.15)
     text = markdown(summary, [])
     assert "| tp | qwen2_vl_72b | 2 | 2 | 5 |" in text and "rank 0 holds 71.3 GiB" in text and "peak 74.0 GiB" in text
+    assert "| 2.5 | no one-GPU run |" in text and "nan" not in text  # no single-GPU 72B to scale against
     assert "5 cameras within target (p95 500 ms there)" in text and "20% of the span" in text
     assert "decode step at batch 5 (803 tokens of context)" in text and "= 15%" in text

@@ -151,10 +151,7 @@ class EngineReplica:
         except (ValueError, TypeError) as e:
             return {"type": "error", "error": {"type": "rejected", "message": str(e)}, "replica": self.replica,
                     "counters": {}}
-        self.loop.submit(request, ticket, prepared)
-        await asyncio.to_thread(ticket.finished.wait)
-        events = ticket.take(0.0)
-        final = next(e for e in reversed(events) if e["type"] in ("final", "error"))
+        final = await _final(ticket, lambda: self.loop.submit(request, ticket, prepared))
         stats = self.engine.stats()  # counters read between steps' updates: a snapshot, good enough for totals
         counters = {"steps_by_mode": dict(stats.steps_by_mode or {}), "mode_switches": stats.mode_switches,
                     "switch_ms_total": stats.switch_ms_total, "adapter_loads": dict(self.loads)}
@@ -170,6 +167,23 @@ class EngineReplica:
             self.loop.stop()  # no step is in flight while the group ends
             self.group.close()
             self.group = None
+
+
+async def _final(ticket, submit: Callable[[], None]) -> dict:
+    """Submits through `submit` and awaits the ticket's final (or error) event on the running event loop.
+    No worker thread waits for the engine: one thread a request in flight took the pool (asyncio's
+    default executor, ~32 threads) that also prepares new requests, so a replica with more requests in
+    flight than threads prepared none until one finished."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def wake() -> None:  # on the engine's thread, once the final event is queued
+        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    ticket.on_finish = wake
+    submit()
+    await done
+    return next(e for e in reversed(ticket.take(0.0)) if e["type"] in ("final", "error"))
 
 
 class _Loaded:

@@ -45,12 +45,13 @@ class Ticket:
 
     def put(self, event: dict[str, Any]) -> None:
         event = {"request_id": self.request_id, "tag": self.tag, **event}
+        # queued before `finished` is set: whoever wakes on it finds the final event already there
+        self.events.put(event)
         if event["type"] in ("final", "error"):
             self.finished_at = time.monotonic()
             self.finished.set()
             if self.on_finish is not None:
                 self.on_finish()
-        self.events.put(event)
 
     def take(self, timeout: float) -> list[dict[str, Any]]:
         """Every event waiting now, after waiting up to `timeout` seconds for the first."""

@@ -43,7 +43,7 @@ class GroupSpec:
     # weights: a state dict, or serve.models.random_weights.RandomWeights (drawn as the rank loads them:
     # with tensor parallel the rank keeps only its shard of each, so no rank ever holds the whole model)
     builder: Callable[[str], tuple[str, Mapping]] | None = None
-    threads: int | None = None  # torch threads per rank (None: torch's default)
+    threads: int | None = None  # torch threads per rank (LocalGroup: its share of the cores, rank_threads)
 
 
 def group_device(device: str) -> str:
@@ -51,6 +51,15 @@ def group_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if device.startswith("cuda") else device
+
+
+def rank_threads(world: int) -> int:
+    """torch threads a rank gets unless told: its share of this process's cores. With torch's default every
+    rank runs as many threads as the host has cores, so N ranks put N threads on each core; on two H200s the
+    ranks' host then launched the eager vision tower two to three times slower than one process alone
+    (results/scaling/nvidia_h200x2/tp_vision/)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // world)
 
 
 def build_rank(spec: GroupSpec, rank: int):
@@ -84,7 +93,8 @@ class LocalGroup:
         if device == "cuda" and torch.cuda.device_count() < world:
             raise ValueError(f"tensor_parallel_size={world} needs {world} GPUs; this process sees "
                              f"{torch.cuda.device_count()}")
-        self.spec = GroupSpec(str(checkpoint), dict(engine_config), world, free_port(), device, builder, threads)
+        self.spec = GroupSpec(str(checkpoint), dict(engine_config), world, free_port(), device, builder,
+                              threads or rank_threads(world))
         fd, self._spec_path = tempfile.mkstemp(prefix="vlora-group-", suffix=".pkl")
         with os.fdopen(fd, "wb") as f:
             pickle.dump(self.spec, f)

@@ -161,14 +161,16 @@ def test_rank_zero_leads_with_the_policy_deciding_once_for_both_ranks(setup, tmp
 def test_a_group_started_from_one_process_answers_like_one_process(setup):
     import dataclasses
 
-    from serve.distributed.local_group import LocalGroup
+    from serve.distributed.local_group import LocalGroup, rank_threads
 
     ckpt, adapters = setup
     torch.set_num_threads(1)
     want = {o.request_id: o.token_ids for o in Engine(ckpt, _config(adapters, 1)).generate(_requests())}
-    group = LocalGroup(ckpt, dataclasses.asdict(_config(adapters, 2)), threads=1)
+    group = LocalGroup(ckpt, dataclasses.asdict(_config(adapters, 2)))  # threads: each rank its share of the cores
     followers = group.followers
     try:
+        # rank 0 is built in this process: it runs its share, not torch's default of every core
+        assert group.spec.threads == rank_threads(2) == torch.get_num_threads()
         got = {o.request_id: o.token_ids for o in group.engine.generate(_requests())}
     finally:
         group.close()
@@ -292,3 +294,11 @@ def test_a_follower_waits_for_the_next_call_past_the_collective_timeout(tmp_path
     out = str(tmp_path / "idle")
     mp.spawn(_idle_rank, args=(free_port(), out), nprocs=2, join=True)
     assert torch.load(f"{out}.1") == "next call"
+
+
+def test_a_rank_gets_its_share_of_the_cores(monkeypatch):
+    # N ranks each running torch's default (every core) put N threads on a core; a rank gets cores // N
+    from serve.distributed import local_group
+
+    monkeypatch.setattr(local_group.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    assert [local_group.rank_threads(w) for w in (2, 4, 3, 64)] == [16, 8, 10, 1]

@@ -25,7 +25,6 @@ import contextlib
 import functools
 import itertools
 import os
-import pickle
 import time
 from types import SimpleNamespace
 
@@ -33,8 +32,8 @@ import torch
 
 from .scaling_streams import ScalingStreamsJob, _log, _Plan, _search
 from .step_profile import by_kind, profile_on_rank0
+from .tp_rank import FOLLOW, follow_ops  # the followers follow a LeaderEngine's calls until it closes
 
-FOLLOW = "__follow__"  # the followers follow a LeaderEngine's calls until it closes
 # communication in a profile: NCCL's kernels on a GPU; on the CPU the collective calls of c10d (gloo's
 # own events run on its threads, overlapping those calls)
 COMM = {"cuda": "nccl", "cpu": "c10d::"}
@@ -94,27 +93,7 @@ OPS = {"chunk": op_chunk, "decode": op_decode}
 
 def tp_follower(spec_path: str, rank: int) -> None:
     """A follower of the tp setup's group (LocalGroup(follower="bench.scaling_streams_tp.tp_follower"))."""
-    from serve.distributed.driver import STOP, follow
-    from serve.distributed.group import leave_group
-    from serve.distributed.local_group import build_rank
-
-    with open(spec_path, "rb") as f:
-        spec = pickle.load(f)
-    engine = None
-    try:
-        engine = build_rank(spec, rank)
-        tp = engine.model.tp
-        while True:
-            name, args, _ = tp.from_leader()
-            if name == STOP:
-                break
-            if name == FOLLOW:
-                follow(engine)
-            else:
-                OPS[name](engine, rank, *args)
-        leave_group(engine)
-    finally:
-        leave_group(engine, wait=False)
+    follow_ops(spec_path, rank, lambda engine, name, args: OPS[name](engine, rank, *args))
 
 
 class _Group:

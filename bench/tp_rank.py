@@ -66,6 +66,14 @@ RANKED = ("profile", "vision_profile")  # ops told the rank they run on (rank 0 
 
 def bench_follower(spec_path: str, rank: int) -> None:
     """A follower of the benchmark's group (LocalGroup(follower="bench.tp_rank.bench_follower"))."""
+    follow_ops(spec_path, rank, lambda engine, name, args: OPS[name](
+        engine, *args, **({"rank": rank} if name in RANKED else {})))
+
+
+def follow_ops(spec_path: str, rank: int, run_op) -> None:
+    """A follower rank of a benchmark's LocalGroup: builds its engine from the group's spec, then runs what the
+    leader sends until STOP: FOLLOW follows a LeaderEngine's calls until it closes, any other name is a
+    benchmark op, run as run_op(engine, name, args)."""
     from serve.distributed.driver import STOP, follow
     from serve.distributed.group import leave_group
     from serve.distributed.local_group import build_rank
@@ -83,7 +91,7 @@ def bench_follower(spec_path: str, rank: int) -> None:
             if name == FOLLOW:
                 follow(engine)
             else:
-                OPS[name](engine, *args, **({"rank": rank} if name in RANKED else {}))
+                run_op(engine, name, args)
         leave_group(engine)
     finally:
         leave_group(engine, wait=False)

@@ -13,6 +13,8 @@ in one mixed batch) and merged (each adapter merged in turn). Rows, one per doma
                   conf_mad       mean |fp8 confidence - bf16 confidence|
                   bf16_truth, fp8_truth   each precision's score against the items' truth (top-1, or
                                  F1 at IoU 0.5 for detect; `truth_from` says whose answers those are)
+                  majority_truth the top-1 of always giving the items' commonest true answer, beside them
+                                 (none for detect): an adapter at or under it has learned nothing
     kind=caption  greedy text tokens of the first adapter on a few caption prompts: token_agreement,
                   first_divergence_min / _median, and bf16's top-1 minus top-2 logit at each first
                   divergence (top2_margin_*): how near bf16 itself was to another token there
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+from collections import Counter
 import sys
 from pathlib import Path
 
@@ -167,6 +170,15 @@ def truth_score(task: str, results: list, items: list) -> float:
     return sum(_answer_of(task, r) == _truth_of(task, it.truth) for r, it in zip(results, items)) / len(items)
 
 
+def majority_score(task: str, items: list) -> float | None:
+    """Top-1 of always giving the items' commonest true answer: the score a head must beat to have learned
+    anything. None for detect, where no single answer is shared (no boxes at all scores F1 0)."""
+    if task == "detect":
+        return None
+    answers = Counter(_truth_of(task, it.truth) for it in items)
+    return answers.most_common(1)[0][1] / len(items)
+
+
 def caption_row(ref: list, got: list) -> dict:
     """Greedy tokens of fp8 against bf16 (bench/fp8_accuracy.py) and bf16's top-2 gap at each first divergence."""
     acc = compare_outputs(ref, got)
@@ -210,7 +222,7 @@ def heads_rows(job, workdir: Path) -> list[dict]:
                     rows.append(dict(section="heads", kind="head", adapter=a.name, domain=domain, task=task,
                                      mode=mode, precision=precision, against="bf16", **head_agreement(task, ref, got),
                                      bf16_truth=truth_score(task, ref, its), fp8_truth=truth_score(task, got, its)
-                                     if precision == "fp8" else None,
+                                     if precision == "fp8" else None, majority_truth=majority_score(task, its),
                                      truth_metric="f1@0.5" if task == "detect" else "top1", truth_from=truth_from(rec)))
     for mode in ("unmerged", "merged"):
         if (mode, "caption") in answers["bf16"]:
@@ -231,7 +243,8 @@ def heads_lines(rows: list[dict]) -> list[str]:
         return []
     lines = ["", "## Trained adapters' head answers, FP8 against bf16 (same items)", ""]
     lines += _table(heads, ("adapter", "domain", "task", "mode", "precision", "items", "agreement", "count_mad",
-                            "box_f1", "conf_mad", "bf16_truth", "fp8_truth", "truth_metric", "truth_from"))
+                            "box_f1", "conf_mad", "bf16_truth", "fp8_truth", "majority_truth", "truth_metric",
+                            "truth_from"))
     if captions:
         lines += ["", "Greedy caption tokens, FP8 against bf16 (top-2 margin: bf16's top-1 minus top-2 logit at "
                       "the first divergence)", ""]

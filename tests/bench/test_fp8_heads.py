@@ -53,6 +53,10 @@ def test_heads_section_per_domain_and_mode(vlora_home, tmp_path, one_thread, fp8
         assert r["section"] == "heads" and r["task"] == domains[domain] and r["items"] == 3
         assert 0 <= r["agreement"] <= 1 and 0 <= r["bf16_truth"] <= 1 and r["truth_from"] == "world truth"
         assert r["truth_metric"] == ("f1@0.5" if domain == "detect_car" else "top1")
+        # the baseline beside the scores: always the commonest true answer (none for boxes)
+        assert (r["majority_truth"] is None) == (domain == "detect_car")
+        if domain != "detect_car":
+            assert 1 / 3 <= r["majority_truth"] <= 1  # 3 items: the commonest answer is at least one of them
         if precision == "fp8":
             assert 0 <= r["fp8_truth"] <= 1
         else:  # the same bf16 engine on the same batch: exactly the same answers
@@ -125,3 +129,14 @@ def test_heads_section_on_gpu(vlora_home, tmp_path):
     heads = [r for r in rows if r["kind"] == "head"]
     assert len(heads) == 12 and all(0 <= r["agreement"] <= 1 for r in heads)
     assert all(r["agreement"] == 1 for r in heads if r["precision"] == "bf16 rerun")
+
+
+def test_the_majority_baseline_is_the_commonest_true_answers_share():
+    from types import SimpleNamespace
+
+    from bench.fp8_heads import majority_score
+
+    items = [SimpleNamespace(truth={"count": c, "label": lb}) for c, lb in [(2, "car"), (2, "bus"), (0, "car"),
+                                                                              (2, "car")]]
+    assert majority_score("count", items) == 0.75 and majority_score("classify", items) == 0.75
+    assert majority_score("binary", items[1:3]) == 0.5 and majority_score("detect", items) is None

@@ -246,15 +246,14 @@ class _OutOfTime(Exception):
     """The run's budget_s is spent: no further point starts."""
 
 
-def _search(engine, job: ScalingStreamsJob, plan: _Plan, setup: str, gpus: int, per_group: bool = False,
-            save=None) -> list[dict]:
-    """The camera search: stream_counts per GPU times `gpus` (per_group: the counts as they are, for one
-    group however many GPUs it spans); save(rows) after every point; none starts past plan.deadline."""
+def _search(engine, job: ScalingStreamsJob, plan: _Plan, setup: str, gpus: int, save=None) -> list[dict]:
+    """The camera search: stream_counts per GPU times `gpus` (tp: the counts as they are, for one group
+    however many GPUs it spans); save(rows) after every point; none starts past plan.deadline."""
     from .scaling_streams_point import run_scaling_point
 
     names = list(plan.adapters)
-    counts = tuple(n * (1 if per_group else gpus) for n in job.stream_counts)
     tp = gpus if setup == "tp" else 1
+    counts = tuple(n * (gpus // tp) for n in job.stream_counts)  # per GPU, or per group of tp GPUs
     rows: list[dict] = []
 
     def point(n: int) -> dict:

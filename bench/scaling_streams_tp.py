@@ -21,10 +21,8 @@ the ops rank 0 names (`OPS`) at the same time as rank 0, so the collectives insi
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
-import os
 import time
 from types import SimpleNamespace
 
@@ -32,7 +30,7 @@ import torch
 
 from .scaling_streams import ScalingStreamsJob, _log, _Plan, _search
 from .step_profile import by_kind, profile_on_rank0
-from .tp_rank import FOLLOW, follow_ops  # the followers follow a LeaderEngine's calls until it closes
+from .tp_rank import Ranks, follow_ops
 
 # communication in a profile: NCCL's kernels on a GPU; on the CPU the collective calls of c10d (gloo's
 # own events run on its threads, overlapping those calls)
@@ -91,63 +89,26 @@ def op_decode(engine, rank: int, context: int, batch: int) -> dict:
 OPS = {"chunk": op_chunk, "decode": op_decode}
 
 
+def tp_op(engine, name: str, args: tuple, rank: int):
+    """Op `name` of the tp setup on one rank."""
+    return OPS[name](engine, rank, *args)
+
+
 def tp_follower(spec_path: str, rank: int) -> None:
     """A follower of the tp setup's group (LocalGroup(follower="bench.scaling_streams_tp.tp_follower"))."""
-    follow_ops(spec_path, rank, lambda engine, name, args: OPS[name](engine, rank, *args))
-
-
-class _Group:
-    """Rank 0 of the group: ops on every rank, and serving periods through a LeaderEngine."""
-
-    def __init__(self, group):
-        self.group, self.engine = group, group.engine.engine
-        self.tp = self.engine.model.tp
-
-    def call(self, name: str, *args):
-        self.tp.from_leader((name, args, {}))
-        return OPS[name](self.engine, 0, *args)
-
-    @contextlib.contextmanager
-    def serving(self):
-        from serve.distributed import LeaderEngine
-
-        class Leader(LeaderEngine):
-            def abort_all(self) -> int:  # a point's leftovers aborted on every rank, not on rank 0 alone
-                ids = list(self.engine._requests)
-                for request_id in ids:
-                    self.abort(request_id)
-                return len(ids)
-
-        self.tp.from_leader((FOLLOW, (), {}))
-        leader = Leader(self.engine)
-        try:
-            yield leader
-        finally:
-            leader.close()  # the followers' `follow` returns; they wait for the next op
-
-    def abort(self) -> None:
-        """After a failure on rank 0: the followers may wait in a collective forever, so they are killed."""
-        from serve.distributed.group import leave_group
-
-        for p in self.group.followers:
-            p.kill()
-            p.wait()
-        leave_group(self.engine, wait=False)
-        self.group.engine = None
+    follow_ops(spec_path, rank, tp_op)
 
 
 def run_tp(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict, save=None) -> list[dict]:
     """The camera search on one group of `gpus` ranks, then the profiles (meta["profile"])."""
-    from serve.distributed.local_group import LocalGroup
-
     config = {**plan.config, "tensor_parallel_size": gpus,
               "adapters": tuple(f"{n}={p}" for n, p in plan.adapters.items()),
               # decode graphs past the batch limit are never replayed: on a large model each costs start time
               "graph_batch_sizes": tuple(b for b in plan.config["graph_batch_sizes"] if b <= job.max_batch_size)}
     t0 = time.perf_counter()
-    group = _Group(LocalGroup(str(plan.workdir), config, threads=max(1, (os.cpu_count() or 1) // gpus),
-                              builder=functools.partial(rank_weights, str(plan.workdir), job.seed, job.dtype),
-                              follower="bench.scaling_streams_tp.tp_follower"))
+    group = Ranks.group_of(str(plan.workdir), config, None,  # threads: each rank its share of the cores
+                           builder=functools.partial(rank_weights, str(plan.workdir), job.seed, job.dtype),
+                           follower="bench.scaling_streams_tp.tp_follower", run_op=tp_op)
     try:
         meta["built_s"] = time.perf_counter() - t0
         meta["memory_built"] = _memory(group.engine)
@@ -157,7 +118,7 @@ def run_tp(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict, save=None
                 meta["warm_up"] = leader.warm_up(side=job.image_size, frames=job.frames_per_chunk).to_dict()
             meta["load_s"] = time.perf_counter() - t0
             meta["memory_warm"] = _memory(group.engine)
-            rows = _search(leader, job, plan, "tp", gpus, per_group=True, save=save)
+            rows = _search(leader, job, plan, "tp", gpus, save=save)
     except BaseException:
         group.abort()
         raise
@@ -169,7 +130,7 @@ def run_tp(job: ScalingStreamsJob, plan: _Plan, gpus: int, meta: dict, save=None
             meta["profile"] = {"error": f"{type(e).__name__}: {e}"}
             group.abort()
             return rows
-    group.group.close()
+    group.close()
     return rows
 
 
@@ -182,7 +143,7 @@ def _memory(engine) -> dict:
     return out
 
 
-def _profiles(group: _Group, job: ScalingStreamsJob, plan: _Plan, rows: list[dict]) -> dict:
+def _profiles(group: Ranks, job: ScalingStreamsJob, plan: _Plan, rows: list[dict]) -> dict:
     """A chunk's head answer, then the decode step at batch 1 and at the cameras found (at most a batch)."""
     cameras = min(max((r["streams"] for r in rows if r["pass"]), default=1), job.max_batch_size)
     t0 = time.perf_counter()

@@ -64,16 +64,20 @@ OPS = {"replay": op_replay, "vision": op_vision, "profile": op_profile, "vision_
 RANKED = ("profile", "vision_profile")  # ops told the rank they run on (rank 0 profiles, the others only call)
 
 
+def bench_op(engine, name: str, args: tuple, rank: int):
+    """Op `name` of this benchmark on one rank (the ranked ones are told which)."""
+    return OPS[name](engine, *args, **({"rank": rank} if name in RANKED else {}))
+
+
 def bench_follower(spec_path: str, rank: int) -> None:
     """A follower of the benchmark's group (LocalGroup(follower="bench.tp_rank.bench_follower"))."""
-    follow_ops(spec_path, rank, lambda engine, name, args: OPS[name](
-        engine, *args, **({"rank": rank} if name in RANKED else {})))
+    follow_ops(spec_path, rank, bench_op)
 
 
 def follow_ops(spec_path: str, rank: int, run_op) -> None:
     """A follower rank of a benchmark's LocalGroup: builds its engine from the group's spec, then runs what the
     leader sends until STOP: FOLLOW follows a LeaderEngine's calls until it closes, any other name is a
-    benchmark op, run as run_op(engine, name, args)."""
+    benchmark op, run as run_op(engine, name, args, rank)."""
     from serve.distributed.driver import STOP, follow
     from serve.distributed.group import leave_group
     from serve.distributed.local_group import build_rank
@@ -91,17 +95,18 @@ def follow_ops(spec_path: str, rank: int, run_op) -> None:
             if name == FOLLOW:
                 follow(engine)
             else:
-                run_op(engine, name, args)
+                run_op(engine, name, args, rank)
         leave_group(engine)
     finally:
         leave_group(engine, wait=False)
 
 
 class Ranks:
-    """One engine (tp=1) or a LocalGroup's leader: the benchmark's calls, the same either way."""
+    """One engine (tp=1) or a LocalGroup's leader: a benchmark's calls, the same either way. run_op: how an
+    op runs on a rank, the one its followers' `follow_ops` is given (this benchmark's: `bench_op`)."""
 
-    def __init__(self, engine, group=None):
-        self.engine, self.group = engine, group
+    def __init__(self, engine, group=None, run_op=bench_op):
+        self.engine, self.group, self.run_op = engine, group, run_op
         self.tp = 1 if group is None else group.spec.world_size
 
     @classmethod
@@ -109,11 +114,12 @@ class Ranks:
         return cls(engine)
 
     @classmethod
-    def group_of(cls, checkpoint: str, engine_config: dict, threads: int | None) -> "Ranks":
+    def group_of(cls, checkpoint: str, engine_config: dict, threads: int | None, builder=None,
+                 follower: str = "bench.tp_rank.bench_follower", run_op=bench_op) -> "Ranks":
         from serve.distributed.local_group import LocalGroup
 
-        group = LocalGroup(checkpoint, engine_config, threads=threads, follower="bench.tp_rank.bench_follower")
-        return cls(group.engine.engine, group)
+        group = LocalGroup(checkpoint, engine_config, builder=builder, threads=threads, follower=follower)
+        return cls(group.engine.engine, group, run_op)
 
     def _send(self, name: str, args: tuple) -> None:
         if self.group is not None:
@@ -122,7 +128,7 @@ class Ranks:
     def call(self, name: str, *args):
         """Op `name` on every rank; rank 0's result."""
         self._send(name, args)
-        return OPS[name](self.engine, *args, **({"rank": 0} if name in RANKED else {}))
+        return self.run_op(self.engine, name, args, 0)
 
     @contextlib.contextmanager
     def serving(self):

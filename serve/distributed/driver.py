@@ -20,9 +20,11 @@ from __future__ import annotations
 import sys
 
 # warm_up: every rank runs the same made-up waves (seeded, the same requests and steps); on rank 0 alone
-# its first step would wait in an all-reduce no other rank joins (a server's warm-up never ended)
-MIRRORED = frozenset({"add_request", "abort", "step", "set_mode", "load_adapter", "unload_adapter", "pin_adapter",
-                      "load_manifest", "drop_caches", "warm_up"})
+# its first step would wait in an all-reduce no other rank joins (a server's warm-up never ended).
+# abort_all: every rank holds the same requests, so each drops the same ones (on rank 0 alone, the next
+# step's batch would differ between the ranks)
+MIRRORED = frozenset({"add_request", "abort", "abort_all", "step", "set_mode", "load_adapter", "unload_adapter",
+                      "pin_adapter", "load_manifest", "drop_caches", "warm_up"})
 STOP = "__stop__"
 
 

@@ -65,7 +65,7 @@ def test_a_search_past_its_budget_keeps_the_points_measured(tmp_path, monkeypatc
 
     monkeypatch.setattr(point, "run_scaling_point", run_point)
     saves = []
-    rows = _search(None, job, plan, "tp", 2, per_group=True, save=lambda r: saves.append([x["streams"] for x in r]))
+    rows = _search(None, job, plan, "tp", 2, save=lambda r: saves.append([x["streams"] for x in r]))
     assert [(r["setup"], r["tp"], r["gpus"], r["streams"]) for r in rows] == [("tp", 2, 2, 1), ("tp", 2, 2, 2)]
     assert saves == [[1], [1, 2]]  # saved after every point: a run killed later keeps them
     path = tmp_path / "streams_tp_2.json"

@@ -30,6 +30,7 @@ import torch
 from kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight
 
 from .fp8 import Fp8Linear
+from .loader import is_fp8_dtype
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def check_fp8_tensors(source, spec: Fp8Checkpoint | None, text_prefix: str | Non
     for name in source.names():
         module, _, leaf = name.rpartition(".")
         dtype, shape = source.header(name)
-        fp8 = dtype.startswith("F8") or dtype.startswith("torch.float8")
+        fp8 = is_fp8_dtype(dtype)
         if not fp8 and leaf not in QUANT_LEAVES:
             continue
         rel = module[len(text_prefix):] if text_prefix and module.startswith(text_prefix) else None

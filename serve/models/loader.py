@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .decoder import DecoderModel
-from .parallel import shard_part
+from .parallel import part_range, shard_part
 
 TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "model.", "language_model.")
 LM_HEADS = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
@@ -77,13 +77,12 @@ class WeightSource:
             return shard_part(self._tensors[name], shard)
         view = self._handle(name).get_slice(name)
         shape = view.get_shape()
-        axis, rank, world = shard
-        dim = 0 if axis == "out" else len(shape) - 1
-        if shape[dim] % world:
-            raise ValueError(f"checkpoint tensor {name} of shape {list(shape)} does not split into {world} equal parts")
-        step = shape[dim] // world
+        try:
+            dim, start, length = part_range(shape, shard)
+        except ValueError as e:
+            raise ValueError(f"checkpoint tensor {name}: {e}") from None
         index = [slice(None)] * len(shape)
-        index[dim] = slice(rank * step, (rank + 1) * step)
+        index[dim] = slice(start, start + length)
         return view[tuple(index)]
 
     def header(self, name: str) -> tuple[str, list[int]]:
@@ -99,8 +98,8 @@ class WeightSource:
         return view.get_dtype(), list(view.get_shape())
 
 
-def _fp8(dtype: str) -> bool:
-    """Whether a header's dtype (WeightSource.header) is FP8."""
+def is_fp8_dtype(dtype: str) -> bool:
+    """Whether a header's dtype (WeightSource.header: safetensors' or torch's name) is FP8."""
     return dtype.startswith("F8") or dtype.startswith("torch.float8")
 
 
@@ -128,7 +127,7 @@ def load_language_model(model: DecoderModel, source: WeightSource) -> None:
     def load(linear: nn.Module, slice_name: str, module: str, bias: torch.Tensor | None = None) -> None:
         shard = getattr(linear, "tp_shard", None)  # a tensor-parallel shard (parallel.py) takes its part only
         key = prefix + module + ".weight"
-        if shard is not None and key in source and not _fp8(source.header(key)[0]):
+        if shard is not None and key in source and not is_fp8_dtype(source.header(key)[0]):
             part = source.get_part(key, shard)
             linear.load_slice(slice_name, part, None if bias is None else shard_part(bias, shard))
             return

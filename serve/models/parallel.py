@@ -218,13 +218,17 @@ def shard_part(t: torch.Tensor, shard: tuple[str, int, int]) -> torch.Tensor:
     """The rank's part of one checkpoint tensor of a sharded projection (a view): for an "out" shard
     (columns split) rows r*n/w .. (r+1)*n/w of one slice's weight or bias, as `split_columns` keeps
     of every slice; for an "in" shard (rows split) the same range of the last dimension."""
+    return t.narrow(*part_range(t.shape, shard))
+
+
+def part_range(shape, shard: tuple[str, int, int]) -> tuple[int, int, int]:
+    """(dim, start, length) of the rank's part of a tensor of `shape` (shard_part; a file's slice too)."""
     axis, rank, world = shard
-    dim = 0 if axis == "out" else t.dim() - 1
-    n = t.shape[dim]
-    if n % world:
-        raise ValueError(f"a tensor of shape {tuple(t.shape)} does not split into {world} equal parts along dim {dim}")
-    step = n // world
-    return t.narrow(dim, rank * step, step)
+    dim = 0 if axis == "out" else len(shape) - 1
+    if shape[dim] % world:
+        raise ValueError(f"a tensor of shape {tuple(shape)} does not split into {world} equal parts along dim {dim}")
+    step = shape[dim] // world
+    return dim, rank * step, step
 
 
 def assign_items(sizes: list[int], world_size: int) -> list[int]:

@@ -27,7 +27,12 @@ def saved_whole(path: Path, model: str) -> bool:
     if not path.is_file():
         return False
     meta = json.loads(path.read_text())["meta"]
-    return meta.get("complete", True) and meta.get("model", meta.get("job", {}).get("model", model)) == model
+    return meta.get("complete", True) and (_model(meta) or model) == model
+
+
+def _model(meta: dict) -> str | None:
+    """A saved setup's model (files from before meta carried it: its job's)."""
+    return meta.get("model", meta.get("job", {}).get("model"))
 
 
 def measured_cameras(path: Path) -> int | None:
@@ -65,7 +70,7 @@ def summarize(saved: list[tuple[dict, list[dict]]]) -> dict:
         label = f"{meta['setup']}-{meta['gpus']}"
         profile = meta.get("profile") or {}
         decode = [d for d in profile.get("decode", []) if "comm_share" in d]
-        setups[label] = {"setup": meta["setup"], "model": meta.get("model", meta.get("job", {}).get("model")),
+        setups[label] = {"setup": meta["setup"], "model": _model(meta),
                          "tp": meta.get("tp", 1), "gpus": meta["gpus"], "cameras": cameras,
                          "complete": meta.get("complete", True), "profile": profile or None,
                          "chunk_comm_share": (profile.get("chunk") or {}).get("comm_share"),

@@ -9,7 +9,7 @@ so kernel times can add up to more than the span.
 
 Kernels inside a CUDA-graph replay are recorded one by one, so a replayed step is broken down
 the same way as an eager one. `kind_of` groups names: the LoRA shrink and expand, matmuls,
-attention, and the rest.
+attention, norms, copies and gathers, other elementwise kernels, and the rest.
 """
 
 from __future__ import annotations
@@ -20,8 +20,12 @@ import torch
 
 KINDS = (("lora_shrink", ("_shrink_kernel",)), ("lora_expand", ("_expand_kernel",)),
          ("lora_fused", ("_fused_kernel",)),
-         ("attention", ("attention", "attn", "paged", "flash")),
-         ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm", "aten::matmul")))
+         ("attention", ("attention", "attn", "paged", "flash", "fmha", "sdpa")),
+         ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm", "aten::matmul",
+                    "aten::linear")),
+         ("norm", ("layer_norm", "rms_norm", "_norm_kernel")),
+         ("copy", ("memcpy", "memset", "copy_kernel", "index", "cat_", "catarray", "aten::copy_", "aten::cat")),
+         ("elementwise", ("elementwise", "vectorized", "triton_poi", "triton_red", "triton_per", "reduce_kernel")))
 
 
 def kind_of(name: str) -> str:

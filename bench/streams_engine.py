@@ -53,6 +53,25 @@ def _kernel_ms(prof) -> float:
                if e.device_type == DeviceType.CUDA and not e.name.startswith("vlora::")) / 1e3
 
 
+def kernel_kinds(prof, chunks: int, cuda: bool = True) -> tuple[dict, list[dict]]:
+    """The profile's GPU kernels (with cuda=False its CPU operators, nested ones too) by kind
+    (bench.step_profile.kind_of), ms per chunk, and its ten longest."""
+    from torch.autograd import DeviceType
+
+    from .step_profile import kind_of
+
+    want = DeviceType.CUDA if cuda else DeviceType.CPU
+    per_name: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == want and not e.name.startswith("vlora::"):
+            per_name[e.name] = per_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
+    kinds: dict[str, float] = {}
+    for name, ms in per_name.items():
+        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms / chunks
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:10]
+    return kinds, [{"name": name[:100], "kind": kind_of(name), "ms_per_chunk": ms / chunks} for name, ms in top]
+
+
 def full_batch(engine, job, chunks, names) -> dict:
     n = job.max_batch_size
     engine.drop_caches()
@@ -96,6 +115,7 @@ def full_batch(engine, job, chunks, names) -> dict:
     if not cuda:  # no device timeline to split
         return {"chunks": n, "wall_s": wall, "chunks_per_s": n / wall, "steps": steps}
     busy = _kernel_ms(prof)
+    kinds, top = kernel_kinds(prof, n)
     vision_ms = sum(a.elapsed_time(b) for a, b in spans)
     # host syncs per step, counted on a second batch (no profiler)
     for request in _requests(job, chunks, names, n, 30_000):
@@ -105,7 +125,8 @@ def full_batch(engine, job, chunks, names) -> dict:
     return {"chunks": n, "wall_s": wall, "chunks_per_s": n / wall, "steps": steps,
             "gpu_busy_share": busy / (wall * 1e3), "gpu_ms_per_chunk": busy / n,
             "vision_span_ms_per_chunk": vision_ms / n, "rest_gpu_ms_per_chunk": (busy - vision_ms) / n,
-            "host_syncs_per_step": syncs / max(1, counted[0]), "sync_sources": sources}
+            "host_syncs_per_step": syncs / max(1, counted[0]), "sync_sources": sources,
+            "kinds_ms_per_chunk": kinds, "top_kernels": top}
 
 
 def paced(engine, job, chunks, names, rate: float, seconds: float) -> dict:
@@ -168,7 +189,9 @@ def format_engine_only(result: dict) -> str:
                  f"{fb['steps']} steps; GPU busy {fb['gpu_busy_share']:.0%}; GPU ms per chunk "
                  f"{fb['gpu_ms_per_chunk']:.1f} (vision calls' span {fb['vision_span_ms_per_chunk']:.1f}, rest "
                  f"{fb['rest_gpu_ms_per_chunk']:.1f}); host syncs per step {fb['host_syncs_per_step']:.1f} "
-                 f"from {fb['sync_sources']}"]
+                 f"from {fb['sync_sources']}",
+                 "  GPU ms per chunk by kernel kind: " + ", ".join(
+                     f"{k} {v:.2f}" for k, v in sorted(fb["kinds_ms_per_chunk"].items(), key=lambda kv: -kv[1]))]
     for run in result.get("encode_ahead_ab", []):
         if "gpu_busy_share" in run:
             lines.append(f"  encode_ahead={run['encode_ahead']}: {run['chunks_per_s']:.1f} chunks/s, GPU busy "

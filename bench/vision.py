@@ -9,6 +9,8 @@ Per batch of N chunks (each `frames` frames of `image_size`^2, i.e. frames / 2 f
   (decode + preprocessing on the host) against `pixels="device"` (header, hashes, tokens);
 - device ms per chunk of the deferred pixels (nvJPEG decode when torchvision has it, resize,
   normalise, patchify), batched as the encoder batches them;
+- with `profile=true`, the tower's kernels by kind, SDPA backends, a CUDA-graph replay and each
+  linear's GEMM in bf16 and FP8 (bench/vision_profile.py), written to `vision_profile.json`;
 - with `tower_lora=true`, what LoRA on the tower costs (bench/vision_lora.py): the pass with a
   rank-`tower_lora_rank` adapter on every item, and with items of `tower_lora_adapters` adapters.
 Random weights of the zoo's full-size spec; nothing is downloaded.
@@ -44,6 +46,9 @@ class VisionBenchJob:
     tower_lora: bool = False  # also time the tower with LoRA adapters on it (bench/vision_lora.py)
     tower_lora_rank: int = 16
     tower_lora_adapters: int = 4  # adapters the mixed pass spreads its items over
+    profile: bool = False  # where the tower's time goes, and candidate speed-ups (bench/vision_profile.py)
+    profile_chunks: int = 8  # chunks per profiled tower call
+    profile_repeats: int = 5
     out_dir: str = "results/vision"
     command: str | None = None
 
@@ -188,6 +193,7 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
               f"{row['ours_batched_fused_ms_per_chunk']:.2f} (batched, fused), "
               f"{row['ours_tflops']:.0f} TFLOP/s, pixels {row['pixels_ms_per_chunk']:.2f} ms/chunk, "
               f"syncs {row['ours_syncs_per_step']}", flush=True)
+    profile = _profile(job, ours, groups, device, dtype) if job.profile else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     meta = {"device": name, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
             "job": asdict(job), "cpu_per_chunk": cpu, "jpeg_bytes_per_chunk": sum(len(f) for f in chunk)}
@@ -196,4 +202,23 @@ def run_vision_bench(job: VisionBenchJob) -> tuple[list[dict], dict]:
     out = results_dir(job.out_dir, device_label(device))
     write_csv(out / "vision.csv", rows)
     write_json(out / "vision.json", {"meta": meta, "rows": rows})
+    if profile is not None:
+        meta["profile"] = profile
+        write_json(out / "vision_profile.json", {"meta": {k: v for k, v in meta.items() if k != "profile"},
+                                                 "profile": profile})
     return rows, meta
+
+
+def _profile(job: VisionBenchJob, tower, groups, device, dtype) -> dict:
+    from serve.models.deferred import materialize
+
+    from .vision_profile import profile_lines, profile_tower
+
+    items = groups * job.profile_chunks
+    pixels = torch.cat(materialize([g.deferred for g in items], device, dtype))
+    with torch.no_grad():
+        result = profile_tower(tower, pixels, [g.grid_thw for g in items], job.profile_chunks, job.profile_repeats,
+                               lambda fn: _time_gpu(fn, job.repeats))
+    for line in profile_lines(result):
+        print(line, flush=True)
+    return result

@@ -157,3 +157,17 @@ def test_gc_pauses_are_counted_while_watched():
     gc.collect()  # no longer watched
     summary = watch.summary()
     assert summary["collections"] == 2 and summary["full"] == 1 and summary["full_ms"] >= 0
+
+
+def test_kernel_kinds_add_up_a_profiles_time_per_chunk():
+    import torch
+
+    from bench.streams_engine import kernel_kinds
+
+    x, w = torch.randn(64, 32), torch.randn(32, 32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            torch.nn.functional.layer_norm(x @ w, (32,))
+    kinds, top = kernel_kinds(prof, chunks=2, cuda=False)
+    assert kinds["matmul"] > 0 and kinds["norm"] > 0
+    assert top[0]["ms_per_chunk"] >= top[-1]["ms_per_chunk"] and {t["kind"] for t in top} >= {"matmul", "norm"}

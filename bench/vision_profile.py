@@ -7,8 +7,10 @@ call (a served step carries a few chunks' frame groups):
 - the batched attention under each of PyTorch's fused SDPA backends (flash, cuDNN, memory-efficient):
   the head size of the Qwen towers (80) is not one every backend serves at its best;
 - the whole tower replayed as one CUDA graph: what the host's launches cost on top of the kernels;
+- the rotary and quick_gelu chains alone: eager, torch.compile's kernel and our Triton kernels;
 - each linear's GEMM alone at the call's row count, bf16 and FP8 (the activation's per-row
-  quantization included, as `fp8_linear` runs it), with the achieved TFLOP/s.
+  quantization included, as `fp8_linear` runs it; where K and N are multiples of 16), with the
+  achieved TFLOP/s.
 On the CPU only the kinds (of CPU operators) and the bf16 GEMMs are measured; the rest is None.
 """
 
@@ -52,13 +54,36 @@ def _gemms(tower, rows: int, time_ms: Callable[[Callable], float]) -> list[dict]
         row = {"linear": name, "m": m, "k": k, "n": n, "bf16_ms": time_ms(lambda: torch.nn.functional.linear(x, w, b))}
         row["bf16_tflops"] = flop / (row["bf16_ms"] * 1e-3) / 1e12
         row["fp8_ms"] = row["fp8_tflops"] = None
-        if fp8:
+        if fp8 and k % 16 == 0 and n % 16 == 0:  # _scaled_mm's operands (the patch embedding's K=1176 is not)
             from kernels.fp8 import fp8_linear, quantize_weight
 
             q, s = quantize_weight(w)
             row["fp8_ms"] = time_ms(lambda: fp8_linear(x, q, s, b))
             row["fp8_tflops"] = flop / (row["fp8_ms"] * 1e-3) / 1e12
         out.append(row)
+    return out
+
+
+def _chains(tower, rows: int, time_ms: Callable[[Callable], float]) -> dict:
+    """ms per tower call of the rotary and the quick_gelu chains (x the blocks): eager, torch.compile's
+    kernel (dynamic rows, as the tower ran it before) and ours (`serve.models.vision_fused`)."""
+    from serve.models.qwen_vision import _quick_gelu, _rotary_qk
+    from serve.models.vision_fused import quick_gelu, rotary_qk
+
+    weight = tower.patch_embed.proj.weight
+    heads, dim = tower.heads, weight.shape[0] // tower.heads
+    qkv = torch.randn(rows, 3, heads, dim, device=weight.device, dtype=weight.dtype)
+    cos, sin = tower.rotary(torch.randint(0, 64, (rows, 2), device=weight.device))
+    hidden = tower.blocks[0].mlp.fc1.out_features if hasattr(tower.blocks[0].mlp, "fc1") else None
+    depth, out = len(tower.blocks), {}
+    cases = {"rotary": ((qkv, cos, sin), _rotary_qk, rotary_qk)}
+    if hidden is not None:
+        cases["quick_gelu"] = ((torch.randn(rows, hidden, device=weight.device, dtype=weight.dtype),),
+                               _quick_gelu, quick_gelu)
+    for name, (args, reference, ours) in cases.items():
+        compiled = torch.compile(reference, dynamic=True)
+        for variant, fn in (("eager", reference), ("inductor", compiled), ("triton", ours)):
+            out[f"{name}_{variant}"] = time_ms(lambda: fn(*args)) * depth
     return out
 
 
@@ -103,7 +128,6 @@ def profile_tower(tower, pixels: torch.Tensor, grids, chunks: int, repeats: int,
             tower.compiled = compiled
             result["compiled" if compiled else "eager"] = _kinds(call, chunks, repeats)
         result["sdpa_ms"] = {}
-        result["graph_ms"] = None
         if cuda:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -119,6 +143,7 @@ def profile_tower(tower, pixels: torch.Tensor, grids, chunks: int, repeats: int,
                     result[f"graph_{'compiled' if compiled else 'eager'}_ms"] = _graph_ms(call, time_ms) / chunks
                 except Exception as e:  # noqa: BLE001 - a capture failure is a result, not a crash of the suite
                     result[f"graph_{'compiled' if compiled else 'eager'}_ms"] = f"{type(e).__name__}: {str(e)[:120]}"
+            result["chains_ms"] = {k: v / chunks for k, v in _chains(tower, pixels.shape[0], time_ms).items()}
         result["gemms"] = _gemms(tower, pixels.shape[0], time_ms)
     finally:
         tower.attention, tower.compiled = saved
@@ -141,6 +166,8 @@ def profile_lines(result: dict) -> list[str]:
         if key in result:
             v = result[key]
             lines.append(f"[vision profile] {key}: {v:.2f} ms/chunk" if isinstance(v, float) else f"[vision profile] {key}: {v}")
+    for name, ms in result.get("chains_ms", {}).items():
+        lines.append(f"[vision profile] {name}: {ms:.2f} ms/chunk (all blocks)")
     for g in result.get("gemms", []):
         fp8 = f", fp8 {g['fp8_ms']:.3f} ms {g['fp8_tflops']:.0f} TFLOP/s" if g["fp8_ms"] is not None else ""
         lines.append(f"[vision profile] gemm {g['linear']} {g['m']}x{g['k']}x{g['n']}: bf16 {g['bf16_ms']:.3f} ms "

@@ -49,8 +49,16 @@ def _silu_mul(gate, up):
 
 
 # With `QwenVisionTower.compiled` on a GPU, the elementwise chains (rotary in fp32, activations) run
-# as one generated kernel each instead of five to eight eager ones (torch.compile, dynamic shapes).
+# as one kernel each instead of five to eight eager ones: our Triton kernels for the rotary and
+# quick_gelu (`vision_fused`; the rotary that torch.compile generated for a dynamic row count ran at
+# a seventeenth of its bandwidth), torch.compile (dynamic shapes) for the rest.
 _COMPILED: dict = {}
+
+
+def _triton_kernels() -> dict:
+    from .vision_fused import quick_gelu, rotary_qk
+
+    return {_rotary_qk: rotary_qk, _quick_gelu: quick_gelu}
 
 
 def _fused(on: bool, fn, *args):
@@ -58,7 +66,7 @@ def _fused(on: bool, fn, *args):
         return fn(*args)
     kernel = _COMPILED.get(fn)
     if kernel is None:
-        kernel = _COMPILED[fn] = torch.compile(fn, dynamic=True)
+        kernel = _COMPILED[fn] = _triton_kernels().get(fn) or torch.compile(fn, dynamic=True)
     return kernel(*args)
 
 

@@ -26,7 +26,8 @@ KINDS = (("lora_shrink", ("_shrink_kernel",)), ("lora_expand", ("_expand_kernel"
          ("norm", ("layer_norm", "rms_norm", "_norm_kernel")),
          # torch.compile's kernels (and our elementwise ones) before the copies: their names list the fused ops
          # ("..._to_copy_add_cat_...")
-         ("elementwise", ("triton_poi", "triton_red", "triton_per", "_rotary_qk", "_quick_gelu", "_silu_mul", "_rope_kernel")),
+         ("elementwise", ("triton_poi", "triton_red", "triton_per", "_rotary_qk", "_quick_gelu", "_silu_mul",
+                          "_rope_kernel")),
          ("copy", ("memcpy", "memset", "copy_kernel", "index", "cat_", "catarray", "aten::copy_", "aten::cat")),
          ("elementwise", ("elementwise", "vectorized", "reduce_kernel")))
 

@@ -106,8 +106,8 @@ def _kinds(step: Callable[[], object], chunks: int, repeats: int) -> dict:
             "idle_share": prof["idle_share"],
             "kinds_ms": {kind: v["us"] / 1e3 / chunks for kind, v in by_kind(prof).items()},
             "launches": sum(k["launches"] for k in prof["kernels"]),
-            "top": [{"name": k["name"][:100], "kind": k["kind"], "launches": k["launches"], "ms": k["us"] / 1e3 / chunks}
-                    for k in prof["kernels"][:12]]}
+            "top": [{"name": k["name"][:100], "kind": k["kind"], "launches": k["launches"],
+                     "ms": k["us"] / 1e3 / chunks} for k in prof["kernels"][:12]]}
 
 
 def profile_tower(tower, pixels: torch.Tensor, grids, chunks: int, repeats: int,
@@ -165,7 +165,7 @@ def profile_lines(result: dict) -> list[str]:
     for key in ("graph_eager_ms", "graph_compiled_ms"):
         if key in result:
             v = result[key]
-            lines.append(f"[vision profile] {key}: {v:.2f} ms/chunk" if isinstance(v, float) else f"[vision profile] {key}: {v}")
+            lines.append(f"[vision profile] {key}: " + (f"{v:.2f} ms/chunk" if isinstance(v, float) else str(v)))
     for name, ms in result.get("chains_ms", {}).items():
         lines.append(f"[vision profile] {name}: {ms:.2f} ms/chunk (all blocks)")
     for g in result.get("gemms", []):

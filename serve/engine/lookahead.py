@@ -6,10 +6,10 @@ work while the host plans the next step, builds its inputs and launches it, time
 nothing to do before (15% of the wall at 64 chunks on an H100). No torch here.
 
 The guess walks the queues as the scheduler will, in outline: the step's prompt tokens (after one
-token per decoding sequence) are split equally between flows (a tenant's connection), what a flow
-cannot use going round again, as the scheduler's deficit round robin does without its carried
-deficits, weights and caps; within a flow, sequences take its tokens in the policy's order, prompts
-being prefilled first, then waiting ones while the batch has slots. A wrong guess costs no
+token per decoding sequence) are split between tenants by their weights, what a tenant cannot use
+going round again, as the scheduler's deficit round robin does without its carried deficits and
+caps; within a tenant, sequences take its tokens in the policy's order, prompts being prefilled
+first, then waiting ones while the batch has slots. A wrong guess costs no
 correctness and little time: each encoded item is held by its own sequence until its prefill
 reaches it (and kept in the encoder cache for others with the same pixels).
 
@@ -20,7 +20,7 @@ own step as before.
 
 from __future__ import annotations
 
-from .tenancy import flow_of, water_fill
+from .tenancy import share_of, water_fill
 
 
 def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
@@ -43,16 +43,17 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
     # a waiting prompt starts past its cached prefix, as the scheduler will admit it
     prefilling += [(seq, max(seq.num_computed_tokens, bm.num_cached_tokens(seq)))
                    for seq in order(scheduler.waiting)[:max(0, slots)]]
-    needs: dict = {}
+    needs, weights = {}, {}
     for seq, start in prefilling:
-        needs[flow_of(seq)] = needs.get(flow_of(seq), 0) + seq.prompt_len - start
-    tokens = water_fill(needs, dict.fromkeys(needs, 1.0), max(0, budget), list(needs))  # equal shares
+        needs[share_of(seq)] = needs.get(share_of(seq), 0) + seq.prompt_len - start
+        weights[share_of(seq)] = seq.tenant_weight
+    tokens = water_fill(needs, weights, max(0, budget), list(needs))
     out = []
     for seq, start in prefilling:
-        n = min(seq.prompt_len - start, tokens[flow_of(seq)])
+        n = min(seq.prompt_len - start, tokens[share_of(seq)])
         if n <= 0:
             continue
-        tokens[flow_of(seq)] -= n
+        tokens[share_of(seq)] -= n
         end, held = start + n, seq.state.embeds
         out.extend((seq, item) for item in seq.state.vision
                    if item.offset < end and item.offset + item.num_tokens > start and item.content_hash not in held)

@@ -16,11 +16,10 @@ under a running sequence. Head-mode sequences (`prefill_only`) finish with reaso
 their prompt is computed.
 
 Tenants (serve/engine/tenancy.py): the step's prompt tokens are shared by deficit round robin
-over flows, a flow being a tenant's connection (`Sequence.tenant`, `owner`): tenants by their
-weight, a tenant's share split between its connections with work, tokens nobody wants going
-round again. A flow with nothing running is admitted first (and `_make_room` frees it a slot of
-a full batch and the blocks of its first chunk), and at most `tenant_max_running` of a tenant's
-sequences run at once. While several tenants have work, a tenant over its share of the batch carries
+over tenants (`Sequence.tenant`) by their weight, tokens nobody wants going round again; within a
+tenant its share goes to its sequences in policy order. A flow (a tenant's connection, `owner`) with
+nothing running is admitted first (and `_make_room` frees it a slot of a full batch and the blocks
+of its first chunk), and at most `tenant_max_running` of a tenant's sequences run at once. While several tenants have work, a tenant over its share of the batch carries
 at most the others' per-weight tokens (`tenant_step_cap`). With one flow every token is its own and
 the step is what it was before tenants.
 
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .order import ArrivalOrder, FairShare, SchedulingPolicy, fair_interleave  # noqa: F401 (imported from here too)
 from .sequence import Sequence, SequenceStatus
-from .tenancy import FairShares, busiest_flow, flow_of, newcomers_first, step_caps
+from .tenancy import FairShares, busiest_flow, flow_of, newcomers_first, share_of, step_caps
 
 
 class AdapterGate:
@@ -226,7 +225,7 @@ class Scheduler:
         if fair_victims:  # the slots they freed are the newcomers': they wait at least this step
             candidates = [seq for seq in candidates if seq not in fair_victims]
         candidates = newcomers_first(candidates, running)  # the slots _make_room freed are theirs
-        # the step's prompt tokens, shared out between flows (serve/engine/tenancy.py)
+        # the step's prompt tokens, shared out between tenants (serve/engine/tenancy.py)
         decodes = sum(seq.num_computed_tokens >= seq.prompt_len for seq in active)
         capacity = max(0, min(budget - decodes, prefill))
         allowance = self.shares.allowances(active, candidates, capacity, cfg.max_batch_size - len(running))
@@ -239,7 +238,7 @@ class Scheduler:
             prompt_chunk = seq.num_computed_tokens < seq.prompt_len
             n = min(seq.num_remaining, budget, prefill if prompt_chunk else budget)
             if prompt_chunk:
-                n = min(n, allowance.get(flow_of(seq), 0))
+                n = min(n, allowance.get(share_of(seq), 0))
             if self._caps is not None and seq.tenant in self._caps:
                 n = min(n, self._caps[seq.tenant])
             if n <= 0 or seq.request_id in plan.pause or (not cfg.chunked_prefill and n < seq.num_remaining):
@@ -258,8 +257,8 @@ class Scheduler:
                 budget -= n
                 if prompt_chunk:
                     prefill -= n
-                    allowance[flow_of(seq)] -= n
-                    used[flow_of(seq)] += n
+                    allowance[share_of(seq)] -= n
+                    used[share_of(seq)] += n
                 i += 1
         self.running = running
         batch.preempted += fair_victims
@@ -275,15 +274,15 @@ class Scheduler:
     def _admit(self, batch: ScheduledBatch, candidates: list[Sequence], budget: int, prefill: int,
                allowance: dict | None, used: Counter) -> tuple[int, int, list[Sequence]]:
         """Admits candidates in order while the step has tokens, slots and blocks; with `allowance`,
-        each within its flow's share. Returns the budget and prompt tokens left, and the candidates
-        held back by their flow's share alone."""
+        each within its tenant's share. Returns the budget and prompt tokens left, and the candidates
+        held back by their tenant's share alone."""
         cfg, bm = self.config, self.block_manager
         tenants = Counter(seq.tenant for seq in self.running)
-        skipped, held = [], set()  # held: flows whose share is spent (their later candidates wait too)
+        skipped, held = [], set()  # held: tenants whose share is spent (their later candidates wait too)
         for seq in candidates:
             if min(budget, prefill) <= 0 or len(self.running) >= cfg.max_batch_size:
                 break
-            f = flow_of(seq)
+            f = share_of(seq)
             if seq.tenant_max_running is not None and tenants[seq.tenant] >= seq.tenant_max_running:
                 continue  # the tenant runs its most at once
             cached = bm.num_cached_tokens(seq)

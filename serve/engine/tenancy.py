@@ -1,16 +1,22 @@
 """Fair shares of one step between tenants and their connections (no torch here).
 
-A *flow* is the pair (tenant, owner): a tenant's connection. Each step the scheduler hands out its
-prompt tokens (prefill chunks and new prompts; decode tokens, one per running sequence, are not
-shared out: they are few and each is a client's next token) by deficit round robin over the flows
-that want some: a tenant's share follows its `tenant_weight` and is split evenly between its
-connections with work, and tokens a flow does not want go round again to those that do, so the
-step stays full (work-conserving). With one flow everything it can use is its own: the scheduler
-then runs as it did before tenants.
+Each step the scheduler hands out its prompt tokens (prefill chunks and new prompts; decode tokens,
+one per running sequence, are not shared out: they are few and each is a client's next token) by
+deficit round robin over the tenants that want some (`share_of`): a tenant's share follows its
+`tenant_weight`, and tokens a tenant does not want go round again to those that do, so the step
+stays full (work-conserving). Within a tenant its share goes to its sequences in the policy's order,
+whichever connection sent them: a tenant's camera chunks are finished whole, one after another.
+Splitting a tenant's share evenly between its connections instead made every one of 32 cameras'
+chunks take a slice of every step: each chunk then waited for the slowest (an H200 at 32 cameras went
+from a 0.5 s p95 into a 3.7 s backlog it did not leave). With one tenant everything it can use is its
+own: the scheduler then runs as it did before tenants.
 
-A flow whose turn cannot be used because its next prompt must run whole (chunked prefill off) and
+A tenant whose turn cannot be used because its next prompt must run whole (chunked prefill off) and
 does not fit keeps its unused tokens as credit (the "deficit") for the next step, up to one step's
 worth, so a long prompt is not starved by a stream of short ones.
+
+A *flow* is the pair (tenant, owner): a tenant's connection. Flows decide who is admitted first (a
+flow with nothing running, `newcomers_first`) and whose sequence makes room (`busiest_flow`).
 
 Two more guards keep a flooding tenant from slowing another's requests:
 
@@ -37,6 +43,11 @@ Flow = tuple  # (tenant, owner)
 
 def flow_of(seq: Sequence) -> Flow:
     return (seq.tenant, seq.owner)
+
+
+def share_of(seq: Sequence):
+    """Whose share of a step's prompt tokens a sequence's tokens come from: its tenant's."""
+    return seq.tenant
 
 
 def newcomers_first(candidates: list[Sequence], running: list[Sequence]) -> list[Sequence]:
@@ -76,47 +87,45 @@ def water_fill(demands: dict, weights: dict, capacity: int, order: list) -> dict
 
 
 class FairShares:
-    """The scheduler's per-flow token shares, step after step."""
+    """The scheduler's per-tenant token shares (keyed by `share_of`), step after step."""
 
     def __init__(self) -> None:
-        self.credit: dict[Flow, int] = {}  # deficit carried to the next step (chunked prefill off only)
-        self._turn = 0  # rotates which flow gets the odd leftover token first
-        self.demand: dict[Flow, int] = {}  # this step's wants (read by settle)
+        self.credit: dict = {}  # deficit carried to the next step (chunked prefill off only)
+        self._turn = 0  # rotates which tenant gets the odd leftover token first
+        self.demand: dict = {}  # this step's wants (read by settle)
 
     def allowances(self, running: list[Sequence], candidates: list[Sequence], capacity: int,
-                   slots: int) -> dict[Flow, int]:
-        """Prompt tokens each flow may use this step. running: the running sequences the step may
+                   slots: int) -> dict:
+        """Prompt tokens each tenant may use this step. running: the running sequences the step may
         run (their prompt chunks want tokens); candidates: the waiting sequences that may be
-        admitted, in order (each flow counts at most `slots` of them, and no more than the capacity)."""
-        demand: dict[Flow, int] = {}
-        tenant_weight: dict = {}
+        admitted, in order (each tenant counts at most `slots` of them, and no more than the capacity)."""
+        demand: dict = {}
+        weights: dict = {}
         for seq in running:
             if seq.num_computed_tokens < seq.prompt_len:
-                f = flow_of(seq)
+                f = share_of(seq)
                 demand[f] = demand.get(f, 0) + seq.num_remaining
-                tenant_weight[seq.tenant] = seq.tenant_weight
+                weights[f] = seq.tenant_weight
         counted: Counter = Counter()
         for seq in candidates:
-            f = flow_of(seq)
+            f = share_of(seq)
             if counted[f] >= slots or demand.get(f, 0) >= capacity:
                 continue
             counted[f] += 1
             demand[f] = demand.get(f, 0) + seq.num_tokens - seq.num_computed_tokens
-            tenant_weight.setdefault(seq.tenant, seq.tenant_weight)
+            weights.setdefault(f, seq.tenant_weight)
         self.demand = demand
         if not demand:
             self.credit.clear()
             return {}
-        flows_of_tenant = Counter(t for t, _ in demand)
-        weights = {f: tenant_weight[f[0]] / flows_of_tenant[f[0]] for f in demand}
         order = sorted(demand, key=repr)
         self._turn = (self._turn + 1) % len(order)
         order = order[self._turn:] + order[:self._turn]
         give = water_fill(demand, weights, capacity, order)
         return {f: give[f] + self.credit.get(f, 0) for f in demand}
 
-    def settle(self, allowance: dict[Flow, int], used: dict[Flow, int], capacity: int, carry: bool) -> None:
-        """After the step: a flow that still wanted tokens keeps what it could not use as credit (only
+    def settle(self, allowance: dict, used: dict, capacity: int, carry: bool) -> None:
+        """After the step: a tenant that still wanted tokens keeps what it could not use as credit (only
         with `carry`: without chunked prefill, where a whole prompt must fit); others start afresh."""
         credit = {}
         if carry:

@@ -156,12 +156,12 @@ def warm_up(engine, side: int = 448, frames: int = 6, answer_tokens: int = 4, se
 
     def request(adapter, domain, i) -> Request:
         head = domain is not None and i % 2 == 0  # adapters with a head: half head answers, half tokens
-        # each request its own owner, as each camera is its own connection: the scheduler shares a
-        # step's tokens out between owners, so the steps come in the sizes and mixes live traffic makes
-        # (one owner would prefill every prompt whole, in arrival order)
+        # each request its own connection and tenant: the scheduler shares a step's tokens out between
+        # tenants, so the steps come in the partial-prompt mixes that several tenants' live traffic makes
+        # (one tenant's requests are prefilled whole in arrival order: a subset of these sizes)
         rid = f"warm-up-{report.requests + i}"
         return Request(prompt="What is in this picture?", adapter=adapter, output_mode="head" if head else "generate",
-                       task=domain if head else None, sampling=sampling, request_id=rid, owner=rid,
+                       task=domain if head else None, sampling=sampling, request_id=rid, owner=rid, tenant=rid,
                        app="warm-up", **_picture(engine, rng, side, frames))
 
     def phase(name: str, waves) -> None:

@@ -1,5 +1,5 @@
-"""Tenants share the engine: prompt tokens by deficit round robin (weights), connections taking turns
-within a tenant, a cap on a tenant's running sequences, a victim admitted at once behind a flood.
+"""Tenants share the engine: prompt tokens by deficit round robin (weights), a tenant's sequences in
+arrival order within its share, a cap on a tenant's running sequences, a victim admitted at once behind a flood.
 Scheduler tests run without a model; the last test runs the tiny model on CPU."""
 
 from __future__ import annotations
@@ -52,14 +52,30 @@ def test_backlogged_tenants_share_prompt_tokens_by_weight_step_after_step():
         assert _tokens_by(_step(s)) == {"a": 10, "b": 30}
 
 
-def test_connections_of_a_tenant_take_turns_within_its_share():
+def test_a_tenants_share_goes_to_its_sequences_in_arrival_order_whichever_connection_sent_them():
     s = _sched(budget=40)
-    for owner in ("c1", "c1", "c1", "c2"):
+    for owner in ("c1", "c2", "c1", "c2"):
         s.add(_seq("a", owner, n_prompt=200))
     s.add(_seq("b", "c3", n_prompt=200))
     batch = _step(s)
     assert _tokens_by(batch) == {"a": 20, "b": 20}
-    assert _tokens_by(batch, lambda q: q.owner) == {"c1": 10, "c2": 10, "c3": 20}
+    assert _tokens_by(batch, lambda q: q.owner) == {"c1": 20, "c3": 20}  # a's first sequence, whole
+
+
+def test_cameras_of_one_tenant_finish_their_chunks_whole_one_after_another():
+    """32 cameras, each its own connection: a step carries a few whole chunks, not a slice of every one
+    (a slice of each stretched every chunk over many steps and a GPU at capacity into a backlog)."""
+    s = _sched(budget=400, batch=64)
+    for i in range(32):
+        s.add(_seq("a", f"camera-{i}", n_prompt=100, max_tokens=1, t=float(i)))
+    first = _step(s)
+    assert [n for _, n in first.entries] == [100] * 4 and [q.owner for q, _ in first.entries] == [
+        f"camera-{i}" for i in range(4)]
+    finished_by_step = []
+    while s.has_unfinished():
+        _step(s)
+        finished_by_step.append(32 - len(s.waiting) - len(s.running))
+    assert finished_by_step[:3] == [8, 12, 16]  # four chunks a step (each runs its prefill, then its token)
 
 
 def test_tokens_a_tenant_does_not_want_go_to_the_others():

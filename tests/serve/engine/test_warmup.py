@@ -174,14 +174,14 @@ def test_an_engine_that_decodes_jpeg_on_its_device_warms_up_on_jpeg_frames(tiny_
 
 
 def test_the_warm_up_steps_share_tokens_between_requests_as_live_cameras_do(tiny_zoo):
-    """Each made-up request is its own owner (as each camera is its own connection), so a step's
-    tokens are shared out between them: with prompts longer than a step, steps carry several
-    partial prompts (one owner would prefill one prompt at a time)."""
+    """Each made-up request is its own tenant, so a step's tokens are shared out between them as between
+    live tenants: with prompts longer than a step, steps carry several partial prompts (one tenant
+    would prefill one prompt at a time)."""
     engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=128, max_batch_size=4, adapter_slots=0,
                                                  max_tokens_per_step=32, chunked_prefill=True, warm_up="on"))
     engine.warm_up(side=112, frames=2)
     full = [seqs for seqs, tokens, _, _ in engine.step_log if tokens == 32]  # prefill steps of the whole budget
-    # the wave of 4 shares every full step four ways (one owner: 1, 2, 3, then 4 as prompts finish)
+    # the wave of 4 shares every full step four ways (one tenant: 1, 2, 3, then 4 as prompts finish)
     assert full[-4:] == [4, 4, 4, 4], full
 
 

@@ -1,0 +1,11 @@
+#!/bin/bash
+# call 4: the soak with the engine on the GPU (every attack class, fairness floods, leak checks)
+cd "$(dirname "$0")/.."
+python -m pip install --no-deps --no-index -q .wheels/antlr4*.whl .wheels/hydra*.whl .wheels/omegaconf*.whl .wheels/plumbum*.whl .wheels/rpyc*.whl 2>&1 | tail -2
+export PYTHONPATH=$PWD
+R=$OUT/r; mkdir -p $R; cp devscripts/d.sh $R/run.sh; git log --oneline -1 > $R/commit.txt 2>/dev/null
+{ nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; date -u; } > $R/machine.txt 2>&1
+s=$(date +%s)
+timeout ${SOAK_S:-260} python -u -m vlora bench bench.suite=soak bench.soak.device=cuda bench.out_dir=$R/soak > $R/soak.log 2>&1
+echo "soak rc=$? $(( $(date +%s) - s )) s"; grep -v "Writing" $R/soak.log | tail -30 | cut -c1-300
+cd $OUT && tar czf r.tgz r

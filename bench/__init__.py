@@ -14,6 +14,7 @@ results (`results.py`: the device's folder, CSV, JSON) serves every suite:
     vision                                 the Qwen vision path per camera chunk
     train, train_plain                     our trainer against plain transformers + PEFT
     soak, soak_server, _attacks, _load, _floods, _tenancy   every attack class against `vlora serve`
+    engine_pipe                            the engine process's events reaching a busy front end
     offline_seeds                          the offline stage's default, fresh per seed (suite=offline)
 
 One-off investigations do not live here: a question about one's own adapter is `vlora diagnose`;

@@ -25,7 +25,7 @@ from collections import Counter
 from typing import Any
 
 from .culprits import Culprits
-from .engine_host import dumps, host, receive
+from .engine_host import dumps, host, receive, receive_all
 from .gate import GATE
 from .loop import Ticket
 from .warming import WarmState
@@ -200,31 +200,36 @@ class EngineProcess(WarmState):
         """Files the engine process's messages: events on their tickets, answers to their callers."""
         while True:
             try:
-                message = receive(self._conn)
+                messages = receive_all(self._conn)
             except (EOFError, OSError):
                 break
-            kind = message[0]
-            if kind == "event":
-                _, request_id, event = message
-                if event["type"] in ("final", "error"):
-                    self._finish(request_id, event, time.perf_counter())
-                else:
-                    ticket = self._tickets.get(request_id)
-                    if ticket is not None:
-                        ticket.put(event)
-            elif kind == "reply":
-                _, call_id, ok, value = message
-                with self._lock:
-                    waiting = self._calls.get(call_id)
-                if waiting is not None:
-                    box, done = waiting
-                    box.update(ok=ok, value=value)
-                    done.set()
-            elif kind == "culprit":
-                self.culprits.learn(message[1], message[2])
-            elif kind == "warm":
-                self.warmed(message[1])
+            for message in messages:
+                self._file(message)
         self._died()
+
+    def _file(self, message: tuple) -> None:
+        """One message of the engine process: an event on its ticket, an answer to its caller."""
+        kind = message[0]
+        if kind == "event":
+            _, request_id, event = message
+            if event["type"] in ("final", "error"):
+                self._finish(request_id, event, time.perf_counter())
+            else:
+                ticket = self._tickets.get(request_id)
+                if ticket is not None:
+                    ticket.put(event)
+        elif kind == "reply":
+            _, call_id, ok, value = message
+            with self._lock:
+                waiting = self._calls.get(call_id)
+            if waiting is not None:
+                box, done = waiting
+                box.update(ok=ok, value=value)
+                done.set()
+        elif kind == "culprit":
+            self.culprits.learn(message[1], message[2])
+        elif kind == "warm":
+            self.warmed(message[1])
 
     def _finish(self, request_id: str, event: dict, arrived: float | None = None) -> None:
         with self._lock:

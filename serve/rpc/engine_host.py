@@ -53,10 +53,13 @@ class _Reply:
         self.outbox.put(("reply", self.call_id, "error" not in box, box.get("error", box.get("value"))))
 
 
-# Messages waiting in the outbox go out together, in one write of their pickles back to back (read by
-# `receive_all`): a step of 256 requests' tokens was 256 writes here and 256 reads in the front end,
-# whose router thread gave up the interpreter at each read and waited for it behind the connection
-# threads, so a victim's answer queued behind a flood's tokens. The first message ("ready") goes alone.
+# Messages waiting in an outbox go out together, in one write of their pickles back to back (read by
+# `receive_all`), in both directions: a step of 256 requests' tokens was 256 writes here and 256 reads
+# in the front end, whose router thread gave up the interpreter at each read and waited for it behind
+# the connection threads (one busy thread: about 1,100 events a second, `bench.engine_pipe`), so a
+# victim's answer queued behind a flood's tokens; a flood's 256 requests were as many reads by the
+# engine process's reader, each waiting for the interpreter behind the step loop. The engine's first
+# message ("ready") goes alone: the front end reads it before its router starts.
 BATCH_MESSAGES = 512
 BATCH_BYTES = 4 << 20
 
@@ -73,35 +76,42 @@ def _pickled(message) -> bytes | None:
         return dumps(("reply", message[1], False, RuntimeError(text)))
 
 
-def _send_all(conn, outbox) -> None:
-    first = True
+def write_batches(conn, outbox, encode=_pickled, first_alone: bool = False) -> None:
+    """Writes what `outbox` holds until a None: each write takes every item waiting then (up to
+    BATCH_MESSAGES or BATCH_BYTES), encode(item) -> bytes (None: skipped). Returns when the pipe breaks."""
+    first = first_alone
     while True:
-        message = outbox.get()
-        if message is None:
+        item = outbox.get()
+        if item is None:
             return
         parts, size, done = [], 0, False
         while True:
-            data = _pickled(message)
+            data = encode(item)
             if data is not None:
                 parts.append(data)
                 size += len(data)
             if first or len(parts) >= BATCH_MESSAGES or size >= BATCH_BYTES:
                 break
             try:
-                message = outbox.get_nowait()
+                item = outbox.get_nowait()
             except queue.Empty:
                 break
-            if message is None:
+            if item is None:
                 done = True
                 break
         first = False
         try:
             if parts:
                 conn.send_bytes(b"".join(parts))
-        except OSError:  # the front end is gone
+        except OSError:  # the other side is gone
             return
         if done:
             return
+
+
+def _send_all(conn, outbox) -> None:
+    """The engine process's sender: the loop's events and answers to the front end."""
+    write_batches(conn, outbox, first_alone=True)
 
 
 def dumps(message) -> bytes:
@@ -167,20 +177,28 @@ def host(conn, build, idle_wait_s: float, log_level: int) -> None:
 def _serve(conn, loop: EngineLoop, outbox) -> None:
     while True:
         try:
-            message = receive(conn)
+            messages = receive_all(conn)
         except (EOFError, OSError):  # the front end exited: so does the engine
             return
-        kind = message[0]
-        if kind == "add":
-            _, request, prepared, meta = message
-            loop.submit(request, _RemoteTicket(outbox, *meta), prepared)
-        elif kind == "abort":
-            loop.abort(message[1])
-        elif kind == "call":
-            _, call_id, fn = message
-            box: dict = {}
-            loop.post_call(fn, box, _Reply(outbox, call_id, box))
-        elif kind == "counters":
-            outbox.put(("reply", message[1], True, dict(loop.counters)))
-        elif kind == "stop":
-            return
+        for message in messages:
+            if not _command(message, loop, outbox):
+                return
+
+
+def _command(message: tuple, loop: EngineLoop, outbox) -> bool:
+    """Carries out one command of the front end; False for ("stop",)."""
+    kind = message[0]
+    if kind == "add":
+        _, request, prepared, meta = message
+        loop.submit(request, _RemoteTicket(outbox, *meta), prepared)
+    elif kind == "abort":
+        loop.abort(message[1])
+    elif kind == "call":
+        _, call_id, fn = message
+        box: dict = {}
+        loop.post_call(fn, box, _Reply(outbox, call_id, box))
+    elif kind == "counters":
+        outbox.put(("reply", message[1], True, dict(loop.counters)))
+    elif kind == "stop":
+        return False
+    return True

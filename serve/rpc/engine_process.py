@@ -19,13 +19,14 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import queue
 import threading
 import time
 from collections import Counter
 from typing import Any
 
 from .culprits import Culprits
-from .engine_host import dumps, host, receive, receive_all
+from .engine_host import dumps, host, receive, receive_all, write_batches
 from .gate import GATE
 from .loop import Ticket
 from .warming import WarmState
@@ -69,7 +70,10 @@ class EngineProcess(WarmState):
         self._calls: dict[int, tuple[dict, threading.Event]] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()  # tickets and calls
-        self._send_lock = threading.Lock()
+        # commands for the engine process, pickled by their callers, written together by one thread
+        # (serve/rpc/engine_host.py write_batches: a flood's requests cost its reader one read, not one each)
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
         self._local: Counter[str] = Counter()
         self._process = self._conn = self._router = None
         self._gone: str | None = None  # why the engine process is not there (after it died)
@@ -95,6 +99,9 @@ class EngineProcess(WarmState):
         self.engine = FrontEngine(message[1])
         if message[1].get("warming"):  # the engine process warms up now; ("warm", report) says when done
             self.warming_since = time.monotonic()
+        self._writer = threading.Thread(target=write_batches, args=(self._conn, self._outbox, bytes),
+                                        name="vlora-engine-writer", daemon=True)
+        self._writer.start()
         self._router = threading.Thread(target=self._route, name="vlora-engine-router", daemon=True)
         self._router.start()
         return self
@@ -120,6 +127,9 @@ class EngineProcess(WarmState):
         if self._process.is_alive():
             self._process.kill()
             self._process.join(5)
+        self._outbox.put(None)
+        if self._writer is not None:
+            self._writer.join(5)
         self._conn.close()
 
     @property
@@ -168,11 +178,11 @@ class EngineProcess(WarmState):
 
     # ---- the pipe --------------------------------------------------------------------------------
     def _send(self, message: tuple) -> None:
-        if self._gone is not None:
-            raise OSError(self._gone)
-        data = dumps(message)  # outside the lock: pickling a big request holds up no other sender
-        with self._send_lock:
-            self._conn.send_bytes(data)
+        """Queues a command for the writer thread. A command lost with a broken pipe is answered by
+        `_died` (the router reads the pipe's end), as everything registered before sending is."""
+        if self._gone is not None or self._writer is None or not self._writer.is_alive():
+            raise OSError(self._gone or "the engine process is not running")
+        self._outbox.put(dumps(message))  # pickled here: a big request holds up no other sender
 
     def _ask(self, timeout: float, kind: str, *args):
         """Sends (kind, call_id, *args) and waits for the engine process's reply to that call_id."""

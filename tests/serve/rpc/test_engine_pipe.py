@@ -42,3 +42,21 @@ def test_an_answer_that_cannot_cross_becomes_an_error_and_the_rest_still_goes():
     assert got[0] == ("ready", {}) and got[1] == messages[1] and got[3] == messages[3]
     kind, call_id, ok, value = got[2]
     assert (kind, call_id, ok) == ("reply", 3, False) and isinstance(value, RuntimeError) and "lock" in str(value)
+
+
+def test_the_front_ends_commands_cross_in_few_writes_in_their_order():
+    from serve.rpc.engine_host import dumps, write_batches
+
+    front, engine = multiprocessing.Pipe(duplex=True)
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    commands = [("abort", f"r{i}") for i in range(700)] + [("stop",)]
+    for c in commands:
+        outbox.put(dumps(c))  # the callers pickle (EngineProcess._send), the writer joins
+    outbox.put(None)
+    writer = threading.Thread(target=write_batches, args=(front, outbox, bytes))
+    writer.start()
+    frames = []
+    while sum(map(len, frames)) < len(commands):
+        frames.append(receive_all(engine))
+    writer.join(5)
+    assert [m for f in frames for m in f] == commands and len(frames) == 2  # 512 + 189, no first-alone here

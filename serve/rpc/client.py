@@ -114,8 +114,13 @@ class Client:
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+                conn, self._conn = self._conn, None
+                try:
+                    conn.close()
+                except (EOFError, OSError, AttributeError):
+                    # the server cut the connection first (a revoked token, say): rpyc's own teardown may
+                    # have run already and closing again raises (AttributeError on its dropped root)
+                    pass
 
     def __enter__(self) -> "Client":
         return self

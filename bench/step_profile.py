@@ -40,14 +40,25 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def _events(prof, cuda: bool):
+def events_of(prof, cuda: bool):
+    """A finished profile's kernels (cuda) or outermost CPU operators, without our own annotations
+    (`vlora::...` ranges, which span other events' time)."""
     from torch.autograd import DeviceType
 
     want = DeviceType.CUDA if cuda else DeviceType.CPU
-    out = [e for e in prof.events() if e.device_type == want]
+    out = [e for e in prof.events() if e.device_type == want and not e.name.startswith("vlora::")]
     if not cuda:  # CPU operators nest: keep the outermost aten calls' children out of the sum
         out = [e for e in out if e.cpu_parent is None or e.cpu_parent.device_type != want]
     return out
+
+
+def kernels_of(events, repeats: int = 1) -> list[dict]:
+    """[{name, kind, launches, us}] per repeat for each name among `events`, longest first."""
+    per_name: dict[str, list[float]] = {}
+    for e in events:
+        per_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    return sorted(({"name": name, "kind": kind_of(name), "launches": len(d) / repeats, "us": sum(d) / repeats}
+                   for name, d in per_name.items()), key=lambda k: -k["us"])
 
 
 def profile_step(step: Callable[[], None], repeats: int = 10, device: str | None = None) -> dict:
@@ -66,14 +77,10 @@ def profile_step(step: Callable[[], None], repeats: int = 10, device: str | None
             step()
         if cuda:
             torch.cuda.synchronize()
-    events = _events(prof, cuda)
+    events = events_of(prof, cuda)
     if not events:
         raise RuntimeError("the profiler recorded no kernels; is CUPTI available to torch.profiler?")
-    per_name: dict[str, list[float]] = {}
-    for e in events:
-        per_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
-    kernels = sorted(({"name": name, "kind": kind_of(name), "launches": len(d) / repeats, "us": sum(d) / repeats}
-                      for name, d in per_name.items()), key=lambda k: -k["us"])
+    kernels = kernels_of(events, repeats)
     span = (max(e.time_range.end for e in events) - min(e.time_range.start for e in events)) / repeats
     busy = sum(k["us"] for k in kernels)
     return {"kernels": kernels, "span_us": span, "busy_us": busy, "idle_share": max(0.0, 1 - busy / span)}

@@ -54,22 +54,14 @@ def _kernel_ms(prof) -> float:
 
 
 def kernel_kinds(prof, chunks: int, cuda: bool = True) -> tuple[dict, list[dict]]:
-    """The profile's GPU kernels (with cuda=False its CPU operators, nested ones too) by kind
-    (bench.step_profile.kind_of), ms per chunk, and its ten longest."""
-    from torch.autograd import DeviceType
+    """The profile's GPU kernels (with cuda=False its outermost CPU operators) by kind
+    (bench.step_profile), ms per chunk, and its ten longest."""
+    from .step_profile import by_kind, events_of, kernels_of
 
-    from .step_profile import kind_of
-
-    want = DeviceType.CUDA if cuda else DeviceType.CPU
-    per_name: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == want and not e.name.startswith("vlora::"):
-            per_name[e.name] = per_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
-    kinds: dict[str, float] = {}
-    for name, ms in per_name.items():
-        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms / chunks
-    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:10]
-    return kinds, [{"name": name[:100], "kind": kind_of(name), "ms_per_chunk": ms / chunks} for name, ms in top]
+    kernels = kernels_of(events_of(prof, cuda))
+    kinds = {kind: v["us"] / 1e3 / chunks for kind, v in by_kind({"kernels": kernels}).items()}
+    return kinds, [{"name": k["name"][:100], "kind": k["kind"], "ms_per_chunk": k["us"] / 1e3 / chunks}
+                   for k in kernels[:10]]
 
 
 def full_batch(engine, job, chunks, names) -> dict:

@@ -19,9 +19,10 @@ Tenants (serve/engine/tenancy.py): the step's prompt tokens are shared by defici
 over tenants (`Sequence.tenant`) by their weight, tokens nobody wants going round again; within a
 tenant its share goes to its sequences in policy order. A flow (a tenant's connection, `owner`) with
 nothing running is admitted first (and `_make_room` frees it a slot of a full batch and the blocks
-of its first chunk), and at most `tenant_max_running` of a tenant's sequences run at once. While several tenants have work, a tenant over its share of the batch carries
-at most the others' per-weight tokens (`tenant_step_cap`). With one flow every token is its own and
-the step is what it was before tenants.
+of its first chunk), and at most `tenant_max_running` of a tenant's sequences run at once. While
+several tenants have work, a tenant over its share of the batch carries at most the others'
+per-weight tokens (`tenant_step_cap`). With one tenant every token is its own and the step is what
+it was before tenants.
 
 The policy (serve/engine/order.py) says only who comes first. An orchestrator (serve/engine/planner.py) may
 also hand `schedule` a `StepPlan`: running sequences it pauses are left out of the step (they

@@ -1,4 +1,4 @@
-"""Fair shares of one step between tenants and their connections (no torch here).
+"""Fair shares of one step between tenants, and their connections' turns at admission (no torch here).
 
 Each step the scheduler hands out its prompt tokens (prefill chunks and new prompts; decode tokens,
 one per running sequence, are not shared out: they are few and each is a client's next token) by

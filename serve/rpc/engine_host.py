@@ -126,7 +126,7 @@ def receive(conn):
 
 
 def receive_all(conn) -> list:
-    """The messages of one write of `_send_all`: one or more pickles back to back."""
+    """The messages of one write of `write_batches`: one or more pickles back to back."""
     stream = io.BytesIO(conn.recv_bytes())
     end, out = len(stream.getbuffer()), []
     while stream.tell() < end:

@@ -27,6 +27,7 @@ chunks, `hf_batch` at a time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import os
 import shlex
@@ -78,6 +79,10 @@ class StreamsBenchJob:
     engine_only_rates: tuple[float, ...] = (20.0, 30.0, 40.0)  # paced in-process arrivals, chunks/s
     warmup_point_s: float = 3.0  # an unmeasured point per mode first (kernel compiles, graph shapes)
     engine_warm_up: bool = True  # the engine's own warm-up before it is ready (vlora serve's default on a GPU)
+    # the engine's step loop in a process of its own, as `vlora serve` runs it (rpc.engine_process, its
+    # default); false: on a thread of the server's process (rpc.engine_process=false), whose connection
+    # threads then share the step loop's interpreter (bench/streams_served.py)
+    engine_process: bool = True
     # Triton's and Inductor's on-disk caches in empty folders, as on a fresh machine: without it a
     # second run finds every kernel compiled by the first and no cold start is measured
     fresh_caches: bool = True
@@ -149,6 +154,10 @@ def render_chunks(job: StreamsBenchJob) -> list[np.ndarray]:
     return chunks
 
 
+def adapter_names(job: StreamsBenchJob) -> list[str]:
+    return [f"a{i}" for i in range(job.adapters)]
+
+
 def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
     """The engine on the model's weights with `adapters` random adapters (+ heads) loaded at start."""
     from bench.adapters import write_head
@@ -158,8 +167,8 @@ def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
 
     args = read_model_args(workdir)[0]
     wdtype = getattr(torch, job.dtype)
-    dirs = {f"a{i}": write_peft_adapter(workdir / "adapters" / f"a{i}", args, job.rank, job.targets, 1000 + i,
-                                        wdtype, job.device) for i in range(job.adapters)}
+    dirs = {name: write_peft_adapter(workdir / "adapters" / name, args, job.rank, job.targets, 1000 + i,
+                                     wdtype, job.device) for i, name in enumerate(adapter_names(job))}
     for path in dirs.values():
         write_head(path, args.hidden_size)
     per_seq = prompt_tokens + job.answer_tokens + 32
@@ -203,6 +212,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     from .streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
     from .streams_load import run_point
     from .streams_report import cold_summary, summarize, write_report
+    from .streams_served import Served, max_connections, set_encode_ahead, warm_report
 
     cuda = job.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -226,42 +236,54 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     hf, processor = build_random_model(job.model, job.seed, job.dtype, job.device, workdir)
     chunks = render_chunks(job)
     flops = chunk_flops(hf, processor, job, chunks[0])
-    engine, names = _engine(job, workdir, hf, flops["prompt_tokens"])
-    load_s = time.perf_counter() - t0
     warm = None
+    if job.engine_process:  # as `vlora serve` runs it: built, and warmed up, in a process of its own
+        served, start_s = Served.spawn(job, workdir, flops["prompt_tokens"], max_connections(job))
+        names, warm = adapter_names(job), served.run(warm_report)
+        if warm is not None:
+            warm = dict(warm, wall_s=warm["seconds"], thread="engine process")
+        load_s = time.perf_counter() - t0 - (warm["seconds"] if warm else 0.0)
+        start_s = time.perf_counter() - t0
+    else:
+        engine, names = _engine(job, workdir, hf, flops["prompt_tokens"])
+        served = Served(engine)
+        load_s = time.perf_counter() - t0
     # with a cold point, the server's own thread warms up first and then serves, as under `vlora serve` (warmed
     # up on this thread instead, the cold points' first steps took 0.9-1.3 s on an H100 where 0.3-0.5 s were usual)
-    on_server = job.engine_warm_up and job.cold_streams > 0
-    if job.engine_warm_up and not on_server:
+    on_server = job.engine_warm_up and job.cold_streams > 0 and served.in_thread
+    if job.engine_warm_up and not on_server and served.in_thread:
         t1 = time.perf_counter()
         warm = dict(engine.warm_up(side=job.image_size, frames=job.frames_per_chunk).to_dict(),
                     wall_s=time.perf_counter() - t1)
         _log(f"engine warm-up: {warm}")
-    start_s = time.perf_counter() - t0
+    if served.in_thread:
+        start_s = time.perf_counter() - t0
+    elif warm is not None:
+        _log(f"engine warm-up in the engine process: {warm}")
     _log(f"ready in {start_s:.1f} s (model and engine {load_s:.1f} s): {flops['prompt_tokens']} prompt tokens and "
          f"{flops['patches']} patches per chunk, {flops['head'] / 1e12:.2f} TFLOP per chunk (head)")
     rows = []
     if job.cold_streams:  # first, before the matmul timing or any warm-up point touches the GPU
-        rows.append(run_point(engine, job, job.modes[0], job.cold_streams, chunks, names, cold=True))
+        rows.append(run_point(served, job, job.modes[0], job.cold_streams, chunks, names, cold=True))
         if on_server:
-            warm = dict(engine.warm_report.to_dict(), wall_s=rows[0]["server_warm_up_s"], thread="server")
+            warm = dict(served.engine.warm_report.to_dict(), wall_s=rows[0]["server_warm_up_s"], thread="server")
             start_s += warm["wall_s"]
             _log(f"ready after the warm-up: {start_s:.1f} s from the start")
     tflops = matmul_tflops(job)
     _log(f"matmul {tflops:.1f} TFLOP/s")
     for mode in job.modes:
         if job.warmup_point_s > 0:
-            run_point(engine, job, mode, min(job.stream_counts), chunks, names, seconds=job.warmup_point_s)
-        rows += search(lambda n: run_point(engine, job, mode, n, chunks, names), job.stream_counts, job.refine)
+            run_point(served, job, mode, min(job.stream_counts), chunks, names, seconds=job.warmup_point_s)
+        rows += search(lambda n: run_point(served, job, mode, n, chunks, names), job.stream_counts, job.refine)
     if job.cold_streams and not any(r["point"] == "warm" and r["mode"] == job.modes[0] and r["streams"] == job.cold_streams
                                     for r in rows):  # the warm point the cold one is compared with
-        rows.append(run_point(engine, job, job.modes[0], job.cold_streams, chunks, names))
-    if job.ahead_off_counts:
-        from .streams_engine import encode_ahead_set
-
-        for n in job.ahead_off_counts:
-            with encode_ahead_set(engine, False):
-                rows.append(dict(run_point(engine, job, job.modes[0], n, chunks, names), point="warm-ahead-off"))
+        rows.append(run_point(served, job, job.modes[0], job.cold_streams, chunks, names))
+    for n in job.ahead_off_counts:
+        before = served.run(functools.partial(set_encode_ahead, on=False))
+        try:
+            rows.append(dict(run_point(served, job, job.modes[0], n, chunks, names), point="warm-ahead-off"))
+        finally:
+            served.run(functools.partial(set_encode_ahead, on=before))
     visual_tokens = flops["patches"] // 4  # 2 x 2 patches merge into one token (Qwen2-VL / Qwen2.5-VL)
     for row in rows:
         row["vision_tokens_per_s"] = row["chunks_per_s"] * visual_tokens
@@ -269,7 +291,8 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     if job.engine_only:
         from .streams_engine import engine_only, format_engine_only
 
-        in_process = engine_only(engine, job, chunks, names, job.engine_only_rates, job.seconds)
+        in_process = served.run(functools.partial(engine_only, job=job, chunks=chunks, names=names,
+                                                  rates=job.engine_only_rates, seconds=job.seconds), 3600.0)
         _log(format_engine_only(in_process))
     hf_result = None
     if job.hf_baseline:
@@ -282,7 +305,8 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
                 matmul_tflops=tflops, flops=flops, hf=hf_result, summary=summary, adapters=names, engine_only=in_process,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 quantization=job.quantization, job=dataclasses.asdict(job))
-    del engine
+    served.close()
+    del served
     gc.collect()
     write_report(rows, meta, results_dir(job.out_dir, device_name))
     return rows, meta

@@ -20,9 +20,9 @@ the first send to the last answer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
-import secrets
 import sys
 import threading
 import time
@@ -60,6 +60,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
               seconds: float | None = None, cold: bool = False) -> dict:
     """Runs n streams; returns the point's row. `seconds` given: an unmeasured warm-up of that length.
     cold: the point right after the server is ready, measured from its first chunk for `cold_seconds`.
+    engine: the bench's engine (its loop on a thread of a fresh server) or a bench.streams_served.Served.
 
     The cameras (client threads) run in a process of their own, as real cameras would: in the
     server's process their encoding and polling would take the server's interpreter lock, and past
@@ -67,49 +68,37 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     import dataclasses
     from types import SimpleNamespace
 
-    from serve.rpc import Limits, RpcServer
+    from .streams_served import Served, abort_all, marks, since
 
     if getattr(job, "transport", "rpc") == "http":  # the same point through the OpenAI-compatible API
         from .streams_http import run_http_point
 
         return run_http_point(engine, job, mode, n, chunks, adapters, seconds, cold)
+    served = engine if isinstance(engine, Served) else Served(engine)
     warm_up = seconds is not None
     first = 0 if warm_up or cold else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
     measured = math.ceil(seconds if warm_up else job.cold_seconds if cold else job.seconds)
-    from serve.engine.compile_watch import WATCH
-
-    leftover = engine.abort_all()  # each point starts from an idle engine (a point's drain said so, or this does)
-    token = secrets.token_hex(16)
-    server = RpcServer(engine, token, "127.0.0.1", 0, Limits(), max_connections=n + 8)
-    warm_s = None
-    if cold and engine.needs_warm_up:  # as `vlora serve` does: the serving thread warms up, then serves
-        server.loop.warm_shape = {"side": job.image_size, "frames": job.frames_per_chunk}
-        t_warm = time.perf_counter()
-        server.start()
-        while server.loop.warming is not None:
-            time.sleep(0.05)
-        warm_s = time.perf_counter() - t_warm
-        _log(f"engine warm-up on the server's thread: {engine.warm_report.line()}")
-    else:
-        server.start()
-    # counted from here: a warm-up on the server's thread is not the point's (its steps were counted in once)
-    steps_before, encoded_before, late_before = engine.num_steps, dict(engine.runner.counters), len(WATCH.late)
-    label = "warm-up " if warm_up else "cold " if cold else ""
-    _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
-    plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
-    with gc_pauses() as pauses:  # the server's process: the engine's and the connections' threads
-        records, errors, t0 = run_cameras(_cameras, (plain, mode, n, server.port, token, chunks, adapters, first,
-                                                     first + measured), first + measured + job.drain_s + 120)
-    settled = _settle(server)
-    server.close()
+    leftover = served.run(abort_all)  # each point starts from an idle engine (a point's drain said so, or this does)
+    with served.server(n, cold, {"side": job.image_size, "frames": job.frames_per_chunk}) as (server, warm_s):
+        if warm_s is not None:
+            _log(f"engine warm-up on the server's thread: {served.engine.warm_report.line()}")
+        # counted from here: a warm-up on the server's thread is not the point's (its steps were counted in once)
+        before = served.run(marks)
+        label = "warm-up " if warm_up else "cold " if cold else ""
+        _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
+        plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
+        with gc_pauses() as pauses:  # the server's process: the connections' threads (and the engine's, on a thread)
+            records, errors, t0 = run_cameras(_cameras, (plain, mode, n, server.port, served.token, chunks, adapters,
+                                                         first, first + measured), first + measured + job.drain_s + 120)
+        settled = served.settle()
+        if not settled:
+            _log("the engine still held requests 60 s after the point's drain")
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
     if warm_s is not None:
         row["server_warm_up_s"] = warm_s
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
-               **_steps(engine, engine.num_steps - steps_before, first=30 if cold else 0),
-               **encoded_since(engine, encoded_before),
-               late_compiles=[spec for _, spec in WATCH.late[late_before:]],  # Triton variants the warm-up missed
-               gc=pauses.summary())
+               **served.run(functools.partial(since, before=before, first=30 if cold else 0)),
+               engine_process=not served.in_thread, gc=pauses.summary())
     _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps",)))
     return row

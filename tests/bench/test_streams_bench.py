@@ -61,9 +61,10 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     assert rows[-1]["done"] == rows[-1]["sent"] > 0 and rows[-1]["items_encoded_ahead"] == 0
     assert all(r["items_encoded"] >= 3 * r["done"] for r in rows)  # moving cameras: no frame group repeats
     assert meta["warm_up"]["requests"] == 2 * (1 + 2 + 4 + 8) and meta["start_s"] >= meta["engine_load_s"]
-    # the cold point's server warmed the engine up on its own thread, then served: what `vlora serve` does;
-    # the warm-up's steps are not the cold point's
-    assert meta["warm_up"]["thread"] == "server" and meta["start_s"] >= meta["engine_load_s"] + rows[0]["server_warm_up_s"]
+    # as under `vlora serve`: the engine built and warmed up in a process of its own before the server took
+    # work; one server for every point; the warm-up's steps are not the cold point's
+    assert meta["warm_up"]["thread"] == "engine process" and all(r["engine_process"] for r in rows)
+    assert meta["start_s"] >= meta["engine_load_s"] + meta["warm_up"]["seconds"]
     assert rows[0]["steps"] < meta["warm_up"]["steps"] and rows[0]["items_encoded"] == 3 * rows[0]["sent"]
     # the cold point's first steps in order: where a backlog starts
     first = rows[0]["first_steps"]
@@ -105,6 +106,26 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     assert saved["meta"]["summary"][0]["mode"] == "head" and len(saved["rows"]) == len(result["streams"])
     assert saved["meta"]["job"]["model"] == "qwen2_vl_tiny" and saved["meta"]["job"]["dtype"] == "float32"
     assert (out / "streams.png").stat().st_size > 1000
+
+
+def test_streams_suite_with_the_loop_on_a_thread(vlora_home, tmp_path, one_thread):
+    """rpc.engine_process=false's way: each point a fresh server over the bench's engine, the cold
+    point's server warming the engine up on its own thread before it serves."""
+    cfg = compose("bench", ["bench.suite=streams", "bench.streams.device=cpu", "bench.streams.model=qwen2_vl_tiny",
+                            "bench.streams.image_size=56", "bench.streams.stream_counts=[1]", "bench.streams.seconds=1",
+                            "bench.streams.warmup_s=0", "bench.streams.warmup_point_s=0", "bench.streams.refine=0",
+                            "bench.streams.target_ms=5000", "bench.streams.drain_s=20", "bench.streams.chunk_pool=2",
+                            "bench.streams.adapters=1", "bench.streams.max_batch_size=4", "bench.streams.modes=[head]",
+                            "bench.streams.max_tokens_per_step=1024", "bench.streams.hf_baseline=false",
+                            "bench.streams.engine_only=false", "bench.streams.cold_streams=2",
+                            "bench.streams.cold_seconds=1", "bench.streams.engine_process=false",
+                            f"bench.out_dir={tmp_path}"])
+    result = run(cfg)
+    rows, meta = result["streams"], result["meta"]
+    assert [(r["point"], r["streams"]) for r in rows] == [("cold", 2), ("warm", 1), ("warm", 2)]
+    assert not any(r["engine_process"] for r in rows) and all(r["done"] == r["sent"] > 0 for r in rows)
+    assert meta["warm_up"]["thread"] == "server" and meta["start_s"] >= meta["engine_load_s"] + rows[0]["server_warm_up_s"]
+    assert rows[0]["steps"] < meta["warm_up"]["steps"]
 
 
 def test_search_stops_at_the_first_failure_then_bisects():

@@ -1,0 +1,159 @@
+"""The engine behind the streams suite's server, run as `vlora serve` runs it.
+
+`vlora serve` runs the engine's step loop in a process of its own (rpc.engine_process, the default):
+the front end's connection threads decode frames, prepare prompts and answer polls on another
+interpreter, so no amount of client traffic takes the step loop's. With the loop on a thread of the
+server's process instead (rpc.engine_process=false, as under tensor parallel and replicas), every
+poll of N cameras competes with it for one interpreter; past capacity more chunks are pending, the
+cameras poll more, the steps' host work slows and the backlog grows (an H200 at 44 cameras served
+18 chunks/s this way in one run and 42 in another, its GPU idle half the time).
+
+`Served` is the bench's handle on either: `run(fn)` runs fn(engine) where the engine is, and
+`server(n)` gives the RPyC server of a point. In a process of its own the engine is built there
+(`build_in_process`: the same zoo model and seed, so the same weights), warmed up before the server
+takes work, as `vlora serve` does, and one server serves every point; on a thread, each point gets a
+fresh server over the bench's engine, as before. The functions below that take the engine first are
+what crosses to the engine process (module-level, so they pickle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import secrets
+import time
+
+
+def build_in_process(job, workdir: str, prompt_tokens: int, threads: int):
+    """The engine process's build: the random model of `job` (seeded as the bench's own), its engine
+    and adapters, warmed up for the job's chunk shape before the server takes work."""
+    from pathlib import Path
+
+    import torch
+
+    from .engine import build_random_model
+    from .streams import _engine
+
+    torch.set_num_threads(threads)
+    hf, _ = build_random_model(job.model, job.seed, job.dtype, job.device, Path(workdir))
+    engine, _ = _engine(job, Path(workdir), hf, prompt_tokens)
+    del hf
+    if job.engine_warm_up and engine.needs_warm_up:
+        engine.warm_up(side=job.image_size, frames=job.frames_per_chunk)
+    return engine
+
+
+def abort_all(engine) -> int:
+    return engine.abort_all()
+
+
+def has_unfinished(engine) -> bool:
+    return engine.has_unfinished()
+
+
+def marks(engine) -> tuple[int, dict, int]:
+    """(steps so far, the runner's counters, late compiles so far): a point counts from these."""
+    from serve.engine.compile_watch import WATCH
+
+    return engine.num_steps, dict(engine.runner.counters), len(WATCH.late)
+
+
+def since(engine, before: tuple[int, dict, int], first: int = 0) -> dict:
+    """The row's engine columns since `marks` gave `before`: steps, slowest steps, pictures encoded,
+    Triton kernels compiled after the warm-up."""
+    from serve.engine.compile_watch import WATCH
+
+    from .streams_load import _steps, encoded_since
+
+    steps, counters, late = before
+    return {**_steps(engine, engine.num_steps - steps, first=first), **encoded_since(engine, counters),
+            "late_compiles": [spec for _, spec in WATCH.late[late:]]}
+
+
+def warm_report(engine) -> dict | None:
+    return None if engine.warm_report is None else engine.warm_report.to_dict()
+
+
+def set_encode_ahead(engine, on: bool) -> bool:
+    """Sets the engine's encode_ahead; returns what it was."""
+    before, engine.encode_ahead = engine.encode_ahead, on
+    return before
+
+
+class Served:
+    def __init__(self, engine=None, process=None, max_connections: int = 72):
+        """engine: the bench's engine (the loop runs on a thread of this process); process: a started
+        serve.rpc.EngineProcess (the engine in a process of its own) served by one long-lived server."""
+        self.engine, self.process = engine, process
+        self.token = secrets.token_hex(16)
+        self._server = None
+        if process is not None:
+            from serve.rpc import Limits, RpcServer
+
+            self._server = RpcServer(process, self.token, "127.0.0.1", 0, Limits(),
+                                     max_connections=max_connections).start()
+
+    @classmethod
+    def spawn(cls, job, workdir, prompt_tokens: int, max_connections: int) -> tuple["Served", float]:
+        """The engine built and warmed up in a process of its own; (handle, seconds until it took work)."""
+        import torch
+
+        from serve.rpc import EngineProcess
+
+        t0 = time.perf_counter()
+        process = EngineProcess(functools.partial(build_in_process, job, str(workdir), prompt_tokens,
+                                                  torch.get_num_threads())).start()
+        return cls(process=process, max_connections=max_connections), time.perf_counter() - t0
+
+    @property
+    def in_thread(self) -> bool:
+        return self.process is None
+
+    def run(self, fn, timeout: float = 600.0):
+        """fn(engine) where the engine is (fn picklable when it is in a process of its own)."""
+        return fn(self.engine) if self.process is None else self.process.call(fn, timeout)
+
+    @contextlib.contextmanager
+    def server(self, n: int, cold: bool = False, warm_shape: dict | None = None):
+        """A point's server for n cameras: (server, seconds its thread spent warming up or None).
+        On a thread, a fresh server per point (`cold`: its thread warms the engine up first, as
+        `vlora serve` does); in a process of its own, the one server (warmed up at the build)."""
+        if self._server is not None:
+            yield self._server, None
+            return
+        from serve.rpc import Limits, RpcServer
+
+        server = RpcServer(self.engine, self.token, "127.0.0.1", 0, Limits(), max_connections=n + 8)
+        warm_s = None
+        if cold and self.engine.needs_warm_up:
+            server.loop.warm_shape = dict(warm_shape or {})
+            t = time.perf_counter()
+            server.start()
+            while server.loop.warming is not None:
+                time.sleep(0.05)
+            warm_s = time.perf_counter() - t
+        else:
+            server.start()
+        try:
+            yield server, warm_s
+        finally:
+            server.close()
+
+    def settle(self, timeout_s: float = 60.0) -> bool:
+        """Waits until the engine holds no request; False if it still held some after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while self.run(has_unfinished, 30.0):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()  # stops the engine process too
+            self._server = None
+
+
+def max_connections(job) -> int:
+    """The long-lived server's connection limit: the most cameras of any point, and room for more."""
+    return max([*job.stream_counts, *job.ahead_off_counts, job.cold_streams, 1]) + 8

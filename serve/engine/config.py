@@ -32,7 +32,10 @@ class EngineConfig:
     chunked_prefill: bool = True
     # prompt tokens per step while some request is decoding (None: all of max_tokens_per_step): caps
     # how long each generated token waits behind other requests' prefill (video chunks: ~800 each)
+    # 0: a decode lane (decode-only steps while anyone decodes; after `decode_burst` of them in a row
+    # while prompts wait, one step with the whole budget: serve/engine/scheduler.py)
     max_prefill_with_decode: int | None = None
+    decode_burst: int = 16
     # while tenants share a step, one over its share of the batch carries at most the others' tokens
     # per weight (serve/engine/tenancy.py step_caps); False: the step is work-conserving
     tenant_step_cap: bool = True

@@ -142,7 +142,7 @@ class Engine:
                                           config.enable_prefix_cache)
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
                                        self.runner.max_model_len, config.max_prefill_with_decode,
-                                       tenant_step_cap=config.tenant_step_cap)
+                                       decode_burst=config.decode_burst, tenant_step_cap=config.tenant_step_cap)
         self.scheduler = Scheduler(sched_config, self.block_manager, FairShare(), self.lora)
         self.planner = StepPlanner(policy, self.scheduler, self.lora, config.max_batch_size,
                                            config.max_tokens_per_step, self._request_info)

@@ -62,8 +62,12 @@ class SchedulerConfig:
     chunked_prefill: bool = True  # split prompts over steps; off: a prompt runs whole or waits
     max_model_len: int = 4096  # prompt + generated tokens of one sequence
     # prompt tokens a step may carry while some sequence is decoding (None: the whole budget): each
-    # decode token waits for its step, so a step full of prefill makes every generated token slow
+    # decode token waits for its step, so a step full of prefill makes every generated token slow.
+    # 0: a decode lane: while any sequence decodes, steps carry decode tokens only (short steps, CUDA
+    # graphs on a GPU), and after `decode_burst` of them in a row while prompts wait, one step takes
+    # prompt tokens with the whole budget, so prompts are delayed, never starved
     max_prefill_with_decode: int | None = None
+    decode_burst: int = 16
     # while several tenants have work, one over its share of the batch carries at most the others'
     # per-weight tokens (serve/engine/tenancy.py step_caps); off: the step is work-conserving
     tenant_step_cap: bool = True
@@ -71,8 +75,10 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_tokens_per_step < 1:
             raise ValueError("max_batch_size and max_tokens_per_step must be >= 1")
-        if self.max_prefill_with_decode is not None and self.max_prefill_with_decode < 1:
-            raise ValueError("max_prefill_with_decode must be >= 1 (or None)")
+        if self.max_prefill_with_decode is not None and self.max_prefill_with_decode < 0:
+            raise ValueError("max_prefill_with_decode must be >= 0 (0: a decode lane) or None")
+        if self.decode_burst < 1:
+            raise ValueError("decode_burst must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.shares = FairShares()  # each step's prompt tokens by deficit round robin over flows
         self._caps: dict | None = None  # this step's tokens left to tenants over their share
+        self._lane_steps = 0  # decode-only steps in a row while prompts waited (max_prefill_with_decode=0)
 
     # ---- queue --------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -210,14 +217,15 @@ class Scheduler:
         cfg, bm = self.config, self.block_manager
         plan = plan or StepPlan()
         batch = ScheduledBatch()
-        fair_victims = self._make_room(plan)
+        lane = self._decode_lane(plan)
+        fair_victims = [] if lane else self._make_room(plan)  # nobody is admitted in a decode-only step
         budget = cfg.max_tokens_per_step
         running = self.policy.order(self.running)
         active = [seq for seq in running if seq.request_id not in plan.pause]
         # prompt tokens allowed in this step: capped while anyone decodes (a decode step stays short)
         decoding = cfg.max_prefill_with_decode is not None and cfg.chunked_prefill and any(
             seq.num_computed_tokens >= seq.prompt_len for seq in active)
-        prefill = cfg.max_prefill_with_decode if decoding else budget
+        prefill = 0 if lane else (cfg.max_prefill_with_decode or budget) if decoding else budget
         if plan.admit is None:
             candidates = self.policy.order(self.waiting)
         else:
@@ -229,9 +237,11 @@ class Scheduler:
         # the step's prompt tokens, shared out between tenants (serve/engine/tenancy.py)
         decodes = sum(seq.num_computed_tokens >= seq.prompt_len for seq in active)
         capacity = max(0, min(budget - decodes, prefill))
-        allowance = self.shares.allowances(active, candidates, capacity, cfg.max_batch_size - len(running))
+        # a decode-only step shares out no prompt tokens: the tenants' turns and credits wait for the next
+        allowance = {} if lane else self.shares.allowances(active, candidates, capacity, cfg.max_batch_size - len(running))
         # tokens left to each tenant over its share while others have work (tenancy.step_caps)
-        self._caps = step_caps(active, candidates, cfg.max_batch_size - len(running)) if cfg.tenant_step_cap else None
+        self._caps = step_caps(active, candidates, cfg.max_batch_size - len(running)) \
+            if cfg.tenant_step_cap and not lane else None
         used: Counter = Counter()
         i = 0
         while i < len(running) and budget > 0:
@@ -263,6 +273,8 @@ class Scheduler:
                 i += 1
         self.running = running
         batch.preempted += fair_victims
+        if lane:
+            return batch
         if len(batch.preempted) > len(fair_victims):  # memory is short: admit no one this step
             self.shares.settle(allowance, used, capacity, carry=not cfg.chunked_prefill)
             return batch
@@ -271,6 +283,28 @@ class Scheduler:
             self._admit(batch, skipped, budget, prefill, None, used)
         self.shares.settle(allowance, used, capacity, carry=not cfg.chunked_prefill)
         return batch
+
+    def _decode_lane(self, plan: StepPlan) -> bool:
+        """Whether this step is a decode lane's: max_prefill_with_decode=0 and some sequence the step
+        runs is decoding, unless `decode_burst` such steps ran in a row while prompts waited (this
+        step then takes prompt tokens). Counts the run."""
+        cfg = self.config
+        if cfg.max_prefill_with_decode != 0 or not cfg.chunked_prefill:
+            self._lane_steps = 0
+            return False
+        active = [s for s in self.running if s.request_id not in plan.pause]
+        if not any(s.num_computed_tokens >= s.prompt_len for s in active):
+            self._lane_steps = 0
+            return False
+        waiting = bool(self.waiting) or any(s.num_computed_tokens < s.prompt_len for s in active)
+        if not waiting:  # nothing to delay: the run does not count
+            self._lane_steps = 0
+            return True
+        if self._lane_steps >= cfg.decode_burst:
+            self._lane_steps = 0
+            return False
+        self._lane_steps += 1
+        return True
 
     def _admit(self, batch: ScheduledBatch, candidates: list[Sequence], budget: int, prefill: int,
                allowance: dict | None, used: Counter) -> tuple[int, int, list[Sequence]]:

@@ -153,3 +153,20 @@ def test_a_bad_request_in_a_batch_queues_none_of_it(engine):
         engine.generate([good, Request(prompt="x", output_mode="head")])
     stats = engine.stats()
     assert stats.in_flight == 0 and stats.waiting == 0 and not engine.has_unfinished()
+
+
+def test_a_decode_lane_gives_the_same_tokens_with_decode_only_steps(engine, tiny_zoo):
+    """engine.max_prefill_with_decode=0: while anyone decodes, steps carry decode tokens only (after
+    decode_burst of them a step takes the waiting prompts); the greedy answers are what they were."""
+    requests = lambda: [make_request(s, max_new=6, ignore_eos=True) for s in case_specs("qwen2_vl")[:3]]  # noqa: E731
+    plain = {o.request_id: o.token_ids for o in engine.generate(requests())}
+    lane = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=128, max_tokens_per_step=64,
+                                               max_prefill_with_decode=0, decode_burst=2))
+    ids = [lane.add_request(r) for r in requests()]
+    outputs, shapes = {}, []
+    while lane.has_unfinished():
+        outputs.update({o.request_id: o.token_ids for o in lane.step() if o.finished})
+        shapes.append(lane.step_log[-1][:3])  # (sequences, tokens, decode-only)
+    assert [outputs[i] for i in ids] == list(plain.values())
+    # the first prompt's prefill fills a 64-token step, then it decodes: two decode-only steps before the others' turn
+    assert shapes[1][2] and shapes[2][2] and not shapes[3][2], shapes

@@ -58,7 +58,48 @@ def test_prompt_tokens_are_capped_while_someone_decodes():
     batch, _ = _step(s)  # a decodes: b's rest and c's first chunk share 5 prompt tokens
     assert [(q.request_id, n) for q, n in batch.entries] == [("a", 1), ("b", 4), ("c", 1)]
     with pytest.raises(ValueError, match="max_prefill_with_decode"):
-        SchedulerConfig(max_prefill_with_decode=0)
+        SchedulerConfig(max_prefill_with_decode=-1)
+    with pytest.raises(ValueError, match="decode_burst"):
+        SchedulerConfig(max_prefill_with_decode=0, decode_burst=0)
+
+
+def test_a_decode_lane_runs_decode_only_steps_and_lets_prompts_in_after_a_burst():
+    s = _sched(max_tokens_per_step=16, max_prefill_with_decode=0, decode_burst=3)
+    a, b = _seq("a", 10, max_tokens=8, t=0), _seq("b", 10, max_tokens=8, t=1)
+    s.add(a)
+    s.add(b)
+    batch, _ = _step(s)  # nobody decodes yet: the whole budget
+    assert [(q.request_id, n) for q, n in batch.entries] == [("a", 10), ("b", 6)]
+    c = _seq("c", 4, max_tokens=2, t=2)
+    s.add(c)
+    shapes, decode_only = [], []
+    for _ in range(5):
+        batch, _ = _step(s)
+        shapes.append([(q.request_id, n) for q, n in batch.entries])
+        decode_only.append(batch.decode_only)
+    # a decodes: three decode-only steps (b's prompt and c wait), then one step with the whole budget
+    assert shapes[:3] == [[("a", 1)]] * 3 and decode_only == [True, True, True, False, True]
+    assert shapes[3] == [("a", 1), ("b", 4), ("c", 4)]
+    assert shapes[4] == [("a", 1), ("b", 1), ("c", 1)]  # everyone decodes: nothing waits, no burst counted
+    while s.has_unfinished():
+        _step(s)
+    assert [q.num_generated for q in (a, b, c)] == [8, 8, 2] and s.block_manager.num_used_blocks == 0
+
+
+def test_a_decode_lane_without_waiting_prompts_never_forces_a_prefill_step():
+    s = _sched(max_tokens_per_step=16, max_prefill_with_decode=0, decode_burst=1)
+    a = _seq("a", 6, max_tokens=6, t=0)
+    s.add(a)
+    _step(s)
+    for _ in range(4):  # only decode work: every step decode-only, however long the run
+        batch, _ = _step(s)
+        assert [(q.request_id, n) for q, n in batch.entries] == [("a", 1)]
+    d = _seq("d", 5, t=1)
+    s.add(d)
+    batch, _ = _step(s)  # d waits one decode-only step (the burst of 1), then comes in whole
+    assert [(q.request_id, n) for q, n in batch.entries] == [("a", 1)]
+    batch, _ = _step(s)
+    assert [(q.request_id, n) for q, n in batch.entries] == [("d", 5)]  # a finished its 6 tokens
 
 
 def test_max_batch_size_limits_running_sequences():

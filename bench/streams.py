@@ -175,8 +175,8 @@ def _engine(job: StreamsBenchJob, workdir: Path, hf, prompt_tokens: int):
     cuda = job.device.startswith("cuda")
     config = EngineConfig(device=job.device, dtype=job.dtype, max_batch_size=job.max_batch_size,
                           max_tokens_per_step=job.max_tokens_per_step, seed=job.seed, encode_ahead=job.encode_ahead,
-                          warm_up="on" if job.engine_warm_up else "off",
-                          max_prefill_with_decode=job.max_prefill_with_decode,
+                          warm_up="on" if job.engine_warm_up else "off", warm_up_side=job.image_size,
+                          warm_up_frames=job.frames_per_chunk, max_prefill_with_decode=job.max_prefill_with_decode,
                           num_kv_blocks=2 * job.max_batch_size * per_seq // 16 + 64 if cuda else None,
                           graph_batch_sizes=tuple(sorted({1, 2, 4, 8, 16, 24, 32, 48, 64, job.max_batch_size})),
                           adapter_slots=job.adapters, host_adapter_cache=job.adapters + 4, max_lora_rank=job.rank,
@@ -212,7 +212,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     from .streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
     from .streams_load import run_point
     from .streams_report import cold_summary, summarize, write_report
-    from .streams_served import Served, max_connections, set_encode_ahead, warm_report
+    from .streams_served import Served, max_connections, set_encode_ahead
 
     cuda = job.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -239,7 +239,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     warm = None
     if job.engine_process:  # as `vlora serve` runs it: built, and warmed up, in a process of its own
         served, start_s = Served.spawn(job, workdir, flops["prompt_tokens"], max_connections(job))
-        names, warm = adapter_names(job), served.run(warm_report)
+        names, warm = adapter_names(job), served.process.warm
         if warm is not None:
             warm = dict(warm, wall_s=warm["seconds"], thread="engine process")
         load_s = time.perf_counter() - t0 - (warm["seconds"] if warm else 0.0)

@@ -79,7 +79,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     first = 0 if warm_up or cold else math.ceil(job.warmup_s)  # index of the first measured chunk of a stream
     measured = math.ceil(seconds if warm_up else job.cold_seconds if cold else job.seconds)
     leftover = served.run(abort_all)  # each point starts from an idle engine (a point's drain said so, or this does)
-    with served.server(n, cold, {"side": job.image_size, "frames": job.frames_per_chunk}) as (server, warm_s):
+    with served.server(n, cold) as (server, warm_s):
         if warm_s is not None:
             _log(f"engine warm-up on the server's thread: {served.engine.warm_report.line()}")
         # counted from here: a warm-up on the server's thread is not the point's (its steps were counted in once)

@@ -10,8 +10,8 @@ cameras poll more, the steps' host work slows and the backlog grows (an H200 at 
 
 `Served` is the bench's handle on either: `run(fn)` runs fn(engine) where the engine is, and
 `server(n)` gives the RPyC server of a point. In a process of its own the engine is built there
-(`build_in_process`: the same zoo model and seed, so the same weights), warmed up before the server
-takes work, as `vlora serve` does, and one server serves every point; on a thread, each point gets a
+(`build_in_process`: the same zoo model and seed, so the same weights) and warmed up on its loop's
+thread before the server takes work, as `vlora serve` does, and one server serves every point; on a thread, each point gets a
 fresh server over the bench's engine, as before. The functions below that take the engine first are
 what crosses to the engine process (module-level, so they pickle).
 """
@@ -26,7 +26,10 @@ import time
 
 def build_in_process(job, workdir: str, prompt_tokens: int, threads: int):
     """The engine process's build: the random model of `job` (seeded as the bench's own), its engine
-    and adapters, warmed up for the job's chunk shape before the server takes work."""
+    and adapters. The engine loop's thread warms it up (for the job's chunk shape, from its config)
+    before it takes work, as under `vlora serve`. (Warmed up here, on the build's thread, the serving
+    thread's first step took 154 ms for one chunk in bf16 and 276 ms in FP8, about 5x a warm one's, and
+    a backlog followed: an H200, 2026-12-02.)"""
     from pathlib import Path
 
     import torch
@@ -38,8 +41,6 @@ def build_in_process(job, workdir: str, prompt_tokens: int, threads: int):
     hf, _ = build_random_model(job.model, job.seed, job.dtype, job.device, Path(workdir))
     engine, _ = _engine(job, Path(workdir), hf, prompt_tokens)
     del hf
-    if job.engine_warm_up and engine.needs_warm_up:
-        engine.warm_up(side=job.image_size, frames=job.frames_per_chunk)
     return engine
 
 
@@ -70,10 +71,6 @@ def since(engine, before: tuple[int, dict, int], first: int = 0) -> dict:
             "late_compiles": [spec for _, spec in WATCH.late[late:]]}
 
 
-def warm_report(engine) -> dict | None:
-    return None if engine.warm_report is None else engine.warm_report.to_dict()
-
-
 def set_encode_ahead(engine, on: bool) -> bool:
     """Sets the engine's encode_ahead; returns what it was."""
     before, engine.encode_ahead = engine.encode_ahead, on
@@ -95,7 +92,8 @@ class Served:
 
     @classmethod
     def spawn(cls, job, workdir, prompt_tokens: int, max_connections: int) -> tuple["Served", float]:
-        """The engine built and warmed up in a process of its own; (handle, seconds until it took work)."""
+        """The engine built in a process of its own and its server started, returned once the engine
+        has warmed up and takes work; (handle, seconds from the spawn)."""
         import torch
 
         from serve.rpc import EngineProcess
@@ -103,7 +101,12 @@ class Served:
         t0 = time.perf_counter()
         process = EngineProcess(functools.partial(build_in_process, job, str(workdir), prompt_tokens,
                                                   torch.get_num_threads())).start()
-        return cls(process=process, max_connections=max_connections), time.perf_counter() - t0
+        served = cls(process=process, max_connections=max_connections)
+        while process.warming is not None:
+            if not process.alive:
+                raise RuntimeError(process.down_reason or "the engine process exited while warming up")
+            time.sleep(0.05)
+        return served, time.perf_counter() - t0
 
     @property
     def in_thread(self) -> bool:
@@ -114,10 +117,10 @@ class Served:
         return fn(self.engine) if self.process is None else self.process.call(fn, timeout)
 
     @contextlib.contextmanager
-    def server(self, n: int, cold: bool = False, warm_shape: dict | None = None):
+    def server(self, n: int, cold: bool = False):
         """A point's server for n cameras: (server, seconds its thread spent warming up or None).
         On a thread, a fresh server per point (`cold`: its thread warms the engine up first, as
-        `vlora serve` does); in a process of its own, the one server (warmed up at the build)."""
+        `vlora serve` does); in a process of its own, the one server (warmed up before the first point)."""
         if self._server is not None:
             yield self._server, None
             return
@@ -125,8 +128,7 @@ class Served:
 
         server = RpcServer(self.engine, self.token, "127.0.0.1", 0, Limits(), max_connections=n + 8)
         warm_s = None
-        if cold and self.engine.needs_warm_up:
-            server.loop.warm_shape = dict(warm_shape or {})
+        if cold and self.engine.needs_warm_up:  # for the job's chunk shape: the engine config says it
             t = time.perf_counter()
             server.start()
             while server.loop.warming is not None:

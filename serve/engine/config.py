@@ -68,6 +68,10 @@ class EngineConfig:
     # made-up traffic through every shape before the server takes work (serve/engine/warmup.py):
     # "auto" on a GPU only, "on", "off"
     warm_up: str = "auto"
+    # the warm-up's made-up pictures: chunks of `warm_up_frames` square frames of `warm_up_side` pixels
+    # (set them to your cameras': the vision tower's packs and the prompts' lengths follow the picture)
+    warm_up_side: int = 448
+    warm_up_frames: int = 6
     # the next step's pictures encoded while the current step runs on the device, before the host waits
     # for it (serve/engine/lookahead.py): "auto" on a GPU only (on the CPU the work only moves), "on", "off".
     # Off with tensor parallelism (every rank must run the same tower calls)
@@ -114,6 +118,9 @@ class EngineConfig:
             setattr(self, name, bounds)
         if self.warm_up not in ("auto", "on", "off"):
             raise ValueError(f"warm_up={self.warm_up!r}: use auto (on a GPU only), on or off")
+        if self.warm_up_side < 28 or self.warm_up_frames < 1:
+            raise ValueError(f"warm_up_side={self.warm_up_side} and warm_up_frames={self.warm_up_frames}: give a side "
+                             "of at least 28 pixels and at least one frame")
         if self.encode_ahead not in ("auto", "on", "off"):
             raise ValueError(f"encode_ahead={self.encode_ahead!r}: use auto (on a GPU only), on or off")
         if self.adapter_slots < 0:

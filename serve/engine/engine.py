@@ -180,12 +180,13 @@ class Engine:
     def warm_up(self, **shape):
         """Runs made-up waves of requests through every shape serving meets (serve/engine/warmup.py),
         once; the caller's thread must be the only one stepping. shape: the pictures' `side` and
-        `frames` (default a 448-pixel, 6-frame chunk). Returns the WarmReport."""
+        `frames` (default the config's warm_up_side and warm_up_frames). Returns the WarmReport."""
         if self.warm_report is None:
             from .warmup import warm_up
 
             if self.has_unfinished():
                 raise RuntimeError("warm_up() runs before any request is added")
+            shape = {"side": self.config.warm_up_side, "frames": self.config.warm_up_frames, **shape}
             try:
                 self.warm_report = warm_up(self, **shape)
                 WATCH.mark_ready()  # a Triton kernel compiled from now on is one the waves missed

@@ -88,7 +88,7 @@ class EngineLoop(StepFailures, WarmState):
         # engine takes in arrivals (_take_arrivals) inside the step that holds it
         self.lock = threading.RLock()
         self._held: tuple | None = None  # a command met mid-step that must wait for the step's end
-        self.warm_shape: dict = {}  # Engine.warm_up's picture shape (side, frames); default: a 448-pixel 6-frame chunk
+        self.warm_shape: dict = {}  # Engine.warm_up's picture shape (side, frames); default: the engine config's
         # the engine's warm-up (serve/engine/warmup.py) runs first on the loop's thread (WarmState)
         self.warming_since: float | None = None
 

@@ -198,3 +198,19 @@ def test_the_heap_is_settled_after_a_gpu_warm_up():
         assert gc.get_freeze_count() > 0 and report.heap_objects > 0 and report.phases["heap"] >= 0
     finally:
         gc.unfreeze()
+
+
+def test_the_warm_up_takes_its_picture_shape_from_the_config(tiny_zoo, monkeypatch):
+    """engine.warm_up_side / warm_up_frames: a server whose cameras send other chunks than 448-pixel
+    6-frame ones warms up on theirs, also when the engine loop's thread starts the warm-up."""
+    import serve.engine.warmup as warmup
+
+    seen = []
+    monkeypatch.setattr(warmup, "warm_up", lambda engine, **shape: seen.append(shape) or warmup.WarmReport())
+    config = dict(device="cpu", num_kv_blocks=64, max_batch_size=2, adapter_slots=0, warm_up="on")
+    Engine(tiny_zoo[NAME], EngineConfig(**config, warm_up_side=84, warm_up_frames=4)).warm_up()
+    Engine(tiny_zoo[NAME], EngineConfig(**config, warm_up_side=84)).warm_up(frames=2)  # a caller's shape wins
+    Engine(tiny_zoo[NAME], EngineConfig(**config)).warm_up()
+    assert seen == [{"side": 84, "frames": 4}, {"side": 84, "frames": 2}, {"side": 448, "frames": 6}]
+    with pytest.raises(ValueError, match="warm_up_side"):
+        EngineConfig(warm_up_side=14)

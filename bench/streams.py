@@ -236,30 +236,27 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     hf, processor = build_random_model(job.model, job.seed, job.dtype, job.device, workdir)
     chunks = render_chunks(job)
     flops = chunk_flops(hf, processor, job, chunks[0])
-    warm = None
-    if job.engine_process:  # as `vlora serve` runs it: built, and warmed up, in a process of its own
-        served, start_s = Served.spawn(job, workdir, flops["prompt_tokens"], max_connections(job))
+    warm, on_server = None, False
+    if job.engine_process:  # as `vlora serve` runs it: built in a process of its own, warmed up on its loop's thread
+        served, _ = Served.spawn(job, workdir, flops["prompt_tokens"], max_connections(job))
         names, warm = adapter_names(job), served.process.warm
         if warm is not None:
             warm = dict(warm, wall_s=warm["seconds"], thread="engine process")
-        load_s = time.perf_counter() - t0 - (warm["seconds"] if warm else 0.0)
+            _log(f"engine warm-up in the engine process: {warm}")
         start_s = time.perf_counter() - t0
+        load_s = start_s - (warm["seconds"] if warm else 0.0)
     else:
         engine, names = _engine(job, workdir, hf, flops["prompt_tokens"])
         served = Served(engine)
         load_s = time.perf_counter() - t0
-    # with a cold point, the server's own thread warms up first and then serves, as under `vlora serve` (warmed
-    # up on this thread instead, the cold points' first steps took 0.9-1.3 s on an H100 where 0.3-0.5 s were usual)
-    on_server = job.engine_warm_up and job.cold_streams > 0 and served.in_thread
-    if job.engine_warm_up and not on_server and served.in_thread:
-        t1 = time.perf_counter()
-        warm = dict(engine.warm_up(side=job.image_size, frames=job.frames_per_chunk).to_dict(),
-                    wall_s=time.perf_counter() - t1)
-        _log(f"engine warm-up: {warm}")
-    if served.in_thread:
+        # with a cold point, the server's own thread warms up first and then serves, as under `vlora serve` (warmed
+        # up on this thread instead, the cold points' first steps took 0.9-1.3 s on an H100 where 0.3-0.5 s were usual)
+        on_server = job.engine_warm_up and job.cold_streams > 0
+        if job.engine_warm_up and not on_server:
+            t1 = time.perf_counter()
+            warm = dict(engine.warm_up().to_dict(), wall_s=time.perf_counter() - t1)
+            _log(f"engine warm-up: {warm}")
         start_s = time.perf_counter() - t0
-    elif warm is not None:
-        _log(f"engine warm-up in the engine process: {warm}")
     _log(f"ready in {start_s:.1f} s (model and engine {load_s:.1f} s): {flops['prompt_tokens']} prompt tokens and "
          f"{flops['patches']} patches per chunk, {flops['head'] / 1e12:.2f} TFLOP per chunk (head)")
     rows = []

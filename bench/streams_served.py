@@ -11,9 +11,9 @@ cameras poll more, the steps' host work slows and the backlog grows (an H200 at 
 `Served` is the bench's handle on either: `run(fn)` runs fn(engine) where the engine is, and
 `server(n)` gives the RPyC server of a point. In a process of its own the engine is built there
 (`build_in_process`: the same zoo model and seed, so the same weights) and warmed up on its loop's
-thread before the server takes work, as `vlora serve` does, and one server serves every point; on a thread, each point gets a
-fresh server over the bench's engine, as before. The functions below that take the engine first are
-what crosses to the engine process (module-level, so they pickle).
+thread before the server takes work, as `vlora serve` does, and one server serves every point; on a
+thread, each point gets a fresh server over the bench's engine, as before. The functions below that
+take the engine first are what crosses to the engine process (module-level, so they pickle).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def build_in_process(job, workdir: str, prompt_tokens: int, threads: int):
     """The engine process's build: the random model of `job` (seeded as the bench's own), its engine
     and adapters. The engine loop's thread warms it up (for the job's chunk shape, from its config)
     before it takes work, as under `vlora serve`. (Warmed up here, on the build's thread, the serving
-    thread's first step took 154 ms for one chunk in bf16 and 276 ms in FP8, about 5x a warm one's, and
-    a backlog followed: an H200, 2026-12-02.)"""
+    thread's first step took 154 ms for one chunk in bf16 and 276 ms in FP8, where the warm points'
+    one-chunk steps took 60-100 ms, and a backlog followed: an H200, 2026-12-02.)"""
     from pathlib import Path
 
     import torch

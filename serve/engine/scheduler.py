@@ -238,10 +238,10 @@ class Scheduler:
         decodes = sum(seq.num_computed_tokens >= seq.prompt_len for seq in active)
         capacity = max(0, min(budget - decodes, prefill))
         # a decode-only step shares out no prompt tokens: the tenants' turns and credits wait for the next
-        allowance = {} if lane else self.shares.allowances(active, candidates, capacity, cfg.max_batch_size - len(running))
+        slots = cfg.max_batch_size - len(running)
+        allowance = {} if lane else self.shares.allowances(active, candidates, capacity, slots)
         # tokens left to each tenant over its share while others have work (tenancy.step_caps)
-        self._caps = step_caps(active, candidates, cfg.max_batch_size - len(running)) \
-            if cfg.tenant_step_cap and not lane else None
+        self._caps = step_caps(active, candidates, slots) if cfg.tenant_step_cap and not lane else None
         used: Counter = Counter()
         i = 0
         while i < len(running) and budget > 0:

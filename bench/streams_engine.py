@@ -153,11 +153,13 @@ def paced(engine, job, chunks, names, rate: float, seconds: float) -> dict:
 @contextmanager
 def encode_ahead_set(engine, on: bool):
     """The engine's encode_ahead as `on` for a measurement, then as it was."""
-    before, engine.encode_ahead = engine.encode_ahead, on
+    from .streams_served import set_encode_ahead
+
+    before = set_encode_ahead(engine, on)
     try:
         yield
     finally:
-        engine.encode_ahead = before
+        set_encode_ahead(engine, before)
 
 
 def engine_only(engine, job, chunks, names, rates=(20.0, 30.0, 40.0), seconds: float = 6.0) -> dict:

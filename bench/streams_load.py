@@ -90,9 +90,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
         with gc_pauses() as pauses:  # the server's process: the connections' threads (and the engine's, on a thread)
             records, errors, t0 = run_cameras(_cameras, (plain, mode, n, server.port, served.token, chunks, adapters,
                                                          first, first + measured), first + measured + job.drain_s + 120)
-        settled = served.settle()
-        if not settled:
-            _log("the engine still held requests 60 s after the point's drain")
+        settled = _settle(server)
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
     if warm_s is not None:
         row["server_warm_up_s"] = warm_s
@@ -219,11 +217,15 @@ def _cameras(job, mode: str, n: int, port: int, token: str, chunks: list[np.ndar
     results.put((records, dict(errors), t0))
 
 
+def _holds_requests(engine) -> bool:  # module-level: it crosses to an engine process
+    return engine.has_unfinished()
+
+
 def _settle(server, timeout_s: float = 60.0) -> bool:
     """Waits until the engine holds no request (aborts of late chunks have been carried out); False
     if it still held some after timeout_s (the next point aborts them before it starts)."""
     deadline = time.monotonic() + timeout_s
-    while server.loop.call(lambda e: e.has_unfinished()):
+    while server.loop.call(_holds_requests):  # on the engine's thread, or in its process
         if time.monotonic() > deadline:
             _log(f"the engine still held requests {timeout_s:g} s after the point's drain")
             return False

@@ -48,10 +48,6 @@ def abort_all(engine) -> int:
     return engine.abort_all()
 
 
-def has_unfinished(engine) -> bool:
-    return engine.has_unfinished()
-
-
 def marks(engine) -> tuple[int, dict, int]:
     """(steps so far, the runner's counters, late compiles so far): a point counts from these."""
     from serve.engine.compile_watch import WATCH
@@ -140,15 +136,6 @@ class Served:
             yield server, warm_s
         finally:
             server.close()
-
-    def settle(self, timeout_s: float = 60.0) -> bool:
-        """Waits until the engine holds no request; False if it still held some after timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        while self.run(has_unfinished, 30.0):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
 
     def close(self) -> None:
         if self._server is not None:

@@ -90,6 +90,10 @@ class StreamsBenchJob:
     cold_seconds: float = 10.0  # the cold point's measured seconds, from its first chunk
     # warm counts measured again after the search with the engine's encode_ahead off (an A/B in one run)
     ahead_off_counts: tuple[int, ...] = ()
+    # warm counts measured again after the search for window_seconds each (point "window"): whether a count
+    # that passes in the short points holds over a long window, where a slow backlog would show
+    window_counts: tuple[int, ...] = ()
+    window_seconds: float = 60.0
     encode_ahead: str = "auto"  # EngineConfig's (auto: on a GPU)
     quantization: str = "none"  # EngineConfig's: none (the checkpoint's dtype) or fp8 projections (serve/models/fp8.py)
     hf_baseline: bool = True
@@ -101,7 +105,7 @@ class StreamsBenchJob:
     command: str | None = None  # recorded in the JSON; default: this process's command line
 
     def __post_init__(self) -> None:
-        for name in ("stream_counts", "modes", "targets", "ahead_off_counts"):
+        for name in ("stream_counts", "modes", "targets", "ahead_off_counts", "window_counts"):
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, (str, int)) else tuple(value))
         bad = [m for m in self.modes if m not in MODES]
@@ -122,6 +126,10 @@ class StreamsBenchJob:
                              f"got {self.image_size}")
         if self.cold_streams < 0 or not self.cold_seconds > 0:
             raise ValueError("cold_streams must be >= 0 (0: no cold point) and cold_seconds positive")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.window_counts) \
+                or not self.window_seconds > 0:
+            raise ValueError(f"window_counts {list(self.window_counts)}: give positive integers, and window_seconds "
+                             f"a positive length, got {self.window_seconds!r}")
         if not self.seconds > 0 or self.warmup_s < 0 or self.drain_s < 0 or not self.target_ms > 0:
             raise ValueError("seconds and target_ms must be positive, warmup_s and drain_s >= 0")
         if self.encoding not in ("raw", "png", "jpeg"):
@@ -281,6 +289,9 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
             rows.append(dict(run_point(served, job, job.modes[0], n, chunks, names), point="warm-ahead-off"))
         finally:
             served.run(functools.partial(set_encode_ahead, on=before))
+    long = dataclasses.replace(job, seconds=job.window_seconds)
+    for n in job.window_counts:
+        rows.append(dict(run_point(served, long, job.modes[0], n, chunks, names), point="window"))
     visual_tokens = flops["patches"] // 4  # 2 x 2 patches merge into one token (Qwen2-VL / Qwen2.5-VL)
     for row in rows:
         row["vision_tokens_per_s"] = row["chunks_per_s"] * visual_tokens

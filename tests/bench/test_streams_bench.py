@@ -119,10 +119,13 @@ def test_streams_suite_with_the_loop_on_a_thread(vlora_home, tmp_path, one_threa
                             "bench.streams.max_tokens_per_step=1024", "bench.streams.hf_baseline=false",
                             "bench.streams.engine_only=false", "bench.streams.cold_streams=2",
                             "bench.streams.cold_seconds=1", "bench.streams.engine_process=false",
+                            "bench.streams.window_counts=[1]", "bench.streams.window_seconds=3",
                             f"bench.out_dir={tmp_path}"])
     result = run(cfg)
     rows, meta = result["streams"], result["meta"]
-    assert [(r["point"], r["streams"]) for r in rows] == [("cold", 2), ("warm", 1), ("warm", 2)]
+    assert [(r["point"], r["streams"]) for r in rows] == [("cold", 2), ("warm", 1), ("warm", 2), ("window", 1)]
+    assert rows[-1]["sent"] == 3 > rows[1]["sent"]  # the long window's chunks: window_seconds of them, not seconds'
+    assert [s["max_streams"] for s in meta["summary"]] == [2]  # the window is not a point of the search
     assert not any(r["engine_process"] for r in rows) and all(r["done"] == r["sent"] > 0 for r in rows)
     assert meta["warm_up"]["thread"] == "server" and meta["start_s"] >= meta["engine_load_s"] + rows[0]["server_warm_up_s"]
     assert rows[0]["steps"] < meta["warm_up"]["steps"]
@@ -152,6 +155,8 @@ def test_job_names_bad_fields():
         StreamsBenchJob(image_size=50)
     with pytest.raises(ValueError, match="stream_counts"):
         StreamsBenchJob(stream_counts=(0, 8))
+    with pytest.raises(ValueError, match="window_seconds"):
+        StreamsBenchJob(window_counts=(8,), window_seconds=0)
 
 
 def test_every_send_differs_after_jpeg():

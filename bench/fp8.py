@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from kernels import fp8 as fp8_kernels
 from serve.engine import Engine, EngineConfig, Request, SamplingParams
 from serve.models import fp8 as fp8_models
 from serve.models import read_model_args
@@ -51,9 +52,12 @@ from .fp8_report import write_report
 from .results import device_label, results_dir
 
 # name -> (engine dtype, quantization); fp8_unfused (compare_unfused=true): every FP8 projection quantizes its
-# input itself, not the norm or SiLU-mul before it (serve.models.fp8.fuse_quantization): same numbers, more launches
+# input itself, not the norm or SiLU-mul before it (serve.models.fp8.fuse_quantization): same numbers, more launches;
+# fp8_a8 (compare_a8=true): at decode sizes the FP8 GEMM takes FP8 activations quantized per token, not the bf16
+# ones as they are (kernels/fp8.py DECODE_ACTIVATIONS; "fp8" is the precision this process runs by default)
 PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8"),
-              "fp8_unfused": ("bfloat16", "fp8")}
+              "fp8_unfused": ("bfloat16", "fp8"), "fp8_a8": ("bfloat16", "fp8")}
+OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_a8": "compare_a8"}
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Fp8BenchJob:
     profile: bool = False
     profile_repeats: int = 3
     compare_unfused: bool = False  # also fp8_unfused: the fused quantization's A/B (a fourth engine)
+    compare_a8: bool = False  # also fp8_a8: decode GEMMs on per-token FP8 activations (the weight-only decode's A/B)
     gemm: bool = True  # each projection's GEMM alone, bf16 against FP8 (bench/fp8_gemm.py), after the engines
     # trained adapters' task-head answers and caption tokens, FP8 against bf16 on the same world items
     # (bench/fp8_heads.py, section "heads"); heads_only: that section alone, no random-weight engines
@@ -103,6 +108,18 @@ def _fp8_allowed(device: torch.device, fuse: bool = True):
         yield
     finally:
         fp8_models.ALLOW_CPU, fp8_models.FUSE_QUANTIZATION = old
+
+
+@contextlib.contextmanager
+def _decode_activations(kind: str):
+    """kernels.fp8.DECODE_ACTIVATIONS set to `kind` for one engine's whole life: fp8_linear reads it at every
+    forward, CUDA-graph captures included."""
+    old = fp8_kernels.DECODE_ACTIVATIONS
+    fp8_kernels.DECODE_ACTIVATIONS = kind
+    try:
+        yield
+    finally:
+        fp8_kernels.DECODE_ACTIVATIONS = old
 
 
 def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks: int) -> Engine:
@@ -205,26 +222,27 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
     adapter = write_peft_adapter(workdir / "adapter", args, job.rank, tuple(job.modules), job.seed + 1,
                                  torch.bfloat16, job.device)
     outs, rows, load_s = {}, [], {}
-    for name in (p for p in PRECISIONS if p != "fp8_unfused" or job.compare_unfused):
-        t0 = time.perf_counter()
-        engine = _engine(job, workdir, weights, name, kv_blocks)
-        load_s[name] = time.perf_counter() - t0
-        engine.load_adapter("a", adapter)
-        outs[name, "none", "unmerged"] = _generate(engine, prompts, None, job.output_tokens)
-        outs[name, "a", "unmerged"] = _generate(engine, prompts, "a", job.output_tokens)
-        if name != "fp32":
-            engine.set_mode(Mode.merge("a"))
-            outs[name, "a", "merged"] = _generate(engine, prompts, "a", job.output_tokens)
-            engine.set_mode(Mode.unmerge())
-            rows.append(_switch_row(engine, job, name))
-            rows += _decode_rows(engine, job, name)
-            if job.profile:  # after the timed runs, so the profiler's overhead is in none of them
-                rows += profile_decode(engine, job, name, out)
-        print(f"fp8 bench: {name} done", file=sys.stderr, flush=True)
-        del engine
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    for name in (p for p in PRECISIONS if p not in OPTIONAL or getattr(job, OPTIONAL[p])):
+        with _decode_activations("fp8" if name == "fp8_a8" else fp8_kernels.DECODE_ACTIVATIONS):
+            t0 = time.perf_counter()
+            engine = _engine(job, workdir, weights, name, kv_blocks)
+            load_s[name] = time.perf_counter() - t0
+            engine.load_adapter("a", adapter)
+            outs[name, "none", "unmerged"] = _generate(engine, prompts, None, job.output_tokens)
+            outs[name, "a", "unmerged"] = _generate(engine, prompts, "a", job.output_tokens)
+            if name != "fp32":
+                engine.set_mode(Mode.merge("a"))
+                outs[name, "a", "merged"] = _generate(engine, prompts, "a", job.output_tokens)
+                engine.set_mode(Mode.unmerge())
+                rows.append(_switch_row(engine, job, name))
+                rows += _decode_rows(engine, job, name)
+                if job.profile:  # after the timed runs, so the profiler's overhead is in none of them
+                    rows += profile_decode(engine, job, name, out)
+            print(f"fp8 bench: {name} done", file=sys.stderr, flush=True)
+            del engine
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     if job.gemm:  # with every engine gone: the GPU's memory holds only the weight copies it times
         rows += gemm_rows(args, job.batch_sizes, job.device, job.seed)
     if job.heads:
@@ -237,10 +255,11 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
         if mode == "merged":
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode,
                              against=f"{name} unmerged", **compare_outputs(outs[name, adapter, "unmerged"], got)))
-        if name == "fp8_unfused":  # the fusion moves launches, not numbers: zero error expected
+        if name in ("fp8_unfused", "fp8_a8"):  # the fusion moves launches, not numbers: zero error expected; the
+            # FP8 activations at decode round what the weight-only GEMM multiplies as it is
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode, against="fp8",
                              **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
-                prompt_len=prompt_len, layers=args.num_layers, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
+                prompt_len=prompt_len, layers=args.num_layers, decode_activations=fp8_kernels.DECODE_ACTIVATIONS, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
     write_report(rows, meta, out)
     return rows, meta

@@ -6,6 +6,7 @@ pass 256 MB (no weight found in L2), beside the table's own choice and `_scaled_
 config per projection summed over the token counts, as CONFIGS lines to paste.
 
     python -m bench.fp8_decode_sweep --projections down_proj --m 1 32 --out sweep.csv
+    python -m bench.fp8_decode_sweep --activations bf16 ...   # the weight-only form (W_CONFIGS lines)
 
 Each candidate compiles once per padded token count (16, 32, 64) and split length: 17-41 candidates
 a projection, so one projection a command keeps each call within minutes.
@@ -21,7 +22,7 @@ import torch
 import triton
 
 from kernels.fp8 import quantize_rows, quantize_weight, scaled_mm_rows
-from kernels.fp8_decode import CONFIGS, decode_config, fp8_decode_mm
+from kernels.fp8_decode import CONFIGS, W_CONFIGS, decode_config, fp8_decode_mm, fp8w_decode_mm
 
 SHAPES_7B = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584),
              "down_proj": (3584, 18944)}
@@ -32,10 +33,11 @@ MAX_PROGRAMS = 8 * 132  # more programs than this only add partials to sum
 MAX_SHARED = 227 << 10
 
 
-def candidates(n: int, k: int) -> list[tuple[int, int, int, int, int]]:
+def candidates(n: int, k: int, weight_only: bool = False) -> list[tuple[int, int, int, int, int]]:
     """The sweep's grid for an [N, K] weight, the table's own choice first; splits that leave a split
-    empty, more than MAX_PROGRAMS programs or more than MAX_SHARED are left out."""
-    out = [decode_config(n, k)]
+    empty, more than MAX_PROGRAMS programs or more than MAX_SHARED are left out (weight_only: 2-byte tokens)."""
+    out = [decode_config(n, k, weight_only=weight_only)]
+    x_bytes = 2 if weight_only else 1
     for block_n, block_k, split, warps, stages in itertools.product((64, 128), (128, 256), (1, 2, 4, 8, 16),
                                                                     (4, 8), (3, 5)):
         k_tiles = triton.cdiv(k, block_k)
@@ -44,7 +46,7 @@ def candidates(n: int, k: int) -> list[tuple[int, int, int, int, int]]:
             continue
         if warps == 8 and block_n == 64:  # 8 warps need two warpgroups of 64 channels
             continue
-        if stages * (block_n + 64) * block_k > MAX_SHARED:
+        if stages * (block_n + 64 * x_bytes) * block_k > MAX_SHARED:
             continue
         cfg = (block_n, block_k, split, warps, stages)
         if cfg not in out:
@@ -52,8 +54,10 @@ def candidates(n: int, k: int) -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def sweep(shapes: dict[str, tuple[int, int]], ms: list[int], device: str, timed, seed: int = 0) -> list[dict]:
-    """One row per (projection, m, config): us and weight TB/s; `timed(fn) -> us`."""
+def sweep(shapes: dict[str, tuple[int, int]], ms: list[int], device: str, timed, seed: int = 0,
+          weight_only: bool = False) -> list[dict]:
+    """One row per (projection, m, config): us and weight TB/s; `timed(fn) -> us`. weight_only: fp8w_decode_mm on
+    bf16 tokens instead of fp8_decode_mm on FP8 ones."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for name, (n, k) in shapes.items():
@@ -66,24 +70,26 @@ def sweep(shapes: dict[str, tuple[int, int]], ms: list[int], device: str, timed,
             return weights[state["i"]]
 
         for m in ms:
-            q_x, s_x = quantize_rows(torch.randn(m, k, generator=g).to(device, torch.bfloat16))
+            x = torch.randn(m, k, generator=g).to(device, torch.bfloat16)
+            q_x, s_x = quantize_rows(x)
             cublas = timed(lambda: scaled_mm_rows(q_x, s_x, *next_w())) if device != "cpu" else float("nan")
-            for i, cfg in enumerate(candidates(n, k)):
-                us = timed(lambda: fp8_decode_mm(q_x, s_x, *next_w(), config=cfg))
+            for i, cfg in enumerate(candidates(n, k, weight_only)):
+                us = timed((lambda: fp8w_decode_mm(x, *next_w(), config=cfg)) if weight_only else
+                           (lambda: fp8_decode_mm(q_x, s_x, *next_w(), config=cfg)))
                 rows.append(dict(projection=name, m=m, n=n, k=k, config=cfg, table=i == 0, us=us,
                                  tb_s=n * k / us / 1e6, cublas_us=cublas))
         del weights
     return rows
 
 
-def best_lines(rows: list[dict]) -> list[str]:
+def best_lines(rows: list[dict], launch_table: dict = CONFIGS, table_name: str = "CONFIGS") -> list[str]:
     lines = []
     for key in dict.fromkeys((r["projection"], r["m"]) for r in rows):
         at = [r for r in rows if (r["projection"], r["m"]) == key]
         best, table = min(at, key=lambda r: r["us"]), next(r for r in at if r["table"])
         lines.append(f"{key[0]:>13} m={key[1]:<3} best {best['config']} {best['us']:.2f} us {best['tb_s']:.2f} TB/s; "
                      f"table {table['config']} {table['us']:.2f} us; _scaled_mm {best['cublas_us']:.2f} us")
-    lines.append("CONFIGS (the best summed over the token counts):")
+    lines.append(f"{table_name} (the best summed over the token counts):")
     for name in dict.fromkeys(r["projection"] for r in rows):
         at = [r for r in rows if r["projection"] == name]
         total: dict[tuple, float] = {}
@@ -91,7 +97,7 @@ def best_lines(rows: list[dict]) -> list[str]:
             total[r["config"]] = total.get(r["config"], 0.0) + r["us"]
         cfg = min(total, key=total.get)
         lines.append(f"    ({at[0]['n']}, {at[0]['k']}): {cfg},  # {name}: {total[cfg]:.1f} us over m "
-                     f"{sorted({r['m'] for r in at})}; table {CONFIGS.get((at[0]['n'], at[0]['k']))}")
+                     f"{sorted({r['m'] for r in at})}; table {launch_table.get((at[0]['n'], at[0]['k']))}")
     return lines
 
 
@@ -100,19 +106,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--projections", nargs="+", choices=list(SHAPES_7B), default=list(SHAPES_7B))
     ap.add_argument("--m", nargs="+", type=int, default=[1, 16, 32, 64])
     ap.add_argument("--out", help="CSV of every timing")
+    ap.add_argument("--activations", choices=("fp8", "bf16"), default="fp8",
+                    help="fp8: fp8_decode_mm on per-token FP8 rows; bf16: the weight-only fp8w_decode_mm")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench.fp8_decode_sweep times on a CUDA GPU; none is visible")
     from kernels.timing import time_op
 
     rows = sweep({p: SHAPES_7B[p] for p in args.projections}, args.m, "cuda",
-                 lambda fn: time_op(fn, warmup=5, repeats=20))
+                 lambda fn: time_op(fn, warmup=5, repeats=20), weight_only=args.activations == "bf16")
     if args.out:
         with open(args.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    print("\n".join(best_lines(rows)))
+    wo = args.activations == "bf16"
+    print("\n".join(best_lines(rows, W_CONFIGS if wo else CONFIGS, "W_CONFIGS" if wo else "CONFIGS")))
 
 
 if __name__ == "__main__":

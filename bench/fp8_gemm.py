@@ -11,13 +11,16 @@ is slow in its GEMMs themselves or around them.
     triton_us     kernels/fp8_decode.py's Triton GEMM (weight tiled by channels, split-K): what fp8_linear
                   runs at 1..DECODE_KERNEL_MAX_M tokens (VLORA_FP8_DECODE_MAX_M); timed at every size up
                   to its MAX_M (64), NaN above, and NaN on the CPU unless Triton interprets (TRITON_INTERPRET=1)
+    w8a16_us      kernels/fp8_decode.py's weight-only GEMM (fp8w_decode_mm): the bf16 x as it is times the FP8
+                  weight widened in registers, nothing quantized; timed where triton_us is. fp8_linear runs it
+                  at decode sizes when kernels.fp8.DECODE_ACTIVATIONS is "bf16"
     quantize_us   quantize_rows(x) alone
 
 and each GEMM's weight bandwidth (weight bytes / time, TB/s: bf16_tb_s, fp8_tb_s of fp8_gemm_us,
 triton_tb_s): at decode a projection should be bound by reading its weight, so FP8 should take half
 of bf16's time. Each call reads the next of enough weight copies to pass 256 MB, so no call finds its
-weight in L2 (50-60 MB on Hopper). fp8_gemm_us is the GEMM fp8_linear would pick: triton_us at
-1..DECODE_KERNEL_MAX_M tokens on a GPU, else plain_us.
+weight in L2 (50-60 MB on Hopper). fp8_gemm_us is the GEMM fp8_linear would pick: w8a16_us (or triton_us,
+as DECODE_ACTIVATIONS says) at 1..DECODE_KERNEL_MAX_M tokens on a GPU, else plain_us.
 On a GPU each is `kernels.timing.time_op` (CUDA graphs, events); on the CPU a wall-clock median
 of the same calls at the tiny shape (the code path, not a speed).
 """
@@ -31,9 +34,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from kernels import fp8 as fp8_kernels
 from kernels.fp8 import DECODE_KERNEL_MAX_M, FP8_DTYPE, fp8_linear, quantize_rows, quantize_weight, scaled_mm_rows
 from kernels.fp8_decode import MAX_M as DECODE_MAX_M
-from kernels.fp8_decode import fp8_decode_mm
+from kernels.fp8_decode import fp8_decode_mm, fp8w_decode_mm
 from kernels.interpreter import interpreted
 
 L2_PASS_BYTES = 256 << 20
@@ -114,17 +118,18 @@ def gemm_rows(args, batch_sizes, device: str, seed: int = 0) -> list[dict]:
             bf16_us = timed(lambda: F.linear(x, next_w()))
             fp8_us = timed(lambda: fp8_linear(x, *next_q()))
             plain_us, swap_us = timed(gemm(scaled_mm_rows)), timed(gemm(transposed_scaled_mm))
-            triton_us = (timed(lambda: fp8_decode_mm(q_x, s_x, *next_q())) if 0 < m <= DECODE_MAX_M
-                         and (cuda or interpreted()) else float("nan"))
+            decode = 0 < m <= DECODE_MAX_M and (cuda or interpreted())
+            triton_us = timed(lambda: fp8_decode_mm(q_x, s_x, *next_q())) if decode else float("nan")
+            w8a16_us = timed(lambda: fp8w_decode_mm(x, *next_q())) if decode else float("nan")
             gemm_us = plain_us
             if cuda and 0 < m <= DECODE_KERNEL_MAX_M:  # fp8_linear's choice on a GPU
-                gemm_us = triton_us
+                gemm_us = w8a16_us if fp8_kernels.DECODE_ACTIVATIONS == "bf16" else triton_us
             quant_us = timed(lambda: quantize_rows(x))
             rows.append(dict(section="gemm", projection=name, m=m, n=n, k=k, bf16_us=bf16_us, fp8_us=fp8_us,
                              fp8_gemm_us=gemm_us, plain_us=plain_us, swap_us=swap_us, triton_us=triton_us,
-                             quantize_us=quant_us, gemm_speedup=bf16_us / gemm_us,
+                             w8a16_us=w8a16_us, quantize_us=quant_us, gemm_speedup=bf16_us / gemm_us,
                              bf16_tb_s=2 * n * k / bf16_us / 1e6, fp8_tb_s=n * k / gemm_us / 1e6,
-                             triton_tb_s=n * k / triton_us / 1e6,
+                             triton_tb_s=n * k / triton_us / 1e6, w8a16_tb_s=n * k / w8a16_us / 1e6,
                              weight_copies=copies))
         del w, q
     return rows
@@ -136,7 +141,7 @@ def gemm_lines(rows: list[dict], layers: int) -> list[str]:
     if not gemm:
         return []
     cols = ("projection", "m", "n", "k", "bf16_us", "fp8_us", "fp8_gemm_us", "plain_us", "swap_us", "triton_us",
-            "quantize_us", "gemm_speedup", "bf16_tb_s", "fp8_tb_s", "triton_tb_s")
+            "w8a16_us", "quantize_us", "gemm_speedup", "bf16_tb_s", "fp8_tb_s", "triton_tb_s", "w8a16_tb_s")
     lines = ["", "## Projection GEMMs alone (us; weight TB/s)", "", "| " + " | ".join(cols) + " |",
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |"
@@ -144,9 +149,9 @@ def gemm_lines(rows: list[dict], layers: int) -> list[str]:
     lines.append("")
     for m in dict.fromkeys(r["m"] for r in gemm):
         at = [r for r in gemm if r["m"] == m]
-        bf16, fp8, mm, plain, tri = (layers * sum(r[c] for r in at) / 1e3
-                                     for c in ("bf16_us", "fp8_us", "fp8_gemm_us", "plain_us", "triton_us"))
+        bf16, fp8, mm, plain, tri, wo = (layers * sum(r.get(c, float("nan")) for r in at) / 1e3 for c in
+                                         ("bf16_us", "fp8_us", "fp8_gemm_us", "plain_us", "triton_us", "w8a16_us"))
         lines.append(f"- batch {m}: the {layers} layers' projections take {bf16:.3g} ms in bf16, {fp8:.3g} ms in "
                      f"FP8 quantizing each input, {mm:.3g} ms in FP8 GEMMs alone ({plain:.3g} ms in _scaled_mm, "
-                     f"{tri:.3g} ms in the Triton decode GEMM)")
+                     f"{tri:.3g} ms in the Triton decode GEMM, {wo:.3g} ms in its weight-only form on bf16 inputs)")
     return lines

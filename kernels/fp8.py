@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_decode import MAX_M, decode_kernel_on, decode_max_m, fp8_decode_mm
+from .fp8_decode import MAX_M, decode_activations, decode_kernel_on, decode_max_m, fp8_decode_mm, fp8w_decode_mm
 from .interpreter import interpreted
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -147,6 +147,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # and 64 tokens, per projection and over the whole decode step (results/fp8/nvidia_h200/fourth_run);
 # on Hopper only unless VLORA_FP8_DECODE_MAX_M (0..64, read here once) is set, which overrides both.
 DECODE_KERNEL_MAX_M = decode_max_m(MAX_M)
+# What that kernel multiplies the FP8 weight by: "bf16", the activation as it is (fp8w_decode_mm; nothing is
+# quantized per token at decode sizes, so the norms and the SiLU-mul before the projections write no FP8 rows
+# there: `rows_wanted`), or "fp8", the activation quantized per token (fp8_decode_mm).
+# VLORA_FP8_DECODE_ACTIVATIONS overrides it, read here once.
+DECODE_ACTIVATIONS = decode_activations("bf16")
 _decode_kernel_devices: dict[int, bool] = {}
 
 
@@ -155,6 +160,18 @@ def _decode_kernel_here(device: torch.device) -> bool:
     if index not in _decode_kernel_devices:  # once per GPU: fp8_linear runs 4 times a layer
         _decode_kernel_devices[index] = decode_kernel_on(torch.cuda.get_device_capability(index))
     return _decode_kernel_devices[index]
+
+
+def _weight_only(x: torch.Tensor) -> bool:
+    """Whether fp8_linear multiplies x as it is (fp8w_decode_mm) rather than its FP8 rows."""
+    return (x.is_cuda and DECODE_ACTIVATIONS == "bf16" and x.dim() == 2 and 0 < x.shape[0] <= DECODE_KERNEL_MAX_M
+            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and _decode_kernel_here(x.device))
+
+
+def rows_wanted(x: torch.Tensor) -> bool:
+    """Whether a projection's fp8_linear(x) reads x's per-token FP8 rows: a fused producer (kernels/fp8_fused.py)
+    writes them beside x only then. x: the producer's input, of the same tokens and dtype as its output."""
+    return not _weight_only(x)
 
 
 def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor,
@@ -175,6 +192,9 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     the dequantized operands, since CPU `_scaled_mm` takes rowwise scales in some torch releases and not
     in others.
     """
+    if _weight_only(x):
+        y = fp8w_decode_mm(x, q_weight, weight_scale)
+        return y if bias is None else y + bias
     q_x, s_x = attached_rows(x) or quantize_rows(x)  # written beside x by its producer, or quantized here
     if x.is_cuda and 0 < q_x.shape[0] <= DECODE_KERNEL_MAX_M and _decode_kernel_here(x.device):
         y = fp8_decode_mm(q_x, s_x, q_weight, weight_scale)

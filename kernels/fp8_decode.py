@@ -25,6 +25,12 @@ Accumulation: every FP8 wgmma's sum of 32 products is added into an fp32 accumul
 the whole K in the tensor cores' narrower accumulator, and 0 (no imprecise sums at all) makes Triton
 drop wgmma for an fp16 mma.sync of upcast operands (seen in Triton 3.8's PTX).
 
+The weight-only form (`fp8w_decode_mm`, X_FP8 off): x stays bf16 (or fp16), each FP8 weight tile is widened
+to x's type in registers (two e4m3 values a conversion, exact) and the dot is a 16-bit wgmma with the weight
+as its register operand; only s_w scales the sum. At these sizes the step is the weight's bytes, which stay
+FP8, and no activation is quantized: no quantization launch, no fused producer's FP8 pass, no 3-bit mantissa
+on the activation. kernels/fp8.py DECODE_ACTIVATIONS picks the form.
+
 `fp8_linear` (kernels/fp8.py) runs this kernel at 1..DECODE_KERNEL_MAX_M tokens (64) on Hopper, where it
 was tuned and measured faster than `_scaled_mm`; the environment variable VLORA_FP8_DECODE_MAX_M (an
 integer 0..64, read once at import) overrides the count, on any GPU (0 turns the kernel off). Nothing here syncs
@@ -55,6 +61,8 @@ CONFIGS = {
     (37888, 3584): (128, 128, 1, 4, 3),  # gate_up_proj: 296 channel tiles, no split: one launch (4 stages: 1.2-1.4x slower at 32-64 tokens)
     (3584, 18944): (64, 128, 4, 4, 5),   # down_proj: 56 x 4 splits of 37 K tiles = 224
 }
+# the weight-only form's own launches where a sweep (--activations bf16) found better ones; others: CONFIGS
+W_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
 TARGET_PROGRAMS = 264  # _fallback: two programs per SM on a 132-SM card
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this spends more on its partial than it saves
 MAX_SPLIT_K = 16
@@ -68,6 +76,19 @@ def decode_max_m(default: int, environ=None) -> int:
     if not raw.isdigit() or int(raw) > MAX_M:
         raise ValueError(f"VLORA_FP8_DECODE_MAX_M must be an integer from 0 to {MAX_M} (tokens), got {raw!r}")
     return int(raw)
+
+
+DECODE_ACTIVATION_KINDS = ("bf16", "fp8")
+
+
+def decode_activations(default: str, environ=None) -> str:
+    """fp8_linear's DECODE_ACTIVATIONS: `default`, or VLORA_FP8_DECODE_ACTIVATIONS when set (bf16 | fp8)."""
+    raw = (os.environ if environ is None else environ).get("VLORA_FP8_DECODE_ACTIVATIONS", "").strip()
+    if not raw:
+        return default
+    if raw not in DECODE_ACTIVATION_KINDS:
+        raise ValueError(f"VLORA_FP8_DECODE_ACTIVATIONS must be one of {DECODE_ACTIVATION_KINDS}, got {raw!r}")
+    return raw
 
 
 def decode_kernel_on(capability: tuple[int, int], environ=None) -> bool:
@@ -85,10 +106,11 @@ def _fallback(n: int, k: int) -> tuple[int, int, int, int, int]:
     return block_n, block_k, split, 4, 4
 
 
-def decode_config(n: int, k: int, split_k: int | None = None) -> tuple[int, int, int, int, int]:
+def decode_config(n: int, k: int, split_k: int | None = None, weight_only: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for an [N, K] weight; split_k overrides SPLIT_K
-    (clamped to the number of K tiles, so that no split is empty)."""
-    block_n, block_k, split, warps, stages = CONFIGS.get((n, k)) or _fallback(n, k)
+    (clamped to the number of K tiles, so that no split is empty); weight_only: fp8w_decode_mm's launch."""
+    block_n, block_k, split, warps, stages = ((weight_only and W_CONFIGS.get((n, k))) or CONFIGS.get((n, k))
+                                              or _fallback(n, k))
     if split_k is not None:
         split = split_k
     return block_n, block_k, max(1, min(split, triton.cdiv(k, block_k))), warps, stages
@@ -99,7 +121,9 @@ def decode_config(n: int, k: int, split_k: int | None = None) -> tuple[int, int,
 def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sx,
                        stride_os, stride_om, K_TILES_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                       LAUNCH_DEPENDENTS: tl.constexpr):
+                       LAUNCH_DEPENDENTS: tl.constexpr, X_FP8: tl.constexpr):
+    # X_FP8: x holds e4m3 tokens with their scales (FP8 wgmma); else x is the bf16/fp16 activation itself
+    # and each weight tile is widened to x's type in registers (a 16-bit wgmma; no s_x)
     # grid: (N tiles, SPLIT_K). acc is y.T's tile: channels down, tokens across.
     if LAUNCH_DEPENDENTS:  # the reduction behind may be scheduled now; it waits for the partials itself
         gdc_launch_dependents()
@@ -116,10 +140,12 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stri
         k_in = k_lo + t * BLOCK_K + offs_k < K  # K's tail, and the last split's tiles past K
         w = tl.load(w_ptrs, mask=mask_n[:, None] & k_in[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=mask_m[:, None] & k_in[None, :], other=0.0)  # tokens past M: zero rows
-        if UPCAST_DOT:  # the interpreter: products of e4m3 values are exact in fp32
+        if UPCAST_DOT:  # the interpreter: products of e4m3 (and of e4m3 by bf16) values are exact in fp32
             acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
-        else:
+        elif X_FP8:
             acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=WGMMA_K)
+        else:  # every e4m3 value is exact in bf16 and fp16
+            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out_mask = mask_n[:, None] & mask_m[None, :]
@@ -128,27 +154,32 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stri
         tl.store(out_ptr + pid_k * stride_os + out_offs, acc, mask=out_mask)
     else:
         s_w = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
-        s_x = tl.load(sx_ptr + offs_m * stride_sx, mask=mask_m, other=0.0)
-        y = acc * s_w[:, None] * s_x[None, :]
+        y = acc * s_w[:, None]
+        if X_FP8:
+            y = y * tl.load(sx_ptr + offs_m * stride_sx, mask=mask_m, other=0.0)[None, :]
         tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, y_ptr, N, stride_ps, stride_sx, stride_ym,
-                                   SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    # grid: (M, N blocks): y[m, n] = sum over splits (in split order) * s_w[n] * s_x[m]
+                                   SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                                   X_FP8: tl.constexpr):
+    # grid: (M, N blocks): y[m, n] = sum over splits (in split order) * s_w[n] (* s_x[m] when x was FP8)
     m, pid = tl.program_id(0), tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     s_w = tl.load(sw_ptr + offs, mask=mask, other=0.0)  # the scales do not depend on the GEMM
-    s_x = tl.load(sx_ptr + m * stride_sx)
+    s_x = tl.load(sx_ptr + m * stride_sx) if X_FP8 else 1.0
     if PDL:
         gdc_wait()  # launched behind the GEMM with PDL: every partial written and visible past here
     row = part_ptr + m * N + offs
     acc = tl.load(row, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(row + s * stride_ps, mask=mask, other=0.0)
-    tl.store(y_ptr + m * stride_ym + offs, (acc * s_w * s_x).to(y_ptr.dtype.element_ty), mask=mask)
+    y = acc * s_w
+    if X_FP8:
+        y = y * s_x
+    tl.store(y_ptr + m * stride_ym + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor,
@@ -158,44 +189,79 @@ def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: 
     q_x: [M, K] fp8 e4m3, rows K-contiguous; s_x: [M, 1] (or [M]) fp32; q_w: [N, K] fp8, rows
     K-contiguous; s_w: [N] fp32. split_k: override the configuration's SPLIT_K (tests); config: the whole
     (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) instead of the table's (bench/fp8_decode_sweep.py)."""
-    if q_x.dim() != 2 or q_w.dim() != 2 or q_x.shape[1] != q_w.shape[1]:
-        raise ValueError(f"fp8_decode_mm needs q_x [M, K] and q_w [N, K], got {tuple(q_x.shape)} and "
-                         f"{tuple(q_w.shape)}")
-    m, k = q_x.shape
-    n = q_w.shape[0]
-    if not 1 <= m <= MAX_M:
-        raise ValueError(f"fp8_decode_mm serves 1..{MAX_M} tokens, got M={m}")
-    if q_x.dtype != torch.float8_e4m3fn or q_w.dtype != torch.float8_e4m3fn:
+    _check_operands("fp8_decode_mm", q_x, q_w, s_w)
+    m = q_x.shape[0]
+    if q_x.dtype != torch.float8_e4m3fn:
         raise ValueError(f"fp8_decode_mm needs float8_e4m3fn operands, got {q_x.dtype} and {q_w.dtype}")
-    if q_x.stride(1) != 1 or q_w.stride(1) != 1:
-        raise ValueError(f"fp8_decode_mm needs K-contiguous rows, got strides {q_x.stride()} and {q_w.stride()}")
-    if s_x.numel() != m or s_w.shape != (n,) or s_x.dtype != torch.float32 or s_w.dtype != torch.float32:
-        raise ValueError(f"fp8_decode_mm needs fp32 scales s_x [{m}, 1] and s_w [{n}], got "
+    if s_x.numel() != m or s_x.dtype != torch.float32:
+        raise ValueError(f"fp8_decode_mm needs fp32 scales s_x [{m}, 1] and s_w [{q_w.shape[0]}], got "
                          f"{tuple(s_x.shape)} {s_x.dtype} and {tuple(s_w.shape)} {s_w.dtype}")
-    block_n, block_k, split, warps, stages = config or decode_config(n, k, split_k)
+    return _launch(q_x, s_x.reshape(m), q_w, s_w, torch.bfloat16, split_k, config)
+
+
+def fp8w_decode_mm(x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor, split_k: int | None = None,
+                   config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """x @ (q_w * s_w[:, None]).T in x's dtype [M, N], for 1 <= M <= MAX_M tokens: the FP8 weight
+    widened to x's 16-bit type tile by tile in registers, x itself never quantized.
+
+    Why: at decode sizes the GEMM streams the weight and the tokens are few, so a 16-bit wgmma costs
+    no more than an FP8 one, while quantizing x per token costs a launch (or a fused producer's
+    extra pass) per projection and rounds the activation to 3 mantissa bits. The weight's bytes, what
+    the step's time is made of, stay FP8. x: [M, K] bf16 or fp16, rows K-contiguous; the rest as
+    fp8_decode_mm."""
+    _check_operands("fp8w_decode_mm", x, q_w, s_w)
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"fp8w_decode_mm needs x in bfloat16 or float16, got {x.dtype}")
+    return _launch(x, None, q_w, s_w, x.dtype, split_k, config)
+
+
+def _check_operands(name: str, x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor) -> None:
+    if x.dim() != 2 or q_w.dim() != 2 or x.shape[1] != q_w.shape[1]:
+        raise ValueError(f"{name} needs x [M, K] and q_w [N, K], got {tuple(x.shape)} and {tuple(q_w.shape)}")
+    if not 1 <= x.shape[0] <= MAX_M:
+        raise ValueError(f"{name} serves 1..{MAX_M} tokens, got M={x.shape[0]}")
+    if q_w.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{name} needs float8_e4m3fn operands, got {x.dtype} and {q_w.dtype}")
+    if x.stride(1) != 1 or q_w.stride(1) != 1:
+        raise ValueError(f"{name} needs K-contiguous rows, got strides {x.stride()} and {q_w.stride()}")
+    if s_w.shape != (q_w.shape[0],) or s_w.dtype != torch.float32:
+        raise ValueError(f"{name} needs fp32 scales s_w [{q_w.shape[0]}], got {tuple(s_w.shape)} {s_w.dtype}")
+
+
+def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config) -> torch.Tensor:
+    """The GEMM (and, split over K, the reduction); s_x None: x is 16-bit (fp8w_decode_mm)."""
+    (m, k), n = x.shape, q_w.shape[0]
+    block_n, block_k, split, warps, stages = config or decode_config(n, k, split_k, weight_only=s_x is None)
     k_tiles = triton.cdiv(k, block_k)
     if config and not (block_n in (64, 128, 256) and block_k in (64, 128, 256) and 1 <= split <= k_tiles):
         raise ValueError(f"fp8_decode_mm config {config}: BLOCK_N and BLOCK_K must be 64, 128 or 256 and SPLIT_K "
                          f"1..{k_tiles} (K's tiles)")
     block_m = max(16, triton.next_power_of_2(m))
     k_tiles = triton.cdiv(k_tiles, split)  # per split
-    y = torch.empty((m, n), dtype=torch.bfloat16, device=q_x.device)
-    s_x = s_x.reshape(m)
-    out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=q_x.device)
-    pdl = split > 1 and pdl_available(q_x.device)
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    x_fp8 = s_x is not None
+    s_x = s_x if x_fp8 else s_w  # a pointer the kernels never read when x is 16-bit
+    out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    pdl = split > 1 and pdl_available(x.device)
     _fp8_decode_gemm_kernel[(triton.cdiv(n, block_n), split)](
-        q_x, q_w, s_x, s_w, out, m, n, k, q_x.stride(0), q_w.stride(0), s_x.stride(0),
+        x, q_w, s_x, s_w, out, m, n, k, x.stride(0), q_w.stride(0), s_x.stride(0),
         out.stride(0) if split > 1 else 0, n, K_TILES_PER_SPLIT=k_tiles, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), LAUNCH_DEPENDENTS=pdl, num_warps=warps,
-        num_stages=stages)
+        BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), LAUNCH_DEPENDENTS=pdl, X_FP8=x_fp8,
+        num_warps=warps, num_stages=stages)
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](out, s_x, s_w, y, n, out.stride(0), s_x.stride(0),
                                                                    y.stride(0), SPLIT_K=split, BLOCK=block, PDL=pdl,
-                                                                   num_warps=4, **({"launch_pdl": True} if pdl else {}))
+                                                                   X_FP8=x_fp8, num_warps=4,
+                                                                   **({"launch_pdl": True} if pdl else {}))
     return y
 
 
 def fp8_decode_mm_ref(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
     """The fp32 product of the dequantized operands (the test oracle), [M, N] fp32."""
     return (q_x.float() * s_x.reshape(-1, 1).float()) @ (q_w.float() * s_w.float()[:, None]).T
+
+
+def fp8w_decode_mm_ref(x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """fp8w_decode_mm's oracle: x (as it is) times the dequantized weight in fp32, [M, N] fp32."""
+    return x.float() @ (q_w.float() * s_w.float()[:, None]).T

@@ -58,6 +58,14 @@ class Attention(nn.Module):
         return out if self.reduce_output is None else self.reduce_output(out)  # LoRA's part included
 
 
+def _fp8_rows_wanted(x: torch.Tensor) -> bool:
+    """Whether the FP8 projection after x's producer reads its FP8 rows (at decode sizes the FP8 GEMM may
+    take the bf16 activation as it is: kernels/fp8.py `rows_wanted`)."""
+    from kernels.fp8 import rows_wanted
+
+    return rows_wanted(x)
+
+
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs, layer_index: int, dtype, device, fused: bool = False):
         super().__init__()
@@ -72,7 +80,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.fused and self.fp8_act:
+        if self.fused and self.fp8_act and _fp8_rows_wanted(gate_up):
             from kernels.fp8_fused import silu_mul_fp8
 
             act = silu_mul_fp8(gate_up)

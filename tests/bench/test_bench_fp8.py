@@ -72,7 +72,8 @@ def test_fp8_suite_on_cpu(vlora_home, tmp_path):
     gemm = {(r["projection"], r["m"]): r for r in rows if r["section"] == "gemm"}
     assert set(gemm) == {(p, m) for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") for m in (1, 2)}
     assert all(r[c] > 0 for r in gemm.values() for c in ("bf16_us", "fp8_us", "fp8_gemm_us", "plain_us", "swap_us",
-                                                          "triton_us", "quantize_us", "triton_tb_s"))
+                                                          "triton_us", "w8a16_us", "quantize_us", "triton_tb_s",
+                                                          "w8a16_tb_s"))
     assert gemm["down_proj", 1]["k"] == gemm["gate_up_proj", 1]["n"] // 2
     out = tmp_path / "cpu"
     with open(out / "fp8.csv", newline="") as f:

@@ -51,6 +51,14 @@ def test_sweep_rows_and_report_on_a_tiny_shape():
     assert lines[-2] == "CONFIGS (the best summed over the token counts):" and lines[-1].startswith("    (72, 256): (")
 
 
+def test_weight_only_sweep_times_the_bf16_token_form():
+    rows = sweep({"tiny_proj": (72, 256)}, [3], "cpu", _once, weight_only=True)
+    assert len(rows) == len(candidates(72, 256, weight_only=True)) and all(r["us"] > 0 for r in rows)
+    assert best_lines(rows, {}, "W_CONFIGS")[-2] == "W_CONFIGS (the best summed over the token counts):"
+    for block_n, block_k, _, _, stages in candidates(3584, 18944, weight_only=True):
+        assert stages * (block_n + 128) * block_k <= 227 << 10  # the tokens' tile is bf16: twice the bytes
+
+
 def test_the_command_refuses_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")

@@ -14,8 +14,8 @@ import triton
 
 from kernels import fp8
 from kernels.fp8 import quantize_rows_ref, quantize_weight, scaled_mm_rows
-from kernels.fp8_decode import (CONFIGS, MAX_M, decode_config, decode_kernel_on, decode_max_m, fp8_decode_mm,
-                                fp8_decode_mm_ref)
+from kernels.fp8_decode import (CONFIGS, MAX_M, decode_activations, decode_config, decode_kernel_on, decode_max_m,
+                                fp8_decode_mm, fp8_decode_mm_ref, fp8w_decode_mm, fp8w_decode_mm_ref)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # the bf16 output's rounding: to nearest on a GPU (2**-8 of a value at most); the interpreter truncates
@@ -51,6 +51,47 @@ def test_decode_gemm_matches_dequantized_fp32_product(m, split_k):
     _check(y, q_x, s_x, q_w, s_w)
     if split_k > 1:  # the splits are summed in a fixed order: the same bits every run
         assert torch.equal(y, fp8_decode_mm(q_x, s_x, q_w, s_w, split_k=split_k))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("m", [1, 7, 33, 64])
+def test_weight_only_gemm_matches_the_16_bit_activation_times_the_dequantized_weight(m, split_k, dtype):
+    """fp8w_decode_mm: x never quantized, so the oracle is x itself (not its FP8 rows) times dequantize(W)."""
+    g = torch.Generator().manual_seed(100 + m)
+    x = (torch.randn(m, 517, generator=g) * torch.logspace(-2, 1, m)[:, None]).to(DEV, dtype)
+    _, _, q_w, s_w = _operands(1, 200, 517, seed=m)
+    y = fp8w_decode_mm(x, q_w, s_w, split_k=split_k)
+    ref = fp8w_decode_mm_ref(x, q_w, s_w)
+    assert y.dtype == dtype and y.shape == ref.shape and torch.isfinite(y).all()
+    bound = x.float().abs() @ (q_w.float().abs() * s_w[:, None]).T
+    rel = BF16_REL if dtype == torch.bfloat16 else 2.0 ** -10
+    torch.testing.assert_close(y.float(), ref, rtol=rel, atol=1e-5 * bound.max().item())
+    # against the FP8-activation GEMM the difference is x's rounding to e4m3 alone: far from equal
+    q_x, s_x = quantize_rows_ref(x.float())
+    assert not torch.equal(y.float(), fp8_decode_mm(q_x, s_x, q_w, s_w, split_k=split_k).float())
+    if split_k > 1:
+        assert torch.equal(y, fp8w_decode_mm(x, q_w, s_w, split_k=split_k))
+
+
+@pytest.mark.parametrize("bad", ["m0", "m65", "dtype", "k", "weight"])
+def test_weight_only_bad_operands_are_refused_with_one_line(bad):
+    x = torch.zeros(MAX_M + 1, 32, dtype=torch.bfloat16, device=DEV)
+    _, _, q_w, s_w = _operands(1, 16, 32, seed=0)
+    args = dict(m0=(x[:0], q_w, s_w), m65=(x, q_w, s_w), dtype=(x[:2].float(), q_w, s_w), k=(x[:2, :16], q_w, s_w),
+                weight=(x[:2], q_w.float(), s_w))[bad]
+    with pytest.raises(ValueError, match="fp8w_decode_mm") as err:
+        fp8w_decode_mm(*args)
+    assert "\n" not in str(err.value)
+
+
+def test_decode_activations_come_from_the_environment_once_at_import():
+    assert decode_activations("bf16", {}) == "bf16" and decode_activations("bf16", {"VLORA_FP8_DECODE_ACTIVATIONS": "fp8"}) == "fp8"
+    with pytest.raises(ValueError, match="VLORA_FP8_DECODE_ACTIVATIONS must be one of"):
+        decode_activations("bf16", {"VLORA_FP8_DECODE_ACTIVATIONS": "int8"})
+    assert fp8.DECODE_ACTIVATIONS == decode_activations("bf16")
+    # the CPU never takes the weight-only path: a fused producer still writes its rows there
+    assert fp8.rows_wanted(torch.zeros(4, 8, dtype=torch.bfloat16))
 
 
 def test_split_k_and_one_pass_agree_on_a_scale_vector_of_shape_m():
@@ -116,8 +157,37 @@ def test_decode_gemm_at_the_7b_shapes_on_a_gpu(name, m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", list(SHAPES_7B))
+@pytest.mark.parametrize("m", [1, 32, 64])
+def test_weight_only_gemm_at_the_7b_shapes_on_a_gpu(name, m):
+    n, k = SHAPES_7B[name]
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g).to(DEV, torch.bfloat16)
+    _, _, q_w, s_w = _operands(1, n, k, seed=m)
+    y = fp8w_decode_mm(x, q_w, s_w)
+    bound = x.float().abs() @ (q_w.float().abs() * s_w[:, None]).T
+    torch.testing.assert_close(y.float(), fp8w_decode_mm_ref(x, q_w, s_w), rtol=BF16_REL, atol=1e-5 * bound.max().item())
+
+
+@pytest.mark.gpu
+def test_fp8_linear_takes_bf16_activations_at_decode_sizes(monkeypatch):
+    monkeypatch.setattr(fp8, "DECODE_KERNEL_MAX_M", 8)
+    monkeypatch.setattr(fp8, "DECODE_ACTIVATIONS", "bf16")
+    g = torch.Generator().manual_seed(4)
+    q_w, s_w = quantize_weight((torch.randn(384, 256, generator=g) * 0.05).to(DEV))
+    for m in (1, 8, 9):
+        x = torch.randn(m, 256, generator=g).to(DEV, torch.bfloat16)
+        q_x, s_x = fp8.quantize_rows(x)
+        want = fp8w_decode_mm(x, q_w, s_w) if m <= 8 else scaled_mm_rows(q_x, s_x, q_w, s_w)
+        assert torch.equal(fp8.fp8_linear(x, q_w, s_w), want) and fp8.rows_wanted(x) == (m > 8)
+        # rows a producer attached anyway are not read at decode sizes
+        assert torch.equal(fp8.fp8_linear(fp8.attach_rows(x.clone(), q_x, s_x), q_w, s_w), want)
+
+
+@pytest.mark.gpu
 def test_fp8_linear_runs_the_decode_kernel_up_to_its_threshold(monkeypatch):
     monkeypatch.setattr(fp8, "DECODE_KERNEL_MAX_M", 8)
+    monkeypatch.setattr(fp8, "DECODE_ACTIVATIONS", "fp8")
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(384, 256, generator=g) * 0.05).to(DEV)
     q_w, s_w = quantize_weight(w)

@@ -1,6 +1,7 @@
 """kernels/fp8_decode.py's GEMM compiled for Hopper on this machine (no GPU needed): the dot is an FP8
 wgmma with the weight's channels as its M and the tokens as its N, each wgmma's sum promoted to fp32,
-and both operands stream in 16-byte cp.async copies, pipelined."""
+and both operands stream in 16-byte cp.async copies, pipelined. The weight-only variant (bf16 tokens)
+widens each FP8 weight tile in registers and feeds it to a bf16 wgmma from there."""
 
 from __future__ import annotations
 
@@ -19,18 +20,23 @@ names = kernel.arg_names
 aligned = ("x_ptr", "w_ptr", "sx_ptr", "sw_ptr", "out_ptr", "N", "K", "stride_xm", "stride_wn", "stride_os",
            "stride_om")
 
-def launch_ptx(out_ptr, consts, warps=4, stages=4):
-    pointers = dict(x_ptr="*fp8e4nv", w_ptr="*fp8e4nv", sx_ptr="*fp32", sw_ptr="*fp32", out_ptr=out_ptr)
+def launch_ptx(out_ptr, consts, warps=4, stages=4, x_ptr="*fp8e4nv"):
+    pointers = dict(x_ptr=x_ptr, w_ptr="*fp8e4nv", sx_ptr="*fp32", sw_ptr="*fp32", out_ptr=out_ptr)
     signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
     source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(n),): v for n, v in consts.items()},
                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages)).asm["ptx"]
 
-base = dict(K_TILES_PER_SPLIT=7, BLOCK_K=128, UPCAST_DOT=False)
+base = dict(K_TILES_PER_SPLIT=7, BLOCK_K=128, UPCAST_DOT=False, X_FP8=True)
+wo = dict(base, X_FP8=False)
 out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False)),
        "m64_n128_split": launch_ptx("*fp32", dict(base, BLOCK_M=64, BLOCK_N=128, SPLIT=True, LAUNCH_DEPENDENTS=True)),
+       "w_m16_n64": launch_ptx("*bf16", dict(wo, BLOCK_M=16, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False),
+                               x_ptr="*bf16"),
+       "w_m64_n128_split": launch_ptx("*fp32", dict(wo, BLOCK_M=64, BLOCK_N=128, SPLIT=True, LAUNCH_DEPENDENTS=True),
+                                      x_ptr="*bf16", stages=3),
        "reduce": ptx(_fp8_decode_gemm_reduce_kernel, dict(part_ptr="*fp32", sx_ptr="*fp32", sw_ptr="*fp32",
-                                                          y_ptr="*bf16"), dict(SPLIT_K=4, BLOCK=1024, PDL=True))}
+                                                          y_ptr="*bf16"), dict(SPLIT_K=4, BLOCK=1024, PDL=True, X_FP8=True))}
 sys.stdout.write(json.dumps(out))
 """
 
@@ -53,7 +59,17 @@ def test_decode_gemm_is_an_fp8_wgmma_over_channels_by_tokens(ptx, variant, token
     assert code.count("add.f32") >= 4 * per_thread
 
 
-@pytest.mark.parametrize("variant", ["m16_n64", "m64_n128_split"])
+@pytest.mark.parametrize("variant, tokens", [("w_m16_n64", 16), ("w_m64_n128_split", 64)])
+def test_weight_only_gemm_widens_the_fp8_tile_in_registers_into_a_bf16_wgmma(ptx, variant, tokens):
+    code = ptx[variant]
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.f32\.bf16\.bf16 \{[^}]*\}, (\S+)", code)
+    assert {shape for shape, _ in wgmma} == {f"m64n{tokens}k16"}, sorted(set(re.findall(r"\bw?gmma[.\w]*", code)))
+    # the A operand (the weight's channels) is a register list: widened after its load, never written back
+    assert all(a.startswith("{") for _, a in wgmma) and "mma.sync" not in code and ".e4m3.e4m3" not in code
+    assert "cvt.rn.f16x2.e4m3x2" in code  # two e4m3 values a conversion (exact in f16, then in bf16)
+
+
+@pytest.mark.parametrize("variant", ["m16_n64", "m64_n128_split", "w_m16_n64", "w_m64_n128_split"])
 def test_decode_gemm_streams_its_tiles_in_16_byte_async_copies(ptx, variant):
     code = ptx[variant]
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], (0x\w+)", code)

@@ -9,6 +9,7 @@ import csv
 import pytest
 import torch
 
+from kernels import fp8 as fp8_kernels
 from serve import Engine, EngineConfig, Request, SamplingParams
 from serve.models import fp8 as fp8_models
 
@@ -29,7 +30,9 @@ def _generate(ckpt, fuse: bool, monkeypatch):
     return outs
 
 
-def test_fused_quantization_gives_the_unfused_tokens_and_logits(tiny_zoo, monkeypatch):
+@pytest.mark.parametrize("decode_activations", ["fp8", "bf16"])  # bf16: the fusion in prefill steps only
+def test_fused_quantization_gives_the_unfused_tokens_and_logits(tiny_zoo, monkeypatch, decode_activations):
+    monkeypatch.setattr(fp8_kernels, "DECODE_ACTIVATIONS", decode_activations)
     ckpt = tiny_zoo["qwen2_vl_tiny"]
     fused, plain = _generate(ckpt, True, monkeypatch), _generate(ckpt, False, monkeypatch)
     for a, b in zip(fused, plain):
@@ -38,8 +41,11 @@ def test_fused_quantization_gives_the_unfused_tokens_and_logits(tiny_zoo, monkey
             torch.testing.assert_close(x.float(), y.float(), atol=1e-3, rtol=1e-3)
 
 
-def test_fp8_bench_profile_counts_one_quantization_launch_a_layer(vlora_home, tmp_path):
+def test_fp8_bench_profile_counts_one_quantization_launch_a_layer(vlora_home, tmp_path, monkeypatch):
+    """With per-token FP8 activations at decode sizes (fp8_a8's way), the fusion's A/B."""
     from bench.fp8 import Fp8BenchJob, run_fp8_bench
+
+    monkeypatch.setattr(fp8_kernels, "DECODE_ACTIVATIONS", "fp8")
 
     rows, meta = run_fp8_bench(Fp8BenchJob(model="qwen2_vl_tiny", device="cuda", prompts=2, prompt_tokens=16,
                                            image_size=56, output_tokens=4, batch_sizes=(1, 4), decode_tokens=3,
@@ -59,3 +65,30 @@ def test_fp8_bench_profile_counts_one_quantization_launch_a_layer(vlora_home, tm
     assert all(r["fp8_gemm_us"] > 0 for r in rows if r["section"] == "gemm")
     acc = [r for r in rows if r["section"] == "accuracy" and r["against"] == "fp8"]
     assert acc and all(r["logit_max_abs_err"] < 1e-2 for r in acc)
+
+
+def test_weight_only_decode_launches_no_quantization(vlora_home, tmp_path):
+    """The default decode: FP8 GEMMs on the bf16 activations as they are, so a decode step has no quantization
+    launch and no fused producer writing FP8 rows; fp8_a8 (per-token FP8 activations) beside it has them."""
+    from bench.fp8 import Fp8BenchJob, run_fp8_bench
+
+    assert fp8_kernels.DECODE_ACTIVATIONS == "bf16"
+    rows, meta = run_fp8_bench(Fp8BenchJob(model="qwen2_vl_tiny", device="cuda", prompts=2, prompt_tokens=16,
+                                           image_size=56, output_tokens=4, batch_sizes=(4,), decode_tokens=3,
+                                           switch_repeats=1, profile=True, profile_repeats=2, compare_a8=True,
+                                           gemm=False, out_dir=str(tmp_path)))
+    layers, out = meta["layers"], next(tmp_path.iterdir())
+    assert meta["decode_activations"] == "bf16"
+    for name, quantize_want, fused_want in (("fp8", 0, 0), ("fp8_a8", layers, 4 * layers)):
+        with open(out / f"profile_{name}_b4.csv", newline="") as f:
+            calls = {}
+            for k in csv.DictReader(f):
+                calls[k["kernel"]] = calls.get(k["kernel"], 0) + float(k["calls"])
+        assert sum(c for k, c in calls.items() if "_quantize_rows_kernel" in k) == quantize_want, name
+        assert sum(c for k, c in calls.items() if "_fp8_kernel" in k) == fused_want, name
+        assert sum(c for k, c in calls.items() if "_fp8_decode_gemm_kernel" in k) == 4 * layers, name
+    # the activations' rounding at decode is the only difference: no larger than FP8's own error against fp32
+    acc = {(r["precision"], r["adapter"], r["mode"], r["against"]): r["logit_max_abs_err"] for r in rows
+           if r["section"] == "accuracy"}
+    pairs = [(err, acc["fp8", a, m, "fp32"]) for (p, a, m, against), err in acc.items() if p == "fp8_a8" and against == "fp8"]
+    assert pairs and all(err <= 2 * own for err, own in pairs), pairs

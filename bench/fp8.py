@@ -53,11 +53,11 @@ from .results import device_label, results_dir
 
 # name -> (engine dtype, quantization); fp8_unfused (compare_unfused=true): every FP8 projection quantizes its
 # input itself, not the norm or SiLU-mul before it (serve.models.fp8.fuse_quantization): same numbers, more launches;
-# fp8_a8 (compare_a8=true): at decode sizes the FP8 GEMM takes FP8 activations quantized per token, not the bf16
-# ones as they are (kernels/fp8.py DECODE_ACTIVATIONS; "fp8" is the precision this process runs by default)
+# fp8_w8a16 (compare_w8a16=true): at decode sizes the FP8 GEMM takes the bf16 activations as they are, not their
+# per-token FP8 rows (kernels/fp8.py DECODE_ACTIVATIONS "bf16"; "fp8" runs this process's setting, "fp8" by default)
 PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8"),
-              "fp8_unfused": ("bfloat16", "fp8"), "fp8_a8": ("bfloat16", "fp8")}
-OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_a8": "compare_a8"}
+              "fp8_unfused": ("bfloat16", "fp8"), "fp8_w8a16": ("bfloat16", "fp8")}
+OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_w8a16": "compare_w8a16"}
 
 
 @dataclass
@@ -79,7 +79,7 @@ class Fp8BenchJob:
     profile: bool = False
     profile_repeats: int = 3
     compare_unfused: bool = False  # also fp8_unfused: the fused quantization's A/B (a fourth engine)
-    compare_a8: bool = False  # also fp8_a8: decode GEMMs on per-token FP8 activations (the weight-only decode's A/B)
+    compare_w8a16: bool = False  # also fp8_w8a16: decode GEMMs on the bf16 activations as they are (weight-only's A/B)
     gemm: bool = True  # each projection's GEMM alone, bf16 against FP8 (bench/fp8_gemm.py), after the engines
     # trained adapters' task-head answers and caption tokens, FP8 against bf16 on the same world items
     # (bench/fp8_heads.py, section "heads"); heads_only: that section alone, no random-weight engines
@@ -223,7 +223,7 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
                                  torch.bfloat16, job.device)
     outs, rows, load_s = {}, [], {}
     for name in (p for p in PRECISIONS if p not in OPTIONAL or getattr(job, OPTIONAL[p])):
-        with _decode_activations("fp8" if name == "fp8_a8" else fp8_kernels.DECODE_ACTIVATIONS):
+        with _decode_activations("bf16" if name == "fp8_w8a16" else fp8_kernels.DECODE_ACTIVATIONS):
             t0 = time.perf_counter()
             engine = _engine(job, workdir, weights, name, kv_blocks)
             load_s[name] = time.perf_counter() - t0
@@ -255,8 +255,8 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
         if mode == "merged":
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode,
                              against=f"{name} unmerged", **compare_outputs(outs[name, adapter, "unmerged"], got)))
-        if name in ("fp8_unfused", "fp8_a8"):  # the fusion moves launches, not numbers: zero error expected; the
-            # FP8 activations at decode round what the weight-only GEMM multiplies as it is
+        if name in ("fp8_unfused", "fp8_w8a16"):  # the fusion moves launches, not numbers: zero error expected; the
+            # weight-only GEMM multiplies at decode what the FP8 form rounds to 3 mantissa bits first
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode, against="fp8",
                              **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,

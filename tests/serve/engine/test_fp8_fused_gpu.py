@@ -42,7 +42,7 @@ def test_fused_quantization_gives_the_unfused_tokens_and_logits(tiny_zoo, monkey
 
 
 def test_fp8_bench_profile_counts_one_quantization_launch_a_layer(vlora_home, tmp_path, monkeypatch):
-    """With per-token FP8 activations at decode sizes (fp8_a8's way), the fusion's A/B."""
+    """With per-token FP8 activations at decode sizes (the default), the fusion's A/B."""
     from bench.fp8 import Fp8BenchJob, run_fp8_bench
 
     monkeypatch.setattr(fp8_kernels, "DECODE_ACTIVATIONS", "fp8")
@@ -68,18 +68,19 @@ def test_fp8_bench_profile_counts_one_quantization_launch_a_layer(vlora_home, tm
 
 
 def test_weight_only_decode_launches_no_quantization(vlora_home, tmp_path):
-    """The default decode: FP8 GEMMs on the bf16 activations as they are, so a decode step has no quantization
-    launch and no fused producer writing FP8 rows; fp8_a8 (per-token FP8 activations) beside it has them."""
+    """fp8_w8a16 (DECODE_ACTIVATIONS "bf16"): FP8 GEMMs on the bf16 activations as they are, so its decode step
+    has no quantization launch and no fused producer writing FP8 rows; fp8 (per-token FP8 activations, the
+    default) beside it has them."""
     from bench.fp8 import Fp8BenchJob, run_fp8_bench
 
-    assert fp8_kernels.DECODE_ACTIVATIONS == "bf16"
+    assert fp8_kernels.DECODE_ACTIVATIONS == "fp8"
     rows, meta = run_fp8_bench(Fp8BenchJob(model="qwen2_vl_tiny", device="cuda", prompts=2, prompt_tokens=16,
                                            image_size=56, output_tokens=4, batch_sizes=(4,), decode_tokens=3,
-                                           switch_repeats=1, profile=True, profile_repeats=2, compare_a8=True,
+                                           switch_repeats=1, profile=True, profile_repeats=2, compare_w8a16=True,
                                            gemm=False, out_dir=str(tmp_path)))
     layers, out = meta["layers"], next(tmp_path.iterdir())
-    assert meta["decode_activations"] == "bf16"
-    for name, quantize_want, fused_want in (("fp8", 0, 0), ("fp8_a8", layers, 4 * layers)):
+    assert meta["decode_activations"] == "fp8"
+    for name, quantize_want, fused_want in (("fp8_w8a16", 0, 0), ("fp8", layers, 4 * layers)):
         with open(out / f"profile_{name}_b4.csv", newline="") as f:
             calls = {}
             for k in csv.DictReader(f):
@@ -90,5 +91,6 @@ def test_weight_only_decode_launches_no_quantization(vlora_home, tmp_path):
     # the activations' rounding at decode is the only difference: no larger than FP8's own error against fp32
     acc = {(r["precision"], r["adapter"], r["mode"], r["against"]): r["logit_max_abs_err"] for r in rows
            if r["section"] == "accuracy"}
-    pairs = [(err, acc["fp8", a, m, "fp32"]) for (p, a, m, against), err in acc.items() if p == "fp8_a8" and against == "fp8"]
+    pairs = [(err, acc["fp8", a, m, "fp32"]) for (p, a, m, against), err in acc.items()
+             if p == "fp8_w8a16" and against == "fp8"]
     assert pairs and all(err <= 2 * own for err, own in pairs), pairs

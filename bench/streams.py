@@ -100,6 +100,9 @@ class StreamsBenchJob:
     hf_batch: int = 8
     hf_batches: int = 4  # timed batches (after one warm-up batch)
     matmul_n: int = 8192  # side of the timed square matmul (cpu: at most 1024)
+    # GPU: the same matmul back to back for this long at the end, its rate once the clocks have settled under
+    # full load (a GPU at its power limit clocks down): the compute floor at that rate beside the burst one (0: off)
+    matmul_sustained_s: float = 20.0
     seed: int = 0
     out_dir: str = "results/streams"
     command: str | None = None  # recorded in the JSON; default: this process's command line
@@ -219,7 +222,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
 
     from .streams_hf import chunk_flops, hf_chunks_per_s, matmul_tflops
     from .streams_load import run_point
-    from .streams_report import cold_summary, summarize, write_report
+    from .streams_report import cold_summary, floor_summary, summarize, write_report
     from .streams_served import Served, max_connections, set_encode_ahead
 
     cuda = job.device.startswith("cuda")
@@ -307,10 +310,18 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
         _log(f"transformers generate, {job.hf_batch} chunks per batch, {job.hf_batches} batches")
         hf_result = hf_chunks_per_s(hf, processor, job, chunks)
         _log(f"transformers: {hf_result['chunks_per_s']:.2f} chunks/s")
-    summary = summarize(rows, job, flops, tflops, hf_result)
+    sustained = None
+    if cuda and job.matmul_sustained_s > 0:  # last: the load heats the GPU, which no point should start from
+        from kernels.timing import sustained_matmul_tflops
+
+        with torch.cuda.device(torch.device(job.device)):
+            sustained = sustained_matmul_tflops(job.matmul_n, getattr(torch, job.dtype), job.matmul_sustained_s)
+        _log(f"matmul sustained for {job.matmul_sustained_s:g} s: {sustained}")
+    summary = summarize(rows, job, flops, tflops, hf_result, sustained and sustained["tflops"])
     meta = dict(device=device_name, date=time.strftime("%Y-%m-%d"), command=command, engine_load_s=load_s,
                 start_s=start_s, warm_up=warm, cold=cold_summary(rows, job), visual_tokens_per_chunk=visual_tokens,
-                matmul_tflops=tflops, flops=flops, hf=hf_result, summary=summary, adapters=names, engine_only=in_process,
+                matmul_tflops=tflops, matmul_sustained=sustained, floor=floor_summary(flops, tflops, sustained, in_process),
+                flops=flops, hf=hf_result, summary=summary, adapters=names, engine_only=in_process,
                 torch=torch.__version__, transformers=__import__("transformers").__version__,
                 quantization=job.quantization, job=dataclasses.asdict(job))
     served.close()

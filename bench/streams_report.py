@@ -18,10 +18,12 @@ SUMMARY_TABLE = ("mode", "max_streams", "chunks_per_s", "vision_tokens_per_s", "
                  "matmul_fraction", "compute_floor_chunks_per_s", "hf_chunks_per_s", "vs_hf")
 
 
-def summarize(rows: list[dict], job, flops: dict, tflops: float, hf: dict | None) -> list[dict]:
+def summarize(rows: list[dict], job, flops: dict, tflops: float, hf: dict | None,
+              sustained_tflops: float | None = None) -> list[dict]:
     """Per mode: the largest passing stream count, its chunks/s and the fraction of the matmul rate
-    that chunks/s x FLOPs per chunk reaches, the compute floor (matmul rate / FLOPs per chunk) and
-    the ratio to transformers' chunks/s."""
+    that chunks/s x FLOPs per chunk reaches, the compute floor (matmul rate / FLOPs per chunk; at the
+    sustained rate too, where measured) and the ratio to transformers' chunks/s."""
+    sustained = sustained_tflops or math.nan
     out = []
     hf_rate = hf["chunks_per_s"] if hf else math.nan
     for mode in job.modes:
@@ -37,10 +39,24 @@ def summarize(rows: list[dict], job, flops: dict, tflops: float, hf: dict | None
                     "p95_ms": best["p95_ms"] if best else math.nan, "target_ms": job.target_ms,
                     "tflop_per_chunk": per_chunk / 1e12, "achieved_tflops": achieved, "matmul_tflops": tflops,
                     "matmul_fraction": achieved / tflops, "compute_floor_chunks_per_s": tflops * 1e12 / per_chunk,
+                    "sustained_floor_chunks_per_s": sustained * 1e12 / per_chunk,
                     "peak_served_per_s": peak["served_per_s"] if peak else math.nan,
                     "peak_at_streams": peak["streams"] if peak else 0,
                     "hf_chunks_per_s": hf_rate, "vs_hf": rate / hf_rate if hf else math.nan})
     return out
+
+
+def floor_summary(flops: dict, tflops: float, sustained: dict | None, in_process: dict | None) -> dict:
+    """A head chunk's compute floor in GPU ms at the burst matmul rate and at the sustained one, and the
+    in-process full batch's GPU ms per chunk over each (the issue's target: <= 1.25x)."""
+    floor = {"burst_ms": flops["head"] / (tflops * 1e12) * 1e3}
+    if sustained:
+        floor["sustained_ms"] = flops["head"] / (sustained["tflops"] * 1e12) * 1e3
+    gpu_ms = ((in_process or {}).get("full_batch") or {}).get("gpu_ms_per_chunk")
+    if gpu_ms:
+        floor["gpu_ms_per_chunk"] = gpu_ms
+        floor.update({f"vs_{k[:-3]}": gpu_ms / v for k, v in list(floor.items()) if k.endswith("_ms") and k != "gpu_ms_per_chunk"})
+    return floor
 
 
 COLD_TARGET = 1.5  # the cold point's p95 within this multiple of the warm p95 at the same count
@@ -101,6 +117,16 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
     if hf:
         print(f"\ntransformers generate, batch {hf['batch']}: {hf['chunks_per_s']:.3g} chunks/s "
               f"({hf['chunks_per_s_with_preprocess']:.3g} with preprocessing)")
+    floor, sustained = meta.get("floor") or {}, meta.get("matmul_sustained")
+    if floor:
+        line = f"\ncompute floor of a head chunk: {floor['burst_ms']:.1f} GPU ms at the burst matmul rate"
+        if sustained:
+            line += (f", {floor['sustained_ms']:.1f} at the sustained one ({sustained['tflops']:.4g} TFLOP/s after "
+                     f"{meta['job']['matmul_sustained_s']:g} s, SM clock {sustained['sm_clock_mhz']} MHz)")
+        if "gpu_ms_per_chunk" in floor:
+            line += f"; in process {floor['gpu_ms_per_chunk']:.1f} GPU ms per chunk = {floor['vs_burst']:.2f}x the burst floor"
+            line += f", {floor['vs_sustained']:.2f}x the sustained one" if "vs_sustained" in floor else ""
+        print(line + " (target <= 1.25x)")
     print(f"{meta['device']}, {meta['date']}: matmul {meta['matmul_tflops']:.4g} TFLOP/s; wrote {out}")
 
 

@@ -139,6 +139,40 @@ def matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.float16) -> float:
     return 2 * n**3 / (us * 1e-6) / 1e12
 
 
+def sustained_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16, seconds: float = 20.0) -> dict:
+    """The same product's rate once the device has run it back to back for `seconds`: {"tflops": the median
+    rate of the last quarter's batches, "first_tflops": the first batch's, "batches", "sm_clock_mhz": the SM
+    clock at the end where NVML answers, else None}.
+
+    Why: a GPU at its power limit lowers its clocks within seconds of full load (an H200 at 700 W ran its SMs
+    at 1.5-1.75 GHz under camera streams, against 1.98 GHz idle: results/streams/nvidia_h200/window/dmon.txt), so
+    a sustained workload meets this rate, not `matmul_tflops`'s burst of 20 products."""
+    import time
+
+    a = torch.randn(n, n, dtype=dtype, device="cuda")
+    b = torch.randn(n, n, dtype=dtype, device="cuda")
+    out = torch.empty(n, n, dtype=dtype, device="cuda")
+    torch.mm(a, b, out=out)
+    torch.cuda.synchronize()
+    per_batch = max(1, int(0.25 / (time_op(lambda: torch.mm(a, b, out=out), warmup=2, repeats=5, use_graph=False)
+                                   * 1e-6)))  # about a quarter second a batch
+    rates, end = [], time.monotonic() + seconds
+    while time.monotonic() < end or len(rates) < 4:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(per_batch):
+            torch.mm(a, b, out=out)
+        stop.record()
+        stop.synchronize()
+        rates.append(2 * n**3 * per_batch / (start.elapsed_time(stop) * 1e-3) / 1e12)
+    try:
+        clock = torch.cuda.clock_rate()
+    except Exception:  # no NVML on this machine: the rate alone
+        clock = None
+    return {"tflops": statistics.median(rates[-max(1, len(rates) // 4):]), "first_tflops": rates[0],
+            "batches": len(rates), "sm_clock_mhz": clock}
+
+
 def roofline_us(flops: float, n_bytes: float, tflops: float, gbs: float) -> float:
     """The floor of an op: the larger of its arithmetic time and its memory time, in microseconds."""
     return max(flops / (tflops * 1e12), n_bytes / (gbs * 1e9)) * 1e6

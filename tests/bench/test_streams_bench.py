@@ -90,6 +90,9 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
         assert s["max_streams"] == counts[-1] and 0 < s["matmul_fraction"] < 1
         assert s["compute_floor_chunks_per_s"] > 0 and s["vs_hf"] > 0
     assert meta["device"] == "cpu" and meta["date"] and meta["command"]
+    # the CPU has neither a sustained GPU rate nor a device timeline: the floor at the burst rate alone
+    assert meta["matmul_sustained"] is None and set(meta["floor"]) == {"burst_ms"}
+    assert meta["floor"]["burst_ms"] == pytest.approx(flops["head"] / meta["matmul_tflops"] / 1e9)
     in_process = meta["engine_only"]  # the same chunks on the engine without RPC
     assert in_process["full_batch"]["chunks"] == 8 and in_process["full_batch"]["chunks_per_s"] > 0
     ab = in_process["encode_ahead_ab"]  # the full batch again, encoding ahead off and on in turns
@@ -129,6 +132,16 @@ def test_streams_suite_with_the_loop_on_a_thread(vlora_home, tmp_path, one_threa
     assert not any(r["engine_process"] for r in rows) and all(r["done"] == r["sent"] > 0 for r in rows)
     assert meta["warm_up"]["thread"] == "server" and meta["start_s"] >= meta["engine_load_s"] + rows[0]["server_warm_up_s"]
     assert rows[0]["steps"] < meta["warm_up"]["steps"]
+
+
+def test_floor_at_the_burst_and_the_sustained_matmul_rate():
+    from bench.streams_report import floor_summary
+
+    flops = {"head": 14.43e12}
+    got = floor_summary(flops, 790.0, {"tflops": 641.0, "sm_clock_mhz": 1605}, {"full_batch": {"gpu_ms_per_chunk": 26.6}})
+    assert got["burst_ms"] == pytest.approx(18.27, abs=0.01) and got["sustained_ms"] == pytest.approx(22.51, abs=0.01)
+    assert got["vs_burst"] == pytest.approx(26.6 / got["burst_ms"]) and got["vs_sustained"] == pytest.approx(26.6 / got["sustained_ms"])
+    assert floor_summary(flops, 790.0, None, None) == {"burst_ms": pytest.approx(18.27, abs=0.01)}
 
 
 def test_search_stops_at_the_first_failure_then_bisects():

@@ -98,7 +98,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
                **served.run(functools.partial(since, before=before, first=30 if cold else 0)),
                engine_process=not served.in_thread, gc=pauses.summary())
     _log(label + " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps",)))
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps", "first_phases_ms")))
     return row
 
 
@@ -266,14 +266,24 @@ def gc_pauses():
 
 def _steps(engine, n: int, first: int = 0) -> dict:
     """The point's engine steps: how many, and the slowest five as (sequences, tokens, ms), which is
-    where a compile on first use shows (a step seconds long among steps of tens of ms); `first` > 0:
-    also its first steps in order (a cold point's: where a backlog starts)."""
+    where a compile on first use shows (a step seconds long among steps of tens of ms); `phase_ms`, the
+    mean host time per step in each of the runner's phases; `first` > 0: also its first steps in order,
+    with their phases (a cold point's: where a backlog starts, and whether its steps waited on the host)."""
     log = list(engine.step_log)[-n:] if n > 0 else []
     slow = sorted(log, key=lambda e: -e[3])[:5]
     out = {"steps": n, "step_max_ms": slow[0][3] * 1e3 if slow else math.nan,
            "slow_steps": [[seqs, tokens, round(s * 1e3, 1)] for seqs, tokens, _, s in slow]}
+    # the runner's host phases of the same steps (ModelRunner.PHASES): a step whose host phases are long (not its
+    # wait for the device) left the device idle meanwhile
+    runner = getattr(engine, "runner", None)
+    phases = list(getattr(runner, "phase_log", ()))[-n:] if n > 0 else []
+    if phases and len(phases) == len(log):
+        names = runner.PHASES
+        out["phase_ms"] = {k: round(sum(p[i] for p in phases) / len(phases) * 1e3, 2) for i, k in enumerate(names)}
     if first:
         out["first_steps"] = [[seqs, tokens, round(s * 1e3, 1)] for seqs, tokens, _, s in log[:first]]
+        if "phase_ms" in out:
+            out["first_phases_ms"] = [[round(x * 1e3, 1) for x in p] for p in phases[:first]]
     return out
 
 

@@ -12,6 +12,8 @@ at their last chunk, get their task head's answer in `seq.state.head_result`.
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections import deque
 from contextlib import nullcontext
 
 import torch
@@ -59,6 +61,9 @@ class ModelRunner:
         self.counters = {"encoder_calls": 0, "items_encoded": 0, "items_encoded_ahead": 0, "encode_ahead_failures": 0,
                          "graph_steps": 0, "eager_steps": 0}
         self._ahead_failed: set[str] = set()  # items whose encode ahead failed: left to their own step
+        # per run(), the host's seconds in each phase (PHASES): where a slow step's time went, the device's
+        # work (wait) or the host's own (a step whose host phases are long left the device idle meanwhile)
+        self.phase_log: deque[tuple[float, ...]] = deque(maxlen=65536)
         self.default_generator = torch.Generator(device=device).manual_seed(config.seed)
         self.graphs = None
         if device.type == "cuda" and config.cuda_graphs and backend == "triton":
@@ -120,13 +125,17 @@ class ModelRunner:
         waits for its results: the engine encodes the next step's pictures there (encode_ahead), so
         the device has work while the host plans the next step."""
         entries = batch.entries
+        marks = [time.perf_counter()]
         inputs = build_step_inputs(self.model, entries, self.block_size, self.device)
         if self.lora is not None:
             inputs.context.lora = self.lora.step_batch([(seq.adapter, n) for seq, n in entries])
+        marks.append(time.perf_counter())
         with self._tower_step(entries):
             attach_vision(self.model, inputs, entries, self.encoder_cache, self.config.max_vision_batch, self.counters)
+        marks.append(time.perf_counter())
         hidden = self._forward(inputs)
         release_vision(entries)
+        marks.append(time.perf_counter())
         heads = self._launch_heads(entries, hidden)
         keep = [i for i, seq in enumerate(inputs.sample_seqs) if not seq.prefill_only]
         seqs = [inputs.sample_seqs[i] for i in keep]
@@ -141,20 +150,29 @@ class ModelRunner:
                 tokens = tokens.to("cpu", non_blocking=True)  # pinned, queued
                 ready = torch.cuda.Event()
                 ready.record()
+        marks.append(time.perf_counter())
         if ahead is not None:
             ahead()
+        marks.append(time.perf_counter())
         if heads is not None:
             done, pending = heads
             for seq, result in zip(done, pending.results()):
                 seq.state.head_rows, seq.state.head_result = None, result
-        if not keep:
-            return {}
         if ready is not None:
             ready.synchronize()
+        marks.append(time.perf_counter())
+        self.phase_log.append(tuple(b - a for a, b in zip(marks, marks[1:])))
+        if not keep:
+            return {}
         for i, seq in enumerate(seqs):
             if seq.state.sampling.keep_logits:
                 seq.state.logits.append(logits[i].cpu())
         return {seq.seq_id: token for seq, token in zip(seqs, tokens.tolist())}
+
+    # run()'s host phases, in order: the step's inputs (and LoRA batch), its pictures' vision work (decode, patchify,
+    # the tower's launches), the language model's launches, the heads' and sampling's launches, the next step's
+    # pictures queued (encode_ahead), then the wait for the device's results (heads, sampled tokens)
+    PHASES = ("inputs", "vision", "forward", "sample", "ahead", "wait")
 
     def encode_ahead(self, upcoming: list, ahead_now: int) -> int:
         """Encodes pictures of the next step's (seq, item) pairs behind the work already queued; returns

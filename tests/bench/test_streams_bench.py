@@ -69,7 +69,12 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     # the cold point's first steps in order: where a backlog starts
     first = rows[0]["first_steps"]
     assert 0 < len(first) == min(30, rows[0]["steps"]) and all(seqs >= 1 and ms > 0 for seqs, _, ms in first)
-    assert "first_steps" not in rows[1]
+    assert "first_steps" not in rows[1] and "first_phases_ms" not in rows[1]
+    # and where their host time went, phase by phase: the phases of a step add up to no more than the step
+    phases = rows[0]["first_phases_ms"]
+    assert len(phases) == len(first) and all(len(p) == 6 and sum(p) <= ms + 0.5 for p, (_, _, ms) in zip(phases, first))
+    assert all(set(r["phase_ms"]) == {"inputs", "vision", "forward", "sample", "ahead", "wait"} for r in rows)
+    assert all(r["phase_ms"]["forward"] > 0 for r in rows)
     assert all(r["gc"]["collections"] >= r["gc"]["full"] >= 0 and r["gc"]["max_ms"] >= 0 for r in rows)
     visual = meta["visual_tokens_per_chunk"]
     assert visual == 3 * 2 * 2 and all(r["vision_tokens_per_s"] == pytest.approx(r["chunks_per_s"] * visual) for r in rows)

@@ -149,7 +149,7 @@ def gemm_lines(rows: list[dict], layers: int) -> list[str]:
     lines.append("")
     for m in dict.fromkeys(r["m"] for r in gemm):
         at = [r for r in gemm if r["m"] == m]
-        bf16, fp8, mm, plain, tri, wo = (layers * sum(r.get(c, float("nan")) for r in at) / 1e3 for c in
+        bf16, fp8, mm, plain, tri, wo = (layers * sum(r[c] for r in at) / 1e3 for c in
                                          ("bf16_us", "fp8_us", "fp8_gemm_us", "plain_us", "triton_us", "w8a16_us"))
         lines.append(f"- batch {m}: the {layers} layers' projections take {bf16:.3g} ms in bf16, {fp8:.3g} ms in "
                      f"FP8 quantizing each input, {mm:.3g} ms in FP8 GEMMs alone ({plain:.3g} ms in _scaled_mm, "

@@ -55,7 +55,9 @@ def floor_summary(flops: dict, tflops: float, sustained: dict | None, in_process
     gpu_ms = ((in_process or {}).get("full_batch") or {}).get("gpu_ms_per_chunk")
     if gpu_ms:
         floor["gpu_ms_per_chunk"] = gpu_ms
-        floor.update({f"vs_{k[:-3]}": gpu_ms / v for k, v in list(floor.items()) if k.endswith("_ms") and k != "gpu_ms_per_chunk"})
+        floor["vs_burst"] = gpu_ms / floor["burst_ms"]
+        if sustained:
+            floor["vs_sustained"] = gpu_ms / floor["sustained_ms"]
     return floor
 
 
@@ -121,8 +123,9 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
     if floor:
         line = f"\ncompute floor of a head chunk: {floor['burst_ms']:.1f} GPU ms at the burst matmul rate"
         if sustained:
+            clock = f", SM clock {sustained['sm_clock_mhz']} MHz" if sustained["sm_clock_mhz"] else ""
             line += (f", {floor['sustained_ms']:.1f} at the sustained one ({sustained['tflops']:.4g} TFLOP/s after "
-                     f"{meta['job']['matmul_sustained_s']:g} s, SM clock {sustained['sm_clock_mhz']} MHz)")
+                     f"{meta['job']['matmul_sustained_s']:g} s{clock})")
         if "gpu_ms_per_chunk" in floor:
             line += f"; in process {floor['gpu_ms_per_chunk']:.1f} GPU ms per chunk = {floor['vs_burst']:.2f}x the burst floor"
             line += f", {floor['vs_sustained']:.2f}x the sustained one" if "vs_sustained" in floor else ""

@@ -88,6 +88,9 @@ class StreamsBenchJob:
     fresh_caches: bool = True
     cold_streams: int = 0  # > 0: a point of this many streams right after the engine is ready, before any other
     cold_seconds: float = 10.0  # the cold point's measured seconds, from its first chunk
+    # counts measured as the cold point is (from their first chunk, cold_seconds long) but on the warmed server after
+    # the search (point "ramp"): what N cameras starting at once cost a warm server, which the cold point is read beside
+    ramp_counts: tuple[int, ...] = ()
     # warm counts measured again after the search with the engine's encode_ahead off (an A/B in one run)
     ahead_off_counts: tuple[int, ...] = ()
     # warm counts measured again after the search for window_seconds each (point "window"): whether a count
@@ -108,7 +111,7 @@ class StreamsBenchJob:
     command: str | None = None  # recorded in the JSON; default: this process's command line
 
     def __post_init__(self) -> None:
-        for name in ("stream_counts", "modes", "targets", "ahead_off_counts", "window_counts"):
+        for name in ("stream_counts", "modes", "targets", "ahead_off_counts", "window_counts", "ramp_counts"):
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, (str, int)) else tuple(value))
         bad = [m for m in self.modes if m not in MODES]
@@ -129,6 +132,8 @@ class StreamsBenchJob:
                              f"got {self.image_size}")
         if self.cold_streams < 0 or not self.cold_seconds > 0:
             raise ValueError("cold_streams must be >= 0 (0: no cold point) and cold_seconds positive")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.ramp_counts):
+            raise ValueError(f"ramp_counts {list(self.ramp_counts)}: give positive integers")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.window_counts) \
                 or not self.window_seconds > 0:
             raise ValueError(f"window_counts {list(self.window_counts)}: give positive integers, and window_seconds "
@@ -292,6 +297,8 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
             rows.append(dict(run_point(served, job, job.modes[0], n, chunks, names), point="warm-ahead-off"))
         finally:
             served.run(functools.partial(set_encode_ahead, on=before))
+    for n in job.ramp_counts:
+        rows.append(dict(run_point(served, job, job.modes[0], n, chunks, names, cold=True), point="ramp"))
     long = dataclasses.replace(job, seconds=job.window_seconds)
     for n in job.window_counts:
         rows.append(dict(run_point(served, long, job.modes[0], n, chunks, names), point="window"))

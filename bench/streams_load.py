@@ -98,7 +98,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
                **served.run(functools.partial(since, before=before, first=30 if cold else 0)),
                engine_process=not served.in_thread, gc=pauses.summary())
     _log(label + " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps", "first_phases_ms")))
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps", "first_phases_ms", "first_between_ms")))
     return row
 
 
@@ -280,10 +280,17 @@ def _steps(engine, n: int, first: int = 0) -> dict:
     if phases and len(phases) == len(log):
         names = runner.PHASES
         out["phase_ms"] = {k: round(sum(p[i] for p in phases) / len(phases) * 1e3, 2) for i, k in enumerate(names)}
+    # before each step: the serving loop's time since the previous one ended, and the step's planning
+    between = list(getattr(engine, "between_log", ()))[-n:] if n > 0 else []
+    if between and len(between) == len(log):
+        out["between_ms"] = {k: round(sum(b[i] for b in between) / len(between) * 1e3, 2)
+                             for i, k in enumerate(("loop", "plan"))}
     if first:
         out["first_steps"] = [[seqs, tokens, round(s * 1e3, 1)] for seqs, tokens, _, s in log[:first]]
         if "phase_ms" in out:
             out["first_phases_ms"] = [[round(x * 1e3, 1) for x in p] for p in phases[:first]]
+        if "between_ms" in out:
+            out["first_between_ms"] = [[round(x * 1e3, 1) for x in b] for b in between[:first]]
     return out
 
 

@@ -158,6 +158,10 @@ class Engine:
         self._ids = itertools.count()
         self.step_times: deque[float] = deque(maxlen=4096)  # seconds of the model step
         self.step_log: deque[tuple[int, int, bool, float]] = deque(maxlen=65536)  # (seqs, tokens, decode-only, s)
+        # beside step_log, per step: (host seconds since the previous step ended, outside the engine: the serving
+        # loop's intake and replies; seconds planning the step), where a step that waits for its host shows
+        self.between_log: deque[tuple[float, float]] = deque(maxlen=65536)
+        self._last_step_end: float | None = None
         self.num_steps = 0
         self.num_generated_tokens = 0
         # request ids of the last step's batch, None while a step is planning: when a step raises, only
@@ -361,6 +365,7 @@ class Engine:
 
     # ---- one iteration -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        entered = time.perf_counter()
         outputs, self._pending = self._pending, []
         orch = self.planner
         self.last_batch = None  # a failure before the batch is known (planning) may come from any request
@@ -397,6 +402,8 @@ class Engine:
         self.num_generated_tokens += len(sampled)
         self.step_times.append(now - start)
         self.step_log.append((len(batch.entries), batch.num_tokens, batch.decode_only, now - start))
+        self.between_log.append((entered - (self._last_step_end or entered), start - entered))
+        self._last_step_end = now if self.scheduler.has_unfinished() else None  # idle until the next arrival: no gap
         self.planner.observe_step(batch, now - start)
         self.num_steps += 1
         return outputs

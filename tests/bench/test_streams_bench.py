@@ -45,6 +45,7 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
                             "bench.streams.hf_batch=2", "bench.streams.hf_batches=2", "bench.streams.engine_only_rates=[2.0]",
                             "bench.streams.cold_streams=2", f"bench.streams.cold_seconds={seconds}",
                             "bench.streams.encode_ahead=on", "bench.streams.ahead_off_counts=[1]",
+                            "bench.streams.ramp_counts=[2]",
                             f"bench.out_dir={tmp_path}"])
     result = run(cfg)
     rows, meta = result["streams"], result["meta"]
@@ -52,13 +53,17 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     # the cold point first (right after the engine's warm-up), the searches, then the warm point it is compared with
     assert [(r["point"], r["mode"], r["streams"]) for r in rows] == \
         [("cold", "head", 2)] + [("warm", m, n) for m in ("head", "generate") for n in counts] + \
-        [("warm", "head", 2), ("warm-ahead-off", "head", 1)]
+        [("warm", "head", 2), ("warm-ahead-off", "head", 1), ("ramp", "head", 2)]
     assert all(r["settled"] and r["leftover_before"] == 0 and r["steps"] > 0 for r in rows)
     assert all(len(r["slow_steps"]) == min(5, r["steps"]) and r["step_max_ms"] == pytest.approx(r["slow_steps"][0][2], abs=0.06) for r in rows)
     cold = meta["cold"]
-    assert cold["streams"] == 2 and cold["cold_p95_ms"] == rows[0]["p95_ms"] and cold["warm_p95_ms"] == rows[-2]["p95_ms"]
-    assert cold["cold_vs_warm"] == pytest.approx(rows[0]["p95_ms"] / rows[-2]["p95_ms"])
-    assert rows[-1]["done"] == rows[-1]["sent"] > 0 and rows[-1]["items_encoded_ahead"] == 0
+    assert cold["streams"] == 2 and cold["cold_p95_ms"] == rows[0]["p95_ms"] and cold["warm_p95_ms"] == rows[-3]["p95_ms"]
+    assert cold["cold_vs_warm"] == pytest.approx(rows[0]["p95_ms"] / rows[-3]["p95_ms"])
+    # the same start on the warmed server, measured from its first chunk as the cold point is
+    ramp = rows[-1]
+    assert cold["ramp_p95_ms"] == ramp["p95_ms"] and ramp["sent"] == ramp["done"] == 2 * seconds
+    assert len(ramp["first_steps"]) == min(30, ramp["steps"])
+    assert rows[-2]["done"] == rows[-2]["sent"] > 0 and rows[-2]["items_encoded_ahead"] == 0
     assert all(r["items_encoded"] >= 3 * r["done"] for r in rows)  # moving cameras: no frame group repeats
     assert meta["warm_up"]["requests"] == 2 * (1 + 2 + 4 + 8) and meta["start_s"] >= meta["engine_load_s"]
     # as under `vlora serve`: the engine built and warmed up in a process of its own before the server took
@@ -75,6 +80,10 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     assert len(phases) == len(first) and all(len(p) == 6 and sum(p) <= ms + 0.5 for p, (_, _, ms) in zip(phases, first))
     assert all(set(r["phase_ms"]) == {"inputs", "vision", "forward", "sample", "ahead", "wait"} for r in rows)
     assert all(r["phase_ms"]["forward"] > 0 for r in rows)
+    # the host time before each step: the loop's since the previous step (0 after an idle engine), then planning
+    between = rows[0]["first_between_ms"]
+    assert len(between) == len(first) and between[0][0] == 0 and all(loop >= 0 and plan > 0 for loop, plan in between)
+    assert all(set(r["between_ms"]) == {"loop", "plan"} for r in rows)
     assert all(r["gc"]["collections"] >= r["gc"]["full"] >= 0 and r["gc"]["max_ms"] >= 0 for r in rows)
     visual = meta["visual_tokens_per_chunk"]
     assert visual == 3 * 2 * 2 and all(r["vision_tokens_per_s"] == pytest.approx(r["chunks_per_s"] * visual) for r in rows)

@@ -339,4 +339,4 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
 
 
 def _log(message: str) -> None:
-    print(f"[streams] {message}", file=sys.stderr, flush=True)
+    print(f"[streams {time.strftime('%H:%M:%S', time.gmtime())}] {message}", file=sys.stderr, flush=True)

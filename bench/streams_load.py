@@ -92,6 +92,9 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
                                                          first, first + measured), first + measured + job.drain_s + 120)
         settled = _settle(server)
     row = _row(job, mode, n, records, Counter(errors), t0 + first, measured)
+    # the measured seconds on the wall clock (t0 is the cameras' perf_counter, the same monotonic clock in every
+    # process), to read a point beside a device log sampled each second (nvidia-smi dmon)
+    row["window_utc"] = [_utc(t0 + first), _utc(t0 + first + measured)]
     if warm_s is not None:
         row["server_warm_up_s"] = warm_s
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
@@ -321,5 +324,11 @@ def _row(job, mode: str, n: int, records: list[dict], errors: Counter, window_st
     return row
 
 
+def _utc(perf: float) -> str:
+    """HH:MM:SS.s (UTC) of a time.perf_counter() reading."""
+    wall = time.time() - (time.perf_counter() - perf)
+    return time.strftime("%H:%M:%S", time.gmtime(wall)) + f".{int(wall * 10) % 10}"
+
+
 def _log(message: str) -> None:
-    print(f"[streams] {message}", file=sys.stderr, flush=True)
+    print(f"[streams {time.strftime('%H:%M:%S', time.gmtime())}] {message}", file=sys.stderr, flush=True)

@@ -74,7 +74,7 @@ def set_encode_ahead(engine, on: bool) -> bool:
 
 
 class Served:
-    def __init__(self, engine=None, process=None, max_connections: int = 72):
+    def __init__(self, engine=None, process=None, max_connections: int = 72, freeze: bool = False):
         """engine: the bench's engine (the loop runs on a thread of this process); process: a started
         serve.rpc.EngineProcess (the engine in a process of its own) served by one long-lived server."""
         self.engine, self.process = engine, process
@@ -84,7 +84,7 @@ class Served:
             from serve.rpc import Limits, RpcServer
 
             self._server = RpcServer(process, self.token, "127.0.0.1", 0, Limits(),
-                                     max_connections=max_connections).start()
+                                     max_connections=max_connections, freeze=freeze).start()
 
     @classmethod
     def spawn(cls, job, workdir, prompt_tokens: int, max_connections: int) -> tuple["Served", float]:
@@ -97,7 +97,9 @@ class Served:
         t0 = time.perf_counter()
         process = EngineProcess(functools.partial(build_in_process, job, str(workdir), prompt_tokens,
                                                   torch.get_num_threads())).start()
-        served = cls(process=process, max_connections=max_connections)
+        # as `vlora serve` does, the front end's heap frozen before it serves (serve.rpc.memory.freeze_heap); on a
+        # GPU only, as the engine's own warm-up: tests build many servers in one process
+        served = cls(process=process, max_connections=max_connections, freeze=job.device.startswith("cuda"))
         while process.warming is not None:
             if not process.alive:
                 raise RuntimeError(process.down_reason or "the engine process exited while warming up")

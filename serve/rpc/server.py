@@ -21,7 +21,7 @@ from .guarded import GuardedServer
 from .logs import bound
 from .engine_process import EngineProcess
 from .loop import EngineLoop
-from .memory import pin_mmap_threshold, trim_when_idle
+from .memory import freeze_heap, pin_mmap_threshold, trim_when_idle
 from .service import VLoRAService
 from .state import ServerState
 from .tenants import TenantRegistry
@@ -63,10 +63,12 @@ MESSAGE_SLACK = 1 << 20  # beyond the frames' bytes: the JSON spec and RPyC's ow
 
 class RpcServer:
     def __init__(self, engine, token, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None,
-                 max_connections: int = 64, logger: logging.Logger | None = None):
+                 max_connections: int = 64, logger: logging.Logger | None = None, freeze: bool = False):
         """engine: an engine object (its step loop runs on a thread of this process) or an EngineProcess
         (the engine in a process of its own); token: one token (its holder is the operator) or a
-        TenantRegistry (serve.rpc.tenants)."""
+        TenantRegistry (serve.rpc.tenants). freeze: before it listens, the process's heap is exempted
+        from the collector's full walks (memory.freeze_heap; `vlora serve`: a process that serves one
+        server for its life)."""
         limits = limits or Limits()
         pin_mmap_threshold()  # frames and requests of megabytes go back to the system when freed (serve.rpc.memory)
         tenants = token if isinstance(token, TenantRegistry) else TenantRegistry.single(token)
@@ -89,6 +91,7 @@ class RpcServer:
         self.host, self.port = host, self._server.port
         self._thread: threading.Thread | None = None
         self._trimmer = None
+        self._freeze, self.frozen_objects = freeze, 0
 
     def start(self) -> "RpcServer":
         """Serve from a background thread (tests, the load test); see serve_forever for the command."""
@@ -113,6 +116,8 @@ class RpcServer:
             self.loop.stop()
 
     def _trim(self) -> None:
+        if self._freeze and not self.frozen_objects:  # the heap as it serves, before the first client
+            self.frozen_objects = self.state.counters["heap_frozen_objects"] = freeze_heap()
         state = self.state  # once no frames are held, the memory a burst of requests freed goes back
         self._trimmer = self._trimmer or trim_when_idle(lambda: state.pixels_in_flight == 0)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import math
 
 import numpy as np
@@ -84,6 +85,8 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     between = rows[0]["first_between_ms"]
     assert len(between) == len(first) and between[0][0] == 0 and all(loop >= 0 and plan > 0 for loop, plan in between)
     assert all(set(r["between_ms"]) == {"loop", "plan"} for r in rows)
+    assert all(len(r["window_utc"]) == 2 and all(re.fullmatch(r"\d\d:\d\d:\d\d\.\d", t) for t in r["window_utc"])
+               for r in rows)  # HH:MM:SS.s, UTC
     assert all(r["gc"]["collections"] >= r["gc"]["full"] >= 0 and r["gc"]["max_ms"] >= 0 for r in rows)
     visual = meta["visual_tokens_per_chunk"]
     assert visual == 3 * 2 * 2 and all(r["vision_tokens_per_s"] == pytest.approx(r["chunks_per_s"] * visual) for r in rows)

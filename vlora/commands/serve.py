@@ -381,7 +381,7 @@ def run(cfg: DictConfig):
         engine = LeaderEngine(engine)
     try:
         server = RpcServer(engine, identities(cfg), rpc.host, int(rpc.port), limits, int(rpc.max_connections),
-                           freeze=True)
+                           freeze=bool(rpc.get("freeze_heap", True)))
     except OSError as e:  # taken since check_port
         fail(busy_port(int(rpc.port)) if e.errno == errno.EADDRINUSE
              else f"cannot listen on {rpc.host}:{rpc.port} ({e})")

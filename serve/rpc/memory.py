@@ -71,10 +71,9 @@ def freeze_heap() -> int:
     returns how many were frozen.
 
     A front end's heap after start-up is large and lives as long as the process (torch, transformers,
-    the processor's tokenizer: about a million tracked objects under the streams benchmark), and a full
-    collection walks all of it: one took 290-305 ms on a server at camera capacity, the connection threads
-    stood still meanwhile, and that ten-second window's p95 went from 0.4 to 1.1-1.4 s
-    (results/streams/nvidia_h200/ramp). Frozen objects are still freed by reference counting; only cycles
+    the processor's tokenizer), and a full collection walks all of it: one took 290-305 ms on a server at
+    camera capacity, the connection threads stood still meanwhile, and that ten-second window's p95 went
+    from 0.4 to 1.1-1.4 s (results/streams/nvidia_h200/cold). Frozen objects are still freed by reference counting; only cycles
     among them that become garbage later are kept, which a process serving one server for its life can
     afford (a test process that builds many servers undoes it with gc.unfreeze)."""
     gc.collect()

@@ -91,6 +91,9 @@ class StreamsBenchJob:
     # counts measured as the cold point is (from their first chunk, cold_seconds long) but on the warmed server after
     # the search (point "ramp"): what N cameras starting at once cost a warm server, which the cold point is read beside
     ramp_counts: tuple[int, ...] = ()
+    # > 0: the cold point's and the first ramp's first steps run under torch.profiler in the engine (host operators and
+    # CUDA runtime calls by self CPU time, row `step_profiles`): what a cold first step does that a warm one does not
+    profile_first_steps: int = 0
     # warm counts measured again after the search with the engine's encode_ahead off (an A/B in one run)
     ahead_off_counts: tuple[int, ...] = ()
     # warm counts measured again after the search for window_seconds each (point "window"): whether a count
@@ -132,6 +135,8 @@ class StreamsBenchJob:
                              f"got {self.image_size}")
         if self.cold_streams < 0 or not self.cold_seconds > 0:
             raise ValueError("cold_streams must be >= 0 (0: no cold point) and cold_seconds positive")
+        if self.profile_first_steps < 0:
+            raise ValueError(f"profile_first_steps must be >= 0, got {self.profile_first_steps}")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.ramp_counts):
             raise ValueError(f"ramp_counts {list(self.ramp_counts)}: give positive integers")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.window_counts) \
@@ -277,7 +282,8 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
          f"{flops['patches']} patches per chunk, {flops['head'] / 1e12:.2f} TFLOP per chunk (head)")
     rows = []
     if job.cold_streams:  # first, before the matmul timing or any warm-up point touches the GPU
-        rows.append(run_point(served, job, job.modes[0], job.cold_streams, chunks, names, cold=True))
+        rows.append(run_point(served, job, job.modes[0], job.cold_streams, chunks, names, cold=True,
+                              profile=job.profile_first_steps))
         if on_server:
             warm = dict(served.engine.warm_report.to_dict(), wall_s=rows[0]["server_warm_up_s"], thread="server")
             start_s += warm["wall_s"]
@@ -297,8 +303,9 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
             rows.append(dict(run_point(served, job, job.modes[0], n, chunks, names), point="warm-ahead-off"))
         finally:
             served.run(functools.partial(set_encode_ahead, on=before))
-    for n in job.ramp_counts:
-        rows.append(dict(run_point(served, job, job.modes[0], n, chunks, names, cold=True), point="ramp"))
+    for i, n in enumerate(job.ramp_counts):
+        rows.append(dict(run_point(served, job, job.modes[0], n, chunks, names, cold=True,
+                                   profile=0 if i else job.profile_first_steps), point="ramp"))
     long = dataclasses.replace(job, seconds=job.window_seconds)
     for n in job.window_counts:
         rows.append(dict(run_point(served, long, job.modes[0], n, chunks, names), point="window"))

@@ -57,9 +57,10 @@ def _stamped(chunk: np.ndarray, serial: int, every_frame: bool = True) -> np.nda
 
 
 def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters: list[str],
-              seconds: float | None = None, cold: bool = False) -> dict:
+              seconds: float | None = None, cold: bool = False, profile: int = 0) -> dict:
     """Runs n streams; returns the point's row. `seconds` given: an unmeasured warm-up of that length.
     cold: the point right after the server is ready, measured from its first chunk for `cold_seconds`.
+    profile > 0: the engine's first `profile` steps of the point run under torch.profiler (row `step_profiles`).
     engine: the bench's engine (its loop on a thread of a fresh server) or a bench.streams_served.Served.
 
     The cameras (client threads) run in a process of their own, as real cameras would: in the
@@ -68,7 +69,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     import dataclasses
     from types import SimpleNamespace
 
-    from .streams_served import Served, abort_all, marks, since
+    from .streams_served import Served, abort_all, arm_step_profile, marks, since, step_profiles
 
     if getattr(job, "transport", "rpc") == "http":  # the same point through the OpenAI-compatible API
         from .streams_http import run_http_point
@@ -84,6 +85,8 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
             _log(f"engine warm-up on the server's thread: {served.engine.warm_report.line()}")
         # counted from here: a warm-up on the server's thread is not the point's (its steps were counted in once)
         before = served.run(marks)
+        if profile:
+            served.run(functools.partial(arm_step_profile, steps=profile))
         label = "warm-up " if warm_up else "cold " if cold else ""
         _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
         plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
@@ -97,11 +100,13 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     row["window_utc"] = [_utc(t0 + first), _utc(t0 + first + measured)]
     if warm_s is not None:
         row["server_warm_up_s"] = warm_s
+    if profile:
+        row["step_profiles"] = served.run(step_profiles)
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
                **served.run(functools.partial(since, before=before, first=30 if cold else 0)),
                engine_process=not served.in_thread, gc=pauses.summary())
     _log(label + " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps", "first_phases_ms", "first_between_ms")))
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps", "first_phases_ms", "first_between_ms", "step_profiles")))
     return row
 
 

@@ -162,6 +162,7 @@ class Engine:
         # loop's intake and replies; seconds planning the step), where a step that waits for its host shows
         self.between_log: deque[tuple[float, float]] = deque(maxlen=65536)
         self._last_step_end: float | None = None
+        self.step_profiler = self.step_profiler_done = None  # serve/engine/step_profiler.py, armed by profile_steps
         self.num_steps = 0
         self.num_generated_tokens = 0
         # request ids of the last step's batch, None while a step is planning: when a step raises, only
@@ -337,6 +338,17 @@ class Engine:
         self._pending.append(self._output(tracked, [], finished=True))
         return True
 
+    def profile_steps(self, steps: int) -> None:
+        """The next `steps` steps run under torch.profiler (serve/engine/step_profiler.py); `step_profiles()` reads them."""
+        from .step_profiler import StepProfiler
+
+        self.step_profiler, self.step_profiler_done = StepProfiler(steps, self.device.type == "cuda"), None
+
+    def step_profiles(self) -> list[dict]:
+        """Each profiled step's wall ms and its top operators (so far, while steps are still to be profiled)."""
+        prof = self.step_profiler or self.step_profiler_done
+        return [] if prof is None else list(prof.results)
+
     def abort_all(self) -> int:
         """Stops every request in flight (a benchmark point's leftovers); returns how many."""
         ids = list(self._requests)
@@ -383,7 +395,14 @@ class Engine:
         for seq, _ in batch.entries:
             metrics = self._requests[seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or start
-        sampled = self.runner.run(batch, self._ahead(batch) if self.encode_ahead else None)
+        ahead = self._ahead(batch) if self.encode_ahead else None
+        if self.step_profiler is None:
+            sampled = self.runner.run(batch, ahead)
+        else:  # armed by profile_steps: this step under the profiler
+            prof = self.step_profiler
+            sampled = prof.run(lambda: self.runner.run(batch, ahead))
+            if not prof.left:
+                self.step_profiler, self.step_profiler_done = None, prof
         self.scheduler.postprocess(batch, sampled)
         now = time.perf_counter()
         for seq, _ in batch.entries:

@@ -46,7 +46,7 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
                             "bench.streams.hf_batch=2", "bench.streams.hf_batches=2", "bench.streams.engine_only_rates=[2.0]",
                             "bench.streams.cold_streams=2", f"bench.streams.cold_seconds={seconds}",
                             "bench.streams.encode_ahead=on", "bench.streams.ahead_off_counts=[1]",
-                            "bench.streams.ramp_counts=[2]",
+                            "bench.streams.ramp_counts=[2]", "bench.streams.profile_first_steps=2",
                             f"bench.out_dir={tmp_path}"])
     result = run(cfg)
     rows, meta = result["streams"], result["meta"]
@@ -64,6 +64,13 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
     ramp = rows[-1]
     assert cold["ramp_p95_ms"] == [ramp["p95_ms"]] and ramp["sent"] == ramp["done"] == 2 * seconds
     assert len(ramp["first_steps"]) == min(30, ramp["steps"])
+    # the cold point's and the ramp's first two steps under the profiler: each step's wall time and top operators
+    for r in (rows[0], ramp):
+        profiles = r["step_profiles"]
+        assert len(profiles) == 2 and all(p["wall_ms"] > 0 and p["ops"] for p in profiles)
+        assert any(name.startswith("aten::") for p in profiles for name, calls, own, total in p["ops"])
+        assert all(calls >= 1 and 0 <= own <= total for p in profiles for _, calls, own, total in p["ops"])
+    assert all("step_profiles" not in r for r in rows[1:-1])
     assert rows[-2]["done"] == rows[-2]["sent"] > 0 and rows[-2]["items_encoded_ahead"] == 0
     assert all(r["items_encoded"] >= 3 * r["done"] for r in rows)  # moving cameras: no frame group repeats
     assert meta["warm_up"]["requests"] == 2 * (1 + 2 + 4 + 8) and meta["start_s"] >= meta["engine_load_s"]

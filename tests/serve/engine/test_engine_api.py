@@ -170,3 +170,19 @@ def test_a_decode_lane_gives_the_same_tokens_with_decode_only_steps(engine, tiny
     assert [outputs[i] for i in ids] == list(plain.values())
     # the first prompt's prefill fills a 64-token step, then it decodes: two decode-only steps before the others' turn
     assert shapes[1][2] and shapes[2][2] and not shapes[3][2], shapes
+
+
+def test_the_next_steps_run_under_the_profiler_and_the_rest_do_not(engine):
+    spec = case_specs("qwen2_vl")[0]
+    alone = engine.generate(make_request(spec, max_new=6))
+    engine.profile_steps(2)
+    profiled = engine.generate(make_request(spec, max_new=6))
+    assert profiled.token_ids == alone.token_ids  # the profiler only watches
+    profiles = engine.step_profiles()
+    assert len(profiles) == 2 and engine.step_profiler is None  # disarmed after its two steps
+    for p in profiles:
+        assert p["wall_ms"] > 0 and len(p["ops"]) <= 25
+        own = [o for _, _, o, _ in p["ops"]]
+        assert own == sorted(own, reverse=True) and any(name.startswith("aten::") for name, *_ in p["ops"])
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        engine.profile_steps(0)

@@ -105,6 +105,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
                **served.run(functools.partial(since, before=before, first=30 if cold else 0)),
                engine_process=not served.in_thread, gc=pauses.summary())
+    row["gc_full_ms"] = row["gc"]["full_ms"]  # a full collection in the front end stalls every connection (in the table)
     _log(label + " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in TIMING_KEYS + ("first_steps", "first_phases_ms", "first_between_ms", "step_profiles")))
     return row

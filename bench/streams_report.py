@@ -11,9 +11,9 @@ from .results import write_csv, write_json
 ROW_COLUMNS = ("point", "mode", "streams", "offered_per_s", "sent", "done", "unfinished", "errors", "error_kinds", "p50_ms",
                "p95_ms", "p99_ms", "mean_ms", "max_ms", "chunks_per_s", "served_per_s", "pass", "prompt_tokens",
                "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "vision_tokens_per_s",
-               "settled", "leftover_before", "steps", "step_max_ms", "items_encoded", "items_encoded_ahead")
+               "settled", "leftover_before", "steps", "step_max_ms", "items_encoded", "items_encoded_ahead", "gc_full_ms")
 TABLE = ("point", "mode", "streams", "sent", "done", "p50_ms", "p95_ms", "p99_ms", "chunks_per_s", "served_per_s", "queue_ms",
-         "prefill_ms", "step_max_ms", "pass")
+         "prefill_ms", "step_max_ms", "gc_full_ms", "pass")
 SUMMARY_TABLE = ("mode", "max_streams", "chunks_per_s", "vision_tokens_per_s", "p95_ms", "tflop_per_chunk", "achieved_tflops",
                  "matmul_fraction", "compute_floor_chunks_per_s", "hf_chunks_per_s", "vs_hf")
 
@@ -123,6 +123,10 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
             ramps, warm = cold["ramp_p95_ms"], cold["warm_p95_ms"]
             print("the same start on the warmed server (ramp): p95 " + ", ".join(f"{v:.0f}" for v in ramps)
                   + " ms = " + ", ".join(f"{v / warm:.2f}" for v in ramps) + "x the warm p95")
+    for r in rows:  # profiled first steps (bench.streams.profile_first_steps): the cold point's beside the ramp's
+        for i, step in enumerate(r.get("step_profiles") or []):
+            print(f"\n{r['point']} {r['streams']}, profiled step {i + 1}: {step['wall_ms']:.1f} ms; most self CPU ms: "
+                  + ", ".join(f"{name} {own:.1f} ({calls}x)" for name, calls, own, _ in step["ops"][:8]))
     hf = meta.get("hf")
     if hf:
         print(f"\ntransformers generate, batch {hf['batch']}: {hf['chunks_per_s']:.3g} chunks/s "

@@ -34,7 +34,7 @@ def _strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
+def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread, capsys):
     counts, seconds = [1, 3], 2
     cfg = compose("bench", ["bench.suite=streams", "bench.streams.device=cpu", "bench.streams.model=qwen2_vl_tiny",
                             "bench.streams.image_size=56", f"bench.streams.stream_counts={counts}",
@@ -71,6 +71,9 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread):
         assert any(name.startswith("aten::") for p in profiles for name, calls, own, total in p["ops"])
         assert all(calls >= 1 and 0 <= own <= total for p in profiles for _, calls, own, total in p["ops"])
     assert all("step_profiles" not in r for r in rows[1:-1])
+    printed = capsys.readouterr().out
+    assert "cold 2, profiled step 1:" in printed and "ramp 2, profiled step 2:" in printed
+    assert all(r["gc_full_ms"] == r["gc"]["full_ms"] for r in rows)  # a front end's full collections, in the table
     assert rows[-2]["done"] == rows[-2]["sent"] > 0 and rows[-2]["items_encoded_ahead"] == 0
     assert all(r["items_encoded"] >= 3 * r["done"] for r in rows)  # moving cameras: no frame group repeats
     assert meta["warm_up"]["requests"] == 2 * (1 + 2 + 4 + 8) and meta["start_s"] >= meta["engine_load_s"]

@@ -40,8 +40,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from .results import device_label, results_dir
+from .streams_load import _log
 
 MODES = ("head", "generate")
+
+
+def _counts(values) -> bool:
+    """Whether every value is a positive int (a count of cameras; True and False are not counts)."""
+    return all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in values)
 
 
 @dataclass
@@ -120,8 +126,7 @@ class StreamsBenchJob:
         bad = [m for m in self.modes if m not in MODES]
         if bad or not self.modes:
             raise ValueError(f"modes {list(self.modes)}: give one or both of {list(MODES)}")
-        if not self.stream_counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
-                                         for n in self.stream_counts):
+        if not self.stream_counts or not _counts(self.stream_counts):
             raise ValueError(f"stream_counts {list(self.stream_counts)}: give positive integers")
         self.stream_counts = tuple(sorted(set(self.stream_counts)))
         if self.dtype == "auto":
@@ -137,10 +142,9 @@ class StreamsBenchJob:
             raise ValueError("cold_streams must be >= 0 (0: no cold point) and cold_seconds positive")
         if self.profile_first_steps < 0:
             raise ValueError(f"profile_first_steps must be >= 0, got {self.profile_first_steps}")
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.ramp_counts):
+        if not _counts(self.ramp_counts):
             raise ValueError(f"ramp_counts {list(self.ramp_counts)}: give positive integers")
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.window_counts) \
-                or not self.window_seconds > 0:
+        if not _counts(self.window_counts) or not self.window_seconds > 0:
             raise ValueError(f"window_counts {list(self.window_counts)}: give positive integers, and window_seconds "
                              f"a positive length, got {self.window_seconds!r}")
         if not self.seconds > 0 or self.warmup_s < 0 or self.drain_s < 0 or not self.target_ms > 0:
@@ -343,7 +347,3 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
     gc.collect()
     write_report(rows, meta, results_dir(job.out_dir, device_name))
     return rows, meta
-
-
-def _log(message: str) -> None:
-    print(f"[streams {time.strftime('%H:%M:%S', time.gmtime())}] {message}", file=sys.stderr, flush=True)

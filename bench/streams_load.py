@@ -276,8 +276,9 @@ def gc_pauses():
 def _steps(engine, n: int, first: int = 0) -> dict:
     """The point's engine steps: how many, and the slowest five as (sequences, tokens, ms), which is
     where a compile on first use shows (a step seconds long among steps of tens of ms); `phase_ms`, the
-    mean host time per step in each of the runner's phases; `first` > 0: also its first steps in order,
-    with their phases (a cold point's: where a backlog starts, and whether its steps waited on the host)."""
+    mean host time per step in each of the runner's phases, and `between_ms`, before each step; `first` > 0: also
+    its first steps in order, with both (a cold point's: where a backlog starts, and whether its steps waited on
+    the host)."""
     log = list(engine.step_log)[-n:] if n > 0 else []
     slow = sorted(log, key=lambda e: -e[3])[:5]
     out = {"steps": n, "step_max_ms": slow[0][3] * 1e3 if slow else math.nan,
@@ -285,21 +286,18 @@ def _steps(engine, n: int, first: int = 0) -> dict:
     # the runner's host phases of the same steps (ModelRunner.PHASES): a step whose host phases are long (not its
     # wait for the device) left the device idle meanwhile
     runner = getattr(engine, "runner", None)
-    phases = list(getattr(runner, "phase_log", ()))[-n:] if n > 0 else []
-    if phases and len(phases) == len(log):
-        names = runner.PHASES
-        out["phase_ms"] = {k: round(sum(p[i] for p in phases) / len(phases) * 1e3, 2) for i, k in enumerate(names)}
-    # before each step: the serving loop's time since the previous one ended, and the step's planning
-    between = list(getattr(engine, "between_log", ()))[-n:] if n > 0 else []
-    if between and len(between) == len(log):
-        out["between_ms"] = {k: round(sum(b[i] for b in between) / len(between) * 1e3, 2)
-                             for i, k in enumerate(("loop", "plan"))}
+    # and before each step: the serving loop's time since the previous one ended, and the step's planning
+    for mean_key, first_key, entries, names in (
+            ("phase_ms", "first_phases_ms", getattr(runner, "phase_log", ()), getattr(runner, "PHASES", ())),
+            ("between_ms", "first_between_ms", getattr(engine, "between_log", ()), ("loop", "plan"))):
+        per_step = list(entries)[-n:] if n > 0 else []
+        if not per_step or len(per_step) != len(log):
+            continue
+        out[mean_key] = {k: round(sum(p[i] for p in per_step) / len(per_step) * 1e3, 2) for i, k in enumerate(names)}
+        if first:
+            out[first_key] = [[round(x * 1e3, 1) for x in p] for p in per_step[:first]]
     if first:
         out["first_steps"] = [[seqs, tokens, round(s * 1e3, 1)] for seqs, tokens, _, s in log[:first]]
-        if "phase_ms" in out:
-            out["first_phases_ms"] = [[round(x * 1e3, 1) for x in p] for p in phases[:first]]
-        if "between_ms" in out:
-            out["first_between_ms"] = [[round(x * 1e3, 1) for x in b] for b in between[:first]]
     return out
 
 

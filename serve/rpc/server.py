@@ -96,7 +96,7 @@ class RpcServer:
     def start(self) -> "RpcServer":
         """Serve from a background thread (tests, the load test); see serve_forever for the command."""
         self.loop.start()
-        self._trim()
+        self._before_serving()
         # listen before returning, so a client may connect at once (start() skips an active listener)
         self._server._listen()
         self._thread = threading.Thread(target=self._server.start, name="vlora-rpc", daemon=True)
@@ -106,7 +106,7 @@ class RpcServer:
     def serve_forever(self, ready=None) -> None:
         """Serve on this thread until close(); `ready()` is called once connections are accepted."""
         self.loop.start()
-        self._trim()
+        self._before_serving()
         self._server._listen()
         if ready is not None:
             ready()
@@ -115,7 +115,7 @@ class RpcServer:
         finally:
             self.loop.stop()
 
-    def _trim(self) -> None:
+    def _before_serving(self) -> None:
         if self._freeze and not self.frozen_objects:  # the heap as it serves, before the first client
             self.frozen_objects = self.state.counters["heap_frozen_objects"] = freeze_heap()
         state = self.state  # once no frames are held, the memory a burst of requests freed goes back

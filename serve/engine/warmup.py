@@ -19,7 +19,9 @@ every LoRA kernel variant a live step can look up is compiled by a sweep of made
 two, the vision tower runs on every pack size live steps can hand it (`pack_sizes`: 1 to 16 items,
 then each multiple of 16 and its neighbours), where the waves give it multiples of a request's
 pictures only. Kernels still compiled after all this are logged by serve/engine/compile_watch.py. The caches
-the waves filled are dropped afterwards; the step log keeps them (marked by `warm_report`).
+the waves filled are dropped afterwards; the step log keeps them (marked by `warm_report`). The whole
+warm-up records the towers' attention shapes, and after the packs every segment count up to the
+largest is planned (serve/forward/segment_plans.py): live steps then plan none.
 
 `warm_up(engine)` returns where the time went, per phase, which `vlora serve` logs and the health
 reply carries.
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from serve.forward import segment_plans
 from .warmup_lora import sweep_lora_kernels
 
 log = logging.getLogger("vlora.serve.engine")
@@ -48,10 +51,12 @@ class WarmReport:
     requests: int = 0
     steps: int = 0
     heap_objects: int = 0  # objects the collector tracked at the end (GPU: before they were frozen)
+    attention_plans: int = 0  # tower attention shapes built by the sweep (GPU)
 
     def to_dict(self) -> dict:
         return {"seconds": round(self.seconds, 3), "phases": {k: round(v, 3) for k, v in self.phases.items()},
-                "requests": self.requests, "steps": self.steps, "heap_objects": self.heap_objects}
+                "requests": self.requests, "steps": self.steps, "heap_objects": self.heap_objects,
+                "attention_plans": self.attention_plans}
 
     def line(self) -> str:
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
@@ -144,7 +149,13 @@ def _run_wave(engine, requests) -> int:
 
 
 def warm_up(engine, side: int = 448, frames: int = 6, answer_tokens: int = 4, seed: int = 0) -> WarmReport:
-    """Runs the waves on `engine` (whose step loop must not be running elsewhere); returns the report."""
+    """Runs the waves on `engine` (whose step loop must not be running elsewhere); returns the report.
+    Call it on the thread that will step the engine: the towers' attention plans are per thread."""
+    with segment_plans.recording():  # every tower attention shape met here is planned for this thread
+        return _warm_up(engine, side, frames, answer_tokens, seed)
+
+
+def _warm_up(engine, side: int, frames: int, answer_tokens: int, seed: int) -> WarmReport:
     from .request import Request, SamplingParams
 
     rng = np.random.default_rng(seed)
@@ -179,6 +190,10 @@ def warm_up(engine, side: int = 448, frames: int = 6, answer_tokens: int = 4, se
     t0 = time.perf_counter()  # every pack size of the tower, before live steps hand it one the waves did not
     _tower_packs(engine, rng, side, frames)
     report.phases["tower packs"] = time.perf_counter() - t0
+    if engine.device.type == "cuda":  # the attention plan of every segment count up to the largest pack's
+        t0 = time.perf_counter()
+        report.attention_plans = segment_plans.sweep()
+        report.phases["attention plans"] = time.perf_counter() - t0
     adapted = [t for t in targets if t[0] is not None]
     if adapted:  # one adapter alone: what a policy folds into the weights (the merge kernels too)
         phase("one-adapter waves", ([request(*adapted[0], i) for i in range(n)] for n in sizes))

@@ -11,6 +11,10 @@ here one layer costs one launch:
   step's frames mostly share a size, so that is one call, and one per distinct length otherwise
   (rows gathered by an index built on the host). It is the CPU path and the fallback.
 
+"auto" on a GPU takes the batched call (cuDNN's attention, the faster) for a step of one length whose
+shape this thread has already run, and the varlen kernel for everything else: cuDNN plans each new
+shape on the host, mid-step (segment_plans.py says why and how the warm-up builds them).
+
 Everything a layer needs is computed on the host from the segment lengths, once per step
 (`plan_segments`), and reaches the device in one copy (`to_device`): no `.item()` / `.tolist()`
 in the forward.
@@ -22,7 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+from . import segment_plans
+from .segment_plans import equal_segments
 
 MODES = ("auto", "varlen", "batched")
 
@@ -99,17 +105,12 @@ def build_segments(arrays, groups, moved: dict[str, torch.Tensor], prefix: str) 
 
 
 def _batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segments) -> torch.Tensor:
-    def one(rows_q, rows_k, rows_v, length, count):
-        shape = (count, length) + tuple(q.shape[1:])
-        o = F.scaled_dot_product_attention(*(t.reshape(shape).transpose(1, 2) for t in (rows_q, rows_k, rows_v)))
-        return o.transpose(1, 2).reshape(count * length, *q.shape[1:])
-
     if len(seg.groups) == 1 and seg.groups[0][2] is None:
         length, count, _ = seg.groups[0]
-        return one(q, k, v, length, count)
+        return equal_segments(q, k, v, length, count)
     out = torch.empty_like(q)
     for length, count, rows in seg.groups:
-        out.index_copy_(0, rows, one(q[rows], k[rows], v[rows], length, count))
+        out.index_copy_(0, rows, equal_segments(q[rows], k[rows], v[rows], length, count))
     return out
 
 
@@ -122,10 +123,20 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Se
     if q.shape[0] != seg.rows:
         raise ValueError(f"{q.shape[0]} rows against segments covering {seg.rows}")
     varlen = _varlen()
+    if mode == "auto" and not q.is_cuda and segment_plans.is_recording():
+        _planned(q, k, v, seg)  # the warm-up's record on any device (its layouts are the same on a GPU)
     use_varlen = (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and varlen is not None
-                  and mode in ("auto", "varlen") and not (mode == "auto" and len(seg.groups) == 1))
+                  and mode in ("auto", "varlen") and not (mode == "auto" and _planned(q, k, v, seg)))
     if mode == "varlen" and not use_varlen:
         raise ValueError("varlen attention needs CUDA, fp16/bf16 and torch >= 2.9")
     if use_varlen:
         return varlen(q, k, v, seg.cu, seg.cu, seg.max_len, seg.max_len)
     return _batched(q, k, v, seg)
+
+
+def _planned(q, k, v, seg: Segments) -> bool:
+    """auto's test for the batched call: one length, at a shape this thread has run."""
+    if len(seg.groups) != 1 or seg.groups[0][2] is not None:
+        return False
+    length, count, _ = seg.groups[0]
+    return segment_plans.known(segment_plans.shape_key(q, k, v, length, count))

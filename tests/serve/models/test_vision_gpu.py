@@ -146,3 +146,36 @@ def test_nvjpeg_outputs_never_take_memory_a_queued_kernel_still_uses():
         got = _decode(jpegs, torch.device("cuda"))
         assert torch.equal(got, want)  # the decoder is deterministic: any difference is a clobbered frame
         assert torch.allclose(total, expected, rtol=1e-3)
+
+
+def test_auto_attention_plans_nothing_live_that_the_warm_up_did_not():
+    """auto: an equal-length step at a count this thread never ran takes the varlen kernel (no cuDNN
+    plan built mid-step); once recorded or swept, the batched call. Bitwise each path's own output."""
+    import time
+
+    from serve.forward import segment_plans
+    from serve.forward.segments import plan_segments, segment_attention
+
+    segment_plans.forget()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    heads, dim, length = 16, 80, 1024
+
+    def qkv(count):
+        return (torch.randn(count * length, heads, dim, device="cuda", dtype=torch.bfloat16, generator=g)
+                for _ in range(3))
+
+    q, k, v = qkv(5)
+    seg = plan_segments([length] * 5, "cuda")
+    varlen = segment_attention(q, k, v, seg, mode="varlen")
+    batched = segment_attention(q, k, v, seg, mode="batched")
+    assert torch.equal(segment_attention(q, k, v, seg), varlen)  # count 5 never ran here
+    with segment_plans.recording():
+        for count in (1, 9):
+            segment_attention(*qkv(count), plan_segments([length] * count, "cuda"))
+    t0 = time.perf_counter()
+    built = segment_plans.sweep()
+    print(f"swept {built} attention plans in {time.perf_counter() - t0:.2f} s")
+    assert built == 7  # counts 2..8
+    assert torch.equal(segment_attention(q, k, v, seg), batched)
+    torch.testing.assert_close(varlen, batched, atol=2e-2, rtol=2e-2)
+    segment_plans.forget()

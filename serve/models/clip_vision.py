@@ -5,15 +5,17 @@ Same parameter names as transformers' CLIPVisionModel (`embeddings.*`, `pre_layr
 the checkpoint loads as is. LLaVA reads the hidden states of one layer (the second to last by
 default): transformers runs every layer and keeps all their outputs; this tower stops at the
 deepest layer asked for and keeps only those. Every image of a step is one batch (they share the
-processor's fixed size), one SDPA call per layer. Parity with transformers is tested (tiny zoo).
+processor's fixed size), one attention call per layer: the towers' segment attention, each image a
+segment, so a GPU plans cuDNN's attention only for the image counts the warm-up ran and takes the
+varlen kernel for others (serve/forward/segment_plans.py). Parity with transformers is tested (tiny zoo).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..forward.segments import Segments, plan_segments, segment_attention
 from .qwen_vision import VisionMLP
 
 
@@ -24,10 +26,10 @@ class _Attention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.out_proj = nn.Linear(dim, dim)
 
-    def forward(self, x):
+    def forward(self, x, images: Segments):
         b, s, d = x.shape
-        q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        return self.out_proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d))
+        q, k, v = (p(x).view(b * s, self.heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.out_proj(segment_attention(q, k, v, images).view(b, s, d))
 
 
 class _Layer(nn.Module):
@@ -39,8 +41,8 @@ class _Layer(nn.Module):
         self.mlp = VisionMLP(d, vc.intermediate_size, vc.hidden_act)
         self.layer_norm2 = nn.LayerNorm(d, eps=vc.layer_norm_eps)
 
-    def forward(self, x):
-        x = x + self.self_attn(self.layer_norm1(x))
+    def forward(self, x, images: Segments):
+        x = x + self.self_attn(self.layer_norm1(x), images)
         return x + self.mlp(self.layer_norm2(x))
 
 
@@ -85,9 +87,10 @@ class ClipVisionTower(nn.Module):
     def forward(self, pixels: torch.Tensor) -> list[torch.Tensor]:
         """pixels [N, 3, S, S] -> the hidden states [N, 1 + patches, D] of each feature layer, in order."""
         x = self.pre_layrnorm(self.embeddings(pixels))
+        images = plan_segments([x.shape[1]] * x.shape[0], x.device)
         kept = {0: x} if 0 in self.indices else {}
         for i, layer in enumerate(self.encoder.layers, start=1):
-            x = layer(x)
+            x = layer(x, images)
             if i in self.indices:
                 kept[i] = x
         return [kept[i] for i in self.indices]

@@ -10,7 +10,9 @@ included) to the moment its client holds the result. Modes: "head" (the adapter'
 after one prefill) and "generate" (the LM head decodes exactly `answer_tokens` tokens).
 
 Search, per mode: the `stream_counts` in increasing order until one misses the target
-(p95 > target_ms, an error, or a chunk left unanswered `drain_s` after the last send), then
+(p95 > target_ms, an error, a chunk left unanswered `drain_s` after the last send, or a latency
+trend that would carry the p95 past the target within `sustain_s`: a server just below the offered
+rate passes a short window with its backlog growing), then
 `refine` bisection steps between the last passing and the first failing count. The largest
 passing count is the mode's answer.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import math
 import os
 import shlex
 import sys
@@ -65,6 +68,8 @@ class StreamsBenchJob:
     warmup_s: float = 1.0  # chunks sent in a point's first seconds are not measured
     drain_s: float = 5.0  # after the last send, chunks unanswered this long count as failures
     target_ms: float = 1000.0  # p95 chunk latency a point must meet
+    # ... and still meet after this many seconds at the latency trend its window shows (0: the window alone)
+    sustain_s: float = 60.0
     modes: tuple[str, ...] = MODES
     adapters: int = 4  # random PEFT adapters, each with a classification head
     rank: int = 16
@@ -149,6 +154,8 @@ class StreamsBenchJob:
                              f"a positive length, got {self.window_seconds!r}")
         if not self.seconds > 0 or self.warmup_s < 0 or self.drain_s < 0 or not self.target_ms > 0:
             raise ValueError("seconds and target_ms must be positive, warmup_s and drain_s >= 0")
+        if not 0 <= self.sustain_s < math.inf:
+            raise ValueError(f"sustain_s must be finite and >= 0, got {self.sustain_s}")
         if self.encoding not in ("raw", "png", "jpeg"):
             raise ValueError(f"encoding must be raw, png or jpeg, got {self.encoding!r}")
 

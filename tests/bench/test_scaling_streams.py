@@ -59,6 +59,7 @@ def test_one_engine_and_replicas_and_a_killed_replica(vlora_home, tmp_path, monk
         "bench.scaling.streams.gpus=[2]", "bench.scaling.streams.seconds=2",
         "bench.scaling.streams.warmup_s=0", "bench.scaling.streams.warmup_point_s=0", "bench.scaling.streams.refine=0",
         "bench.scaling.streams.target_ms=5000",  # a busy two-core machine must still pass one camera per engine
+        "bench.scaling.streams.sustain_s=0",  # ... whatever its latency trend over a short window
         "bench.scaling.streams.drain_s=20", "bench.scaling.streams.chunk_pool=4", "bench.scaling.streams.adapters=2",
         "bench.scaling.streams.max_batch_size=8", "bench.scaling.streams.max_tokens_per_step=1024",
         # engines warm up as on a GPU: a replica (the killed one's replacement too) takes chunks only once warm

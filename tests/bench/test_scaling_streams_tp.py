@@ -26,7 +26,8 @@ def test_a_split_model_serves_cameras_through_the_front_end(vlora_home, tmp_path
     cfg = compose("bench", BASE + [
         "bench.scaling.streams.image_size=56", "bench.scaling.streams.stream_counts=[1,2]",
         "bench.scaling.streams.seconds=2", "bench.scaling.streams.warmup_s=0", "bench.scaling.streams.warmup_point_s=0",
-        "bench.scaling.streams.refine=0", "bench.scaling.streams.target_ms=5000", "bench.scaling.streams.drain_s=20",
+        "bench.scaling.streams.refine=0", "bench.scaling.streams.target_ms=5000", "bench.scaling.streams.sustain_s=0",
+        "bench.scaling.streams.drain_s=20",
         "bench.scaling.streams.chunk_pool=4", "bench.scaling.streams.adapters=2",
         "bench.scaling.streams.max_batch_size=4", "bench.scaling.streams.max_tokens_per_step=1024",
         "bench.scaling.streams.engine_warm_up=true",  # both ranks run the made-up waves together

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import math
+import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -41,6 +42,7 @@ def test_streams_suite_on_cpu(vlora_home, tmp_path, one_thread, capsys):
                             f"bench.streams.seconds={seconds}", "bench.streams.warmup_s=0",
                             "bench.streams.warmup_point_s=0", "bench.streams.refine=0",
                             "bench.streams.target_ms=5000",  # a busy CI machine must still run every count
+                            "bench.streams.sustain_s=0",  # ... whatever its latency trend over 2 s
                             "bench.streams.drain_s=20", "bench.streams.chunk_pool=4", "bench.streams.adapters=2",
                             "bench.streams.max_batch_size=8", "bench.streams.max_tokens_per_step=1024",
                             "bench.streams.hf_batch=2", "bench.streams.hf_batches=2", "bench.streams.engine_only_rates=[2.0]",
@@ -186,6 +188,37 @@ def test_search_stops_at_the_first_failure_then_bisects():
     assert searched(27, (8, 16, 24, 32, 40), 2) == [8, 16, 24, 32, 28, 26]
     assert searched(3, (8, 16), 3) == [8, 4, 2, 3]  # none passes: bisect below the first count
     assert searched(99, (8, 16), 2) == [8, 16]  # all pass: nothing to refine
+
+
+def test_a_growing_backlog_fails_a_point_its_window_passes():
+    """38 cameras sent 38 chunks/s to a server serving 36: each second adds 2 chunks of backlog, about 55 ms
+    of latency; an 8 s window ends under the 1 s target, a minute would not. A server keeping up shows next
+    to no trend, however noisy its latencies."""
+    from types import SimpleNamespace
+
+    from bench.streams_load import _row, latency_trend
+
+    rng = np.random.default_rng(0)
+
+    def records(n, growth_ms_per_s):
+        sent = np.sort(rng.uniform(0, 8, n))
+        latency = 400 + growth_ms_per_s * sent + rng.normal(0, 80, n)
+        return [{"stream": i % 38, "chunk": i, "sent": t, "done": t + ms / 1e3, "latency_ms": ms, "measured": True,
+                 "finished": True, "prompt_tokens": 800} for i, (t, ms) in enumerate(zip(sent, latency))]
+
+    growing, steady = records(304, 55.0), records(288, 0.0)
+    assert 40 < latency_trend(growing) < 55  # the slope less twice its error
+    assert latency_trend(steady) < 5  # noise alone: a few ms per s at most, 0 most often
+    assert latency_trend(growing[:2]) == 0.0
+    job = SimpleNamespace(target_ms=1000.0, sustain_s=60.0)
+    for recs, passes in ((growing, False), (steady, True)):
+        row = _row(job, "head", 38, recs, Counter(), 0.0, 8)
+        assert row["p95_ms"] < 1000 and row["pass"] is passes
+        assert (row["projected_p95_ms"] > 1000) is not passes
+    window_only = _row(SimpleNamespace(target_ms=1000.0, sustain_s=0.0), "head", 38, growing, Counter(), 0.0, 8)
+    assert window_only["pass"] and window_only["projected_p95_ms"] == window_only["p95_ms"]
+    with pytest.raises(ValueError, match="sustain_s"):
+        StreamsBenchJob(sustain_s=-1)
 
 
 def test_job_names_bad_fields():

@@ -72,6 +72,9 @@ class EngineConfig:
     # (set them to your cameras': the vision tower's packs and the prompts' lengths follow the picture)
     warm_up_side: int = 448
     warm_up_frames: int = 6
+    # more camera sizes, (width, height) each (or "WxH"), whose tower shapes the warm-up also runs, so a
+    # 16:9 camera's steps find their attention plans made (the waves' token shapes do not depend on them)
+    warm_up_sizes: tuple = ()
     # the next step's pictures encoded while the current step runs on the device, before the host waits
     # for it (serve/engine/lookahead.py): "auto" on a GPU only (on the CPU the work only moves), "on", "off".
     # Off with tensor parallelism (every rank must run the same tower calls)
@@ -121,6 +124,7 @@ class EngineConfig:
         if self.warm_up_side < 28 or self.warm_up_frames < 1:
             raise ValueError(f"warm_up_side={self.warm_up_side} and warm_up_frames={self.warm_up_frames}: give a side "
                              "of at least 28 pixels and at least one frame")
+        self.warm_up_sizes = tuple(_picture_size(size) for size in self.warm_up_sizes)
         if self.encode_ahead not in ("auto", "on", "off"):
             raise ValueError(f"encode_ahead={self.encode_ahead!r}: use auto (on a GPU only), on or off")
         if self.adapter_slots < 0:
@@ -156,3 +160,15 @@ class EngineConfig:
             if key in kept and not isinstance(kept[key], str):
                 kept[key] = tuple(kept[key])
         return cls(**kept)
+
+
+def _picture_size(size) -> tuple[int, int]:
+    """(width, height) of a warm-up picture given as a pair or "WxH", each side at least 28 pixels."""
+    try:
+        pair = tuple(int(v) for v in (size.lower().split("x") if isinstance(size, str) else size))
+    except (TypeError, ValueError):
+        pair = ()
+    if len(pair) != 2 or min(pair) < 28:
+        raise ValueError(f"warm_up_sizes: {size!r} is not a width x height of at least 28 pixels each "
+                         "(give [width, height] or \"WxH\")")
+    return pair

@@ -184,14 +184,15 @@ class Engine:
 
     def warm_up(self, **shape):
         """Runs made-up waves of requests through every shape serving meets (serve/engine/warmup.py),
-        once; the caller's thread must be the only one stepping. shape: the pictures' `side` and
-        `frames` (default the config's warm_up_side and warm_up_frames). Returns the WarmReport."""
+        once; the caller's thread must be the only one stepping. shape: the pictures' `side`, `frames` and
+        more `sizes` (default the config's warm_up_side, warm_up_frames and warm_up_sizes). Returns the WarmReport."""
         if self.warm_report is None:
             from .warmup import warm_up
 
             if self.has_unfinished():
                 raise RuntimeError("warm_up() runs before any request is added")
-            shape = {"side": self.config.warm_up_side, "frames": self.config.warm_up_frames, **shape}
+            shape = {"side": self.config.warm_up_side, "frames": self.config.warm_up_frames,
+                     "sizes": self.config.warm_up_sizes, **shape}
             try:
                 self.warm_report = warm_up(self, **shape)
                 WATCH.mark_ready()  # a Triton kernel compiled from now on is one the waves missed

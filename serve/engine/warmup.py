@@ -79,18 +79,19 @@ def wave_sizes(max_batch_size: int) -> list[int]:
     return sizes + [max_batch_size]
 
 
-def _picture(engine, rng: np.random.Generator, side: int, frames: int) -> dict:
+def _picture(engine, rng: np.random.Generator, side, frames: int) -> dict:
     """Noise (never the same twice, so neither the encoder cache nor the prefix cache answers it).
     An engine that decodes JPEG on its device (pixels=device) gets JPEG frames, as the server hands
     it cameras' frames: the decoder's first use is part of what a cold server pays."""
+    width, height = (side, side) if isinstance(side, int) else side  # a square side, or (width, height)
     if engine.model.args.is_qwen:
-        clip = rng.integers(0, 256, (frames, side, side, 3), dtype=np.uint8)
+        clip = rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
         if getattr(engine.processor, "pixel_spec", None) is not None:
             import cv2
 
             return {"video": [cv2.imencode(".jpg", f, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes() for f in clip]}
         return {"video": clip}
-    return {"images": [rng.integers(0, 256, (side, side, 3), dtype=np.uint8)]}
+    return {"images": [rng.integers(0, 256, (height, width, 3), dtype=np.uint8)]}
 
 
 def pack_sizes(max_vision_batch: int) -> list[int]:
@@ -101,7 +102,7 @@ def pack_sizes(max_vision_batch: int) -> list[int]:
     return sorted(x for x in sizes if 1 <= x <= max_vision_batch)
 
 
-def _tower_packs(engine, rng: np.random.Generator, side: int, frames: int) -> int:
+def _tower_packs(engine, rng: np.random.Generator, side, frames: int) -> int:
     """The vision tower on 1, 2, ... items per call (pack_sizes): live steps hand it any count of
     pictures, the waves only multiples of a request's. Returns the calls made."""
     import torch
@@ -119,7 +120,7 @@ def _tower_packs(engine, rng: np.random.Generator, side: int, frames: int) -> in
     return len(sizes)
 
 
-def _request_of(engine, rng, side: int, frames: int):
+def _request_of(engine, rng, side, frames: int):
     from .request import Request
 
     return Request(prompt="What is in this picture?", **_picture(engine, rng, side, frames))
@@ -148,14 +149,17 @@ def _run_wave(engine, requests) -> int:
     return steps
 
 
-def warm_up(engine, side: int = 448, frames: int = 6, answer_tokens: int = 4, seed: int = 0) -> WarmReport:
+def warm_up(engine, side: int = 448, frames: int = 6, answer_tokens: int = 4, seed: int = 0,
+            sizes: tuple = ()) -> WarmReport:
     """Runs the waves on `engine` (whose step loop must not be running elsewhere); returns the report.
+    Pictures are `frames` square frames of `side` pixels; `sizes`, more (width, height) the tower packs
+    also run at (cameras of other sizes: Qwen's tower shapes follow the picture, CLIP's do not).
     Call it on the thread that will step the engine: the towers' attention plans are per thread."""
     with segment_plans.recording():  # every tower attention shape met here is planned for this thread
-        return _warm_up(engine, side, frames, answer_tokens, seed)
+        return _warm_up(engine, side, frames, answer_tokens, seed, tuple(sizes))
 
 
-def _warm_up(engine, side: int, frames: int, answer_tokens: int, seed: int) -> WarmReport:
+def _warm_up(engine, side: int, frames: int, answer_tokens: int, seed: int, more_sides: tuple) -> WarmReport:
     from .request import Request, SamplingParams
 
     rng = np.random.default_rng(seed)
@@ -189,6 +193,8 @@ def _warm_up(engine, side: int, frames: int, answer_tokens: int, seed: int) -> W
     phase("mixed waves", ([request(*targets[i % len(targets)], i) for i in range(n)] for n in sizes))
     t0 = time.perf_counter()  # every pack size of the tower, before live steps hand it one the waves did not
     _tower_packs(engine, rng, side, frames)
+    for more in more_sides if engine.model.args.is_qwen else ():
+        _tower_packs(engine, rng, more, frames)
     report.phases["tower packs"] = time.perf_counter() - t0
     if engine.device.type == "cuda":  # the attention plan of every segment count up to the largest pack's
         t0 = time.perf_counter()

@@ -211,6 +211,7 @@ def test_the_warm_up_takes_its_picture_shape_from_the_config(tiny_zoo, monkeypat
     Engine(tiny_zoo[NAME], EngineConfig(**config, warm_up_side=84, warm_up_frames=4)).warm_up()
     Engine(tiny_zoo[NAME], EngineConfig(**config, warm_up_side=84)).warm_up(frames=2)  # a caller's shape wins
     Engine(tiny_zoo[NAME], EngineConfig(**config)).warm_up()
-    assert seen == [{"side": 84, "frames": 4}, {"side": 84, "frames": 2}, {"side": 448, "frames": 6}]
+    assert seen == [{"side": 84, "frames": 4, "sizes": ()}, {"side": 84, "frames": 2, "sizes": ()},
+                    {"side": 448, "frames": 6, "sizes": ()}]
     with pytest.raises(ValueError, match="warm_up_side"):
         EngineConfig(warm_up_side=14)

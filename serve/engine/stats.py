@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from serve.forward import segment_plans
+
 from .compile_watch import WATCH
 
 
@@ -44,6 +46,9 @@ class EngineStats:
     policy_stats: dict | None = None  # serve.orchestrator.PolicyStats.as_dict(): decisions, reasons histogram
     items_encoded_ahead: int = 0  # of items_encoded: encoded during the step before theirs (encode_ahead)
     kernel_compiles: dict | None = None  # Triton variants compiled before / after the warm-up (compile_watch)
+    # the vision towers' attention on the thread that asked (the engine's): plans made, live calls at a planned
+    # shape and at an unplanned one, segment lengths the warm-up never met (serve/forward/segment_plans.py)
+    tower_attention: dict | None = None
 
 
 def collect_stats(engine) -> EngineStats:
@@ -61,7 +66,7 @@ def collect_stats(engine) -> EngineStats:
         step_time_last_ms=times[-1] if times else 0.0, step_times_ms=times[-256:],
         **(engine.lora.stats() if engine.lora is not None else {}),
         **_mode_stats(engine), items_encoded_ahead=runner.counters["items_encoded_ahead"],
-        kernel_compiles=WATCH.stats() if WATCH.installed else None,
+        kernel_compiles=WATCH.stats() if WATCH.installed else None, tower_attention=segment_plans.stats(),
     )
 
 

@@ -18,6 +18,7 @@ Thread-local because cuDNN's plan cache is: a shape built on another thread is b
 
 from __future__ import annotations
 
+import logging
 import threading
 from contextlib import contextmanager
 
@@ -25,12 +26,14 @@ import torch
 import torch.nn.functional as F
 
 _local = threading.local()
+log = logging.getLogger("vlora.serve.forward")
 
 
 def _state() -> dict:
     state = getattr(_local, "state", None)
     if state is None:
-        state = _local.state = {"known": set(), "layouts": {}, "recording": False}
+        state = _local.state = {"known": set(), "layouts": {}, "recording": False, "planned_calls": 0,
+                                "unplanned_calls": 0, "unwarmed": set()}
     return state
 
 
@@ -50,15 +53,34 @@ def shape_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, co
 
 
 def known(key: tuple) -> bool:
-    """True when this thread has run the shape (and, while recording, makes it so)."""
+    """True when this thread has run the shape (and, while recording, makes it so). A live call at a
+    segment length the warm-up never met is a picture size it did not run: said once per length."""
     state = _state()
+    count, layout = key[0], key[1:]
     if state["recording"]:
-        count, layout = key[0], key[1:]
         state["known"].add(key)
         low, high = state["layouts"].get(layout, (count, count))
         state["layouts"][layout] = (min(low, count), max(high, count))
         return True
-    return key in state["known"]
+    if key in state["known"]:
+        state["planned_calls"] += 1
+        return True
+    state["unplanned_calls"] += 1
+    if state["layouts"] and layout not in state["layouts"] and layout not in state["unwarmed"]:
+        state["unwarmed"].add(layout)
+        log.warning("vision tower: segments of %d rows, which the warm-up did not run, take the varlen attention "
+                    "kernel (a little slower than a planned one); a camera of another size? add it to "
+                    "engine.warm_up_sizes", layout[0])
+    return False
+
+
+def stats() -> dict:
+    """This thread's plans and how its live tower calls fared: batched at a planned shape, or varlen at an
+    unplanned one (`unwarmed_lengths`: segment lengths the warm-up never met)."""
+    state = _state()
+    return {"plans": len(state["known"]), "planned_calls": state["planned_calls"],
+            "unplanned_calls": state["unplanned_calls"],
+            "unwarmed_lengths": sorted({layout[0] for layout in state["unwarmed"]})}
 
 
 def is_recording() -> bool:

@@ -94,3 +94,26 @@ def test_sweep_caps_its_builds():
     assert {k[0] for k in segment_plans._state()["known"]} == {1, 2, 3, 4, 6}
     assert segment_plans.sweep() == 1
     segment_plans.forget()
+
+
+def test_a_live_call_at_an_unwarmed_length_is_counted_and_said_once(caplog):
+    """After a warm-up, a count it did not plan is merely unplanned; a segment length it never met is a
+    picture size it never ran, which the log names once (with the setting that fixes it)."""
+    segment_plans.forget()
+    q = torch.zeros(4 * 24, 2, 4)
+
+    def key(length, count):
+        rows = q[: length * count]
+        return segment_plans.shape_key(rows, rows, rows, length, count)
+
+    assert not segment_plans.known(key(8, 1))  # before any warm-up: unplanned, nothing to say
+    with segment_plans.recording():
+        segment_plans.known(key(8, 1))
+    with caplog.at_level("WARNING", logger="vlora.serve.forward"):
+        assert segment_plans.known(key(8, 1)) and not segment_plans.known(key(8, 3))
+        assert not caplog.records  # a count the sweep would make, not a new picture size
+        for _ in range(3):
+            assert not segment_plans.known(key(24, 2))
+    assert len(caplog.records) == 1 and "24 rows" in caplog.text and "warm_up_sizes" in caplog.text
+    assert segment_plans.stats() == {"plans": 1, "planned_calls": 1, "unplanned_calls": 5, "unwarmed_lengths": [24]}
+    segment_plans.forget()

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import itertools
 import math
+import operator
 import sys
 import threading
 import time
@@ -69,7 +70,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     import dataclasses
     from types import SimpleNamespace
 
-    from .streams_served import Served, abort_all, arm_step_profile, marks, since, step_profiles
+    from .streams_served import Served, abort_all, marks, since
 
     if getattr(job, "transport", "rpc") == "http":  # the same point through the OpenAI-compatible API
         from .streams_http import run_http_point
@@ -86,7 +87,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
         # counted from here: a warm-up on the server's thread is not the point's (its steps were counted in once)
         before = served.run(marks)
         if profile:
-            served.run(functools.partial(arm_step_profile, steps=profile))
+            served.run(operator.methodcaller("profile_steps", profile))  # serve/engine/step_profiler.py
         label = "warm-up " if warm_up else "cold " if cold else ""
         _log(f"{label}mode={mode} streams={n}: {first + measured} chunks each")
         plain = SimpleNamespace(**dataclasses.asdict(job))  # the camera process needs no torch to read it
@@ -101,7 +102,7 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
     if warm_s is not None:
         row["server_warm_up_s"] = warm_s
     if profile:
-        row["step_profiles"] = served.run(step_profiles)
+        row["step_profiles"] = served.run(operator.methodcaller("step_profiles"))
     row.update(point="warm-up" if warm_up else "cold" if cold else "warm", settled=settled, leftover_before=leftover,
                **served.run(functools.partial(since, before=before, first=30 if cold else 0)),
                engine_process=not served.in_thread, gc=pauses.summary())

@@ -67,15 +67,6 @@ def since(engine, before: tuple[int, dict, int], first: int = 0) -> dict:
             "late_compiles": [spec for _, spec in WATCH.late[late:]]}
 
 
-def arm_step_profile(engine, steps: int) -> None:
-    """The engine's next `steps` steps under the profiler (serve/engine/step_profiler.py)."""
-    engine.profile_steps(steps)
-
-
-def step_profiles(engine) -> list[dict]:
-    return engine.step_profiles()
-
-
 def set_encode_ahead(engine, on: bool) -> bool:
     """Sets the engine's encode_ahead; returns what it was."""
     before, engine.encode_ahead = engine.encode_ahead, on

@@ -12,7 +12,11 @@ Messages, front end -> engine: ("add", request, prepared, meta), ("abort", reque
 ("call", call_id, fn) (fn(engine), picklable: a module-level function or operator.methodcaller),
 ("counters", call_id), ("stop",). Engine -> front end: ("ready", info) or ("failed", message) once,
 then ("warm", report) once the engine's warm-up is over (info["warming"] says whether one runs),
-then ("event", request_id, event), ("reply", call_id, ok, value), ("culprit", fingerprint, why).
+then ("event", request_id, event), ("reply", call_id, ok, value), ("culprit", fingerprint, why),
+("adapters",) (an adapter was loaded or unloaded: names kept by a front end are stale).
+
+With `attachable`, more front ends (tenant processes) attach later (serve/rpc/engine_links.py): the
+first pipe's ("stop",) or end stops the engine, another link's only closes that link.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pickle
 import queue
 import threading
 
+from .engine_links import Link, Links, changes_adapters
 from .loop import EngineLoop
 from .memory import pin_mmap_threshold, trim_when_idle
 
@@ -31,26 +36,32 @@ ADAPTER_CALLS = ("list_adapters", "load_adapter", "unload_adapter", "adapter_nam
 
 
 class _RemoteTicket:
-    """The loop's view of a front-end Ticket: events go to the sender's queue."""
+    """The loop's view of a front-end Ticket: events go to its link's sender."""
 
-    def __init__(self, outbox, request_id: str, tag, submitted: float, frame_decode_ms: float, preprocess_ms: float):
-        self.outbox, self.request_id, self.tag = outbox, request_id, tag
+    def __init__(self, link: Link, request_id: str, tag, submitted: float, frame_decode_ms: float,
+                 preprocess_ms: float):
+        self.link, self.outbox, self.request_id, self.tag = link, link.outbox, request_id, tag
         # time.perf_counter() is CLOCK_MONOTONIC on Linux: one clock for both processes
         self.submitted, self.frame_decode_ms, self.preprocess_ms = submitted, frame_decode_ms, preprocess_ms
 
     def put(self, event: dict) -> None:
+        if event["type"] in ("final", "error"):
+            self.link.finished(self.request_id)
         self.outbox.put(("event", self.request_id, event))
 
 
 class _Reply:
-    """Stands in for the threading.Event of EngineLoop.call: set() on the engine thread sends the answer."""
+    """Stands in for the threading.Event of EngineLoop.call: set() on the engine thread sends the answer
+    (and, after a load or unload, tells every front end that the adapters changed)."""
 
-    def __init__(self, outbox, call_id: int, box: dict):
-        self.outbox, self.call_id, self.box = outbox, call_id, box
+    def __init__(self, outbox, call_id: int, box: dict, after=None):
+        self.outbox, self.call_id, self.box, self.after = outbox, call_id, box, after
 
     def set(self) -> None:
         box = self.box
         self.outbox.put(("reply", self.call_id, "error" not in box, box.get("error", box.get("value"))))
+        if self.after is not None:
+            self.after()
 
 
 # Messages waiting in an outbox go out together, in one write of their pickles back to back (read by
@@ -110,8 +121,12 @@ def write_batches(conn, outbox, encode=_pickled, first_alone: bool = False) -> N
 
 
 def _send_all(conn, outbox) -> None:
-    """The engine process's sender: the loop's events and answers to the front end."""
+    """The engine process's sender: the loop's events and answers to one front end."""
     write_batches(conn, outbox, first_alone=True)
+    try:
+        conn.close()
+    except OSError:
+        pass
 
 
 def dumps(message) -> bytes:
@@ -142,8 +157,9 @@ def info_of(engine) -> dict:
             "methods": [m for m in ADAPTER_CALLS if hasattr(engine, m)]}
 
 
-def host(conn, build, idle_wait_s: float, log_level: int) -> None:
-    """The process's entry: build() gives the engine; serves commands until ("stop",) or the pipe closes."""
+def host(conn, build, idle_wait_s: float, log_level: int, attachable: bool = False) -> None:
+    """The process's entry: build() gives the engine; serves commands until ("stop",) or the pipe closes.
+    attachable: tenant front-end processes may attach (info["attach"]: the address and key)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     pin_mmap_threshold()  # requests of megabytes arrive here too (serve.rpc.memory)
     try:
@@ -151,19 +167,29 @@ def host(conn, build, idle_wait_s: float, log_level: int) -> None:
     except BaseException as e:  # noqa: BLE001 - a user error (SystemExit) or a failed build: the front end says it
         conn.send_bytes(dumps(("failed", str(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}")))
         return
-    outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    primary = Link("the server")
+    outbox = primary.outbox
     sender = threading.Thread(target=_send_all, args=(conn, outbox), name="vlora-engine-sender", daemon=True)
     sender.start()
+    links = Links(primary)
     loop = EngineLoop(engine, idle_wait_s)
-    loop.culprits.on_record = lambda key, why: outbox.put(("culprit", key, why))
-    loop.on_warm = lambda report: outbox.put(("warm", report))
+    loop.culprits.on_record = lambda key, why: links.broadcast(("culprit", key, why))
+    loop.on_warm = lambda report: links.broadcast(("warm", report))
     info = dict(info_of(engine), warming=bool(getattr(engine, "needs_warm_up", False)))
+    if attachable:
+        address, key = links.listen()
+        info["attach"] = (address, key)
     outbox.put(("ready", info))  # before the loop starts: its ("warm", ...) can only come after
     loop.start()
+    if attachable:
+        threading.Thread(target=links.accept_forever, args=(lambda c, link: _serve_link(c, loop, link, links),
+                                                            info),
+                         name="vlora-engine-attach", daemon=True).start()
     trimmer = trim_when_idle(lambda: not engine.has_unfinished())
     try:
-        _serve(conn, loop, outbox)
+        _serve(conn, loop, primary, links)
     finally:
+        links.close()
         if trimmer is not None:
             trimmer.set()
         loop.stop()
@@ -174,29 +200,49 @@ def host(conn, build, idle_wait_s: float, log_level: int) -> None:
             close()
 
 
-def _serve(conn, loop: EngineLoop, outbox) -> None:
+def _serve(conn, loop: EngineLoop, link: Link, links: Links) -> None:
     while True:
         try:
             messages = receive_all(conn)
-        except (EOFError, OSError):  # the front end exited: so does the engine
+        except (EOFError, OSError):  # the front end exited: so does the engine (the first pipe's)
             return
         for message in messages:
-            if not _command(message, loop, outbox):
+            if not _command(message, loop, link, links):
                 return
 
 
-def _command(message: tuple, loop: EngineLoop, outbox) -> bool:
-    """Carries out one command of the front end; False for ("stop",)."""
+def _serve_link(conn, loop: EngineLoop, link: Link, links: Links) -> None:
+    """An attached front end, until it stops or goes: then its requests are aborted and the link closed."""
+    sender = threading.Thread(target=_send_all, args=(conn, link.outbox), name=f"vlora-engine-{link.name}-sender",
+                              daemon=True)
+    sender.start()
+    try:
+        _serve(conn, loop, link, links)
+    finally:
+        links.remove(link)
+        aborted = link.take_live()
+        for request_id in aborted:  # their blocks and slots go back; nobody is left to read them
+            loop.abort(request_id)
+        if aborted:
+            log.warning("engine process: %s went away; %d request(s) of it aborted", link.name, len(aborted))
+        link.outbox.put(None)
+
+
+def _command(message: tuple, loop: EngineLoop, link: Link, links: Links) -> bool:
+    """Carries out one command of a front end; False for ("stop",)."""
     kind = message[0]
+    outbox = link.outbox
     if kind == "add":
         _, request, prepared, meta = message
-        loop.submit(request, _RemoteTicket(outbox, *meta), prepared)
+        link.added(meta[0])
+        loop.submit(request, _RemoteTicket(link, *meta), prepared)
     elif kind == "abort":
         loop.abort(message[1])
     elif kind == "call":
         _, call_id, fn = message
         box: dict = {}
-        loop.post_call(fn, box, _Reply(outbox, call_id, box))
+        after = (lambda: links.broadcast(("adapters",))) if changes_adapters(fn) else None
+        loop.post_call(fn, box, _Reply(outbox, call_id, box, after))
     elif kind == "counters":
         outbox.put(("reply", message[1], True, dict(loop.counters)))
     elif kind == "stop":

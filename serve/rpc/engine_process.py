@@ -12,6 +12,11 @@ The build function crosses to a spawned interpreter: a module-level function or 
 of picklable arguments. Calls (`call(fn)`) take picklable functions too (operator.methodcaller).
 If the engine process dies, every request in flight is answered engine_error, `alive` turns false
 (health says unhealthy) and later requests are refused with that reason.
+
+`EngineProcess(build, attachable=True)` lets more front ends attach to the same engine process:
+`EngineProcess.attach(*loop.attach_address)` in a tenant's front-end process
+(serve/rpc/tenant_processes.py) answers the same calls over a link of its own; closing it closes
+only that link (the engine aborts the requests it left).
 """
 
 from __future__ import annotations
@@ -62,8 +67,13 @@ class FrontEngine:
 
 
 class EngineProcess(WarmState):
-    def __init__(self, build, idle_wait_s: float = 0.05, start_timeout_s: float | None = None):
+    on_adapters_changed = None  # called when any front end loaded or unloaded an adapter
+
+    def __init__(self, build, idle_wait_s: float = 0.05, start_timeout_s: float | None = None,
+                 attachable: bool = False):
         self._build, self.idle_wait_s, self.start_timeout_s = build, idle_wait_s, start_timeout_s
+        self.attachable = attachable
+        self.attach_address: tuple | None = None  # (address, key) for tenant processes, once started
         self.engine: FrontEngine | None = None
         self.culprits = Culprits()  # the engine's, learnt as it records them: refusals before preparing
         self._tickets: dict[str, Ticket] = {}
@@ -82,12 +92,12 @@ class EngineProcess(WarmState):
     def start(self) -> "EngineProcess":
         """Spawns the engine process and returns once its engine is built (or raises: a user error
         of the build as SystemExit with its one line, another failure as RuntimeError)."""
-        if self._process is not None:  # started already (the command starts it before it listens)
+        if self._process is not None or self._conn is not None:  # started already, or attached
             return self
         ctx = multiprocessing.get_context("spawn")  # never fork a process that has threads
         self._conn, child = ctx.Pipe(duplex=True)
         level = logging.getLogger("vlora").getEffectiveLevel()
-        self._process = ctx.Process(target=host, args=(child, self._build, self.idle_wait_s, level),
+        self._process = ctx.Process(target=host, args=(child, self._build, self.idle_wait_s, level, self.attachable),
                                     name="vlora-engine")
         self._process.start()
         child.close()
@@ -96,8 +106,24 @@ class EngineProcess(WarmState):
             self._process.join(10)
             text = message[1]
             raise SystemExit(text) if text.startswith("vlora ") else RuntimeError(f"the engine's build failed: {text}")
-        self.engine = FrontEngine(message[1])
-        if message[1].get("warming"):  # the engine process warms up now; ("warm", report) says when done
+        self.attach_address = message[1].get("attach")
+        return self._serve_link(message[1])
+
+    @classmethod
+    def attach(cls, address: str, key: bytes, timeout_s: float = 30.0) -> "EngineProcess":
+        """A link of its own to a running attachable engine process (a tenant's front-end process)."""
+        from multiprocessing.connection import Client
+
+        self = cls(None, start_timeout_s=timeout_s)
+        self._conn = Client(address, family="AF_UNIX", authkey=key)
+        if not self._conn.poll(timeout_s):
+            self._conn.close()
+            raise RuntimeError(f"the engine process did not answer within {timeout_s} s")
+        return self._serve_link(receive(self._conn)[1])
+
+    def _serve_link(self, info: dict) -> "EngineProcess":
+        self.engine = FrontEngine(info)
+        if info.get("warming"):  # the engine process warms up now; ("warm", report) says when done
             self.warming_since = time.monotonic()
         self._writer = threading.Thread(target=write_batches, args=(self._conn, self._outbox, bytes),
                                         name="vlora-engine-writer", daemon=True)
@@ -117,7 +143,14 @@ class EngineProcess(WarmState):
         return receive(self._conn)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self._process is None:
+        if self._conn is None:
+            return
+        if self._process is None:  # an attached link: closing it is all (the engine aborts what it left)
+            self._gone = self._gone or "this front end stopped"
+            self._outbox.put(None)
+            if self._writer is not None:
+                self._writer.join(5)
+            self._conn.close()
             return
         try:
             self._send(("stop",))
@@ -134,7 +167,9 @@ class EngineProcess(WarmState):
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.is_alive() and self._gone is None
+        if self._process is None:  # attached: alive while its link is
+            return self._router is not None and self._router.is_alive() and self._gone is None
+        return self._process.is_alive() and self._gone is None
 
     @property
     def down_reason(self) -> str | None:
@@ -240,6 +275,10 @@ class EngineProcess(WarmState):
             self.culprits.learn(message[1], message[2])
         elif kind == "warm":
             self.warmed(message[1])
+        elif kind == "adapters":
+            hook = self.on_adapters_changed
+            if hook is not None:
+                hook()
 
     def _finish(self, request_id: str, event: dict, arrived: float | None = None) -> None:
         with self._lock:
@@ -253,9 +292,13 @@ class EngineProcess(WarmState):
 
     def _died(self) -> None:
         """The pipe closed: a stop, or the engine process died. Every waiter is answered."""
-        self._process.join(1)
-        code = self._process.exitcode
-        self._gone = f"the engine process exited (exit code {code}); the server must be restarted"
+        if self._process is None:  # an attached link: its own stop, or the engine process is gone
+            code = None
+            self._gone = self._gone or "the engine process is gone; the server must be restarted"
+        else:
+            self._process.join(1)
+            code = self._process.exitcode
+            self._gone = f"the engine process exited (exit code {code}); the server must be restarted"
         if code not in (0, None):
             self._local["engine_process_exits"] += 1
             log.error("%s", self._gone)

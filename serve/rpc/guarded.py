@@ -6,12 +6,9 @@
 - Accepting never ends but by close(): RPyC ended its accept loop on any accept() error other
   than EINTR/EAGAIN (EMFILE from a flood stopped the server with exit status 0); here the error is
   logged (at most once a second) and accepting resumes after a short pause.
-- Each message: BoundedChannel refuses one over the size limit before reading or inflating it.
-- Idle: an authenticated connection that sends no message for `idle_timeout_s` is closed (a call
-  in progress, such as a long poll, is not idle), and so is one whose message, once begun, does
-  not come whole within that time or that stops reading its replies, so token holders cannot
-  sit on connection slots.
-- The connection is serve.rpc.sealed's: introspection answers nothing about the server.
+- After the token: serve.rpc.connections serves the connection (each message's size bounded, idle
+  connections closed, introspection sealed), on this process's thread, or in the tenant's own
+  front-end process when `hand_off(sock, tenant)` takes the socket (serve/rpc/tenant_processes.py).
 """
 
 from __future__ import annotations
@@ -19,96 +16,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import zlib
 
-from rpyc.core.channel import Channel
-from rpyc.core.stream import SocketStream
 from rpyc.utils.authenticators import AuthenticationError
 from rpyc.utils.server import ThreadedServer
 
+from .connections import BoundedChannel, ConnectionRunner, PatientStream  # noqa: F401 - their old home
 from .door import HandshakeDoor
-from .gate import GATE
 from .logs import clip
-from .sealed import SealedConnection
 
 ACCEPT_PAUSE_S = 0.05  # after a failed accept (e.g. EMFILE: out of descriptors) before the next one
 WAKE_S = 0.5  # the accept loop's longest wait: close() is seen within this
-
-
-class BoundedChannel(Channel):
-    """RPyC's channel with the size limit applied as a message arrives, not after: the header's
-    length is checked before the body is read, and a compressed body is inflated only up to the
-    limit (RPyC inflates whatever comes: 2 MB of zeros on the wire became a 512 MB frame before
-    any check). A message over the limit ends the connection; the server goes on."""
-
-    __slots__ = ["max_bytes", "on_refused"]
-
-    def __init__(self, stream, max_bytes: int, on_refused=None):
-        super().__init__(stream)
-        self.max_bytes, self.on_refused = max_bytes, on_refused
-
-    def _refuse(self, why: str):
-        if self.on_refused is not None:
-            self.on_refused(why)
-        return EOFError(why)  # RPyC's serve loop ends the connection on it, quietly
-
-    def recv(self):
-        try:
-            return self._recv()
-        finally:
-            done = getattr(self.stream, "message_done", None)  # PatientStream's message deadline
-            if done is not None and not self.stream.closed:
-                done()
-
-    def _recv(self):
-        header = self.stream.read(self.FRAME_HEADER.size)
-        length, compressed = self.FRAME_HEADER.unpack(header)
-        if length > self.max_bytes:
-            raise self._refuse(f"a message of {length} bytes exceeds the limit of {self.max_bytes}")
-        data = self.stream.read(length + len(self.FLUSHER))[:-len(self.FLUSHER)]
-        if compressed:
-            inflate = zlib.decompressobj()
-            data = inflate.decompress(data, self.max_bytes)
-            if inflate.unconsumed_tail:
-                raise self._refuse(f"a compressed message inflates past the limit of {self.max_bytes} bytes")
-        return data
-
-
-class PatientStream(SocketStream):
-    """RPyC's socket stream with a deadline per message: once a message's first byte has come, the
-    whole message must come within `patience_s` (RPyC retried a timed-out read forever, so half a
-    message, then silence or a byte now and then, held a thread and a connection slot for good).
-    A write that makes no progress for `patience_s` (a client that stops reading its replies)
-    ends the connection too."""
-
-    __slots__ = ("patience_s", "deadline")
-
-    def __init__(self, sock: socket.socket, patience_s: float):
-        super().__init__(sock)
-        self.patience_s, self.deadline = patience_s, None
-        sock.settimeout(patience_s)
-
-    def read(self, count):
-        if self.deadline is None:  # a message's first read
-            self.deadline = time.monotonic() + self.patience_s
-        chunks = []
-        while count > 0:
-            try:
-                self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
-                buf = self.sock.recv(min(self.MAX_IO_CHUNK, count))
-            except OSError as e:  # TimeoutError among them: the message did not come whole in time
-                self.close()
-                raise EOFError(f"{type(e).__name__} while reading a message") from None
-            if not buf:
-                self.close()
-                raise EOFError("connection closed by peer")
-            chunks.append(buf)
-            count -= len(buf)
-        return b"".join(chunks)
-
-    def message_done(self) -> None:
-        self.deadline = None
-        self.sock.settimeout(self.patience_s)  # for the replies' writes
 
 
 class _LineAlreadyRead:
@@ -137,13 +54,20 @@ class GuardedServer(ThreadedServer):
             raise ValueError(f"rpc.idle_timeout_s={idle_timeout_s!r}: must be a positive number of seconds")
         super().__init__(*args, **kwargs)
         self.max_message_bytes, self.idle_timeout_s = max_message_bytes, idle_timeout_s
+        self.runner = ConnectionRunner(self.service, self.protocol_config, self.logger, max_message_bytes,
+                                       idle_timeout_s, self._warn)
+        # hand_off(sock, credentials) -> True when another process serves the socket from now on
+        self.hand_off = None
         self.door = HandshakeDoor(self.listener, self._hand_over, self._dropped, self._accept_failed,
                                   max_handshakes, max_handshakes_per_address, first_byte_timeout_s,
                                   handshake_timeout_s)
         self._last_warning = 0.0
         self._looping = False
         self.accept_errors = 0
-        self.idle_closed = 0
+
+    @property
+    def idle_closed(self) -> int:
+        return self.runner.idle_closed
 
     def _warn(self, message: str) -> None:
         now = time.monotonic()
@@ -190,57 +114,22 @@ class GuardedServer(ThreadedServer):
 
     # ---- one connection's thread -----------------------------------------------------------------
     def _authenticate_and_serve(self, sock: socket.socket, line: bytes) -> None:
+        handed = False
         try:
             try:
                 _, credentials = self.authenticator(_LineAlreadyRead(sock, line))
             except AuthenticationError:
                 return
-            self._serve_client(sock, credentials)
+            handed = self.hand_off is not None and self.hand_off(sock, credentials)
+            if not handed:
+                self.runner.serve(sock, credentials)
         except Exception as e:  # a client's malformed protocol: one clipped line, no traceback per message
             self._warn(f"connection ended: {clip(f'{type(e).__name__}: {e}')}")
         finally:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            if not handed:  # a handed-off socket is another process's now: only this process's copy closes
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             sock.close()
             self.clients.discard(sock)
-
-    def _serve_client(self, sock, credentials):
-        # RPyC's own, with the bounded channel and the sealed connection (Service._connect's steps)
-        config = dict(self.protocol_config, credentials=credentials,
-                      endpoints=(sock.getsockname(), sock.getpeername()), logger=self.logger)
-        channel = BoundedChannel(PatientStream(sock, self.idle_timeout_s), self.max_message_bytes,
-                                 lambda why: self._warn(f"connection closed: {why}"))
-        service = self.service()
-        conn = SealedConnection(service, channel, config)
-        service.on_connect(conn)
-        dispatch = conn._dispatch
-
-        def gated(data):  # RPyC's own work on a message (unboxing, the reply) takes a turn at the gate too
-            tenant = service.tenant
-            with GATE.call(service.conn_id, getattr(tenant, "name", None), getattr(tenant, "weight", 1.0)):
-                return dispatch(data)
-
-        conn._dispatch = gated
-        self._serve_until_idle(conn, sock)
-
-    def _serve_until_idle(self, conn, sock: socket.socket) -> None:
-        """RPyC's serve_all, ending the connection once no message came for idle_timeout_s."""
-        last_message = time.monotonic()
-        try:
-            while not conn.closed:
-                left = last_message + self.idle_timeout_s - time.monotonic()
-                if left <= 0:
-                    self.idle_closed += 1
-                    try:  # shut the socket first: RPyC's close() would wait for the idle client's answer
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                    break
-                if conn.serve(left):  # True once a message was handled (a long poll: after its reply)
-                    last_message = time.monotonic()
-        except EOFError:
-            pass
-        finally:
-            conn.close()

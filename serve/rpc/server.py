@@ -63,12 +63,15 @@ MESSAGE_SLACK = 1 << 20  # beyond the frames' bytes: the JSON spec and RPyC's ow
 
 class RpcServer:
     def __init__(self, engine, token, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None,
-                 max_connections: int = 64, logger: logging.Logger | None = None, freeze: bool = False):
+                 max_connections: int = 64, logger: logging.Logger | None = None, freeze: bool = False,
+                 tenant_processes: int = 0):
         """engine: an engine object (its step loop runs on a thread of this process) or an EngineProcess
         (the engine in a process of its own); token: one token (its holder is the operator) or a
         TenantRegistry (serve.rpc.tenants). freeze: before it listens, the process's heap is exempted
         from the collector's full walks (memory.freeze_heap; `vlora serve`: a process that serves one
-        server for its life)."""
+        server for its life). tenant_processes: at most this many tenants (of a tenants file) are served
+        by front-end processes of their own (serve.rpc.tenant_processes; the engine must be an
+        EngineProcess started attachable); 0: every connection is served here."""
         limits = limits or Limits()
         pin_mmap_threshold()  # frames and requests of megabytes go back to the system when freed (serve.rpc.memory)
         tenants = token if isinstance(token, TenantRegistry) else TenantRegistry.single(token)
@@ -86,12 +89,35 @@ class RpcServer:
         _bounded_logs(self._server.logger)
         gate.configure(limits.gate_slots, limits.gate_share)  # process-wide: the interpreter is one
         guarded = self._server
-        self.state.door_counters = lambda: {**guarded.door.counters, "accept_errors": guarded.accept_errors,
-                                            "idle_closed": guarded.idle_closed}
+        self.tenant_processes = self._tenant_processes(tenant_processes, tenants, limits, max_connections)
+
+        def door_counters() -> dict:
+            out = {**guarded.door.counters, "accept_errors": guarded.accept_errors, "idle_closed": guarded.idle_closed}
+            if self.tenant_processes is not None:  # their own counters, summed (idle closes added)
+                for key, value in self.tenant_processes.server_counters().items():
+                    out[key] = out.get(key, 0) + value
+            return out
+
+        self.state.door_counters = door_counters
         self.host, self.port = host, self._server.port
         self._thread: threading.Thread | None = None
         self._trimmer = None
         self._freeze, self.frozen_objects = freeze, 0
+
+    def _tenant_processes(self, limit: int, tenants: TenantRegistry, limits: Limits, max_connections: int):
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"rpc.tenant_processes={limit!r}: must be an integer >= 0")
+        attach = getattr(self.loop, "attach_address", None)
+        if limit == 0 or tenants.path is None or attach is None:  # one token, or the engine on a thread here
+            return None
+        from .tenant_processes import TenantProcesses
+
+        settings = {"limits": limits, "max_connections": max_connections, "protocol_config": dict(PROTOCOL_CONFIG),
+                    "max_message_bytes": limits.max_message_bytes + MESSAGE_SLACK}
+        manager = TenantProcesses(self.state, attach, str(tenants.path), limit, settings)
+        self.state.pixel_pool = manager.pixel_pool
+        self._server.hand_off = manager.hand_off
+        return manager
 
     def start(self) -> "RpcServer":
         """Serve from a background thread (tests, the load test); see serve_forever for the command."""
@@ -120,11 +146,15 @@ class RpcServer:
             self.frozen_objects = self.state.counters["heap_frozen_objects"] = freeze_heap()
         state = self.state  # once no frames are held, the memory a burst of requests freed goes back
         self._trimmer = self._trimmer or trim_when_idle(lambda: state.pixels_in_flight == 0)
+        if self.tenant_processes is not None:  # the tenants known now get their processes before they connect
+            self.tenant_processes.start_for(t.name for t in state.tenants.members() if not t.operator)
 
     def close(self) -> None:
         if self._trimmer is not None:
             self._trimmer.set()
         self._server.close()
+        if self.tenant_processes is not None:
+            self.tenant_processes.close()
         self.loop.stop()
         if self._thread is not None:
             self._thread.join(5)

@@ -244,8 +244,9 @@ class VLoRAService(AdapterCalls, rpyc.Service):
             server = dict(self.state.counters, connections=self.state.connections)
             pixels_in_flight = self.state.pixels_in_flight  # a gauge: JSON only (the Prometheus text counts)
         server.update({f"engine_{k}": v for k, v in self.state.loop.counters.items()})
-        if self.state.door_counters is not None:
-            server.update(self.state.door_counters())
+        if self.state.door_counters is not None:  # the door's, and the tenant processes' own (added in)
+            for key, value in self.state.door_counters().items():
+                server[key] = server.get(key, 0) + value
         if fmt == "prometheus":
             return reply(text=prometheus_text(stats, server))
         if fmt != "json":

@@ -59,6 +59,16 @@ class ServerState:
     adapter_names: set[str] | None = None
     # counters kept outside the service (the door's sockets, idle closes): () -> {name: count}
     door_counters: Any = None
+    # the decoded-pixel budget shared by the server's front-end processes (serve/rpc/tenant_processes.py):
+    # a multiprocessing.Value("q") counting every process's pixels in flight; None: this process's alone
+    pixel_pool: Any = None
+
+    def __post_init__(self) -> None:
+        if hasattr(self.loop, "on_adapters_changed"):  # another front end loaded or unloaded one
+            self.loop.on_adapters_changed = self._adapters_changed
+
+    def _adapters_changed(self) -> None:
+        self.adapter_names = None  # asked of the engine again at the next use
 
     def _usage(self, tenant: Tenant) -> Usage:
         return self.usage.setdefault(tenant.name, Usage())
@@ -108,15 +118,16 @@ class ServerState:
         release (idempotent). Over either budget the request is refused as busy (retryable), never
         queued in memory."""
         with self.lock:
-            if self.pixels_in_flight and self.pixels_in_flight + pixels > self.limits.max_pixels_in_flight:
-                self.counters["errors_busy_pixels"] += 1
-                raise RequestError("busy", f"the server holds {self.pixels_in_flight} decoded pixels of requests in "
-                                           "flight, its limit; retry shortly")
             usage = self._usage(tenant) if tenant is not None else None
             if usage is not None and usage.pixels and usage.pixels + pixels > tenant.quotas.pixels:
                 self.counters["errors_tenant_pixels"] += 1
                 raise RequestError("busy", f"this tenant's requests in flight hold {usage.pixels} decoded pixels, "
                                            f"its limit {tenant.quotas.pixels}; retry shortly")
+            held = self._take_from_pool(pixels)
+            if held is not None:
+                self.counters["errors_busy_pixels"] += 1
+                raise RequestError("busy", f"the server holds {held} decoded pixels of requests in flight, its limit; "
+                                           "retry shortly")
             self.pixels_in_flight += pixels
             if usage is not None:
                 usage.pixels += pixels
@@ -126,8 +137,25 @@ class ServerState:
                 self.pixels_in_flight -= pixels
                 if usage is not None:
                     usage.pixels -= pixels
+            if self.pixel_pool is not None:
+                with self.pixel_pool.get_lock():
+                    self.pixel_pool.value -= pixels
 
         return _once(release)
+
+    def _take_from_pool(self, pixels: int) -> int | None:
+        """Takes `pixels` from the server-wide budget; None when taken, else what is held (over the limit).
+        The first request of an empty budget always fits (one frame may be larger than the budget)."""
+        pool = self.pixel_pool
+        if pool is None:
+            held = self.pixels_in_flight
+            return held if held and held + pixels > self.limits.max_pixels_in_flight else None
+        with pool.get_lock():
+            held = pool.value
+            if held and held + pixels > self.limits.max_pixels_in_flight:
+                return held
+            pool.value = held + pixels
+        return None
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:

@@ -242,6 +242,9 @@ class TenantRegistry:
     def names(self) -> list[str]:
         return sorted(self._tenants)
 
+    def members(self) -> list[Tenant]:
+        return [self._tenants[n] for n in sorted(self._tenants)]
+
 
 def add_tenant(path: str | Path, name: str, role: str = "tenant", quotas: dict | None = None) -> str:
     """Adds (or gives a new token to) tenant `name` in the tenants file `path`; returns the new token.

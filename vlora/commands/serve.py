@@ -336,6 +336,14 @@ def _http_server(server, http, base_model: str):
         fail(f"cannot listen on {http.host}:{http.port} for http ({e.strerror or e}); pass http.port=<free port>")
 
 
+def _tenant_processes(rpc) -> int:
+    value = rpc.get("tenant_processes", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        fail(f"rpc.tenant_processes={value!r}: give the most tenants served by front-end processes of their own "
+             "(an integer >= 0; 0: every connection in the server's process)")
+    return value
+
+
 def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
@@ -367,8 +375,10 @@ def run(cfg: DictConfig):
 
         from serve.rpc import EngineProcess
 
-        # the step loop in a process of its own: no client's traffic takes its interpreter (serve.rpc.engine_host)
-        engine = EngineProcess(partial(build_engine, cfg, plan)).start()
+        # the step loop in a process of its own: no client's traffic takes its interpreter (serve.rpc.engine_host);
+        # attachable by the tenants' own front-end processes (serve.rpc.tenant_processes)
+        engine = EngineProcess(partial(build_engine, cfg, plan),
+                               attachable=bool(rpc.get("tenants")) and _tenant_processes(rpc) > 0).start()
     else:
         engine = build_engine(cfg, plan)
     if tensor_parallel:
@@ -381,7 +391,7 @@ def run(cfg: DictConfig):
         engine = LeaderEngine(engine)
     try:
         server = RpcServer(engine, identities(cfg), rpc.host, int(rpc.port), limits, int(rpc.max_connections),
-                           freeze=bool(rpc.get("freeze_heap", True)))
+                           freeze=bool(rpc.get("freeze_heap", True)), tenant_processes=_tenant_processes(rpc))
     except OSError as e:  # taken since check_port
         fail(busy_port(int(rpc.port)) if e.errno == errno.EADDRINUSE
              else f"cannot listen on {rpc.host}:{rpc.port} ({e})")

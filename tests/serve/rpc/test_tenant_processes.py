@@ -1,0 +1,172 @@
+"""A front-end process per tenant, against a real `vlora serve` with a tenants file: each tenant's
+connections are served by a process of its own (a child of the server, attached to the engine
+process), the operator's by the server's process; quotas, adapters and the pixel budget still hold
+across them; a tenant process that dies takes only its own tenant's requests with it, and that
+tenant's next connection is served by a new one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from rpc_server import ServerProcess
+
+from serve.rpc import Client, ServerError, add_tenant
+
+NAME = "qwen2_vl_tiny"
+FRAME = np.full((32, 32, 3), 60, np.uint8)
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tenant_processes") / "tenants.yaml"
+    tokens = {"ops": add_tenant(path, "ops", "operator"), "victim": add_tenant(path, "victim"),
+              "flood": add_tenant(path, "flood", quotas={"queued": 3})}
+    return path, tokens
+
+
+@pytest.fixture(scope="module")
+def server(tiny_zoo, vlora_home, tenants):
+    proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.tenants={tenants[0]}", "engine.max_batch_size=4")
+    yield proc
+    proc.stop()
+
+
+def _client(server, tenants, who: str) -> Client:
+    return Client("127.0.0.1", server.port, tenants[1][who], reconnect=False)
+
+
+def _children(pid: int) -> dict[int, str]:
+    """pid -> name of each live child process of `pid` (multiprocessing names them in argv)."""
+    out = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) != pid or fields[0] == "Z":
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                out[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            pass
+    return out
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            inodes.add(target)
+    return inodes
+
+
+def _tcp_inodes(port: int) -> set[str]:
+    """socket:[inode] of every TCP socket of this host whose local or remote port is `port`."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            ports = {int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16)}
+            if port in ports:
+                out.add(f"socket:[{cols[9]}]")
+    return out
+
+
+def _serving(pid: int, client: Client) -> bool:
+    """Whether process `pid` holds the server end of `client`'s TCP connection."""
+    local_port = client._conn._channel.stream.sock.getsockname()[1]
+    return bool(_socket_inodes(pid) & _tcp_inodes(local_port))
+
+
+def _server_of(server, client: Client) -> int:
+    """The pid holding the server's end of `client`'s connection: the server's or one of its children."""
+    local_port = client._conn._channel.stream.sock.getsockname()[1]
+    deadline = time.monotonic() + 10
+    while True:
+        ends = _tcp_inodes(local_port)
+        holders = [pid for pid in (server.proc.pid, *_children(server.proc.pid)) if _socket_inodes(pid) & ends]
+        if len(holders) == 1 or time.monotonic() > deadline:  # the server's copy closes right after the hand-off
+            assert len(holders) == 1, holders
+            return holders[0]
+        time.sleep(0.05)
+
+
+def _answer(client: Client) -> list[int]:
+    return client.submit_image("How many?", [FRAME], sampling={"max_tokens": 3, "ignore_eos": True}).result(60)[
+        "token_ids"]
+
+
+def _metrics(server, tenants) -> dict:
+    with _client(server, tenants, "ops") as ops:
+        return ops.metrics()["server"]
+
+
+def test_each_tenant_is_served_by_a_process_of_its_own_and_the_operator_by_the_server(server, tenants):
+    with _client(server, tenants, "victim") as victim, _client(server, tenants, "flood") as flood, \
+            _client(server, tenants, "ops") as ops:
+        answers = {who: _answer(c) for who, c in (("victim", victim), ("flood", flood), ("ops", ops))}
+        assert answers["victim"] == answers["flood"] == answers["ops"]  # one engine, the same base model
+        pids = {who: _server_of(server, c) for who, c in (("victim", victim), ("flood", flood), ("ops", ops))}
+    assert pids["ops"] == server.proc.pid
+    assert pids["victim"] != pids["flood"] and server.proc.pid not in (pids["victim"], pids["flood"])
+    assert {pids["victim"], pids["flood"]} <= set(_children(server.proc.pid))
+    deadline = time.monotonic() + 10  # a tenant process reports its counters about once a second
+    while _metrics(server, tenants)["requests_image"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    server_counters = _metrics(server, tenants)
+    assert server_counters["tenant_processes"] == 2
+    assert server_counters["requests_image"] == 3  # the tenant processes' counters are summed in
+
+
+def test_quotas_hold_in_a_tenant_process_and_connections_are_counted_by_the_server(server, tenants):
+    with _client(server, tenants, "flood") as flood:
+        handles = [flood.submit_image("Describe.", [FRAME], sampling={"max_tokens": 40, "ignore_eos": True})
+                   for _ in range(3)]
+        with pytest.raises(ServerError, match="too_many_requests|its limit 3"):
+            flood.submit_image("Describe.", [FRAME], sampling={"max_tokens": 2})
+        assert _metrics(server, tenants)["connections"] == 2  # this one and the operator's asking
+        for handle in handles:
+            handle.result(120)
+    deadline = time.monotonic() + 10
+    while _metrics(server, tenants)["connections"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the tenant process reports the close
+    assert _metrics(server, tenants)["connections"] == 1
+
+
+def test_a_dead_tenant_process_costs_only_its_tenant_and_the_next_connection_gets_a_new_one(server, tenants):
+    with _client(server, tenants, "victim") as victim:
+        baseline = _answer(victim)
+        flood = _client(server, tenants, "flood")
+        handles = [flood.submit_image("Describe.", [FRAME], sampling={"max_tokens": 1000, "ignore_eos": True})
+                   for _ in range(3)]
+        assert handles[0].poll(5)  # running: its first tokens came
+        doomed = _server_of(server, flood)
+        os.kill(doomed, signal.SIGKILL)
+        with pytest.raises(Exception):  # the flood's connection went with its process
+            for handle in handles:
+                handle.result(60)
+        assert _answer(victim) == baseline  # the victim's process and the engine are untouched
+        with _client(server, tenants, "flood") as again:
+            assert _answer(again) == baseline
+            assert _server_of(server, again) not in (doomed, server.proc.pid)
+    counters = _metrics(server, tenants)
+    assert counters["tenant_processes_died"] == 1
+    with _client(server, tenants, "ops") as ops:  # the dead process's requests were aborted in the engine
+        deadline = time.monotonic() + 30
+        while ops.health().get("in_flight") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ops.health()["in_flight"] == 0
+    assert any("went away; 3 request(s) of it aborted" in line for line in server.lines)
+    assert server.alive()

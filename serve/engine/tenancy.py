@@ -154,8 +154,8 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int) ->
 
     active: the running sequences the step may run; candidates: the waiting ones it may admit (a
     tenant counts at most `slots` of them). A tenant's demand is a token per decoding sequence and
-    the prompt tokens it still wants; it holds its running sequences, one more if it has only
-    candidates. Over its share: it holds more than its weight's part of all held."""
+    the prompt tokens it still wants; it holds its running sequences and the candidates counted. Over
+    its share: it holds more than its weight's part of all held."""
     demand, held, weight = Counter(), Counter(), {}
     for seq in active:
         decoding = seq.num_computed_tokens >= seq.prompt_len
@@ -164,13 +164,19 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int) ->
         weight[seq.tenant] = seq.tenant_weight
     counted: Counter = Counter()
     for seq in candidates:
-        if counted[seq.tenant] >= slots:
+        cap = seq.tenant_max_running  # candidates past a tenant's running quota take no slot this step
+        room = slots if cap is None else min(slots, cap - held[seq.tenant])
+        if counted[seq.tenant] >= room:
             continue
         counted[seq.tenant] += 1
         demand[seq.tenant] += seq.num_tokens - seq.num_computed_tokens
         weight.setdefault(seq.tenant, seq.tenant_weight)
-    for tenant in counted:
-        held[tenant] = held[tenant] or 1  # a tenant arriving holds the slot it is about to take
+    # a tenant's waiting sequences hold the slots they are about to take: a flood of one-token requests
+    # holds no running sequence at any step's start (each finishes in the step that admits it), and
+    # counted by its running ones alone it was never over its share; seven of its prefills then rode
+    # in each of a victim's steps
+    for tenant, n in counted.items():
+        held[tenant] += n
     if len(demand) < 2:
         return None
     total_held, total_weight = sum(held.values()), sum(weight.values())

@@ -143,3 +143,37 @@ def test_a_newcomer_whose_first_chunk_needs_over_half_the_cache_preempts_no_one(
     before = s.num_preemptions
     assert s._make_room(StepPlan()) == []
     assert s.num_preemptions == before and len(s.running) == running
+
+
+def test_a_flood_of_one_token_requests_is_capped_though_it_holds_no_running_sequence():
+    # the soak's `topup` floods: each request finishes in the step that admits it, so at a step's start
+    # the flood holds nothing running; counted by running sequences alone it was never over its share,
+    # and each of the victim's steps carried seven flood prefills (490 tokens beside its 70 and its 1)
+    s = _sched()
+    flood: list = []
+
+    def top_up():
+        flood[:] = [q for q in flood if q.finish_reason is None]
+        while len(flood) < 32:
+            q = _seq("flood", n_prompt=70, max_tokens=1)
+            s.add(q)
+            flood.append(q)
+
+    for _ in range(50):
+        top_up()
+        _step(s)
+    for _ in range(10):
+        victim = _seq("victim", n_prompt=70, max_tokens=2)
+        s.add(victim)
+        steps = 0
+        while victim.finish_reason is None:
+            top_up()
+            batch = _step(s)
+            steps += 1
+            mine = _tokens(batch)
+            assert mine["victim"] > 0, "a step without the victim while it had work"
+            assert mine["flood"] <= max(1, mine["victim"]), mine
+        assert steps == 2  # its prompt, then its second token
+        for _ in range(3):  # the flood alone again: it fills the batch
+            top_up()
+            assert _tokens(_step(s))["flood"] >= 7 * 70

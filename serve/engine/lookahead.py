@@ -7,8 +7,10 @@ nothing to do before (15% of the wall at 64 chunks on an H100). No torch here.
 
 The guess walks the queues as the scheduler will, in outline: the step's prompt tokens (after one
 token per decoding sequence) are split between tenants by their weights, what a tenant cannot use
-going round again, as the scheduler's deficit round robin does without its carried deficits and
-caps; within a tenant, sequences take its tokens in the policy's order, prompts being prefilled
+going round again, as the scheduler's deficit round robin does without its carried deficits, and a
+tenant over its share of the batch held to its step cap (`tenancy.step_caps`; guessed without it, a
+flood of one-token image requests had seven of its pictures encoded inside each of another tenant's
+steps, which the cap then kept out of the step after); within a tenant, sequences take its tokens in the policy's order, prompts being prefilled
 first, then waiting ones while the batch has slots. A wrong guess costs no
 correctness and little time: each encoded item is held by its own sequence until its prefill
 reaches it (and kept in the encoder cache for others with the same pixels).
@@ -20,7 +22,7 @@ own step as before.
 
 from __future__ import annotations
 
-from .tenancy import share_of, water_fill
+from .tenancy import share_of, step_caps, water_fill
 
 
 def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
@@ -29,25 +31,29 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
     stepped = {id(seq): n for seq, n in batch.entries}
     order, bm = scheduler.policy.order, scheduler.block_manager
     prefilling = []  # (sequence, first token of its next chunk)
-    running = 0
+    active = []
     for seq in order(scheduler.running):
         start = seq.num_computed_tokens + stepped.get(id(seq), 0)
         if seq.is_finished or start >= seq.num_tokens and seq.prefill_only:
             continue  # done with this step
-        running += 1
+        active.append(seq)
         if start >= seq.prompt_len:
             budget -= 1  # a decoding sequence's token
         else:
             prefilling.append((seq, start))
-    slots = scheduler.config.max_batch_size - running
+    slots = max(0, scheduler.config.max_batch_size - len(active))
+    waiting = order(scheduler.waiting)[:slots]
     # a waiting prompt starts past its cached prefix, as the scheduler will admit it
-    prefilling += [(seq, max(seq.num_computed_tokens, bm.num_cached_tokens(seq)))
-                   for seq in order(scheduler.waiting)[:max(0, slots)]]
+    prefilling += [(seq, max(seq.num_computed_tokens, bm.num_cached_tokens(seq))) for seq in waiting]
     needs, weights = {}, {}
     for seq, start in prefilling:
         needs[share_of(seq)] = needs.get(share_of(seq), 0) + seq.prompt_len - start
         weights[share_of(seq)] = seq.tenant_weight
     tokens = water_fill(needs, weights, max(0, budget), list(needs))
+    caps = step_caps(active, waiting, slots, stepped) if getattr(scheduler.config, "tenant_step_cap", False) else None
+    for tenant, cap in (caps or {}).items():
+        if tenant in tokens:
+            tokens[tenant] = min(tokens[tenant], cap)
     out = []
     for seq, start in prefilling:
         n = min(seq.prompt_len - start, tokens[share_of(seq)])

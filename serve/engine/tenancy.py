@@ -149,17 +149,19 @@ def busiest_flow(holding: Counter, tenants: Counter, weight: dict, newcomer_tena
     return None
 
 
-def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int) -> dict | None:
+def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, stepped: dict | None = None) -> dict | None:
     """Tokens each tenant over its share may carry this step; None when no one is capped.
 
     active: the running sequences the step may run; candidates: the waiting ones it may admit (a
     tenant counts at most `slots` of them). A tenant's demand is a token per decoding sequence and
     the prompt tokens it still wants; it holds its running sequences and the candidates counted. Over
-    its share: it holds more than its weight's part of all held."""
+    its share: it holds more than its weight's part of all held. stepped: id(sequence) -> tokens the
+    step now running computes for it (the encode-ahead guess of the step after, serve/engine/lookahead.py)."""
     demand, held, weight = Counter(), Counter(), {}
     for seq in active:
-        decoding = seq.num_computed_tokens >= seq.prompt_len
-        demand[seq.tenant] += 1 if decoding else seq.num_remaining
+        computed = seq.num_computed_tokens + (stepped.get(id(seq), 0) if stepped else 0)
+        decoding = computed >= seq.prompt_len
+        demand[seq.tenant] += 1 if decoding else seq.num_tokens - computed
         held[seq.tenant] += 1
         weight[seq.tenant] = seq.tenant_weight
     counted: Counter = Counter()

@@ -22,7 +22,7 @@ own step as before.
 
 from __future__ import annotations
 
-from .tenancy import share_of, step_caps, water_fill
+from .tenancy import share_of, short_of_pictures, step_caps, water_fill
 
 
 def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
@@ -51,12 +51,14 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
         weights[share_of(seq)] = seq.tenant_weight
     tokens = water_fill(needs, weights, max(0, budget), list(needs))
     caps = step_caps(active, waiting, slots, stepped) if getattr(scheduler.config, "tenant_step_cap", False) else None
-    for tenant, cap in (caps or {}).items():
+    for tenant in caps or ():
         if tenant in tokens:
-            tokens[tenant] = min(tokens[tenant], cap)
+            tokens[tenant] = caps.allow(tenant, tokens[tenant], True)
     out = []
     for seq, start in prefilling:
         n = min(seq.prompt_len - start, tokens[share_of(seq)])
+        if caps and seq.tenant in caps:  # as the scheduler cuts a capped chunk
+            n = short_of_pictures(seq, start, n, caps.prompt_left(seq.tenant))
         if n <= 0:
             continue
         tokens[share_of(seq)] -= n

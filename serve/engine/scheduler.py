@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .order import ArrivalOrder, FairShare, SchedulingPolicy, fair_interleave  # noqa: F401 (imported from here too)
 from .sequence import Sequence, SequenceStatus
-from .tenancy import FairShares, busiest_flow, flow_of, newcomers_first, share_of, step_caps
+from .tenancy import FairShares, busiest_flow, flow_of, newcomers_first, share_of, short_of_pictures, step_caps
 
 
 class AdapterGate:
@@ -251,7 +251,9 @@ class Scheduler:
             if prompt_chunk:
                 n = min(n, allowance.get(share_of(seq), 0))
             if self._caps is not None and seq.tenant in self._caps:
-                n = min(n, self._caps[seq.tenant])
+                n = self._caps.allow(seq.tenant, n, prompt_chunk)
+                if prompt_chunk:
+                    n = short_of_pictures(seq, seq.num_computed_tokens, n, self._caps.prompt_left(seq.tenant))
             if n <= 0 or seq.request_id in plan.pause or (not cfg.chunked_prefill and n < seq.num_remaining):
                 i += 1
                 continue
@@ -264,7 +266,7 @@ class Scheduler:
             else:
                 bm.append(seq, n)
                 batch.entries.append((seq, n))
-                self._spend_cap(seq.tenant, n)
+                self._spend_cap(seq.tenant, n, prompt_chunk)
                 budget -= n
                 if prompt_chunk:
                     prefill -= n
@@ -332,7 +334,7 @@ class Scheduler:
             if allowance is not None:
                 n = min(n, allowance[f])
             if self._caps is not None and seq.tenant in self._caps:
-                n = min(n, self._caps[seq.tenant])
+                n = short_of_pictures(seq, cached, self._caps.allow(seq.tenant, n, True), self._caps.prompt_left(seq.tenant))
                 if n <= 0 or (not cfg.chunked_prefill and n < need):
                     continue  # its tenant carries its part of this step already
             if not bm.can_allocate(seq, cached + n):
@@ -347,7 +349,7 @@ class Scheduler:
             self.running.append(seq)
             tenants[seq.tenant] += 1
             batch.entries.append((seq, n))
-            self._spend_cap(seq.tenant, n)
+            self._spend_cap(seq.tenant, n, True)
             budget -= n
             prefill -= n
             used[f] += n
@@ -355,9 +357,9 @@ class Scheduler:
                 allowance[f] -= n
         return budget, prefill, skipped
 
-    def _spend_cap(self, tenant, n: int) -> None:
-        if self._caps is not None and tenant in self._caps:
-            self._caps[tenant] -= n
+    def _spend_cap(self, tenant, n: int, prompt: bool) -> None:
+        if self._caps is not None:
+            self._caps.spend(tenant, n, prompt)
 
     def postprocess(self, batch: ScheduledBatch, sampled: dict[int, int]) -> list[Sequence]:
         """Advances the scheduled sequences; `sampled` maps seq_id -> next token for those whose

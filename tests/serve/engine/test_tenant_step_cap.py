@@ -173,7 +173,49 @@ def test_a_flood_of_one_token_requests_is_capped_though_it_holds_no_running_sequ
             mine = _tokens(batch)
             assert mine["victim"] > 0, "a step without the victim while it had work"
             assert mine["flood"] <= max(1, mine["victim"]), mine
+            if steps > 1:  # its decode step stays a decode step: no flood prompt chunk turns it into a prefill
+                assert batch.decode_only, batch.entries
         assert steps == 2  # its prompt, then its second token
         for _ in range(3):  # the flood alone again: it fills the batch
             top_up()
             assert _tokens(_step(s))["flood"] >= 7 * 70
+
+
+def _with_picture(seq, offset=10, tokens=40):
+    from types import SimpleNamespace
+
+    seq.state.vision = (SimpleNamespace(offset=offset, num_tokens=tokens, content_hash=f"pic-{seq.request_id}"),)
+    return seq
+
+
+def test_a_capped_chunk_stops_before_a_picture_it_cannot_take_whole():
+    # the tower encodes a whole picture whatever the chunk: a flood's one-token chunk reaching its picture
+    # put the picture's encoding inside the victim's decode step
+    s = _sched()
+    flood: list = []
+
+    def top_up():
+        flood[:] = [q for q in flood if q.finish_reason is None]
+        while len(flood) < 32:
+            q = _with_picture(_seq("flood", n_prompt=70, max_tokens=1))
+            s.add(q)
+            flood.append(q)
+
+    for _ in range(30):
+        top_up()
+        _step(s)
+    begun = 0
+    for _ in range(10):
+        victim = _with_picture(_seq("victim", n_prompt=70, max_tokens=6))
+        s.add(victim)
+        while victim.finish_reason is None:
+            top_up()
+            batch = s.schedule()
+            decoding = victim.num_computed_tokens >= victim.prompt_len
+            for q, n in batch.entries:
+                start = q.num_computed_tokens
+                if q.tenant == "flood" and start <= 10 < start + n:
+                    begun += 1
+                    assert not decoding, f"a flood chunk [{start}, {start + n}) began its picture in a victim decode step"
+            s.postprocess(batch, {q.seq_id: 7 for q, n in batch.entries if q.num_computed_tokens + n == q.num_tokens})
+    assert begun > 0  # in the victim's prompt steps its 70-token level lets a flood picture in

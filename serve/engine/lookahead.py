@@ -10,10 +10,10 @@ token per decoding sequence) are split between tenants by their weights, what a 
 going round again, as the scheduler's deficit round robin does without its carried deficits, and a
 tenant over its share of the batch held to its step cap (`tenancy.step_caps`; guessed without it, a
 flood of one-token image requests had seven of its pictures encoded inside each of another tenant's
-steps, which the cap then kept out of the step after); within a tenant, sequences take its tokens in the policy's order, prompts being prefilled
-first, then waiting ones while the batch has slots. A wrong guess costs no
-correctness and little time: each encoded item is held by its own sequence until its prefill
-reaches it (and kept in the encoder cache for others with the same pixels).
+steps, which the cap then kept out of the step after); within a tenant, sequences take its tokens in
+the policy's order, prompts being prefilled first, then waiting ones while the batch has slots. A
+wrong guess costs no correctness and little time: each encoded item is held by its own sequence
+until its prefill reaches it (and kept in the encoder cache for others with the same pixels).
 
 A waiting prompt whose prefix the running step computes (a shared template) finds that prefix
 cached only after the step; the guess then falls short of its pictures, which are encoded at their
@@ -50,7 +50,7 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
         needs[share_of(seq)] = needs.get(share_of(seq), 0) + seq.prompt_len - start
         weights[share_of(seq)] = seq.tenant_weight
     tokens = water_fill(needs, weights, max(0, budget), list(needs))
-    caps = step_caps(active, waiting, slots, stepped) if getattr(scheduler.config, "tenant_step_cap", False) else None
+    caps = step_caps(active, waiting, slots, stepped) if scheduler.config.tenant_step_cap else None
     for tenant in caps or ():
         if tenant in tokens:
             tokens[tenant] = caps.allow(tenant, tokens[tenant], True)

@@ -102,12 +102,20 @@ class PatientStream(SocketStream):
 
 class ConnectionRunner:
     """Serves authenticated sockets: `serve(sock, credentials)` returns when the connection ends.
-    service(): a new service instance per connection; warn(message): a rate-limited warning."""
+    service(): a new service instance per connection; `warn(message)`: the process's warnings about
+    connections, at most one a second."""
 
-    def __init__(self, service, protocol_config: dict, logger, max_message_bytes: int, idle_timeout_s: float, warn):
+    def __init__(self, service, protocol_config: dict, logger, max_message_bytes: int, idle_timeout_s: float):
         self.service, self.protocol_config, self.logger = service, protocol_config, logger
-        self.max_message_bytes, self.idle_timeout_s, self.warn = max_message_bytes, idle_timeout_s, warn
+        self.max_message_bytes, self.idle_timeout_s = max_message_bytes, idle_timeout_s
         self.idle_closed = 0
+        self._last_warning = 0.0
+
+    def warn(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= 1.0:  # a flood must not flood the log too
+            self._last_warning = now
+            self.logger.warning(message)
 
     def serve(self, sock: socket.socket, credentials) -> None:
         # RPyC's own, with the bounded channel and the sealed connection (Service._connect's steps)

@@ -55,13 +55,12 @@ class GuardedServer(ThreadedServer):
         super().__init__(*args, **kwargs)
         self.max_message_bytes, self.idle_timeout_s = max_message_bytes, idle_timeout_s
         self.runner = ConnectionRunner(self.service, self.protocol_config, self.logger, max_message_bytes,
-                                       idle_timeout_s, self._warn)
+                                       idle_timeout_s)
         # hand_off(sock, credentials) -> True when another process serves the socket from now on
         self.hand_off = None
         self.door = HandshakeDoor(self.listener, self._hand_over, self._dropped, self._accept_failed,
                                   max_handshakes, max_handshakes_per_address, first_byte_timeout_s,
                                   handshake_timeout_s)
-        self._last_warning = 0.0
         self._looping = False
         self.accept_errors = 0
 
@@ -70,10 +69,7 @@ class GuardedServer(ThreadedServer):
         return self.runner.idle_closed
 
     def _warn(self, message: str) -> None:
-        now = time.monotonic()
-        if now - self._last_warning >= 1.0:  # a flood must not flood the log too
-            self._last_warning = now
-            self.logger.warning(message)
+        self.runner.warn(message)
 
     # ---- the accept loop (RPyC's start() calls accept() while active) ----------------------------
     def accept(self):

@@ -105,13 +105,12 @@ class RpcServer:
         self._freeze, self.frozen_objects = freeze, 0
 
     def _tenant_processes(self, limit: int, tenants: TenantRegistry, limits: Limits, max_connections: int):
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"rpc.tenant_processes={limit!r}: must be an integer >= 0")
+        from .tenant_processes import TenantProcesses, check_limit
+
+        check_limit(limit)
         attach = getattr(self.loop, "attach_address", None)
         if limit == 0 or tenants.path is None or attach is None:  # one token, or the engine on a thread here
             return None
-        from .tenant_processes import TenantProcesses
-
         settings = {"limits": limits, "max_connections": max_connections, "protocol_config": dict(PROTOCOL_CONFIG),
                     "max_message_bytes": limits.max_message_bytes + MESSAGE_SLACK}
         manager = TenantProcesses(self.state, attach, str(tenants.path), limit, settings)

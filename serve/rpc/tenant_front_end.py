@@ -62,16 +62,8 @@ def run(conn, name: str, attach: tuple, tenants_path: str, settings: dict, first
     gate.configure(limits.gate_slots, 1.0)
     logger = _quiet_logger()
     _bounded_logs(logger)
-    last_warning = [0.0]
-
-    def warn(message: str) -> None:
-        now = time.monotonic()
-        if now - last_warning[0] >= 1.0:
-            last_warning[0] = now
-            logger.warning(message)
-
     runner = ConnectionRunner(classpartial(VLoRAService, state), settings["protocol_config"], logger,
-                              settings["max_message_bytes"], limits.idle_timeout_s, warn)
+                              settings["max_message_bytes"], limits.idle_timeout_s)
     freeze_heap()  # as the server's own process: no full collection walks start-up's heap
     trim_when_idle(lambda: state.pixels_in_flight == 0)
 
@@ -79,7 +71,7 @@ def run(conn, name: str, attach: tuple, tenants_path: str, settings: dict, first
         try:
             runner.serve(sock, tenant)
         except Exception as e:  # a client's malformed protocol: one clipped line
-            warn(f"connection ended: {clip(f'{type(e).__name__}: {e}')}")
+            runner.warn(f"connection ended: {clip(f'{type(e).__name__}: {e}')}")
         finally:
             try:
                 sock.shutdown(socket.SHUT_RDWR)

@@ -37,11 +37,19 @@ IDS_PER_PROCESS = 10 ** 8  # connection ids of process k start at k * this: requ
 START_TIMEOUT_S = 120.0  # a process that has not said ready by then is killed (a new one starts later)
 
 
+def check_limit(value) -> int:
+    """`rpc.tenant_processes` as given, or ValueError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"rpc.tenant_processes={value!r}: give the most tenants served by front-end processes of "
+                         "their own (an integer >= 0; 0: every connection in the server's process)")
+    return value
+
+
 class _TenantProcess:
     """One tenant's process, as this one holds it: its control pipe and what it reported."""
 
-    def __init__(self, name: str, index: int, process, conn):
-        self.name, self.index, self.process, self.conn = name, index, process, conn
+    def __init__(self, name: str, process, conn):
+        self.name, self.process, self.conn = name, process, conn
         self.lock = threading.Lock()  # hand-offs from several connection threads go one at a time
         self.ready = threading.Event()
         self.connections = 0  # handed to it and not reported closed
@@ -87,15 +95,18 @@ class TenantProcesses:
             peer = sock.getpeername()
         except OSError:
             return False
+        # counted before the process has the socket: the client's handshake with it may end before this
+        # thread runs again, and its next connection must find this one counted
+        self.state.connected(tenant)
         with proc.lock:
             try:
                 proc.conn.send_bytes(pickle.dumps(("socket", tenant, peer)))
                 send_handle(proc.conn, sock.fileno(), proc.process.pid)
             except OSError as e:
+                self.state.disconnected(tenant)
                 log.warning("tenant process of %s: a connection could not be handed over (%s)", tenant.name, e)
                 return False
             proc.connections += 1
-        self.state.connected(tenant)
         self.counters["handed_off"] += 1
         return True
 
@@ -117,7 +128,7 @@ class TenantProcesses:
                                           index * IDS_PER_PROCESS, self.pixel_pool, level), daemon=True)
         process.start()
         child.close()
-        proc = _TenantProcess(name, index, process, parent)
+        proc = _TenantProcess(name, process, parent)
         self._procs[name] = proc
         self.counters["tenant_processes_started"] += 1
         threading.Thread(target=self._listen, args=(proc,), name=f"vlora-tenant-{name}-reports", daemon=True).start()

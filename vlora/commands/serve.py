@@ -337,11 +337,12 @@ def _http_server(server, http, base_model: str):
 
 
 def _tenant_processes(rpc) -> int:
-    value = rpc.get("tenant_processes", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        fail(f"rpc.tenant_processes={value!r}: give the most tenants served by front-end processes of their own "
-             "(an integer >= 0; 0: every connection in the server's process)")
-    return value
+    from serve.rpc.tenant_processes import check_limit
+
+    try:
+        return check_limit(rpc.get("tenant_processes", 0))
+    except ValueError as e:
+        fail(str(e))
 
 
 def run(cfg: DictConfig):
@@ -357,6 +358,7 @@ def run(cfg: DictConfig):
     http = http_config(cfg) if int(os.environ.get("RANK", 0)) == 0 else None
     plan = plan_serve(cfg)
     limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
+    processes = _tenant_processes(rpc)  # checked before the engine is built
     tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1
     replicated = "replicas" in cfg and (int(cfg.replicas.count) > 1 or cfg.replicas.autoscaling is not None)
     if replicated:  # with tensor parallel too: each replica leads a group over its GPUs (no torchrun)
@@ -378,7 +380,7 @@ def run(cfg: DictConfig):
         # the step loop in a process of its own: no client's traffic takes its interpreter (serve.rpc.engine_host);
         # attachable by the tenants' own front-end processes (serve.rpc.tenant_processes)
         engine = EngineProcess(partial(build_engine, cfg, plan),
-                               attachable=bool(rpc.get("tenants")) and _tenant_processes(rpc) > 0).start()
+                               attachable=bool(rpc.get("tenants")) and processes > 0).start()
     else:
         engine = build_engine(cfg, plan)
     if tensor_parallel:
@@ -391,7 +393,7 @@ def run(cfg: DictConfig):
         engine = LeaderEngine(engine)
     try:
         server = RpcServer(engine, identities(cfg), rpc.host, int(rpc.port), limits, int(rpc.max_connections),
-                           freeze=bool(rpc.get("freeze_heap", True)), tenant_processes=_tenant_processes(rpc))
+                           freeze=bool(rpc.get("freeze_heap", True)), tenant_processes=processes)
     except OSError as e:  # taken since check_port
         fail(busy_port(int(rpc.port)) if e.errno == errno.EADDRINUSE
              else f"cannot listen on {rpc.host}:{rpc.port} ({e})")

@@ -145,20 +145,26 @@ def test_a_newcomer_whose_first_chunk_needs_over_half_the_cache_preempts_no_one(
     assert s.num_preemptions == before and len(s.running) == running
 
 
-def test_a_flood_of_one_token_requests_is_capped_though_it_holds_no_running_sequence():
-    # the soak's `topup` floods: each request finishes in the step that admits it, so at a step's start
-    # the flood holds nothing running; counted by running sequences alone it was never over its share,
-    # and each of the victim's steps carried seven flood prefills (490 tokens beside its 70 and its 1)
-    s = _sched()
+def _one_token_flood(s, make=lambda: _seq("flood", n_prompt=70, max_tokens=1)):
+    """The soak's `topup` floods: 32 one-token requests kept waiting; returns the top-up to call before each step."""
     flood: list = []
 
     def top_up():
         flood[:] = [q for q in flood if q.finish_reason is None]
         while len(flood) < 32:
-            q = _seq("flood", n_prompt=70, max_tokens=1)
+            q = make()
             s.add(q)
             flood.append(q)
 
+    return top_up
+
+
+def test_a_flood_of_one_token_requests_is_capped_though_it_holds_no_running_sequence():
+    # the soak's `topup` floods: each request finishes in the step that admits it, so at a step's start
+    # the flood holds nothing running; counted by running sequences alone it was never over its share,
+    # and each of the victim's steps carried seven flood prefills (490 tokens beside its 70 and its 1)
+    s = _sched()
+    top_up = _one_token_flood(s)
     for _ in range(50):
         top_up()
         _step(s)
@@ -192,15 +198,7 @@ def test_a_capped_chunk_stops_before_a_picture_it_cannot_take_whole():
     # the tower encodes a whole picture whatever the chunk: a flood's one-token chunk reaching its picture
     # put the picture's encoding inside the victim's decode step
     s = _sched()
-    flood: list = []
-
-    def top_up():
-        flood[:] = [q for q in flood if q.finish_reason is None]
-        while len(flood) < 32:
-            q = _with_picture(_seq("flood", n_prompt=70, max_tokens=1))
-            s.add(q)
-            flood.append(q)
-
+    top_up = _one_token_flood(s, lambda: _with_picture(_seq("flood", n_prompt=70, max_tokens=1)))
     for _ in range(30):
         top_up()
         _step(s)

@@ -81,7 +81,8 @@ class SoakJob:
     decode_frames: int = 8
     floods: tuple = ("long", "topup4", "queue2048", "topup32", "poll32")
     floods_s: float = 20.0
-    floods_probes: int = 40
+    floods_probes: int = 200
+    floods_client_nice: int = 0  # the flood's client process's niceness (0-19; bench/soak_floods.py)
     settle_s: float = 3.0
     settle_max_s: float = 30.0  # waits up to this for requests in flight to drain before checking
     rss_tolerance: float = 0.10
@@ -111,7 +112,7 @@ def _phase(name: str, job: SoakJob, port: int, tokens: dict, unloaded_p95_ms: fl
         return decode_phase(port, token, victim, job.decode_s, job.decode_connections, job.decode_frames)
     if name == "floods":
         floods = flood_phases(port, token, victim, job.floods, job.floods_s, job.floods_probes, job.probe_tokens,
-                              unloaded_p95_ms, job.fairness_max_ratio)
+                              unloaded_p95_ms, job.fairness_max_ratio, job.floods_client_nice)
         return {"actions": sum(f["actions"] for f in floods.values()), "by_flood": floods,
                 "ok": all(f["ok"] for f in floods.values())}
     if name == "handshake":
@@ -189,8 +190,10 @@ def _checks(job: SoakJob, server: ServerUnderTest, base: dict, after: dict | Non
                                phase["ok"], "x"))
         elif name == "floods" and "by_flood" in phase:
             for flood, f in phase["by_flood"].items():
+                ci = f.get("ratio_interval")
+                ci = f", 95% interval {ci[0]:g}-{ci[1]:g}" if ci else ""
                 rows.append(_check(f"fairness_{flood}_p95_ratio", f.get("ratio"),
-                                   f"<= {job.fairness_max_ratio:g} (victim tenant, attacker's flood '{flood}')",
+                                   f"<= {job.fairness_max_ratio:g} (victim tenant, attacker's flood '{flood}'{ci})",
                                    f["ok"], "x"))
         elif name == "lockout" and "worst_s" in phase:
             rows.append(_check("lockout_connect_served", phase["worst_s"] if not phase["probes_failed"] else

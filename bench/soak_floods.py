@@ -39,9 +39,15 @@ def _poll_loop(port: int, token: str, stop, stats: Counter) -> None:
             stats["calls"] += 1
 
 
-def _flood_process(port: int, token: str, name: str, ready, stop, out) -> None:
-    """In the flood's own process: the connections of flood `name` until `stop` is set."""
+def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int = 0) -> None:
+    """In the flood's own process: the connections of flood `name` until `stop` is set, at niceness
+    `nice` (the flood's client threads are the attacker's machines, not the server's)."""
+    import os
+
     from bench.soak_load import _flood
+
+    if nice:
+        os.nice(nice)
 
     connections, depth, tokens = FLOODS[name]
     stats: Counter = Counter()
@@ -88,6 +94,22 @@ def where_the_time_goes(parts: list[dict]) -> dict:
     return {"all": {k: mean(parts, k) for k in keys}, "tail": {k: mean(tail, k) for k in keys}}
 
 
+def ratio_interval(loaded_ms: list[float], quiet_ms: list[float], q: float = 95.0, resamples: int = 2000,
+                   seed: int = 0) -> list[float] | None:
+    """A 95% bootstrap interval of p_q(loaded) / p_q(quiet): both samples resampled with replacement,
+    independently. A p95 of a few dozen probes is its second- or third-largest value; the interval says
+    how far the ratio could move in a rerun, so a ratio near the target is not read as a pass or a miss
+    on its own."""
+    if len(loaded_ms) < 2 or len(quiet_ms) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    loaded, quiet = np.asarray(loaded_ms, float), np.asarray(quiet_ms, float)
+    top = np.percentile(rng.choice(loaded, (resamples, loaded.size)), q, axis=1)
+    bottom = np.percentile(rng.choice(quiet, (resamples, quiet.size)), q, axis=1)
+    lo, hi = np.percentile(top / bottom, [2.5, 97.5])
+    return [round(float(lo), 2), round(float(hi), 2)]
+
+
 def _probe(port: int, victim: str, probes: int, probe_tokens: int, seconds: float) -> tuple[list, list, Counter]:
     """The victim's single requests one after another: (latencies ms, their parts, errors by kind)."""
     from serve.rpc import Client, ServerError
@@ -110,21 +132,24 @@ def _probe(port: int, victim: str, probes: int, probe_tokens: int, seconds: floa
 
 
 def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
-                 unloaded_p95_ms: float, max_ratio: float) -> dict:
+                 unloaded_p95_ms: float, max_ratio: float, client_nice: int = 0) -> dict:
     """One phase per flood in `names`, one after another; each returns the victim's latency and ratio.
 
     Right before each flood the victim's probes run alone (`quiet`): the ratio is the flood's p95
     over that p95, measured under the same conditions of the machine. On a machine shared with other
     work the soak's baseline, minutes earlier, can sit at half or twice the floor of the moment
     (12 vs 24 ms p95 in two runs three minutes apart on 2 shared cores); `ratio_to_baseline` keeps
-    the ratio to it as well."""
+    the ratio to it as well. `client_nice`: the flood's client process runs at this niceness; on a
+    machine of few cores that also runs the server, a positive value stands for an attacker whose
+    client threads run on machines of its own, so its own CPU use is not charged to the server."""
     ctx = mp.get_context("spawn")
     out: dict = {}
     for name in names:
         quiet_latencies, quiet_parts, _ = _probe(port, victim, probes, probe_tokens, seconds)
         quiet = latency_summary(quiet_latencies) if quiet_latencies else None
         ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
-        proc = ctx.Process(target=_flood_process, args=(port, attacker, name, ready, stop, queue), daemon=True)
+        proc = ctx.Process(target=_flood_process, args=(port, attacker, name, ready, stop, queue, client_nice),
+                           daemon=True)
         proc.start()
         latencies, parts, errors = [], [], Counter()
         try:
@@ -143,9 +168,11 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         probe = latency_summary(latencies) if latencies else None
         reference = quiet["p95_ms"] if quiet is not None else unloaded_p95_ms
         ratio = None if probe is None else round(probe["p95_ms"] / reference, 2)
+        interval = ratio_interval(latencies, quiet_latencies) if quiet is not None else None
         out[name] = {"actions": sum(v for k, v in flood.items() if k in ("submitted", "calls")) + len(latencies),
                      "flood": flood, "probe": probe, "victim_errors": dict(errors), "quiet": quiet,
-                     "unloaded_p95_ms": unloaded_p95_ms, "ratio": ratio, "max_ratio": max_ratio,
+                     "unloaded_p95_ms": unloaded_p95_ms, "ratio": ratio, "ratio_interval": interval,
+                     "max_ratio": max_ratio,
                      "ratio_to_baseline": None if probe is None else round(probe["p95_ms"] / unloaded_p95_ms, 2),
                      "where": where_the_time_goes(parts), "where_quiet": where_the_time_goes(quiet_parts),
                      "ok": ratio is not None and not errors and ratio <= max_ratio}

@@ -107,7 +107,7 @@ class RpcServer:
     def _tenant_processes(self, limit: int, tenants: TenantRegistry, limits: Limits, max_connections: int):
         from .tenant_processes import TenantProcesses, check_limit
 
-        check_limit(limit)
+        limit = check_limit(limit)
         attach = getattr(self.loop, "attach_address", None)
         if limit == 0 or tenants.path is None or attach is None:  # one token, or the engine on a thread here
             return None

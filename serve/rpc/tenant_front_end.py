@@ -50,12 +50,14 @@ def run(conn, name: str, attach: tuple, tenants_path: str, settings: dict, first
             except OSError:
                 pass
 
+    limits = settings["limits"]
+    if limits.tenant_process_nice:  # yields the cores to the engine process (and the door) when they are short
+        os.nice(limits.tenant_process_nice)
     try:
         loop = EngineProcess.attach(*attach)
     except (OSError, RuntimeError, EOFError) as e:
         log.error("tenant process of %s: cannot attach to the engine (%s)", name, e)
         return
-    limits = settings["limits"]
     state = ServerState(loop, limits, settings["max_connections"], TenantRegistry.from_file(tenants_path),
                         ids=itertools.count(first_id), pixel_pool=pixel_pool)
     # one tenant's connections only: they take turns (gate_slots) without pacing against anyone

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import pickle
 import threading
 from collections import Counter
@@ -37,11 +38,30 @@ IDS_PER_PROCESS = 10 ** 8  # connection ids of process k start at k * this: requ
 START_TIMEOUT_S = 120.0  # a process that has not said ready by then is killed (a new one starts later)
 
 
-def check_limit(value) -> int:
-    """`rpc.tenant_processes` as given, or ValueError naming the key."""
+MOST_AUTO = 8  # `auto`'s most: one H200 machine's 16 cores served the soak's floods best with it
+CORES_KEPT = 4  # `auto` leaves the engine process, its torch threads and the door this many cores
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may run on (a container's limit included)
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def check_limit(value, cores: int | None = None) -> int:
+    """`rpc.tenant_processes` as a number (`auto` resolved), or ValueError naming the key.
+
+    `auto`: a process per tenant pays only where each can have a core of its own. With 16 cores it
+    took the soak's floods from 2.2-3.1x to 0.9-2.0x on an H200; on 2 cores it made them 3-4x, against
+    1-3.6x with one front end (results/soak/*/tenant_processes). So: the cores beyond CORES_KEPT, at
+    most MOST_AUTO; none on a machine of CORES_KEPT cores or fewer."""
+    if value == "auto":
+        return max(0, min(MOST_AUTO, (usable_cores() if cores is None else cores) - CORES_KEPT))
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"rpc.tenant_processes={value!r}: give the most tenants served by front-end processes of "
-                         "their own (an integer >= 0; 0: every connection in the server's process)")
+                         "their own (an integer >= 0, 0: every connection in the server's process; or auto: the "
+                         f"machine's cores less {CORES_KEPT}, at most {MOST_AUTO})")
     return value
 
 

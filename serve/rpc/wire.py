@@ -81,6 +81,9 @@ class Limits:
     # together at most gate_share of the wall clock, split between the tenants calling by weight
     gate_slots: int = 1
     gate_share: float = 0.5  # measured against 1.0 on CPU and an H200 machine: results/fairness, results/soak
+    # added to the niceness of each tenant's front-end process (serve/rpc/tenant_processes.py): on a
+    # machine with fewer free cores than busy processes, the engine's step loop runs before the front ends
+    tenant_process_nice: int = 0
     # finished results a connection has not polled: kept at most this long, and at most this many
     # (the oldest go first; 0: as many as max_queued_per_connection)
     result_ttl_s: float = 600.0
@@ -92,6 +95,9 @@ class Limits:
     app_priorities: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.tenant_process_nice <= 19:
+            raise ValueError(f"rpc.tenant_process_nice={self.tenant_process_nice}: give 0-19 (added to the tenant "
+                             "front-end processes' niceness)")
         for app, value in self.app_priorities.items():
             check_priority(value, f"rpc.app_priorities[{app!r}]")
 

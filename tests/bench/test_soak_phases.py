@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.soak_floods import PARTS
+from bench.soak_floods import PARTS, ratio_interval
 from vlora.commands.bench import run
 from vlora.config import compose
 
@@ -35,6 +35,8 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
     for name, flood in report["phases"]["floods"]["by_flood"].items():
         assert flood["probe"]["n"] > 0 and flood["quiet"]["n"] > 0, name  # the flood's probes and the quiet ones before
         assert flood["ratio"] == round(flood["probe"]["p95_ms"] / flood["quiet"]["p95_ms"], 2)
+        lo, hi = flood["ratio_interval"]
+        assert lo <= hi and lo > 0, flood["ratio_interval"]
         for rows in ("all", "tail"):
             where = flood["where"][rows]
             assert set(where) == {"total_ms", *PARTS, "handoff_ms", "out_ms"}
@@ -42,3 +44,17 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
             assert where["pipe_ms"] > 0  # the final's way from the engine process, measured by the front end
             spent = sum(where[k] for k in ("submit_ms", "queue_ms", "prefill_ms", "decode_ms", "after_ms"))
             assert spent == pytest.approx(where["total_ms"], abs=0.1), (name, rows, where)
+
+
+def test_the_ratio_interval_is_wide_for_few_probes_narrow_for_many_and_covers_a_known_ratio():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    quiet = lambda n: list(10 + rng.exponential(1.0, n))  # noqa: E731  a probe's latency: a floor and a tail
+    loaded = lambda n: list(2 * (10 + rng.exponential(1.0, n)))  # noqa: E731  the same probe, twice as slow
+    few, many = ratio_interval(loaded(40), quiet(40)), ratio_interval(loaded(2000), quiet(2000))
+    assert few[0] <= 2.0 <= few[1] and many[0] <= 2.0 <= many[1], (few, many)
+    assert many[1] - many[0] < (few[1] - few[0]) / 2, (few, many)
+    a, b = loaded(40), quiet(40)
+    assert ratio_interval(a, b) == ratio_interval(a, b)  # seeded: a report's interval can be recomputed
+    assert ratio_interval([5.0], [5.0, 6.0]) is None  # one probe: no interval

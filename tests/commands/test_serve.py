@@ -109,6 +109,8 @@ def test_bad_values_are_answered_before_any_model_is_built(empty_zoo):
     assert "engine.device='gpu0'" in _refused(["engine.device=gpu0"], empty_zoo)
     assert "model.dtype='fp8'" in _refused(["model.dtype=fp8"], empty_zoo)
     assert "rpc.switch_interval_ms=-1: give milliseconds" in _refused(["rpc.switch_interval_ms=-1"], empty_zoo)
+    assert "rpc.tenant_process_nice=25: give 0-19" in _refused(["rpc.tenant_process_nice=25"], empty_zoo)
+    assert "rpc.tenant_processes='many': give the most tenants" in _refused(["rpc.tenant_processes=many"], empty_zoo)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -337,12 +337,17 @@ def _http_server(server, http, base_model: str):
 
 
 def _tenant_processes(rpc) -> int:
-    from serve.rpc.tenant_processes import check_limit
+    from serve.rpc.tenant_processes import check_limit, usable_cores
 
+    value = rpc.get("tenant_processes", 0)
     try:
-        return check_limit(rpc.get("tenant_processes", 0))
+        limit = check_limit(value)
     except ValueError as e:
         fail(str(e))
+    if value == "auto" and rpc.get("tenants"):  # say what the machine made of it
+        print(f"vlora serve: rpc.tenant_processes=auto: {limit} on {usable_cores()} usable cores"
+              f"{' (every tenant in this process)' if limit == 0 else ''}", file=sys.stderr, flush=True)
+    return limit
 
 
 def run(cfg: DictConfig):
@@ -357,7 +362,10 @@ def run(cfg: DictConfig):
         sys.setswitchinterval(float(switch_ms) / 1e3)
     http = http_config(cfg) if int(os.environ.get("RANK", 0)) == 0 else None
     plan = plan_serve(cfg)
-    limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
+    try:
+        limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
+    except ValueError as e:  # a limit out of its range: said before anything is built
+        fail(str(e))
     processes = _tenant_processes(rpc)  # checked before the engine is built
     tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1
     replicated = "replicas" in cfg and (int(cfg.replicas.count) > 1 or cfg.replicas.autoscaling is not None)

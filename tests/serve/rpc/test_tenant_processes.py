@@ -15,6 +15,7 @@ import pytest
 from rpc_server import ServerProcess
 
 from serve.rpc import Client, ServerError, add_tenant
+from serve.rpc.tenant_processes import check_limit
 
 NAME = "qwen2_vl_tiny"
 FRAME = np.full((32, 32, 3), 60, np.uint8)
@@ -30,9 +31,19 @@ def tenants(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_zoo, vlora_home, tenants):
-    proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.tenants={tenants[0]}", "engine.max_batch_size=4")
+    # asked for: `auto` gives none on a machine of 4 cores or fewer
+    proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.tenants={tenants[0]}", "engine.max_batch_size=4",
+                         "rpc.tenant_processes=8", "rpc.tenant_process_nice=3")
     yield proc
     proc.stop()
+
+
+def test_auto_gives_a_process_per_tenant_only_where_each_can_have_a_core():
+    assert [check_limit("auto", cores=c) for c in (1, 2, 4, 5, 8, 12, 16, 128)] == [0, 0, 0, 1, 4, 8, 8, 8]
+    assert check_limit(3, cores=2) == 3  # a number is taken as given
+    for bad in (-1, 2.5, True, "all", None):
+        with pytest.raises(ValueError, match="rpc.tenant_processes"):
+            check_limit(bad)
 
 
 def _client(server, tenants, who: str) -> Client:
@@ -95,6 +106,11 @@ def _server_of(server, client: Client) -> int:
         time.sleep(0.05)
 
 
+def _nice(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of stat: the niceness
+
+
 def _answer(client: Client) -> list[int]:
     return client.submit_image("How many?", [FRAME], sampling={"max_tokens": 3, "ignore_eos": True}).result(60)[
         "token_ids"]
@@ -114,6 +130,8 @@ def test_each_tenant_is_served_by_a_process_of_its_own_and_the_operator_by_the_s
     assert pids["ops"] == server.proc.pid
     assert pids["victim"] != pids["flood"] and server.proc.pid not in (pids["victim"], pids["flood"])
     assert {pids["victim"], pids["flood"]} <= _children(server.proc.pid)
+    # rpc.tenant_process_nice: the tenant processes yield the cores to the server's (and the engine's)
+    assert _nice(pids["victim"]) == _nice(pids["flood"]) == _nice(server.proc.pid) + 3
     deadline = time.monotonic() + 10  # a tenant process reports its counters about once a second
     while _metrics(server, tenants)["requests_image"] < 3 and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -34,8 +34,11 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
     active = []
     for seq in order(scheduler.running):
         start = seq.num_computed_tokens + stepped.get(id(seq), 0)
-        if seq.is_finished or start >= seq.num_tokens and seq.prefill_only:
-            continue  # done with this step
+        if seq.is_finished or start >= seq.num_tokens and (seq.prefill_only or seq.num_generated + 1 >= seq.max_tokens):
+            # done with this step: a head's prompt, or the last token it may sample (a stop token can end
+            # one sooner; that is not foreseen). Counted as running, a batch of one-token requests left no
+            # slot for the next step's prompts, and none of their pictures was encoded ahead
+            continue
         active.append(seq)
         if start >= seq.prompt_len:
             budget -= 1  # a decoding sequence's token
@@ -50,7 +53,8 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
         needs[share_of(seq)] = needs.get(share_of(seq), 0) + seq.prompt_len - start
         weights[share_of(seq)] = seq.tenant_weight
     tokens = water_fill(needs, weights, max(0, budget), list(needs))
-    caps = step_caps(active, waiting, slots, stepped) if scheduler.config.tenant_step_cap else None
+    caps = step_caps(active, waiting, slots, stepped, bm.num_cached_tokens) \
+        if scheduler.config.tenant_step_cap else None
     for tenant in caps or ():
         if tenant in tokens:
             tokens[tenant] = caps.allow(tenant, tokens[tenant], True)

@@ -241,7 +241,8 @@ class Scheduler:
         slots = cfg.max_batch_size - len(running)
         allowance = {} if lane else self.shares.allowances(active, candidates, capacity, slots)
         # tokens left to each tenant over its share while others have work (tenancy.step_caps)
-        self._caps = step_caps(active, candidates, slots) if cfg.tenant_step_cap and not lane else None
+        self._caps = step_caps(active, candidates, slots, cached=bm.num_cached_tokens) \
+            if cfg.tenant_step_cap and not lane else None
         used: Counter = Counter()
         i = 0
         while i < len(running) and budget > 0:

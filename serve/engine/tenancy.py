@@ -175,7 +175,8 @@ class Caps(dict):
                 self.prompt[tenant] -= n
 
 
-def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, stepped: dict | None = None) -> Caps | None:
+def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, stepped: dict | None = None,
+              cached=None) -> Caps | None:
     """Tokens each tenant over its share may carry this step; None when no one is capped.
 
     active: the running sequences the step may run; candidates: the waiting ones it may admit (a
@@ -187,7 +188,11 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     in prompt tokens (possibly none): a prompt chunk turned another tenant's decode step into a
     prefill step, 3.9 against 1.3 ms for the tiny model's decode on CPU. stepped: id(sequence) ->
     tokens the step now running computes for it (the encode-ahead guess of the step after,
-    serve/engine/lookahead.py)."""
+    serve/engine/lookahead.py). cached(sequence): the tokens of a waiting sequence's prompt the
+    prefix cache holds (BlockManager.num_cached_tokens). A candidate wants only the tokens past them,
+    as the scheduler admits it and as a capped tenant's chunks are charged. Counted whole, a victim's
+    32-token prompt with 16 cached let a flood with the same cached prefix carry two prompts of 16 new
+    tokens beside it, twice the victim's work."""
     demand, prompt, held, weight = Counter(), Counter(), Counter(), {}
     for seq in active:
         computed = seq.num_computed_tokens + (stepped.get(id(seq), 0) if stepped else 0)
@@ -203,8 +208,9 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
         if counted[seq.tenant] >= room:
             continue
         counted[seq.tenant] += 1
-        demand[seq.tenant] += seq.num_tokens - seq.num_computed_tokens
-        prompt[seq.tenant] += seq.num_tokens - seq.num_computed_tokens
+        wanted = seq.num_tokens - max(seq.num_computed_tokens, cached(seq) if cached is not None else 0)
+        demand[seq.tenant] += wanted
+        prompt[seq.tenant] += wanted
         weight.setdefault(seq.tenant, seq.tenant_weight)
     # a tenant's waiting sequences hold the slots they are about to take: a flood of one-token requests
     # holds no running sequence at any step's start (each finishes in the step that admits it), and

@@ -217,3 +217,26 @@ def test_a_capped_chunk_stops_before_a_picture_it_cannot_take_whole():
                     assert not decoding, f"a flood chunk [{start}, {start + n}) began its picture in a victim decode step"
             s.postprocess(batch, {q.seq_id: 7 for q, n in batch.entries if q.num_computed_tokens + n == q.num_tokens})
     assert begun > 0  # in the victim's prompt steps its 70-token level lets a flood picture in
+
+
+def test_a_cached_prefix_counts_on_neither_side_of_the_cap():
+    """A victim wants the tokens past its cached prefix, as a capped flood's prompts are charged. Counted
+    whole, the soak's victim (32 tokens, 16 cached: the chat template and the question) let two flood
+    prompts of 16 new tokens each in beside it."""
+    s = _sched()
+    prefix = list(range(900_001, 900_017))  # one block, cached by the first request
+
+    def seq(tenant, owner):
+        base = 1000 * next(_n)
+        return Sequence(f"{tenant}-{base}", prefix + list(range(base + 1, base + 17)), max_tokens=1,
+                        arrival_time=float(base), owner=owner, tenant=tenant)
+
+    s.add(seq("first", "first"))
+    _step(s)
+    for i in range(16):  # the flood keeps its one-token requests queued over four connections
+        s.add(seq("flood", f"flood-{i % 4}"))
+    _step(s)
+    s.add(seq("victim", "victim"))
+    batch = _step(s)
+    assert {q.tenant: q.num_computed_tokens for q, _ in batch.entries}["victim"] == 32
+    assert _tokens(batch) == {"victim": 16, "flood": 16}, _tokens(batch)  # before: flood 32

@@ -114,10 +114,9 @@ def run_point(engine, job, mode: str, n: int, chunks: list[np.ndarray], adapters
 
 def encoded_since(engine, before: dict) -> dict:
     """Pictures through the tower since `before` (dict(engine.runner.counters)): 3 a chunk, once; how many of
-    them were encoded during the step before theirs (encode_ahead), how many such tries failed, and in how many
-    steps the ahead encoding stopped because the device had finished the step."""
+    them were encoded during the step before theirs (encode_ahead), and how many such tries failed."""
     return {k: engine.runner.counters[k] - before[k]
-            for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures", "encode_ahead_stopped")}
+            for k in ("items_encoded", "items_encoded_ahead", "encode_ahead_failures")}
 
 
 def run_cameras(target, args: tuple, timeout_s: float) -> tuple:

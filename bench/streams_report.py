@@ -11,8 +11,7 @@ from .results import write_csv, write_json
 ROW_COLUMNS = ("point", "mode", "streams", "offered_per_s", "sent", "done", "unfinished", "errors", "error_kinds", "p50_ms",
                "p95_ms", "p99_ms", "mean_ms", "max_ms", "chunks_per_s", "served_per_s", "latency_trend_ms_per_s", "projected_p95_ms", "pass",
                "prompt_tokens", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "vision_tokens_per_s",
-               "settled", "leftover_before", "steps", "step_max_ms", "items_encoded", "items_encoded_ahead", "encode_ahead_stopped",
-               "gc_full_ms")
+               "settled", "leftover_before", "steps", "step_max_ms", "items_encoded", "items_encoded_ahead", "gc_full_ms")
 TABLE = ("point", "mode", "streams", "sent", "done", "p50_ms", "p95_ms", "p99_ms", "chunks_per_s", "served_per_s", "queue_ms",
          "prefill_ms", "step_max_ms", "gc_full_ms", "projected_p95_ms", "pass")
 SUMMARY_TABLE = ("mode", "max_streams", "chunks_per_s", "vision_tokens_per_s", "p95_ms", "tflop_per_chunk", "achieved_tflops",

@@ -429,7 +429,7 @@ class Engine:
         return outputs
 
     def _ahead(self, batch):
-        def ahead(step_done=None) -> None:
+        def ahead() -> None:
             if self.during_step is not None:
                 self.during_step()
             sched = self.scheduler
@@ -437,7 +437,7 @@ class Engine:
             if upcoming:
                 ahead_now = sum(item.offset >= s.num_computed_tokens and item.content_hash in s.state.embeds
                                 for queue in (sched.running, sched.waiting) for s in queue for item in s.state.vision)
-                self.runner.encode_ahead(upcoming, ahead_now, step_done)
+                self.runner.encode_ahead(upcoming, ahead_now)
         return ahead
 
     def _output(self, tracked: _Tracked, new_ids: list[int], finished: bool, head=None) -> RequestOutput:

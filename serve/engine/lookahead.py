@@ -34,11 +34,8 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
     active = []
     for seq in order(scheduler.running):
         start = seq.num_computed_tokens + stepped.get(id(seq), 0)
-        if seq.is_finished or start >= seq.num_tokens and (seq.prefill_only or seq.num_generated + 1 >= seq.max_tokens):
-            # done with this step: a head's prompt, or the last token it may sample (a stop token can end
-            # one sooner; that is not foreseen). Counted as running, a batch of one-token requests left no
-            # slot for the next step's prompts, and none of their pictures was encoded ahead
-            continue
+        if seq.is_finished or start >= seq.num_tokens and seq.prefill_only:
+            continue  # done with this step
         active.append(seq)
         if start >= seq.prompt_len:
             budget -= 1  # a decoding sequence's token

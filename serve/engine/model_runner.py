@@ -59,7 +59,7 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or args.max_position_embeddings, num_blocks * self.block_size)
         self.encoder_cache = EncoderCache(config.encoder_cache_items)
         self.counters = {"encoder_calls": 0, "items_encoded": 0, "items_encoded_ahead": 0, "encode_ahead_failures": 0,
-                         "encode_ahead_stopped": 0, "graph_steps": 0, "eager_steps": 0}
+                         "graph_steps": 0, "eager_steps": 0}
         self._ahead_failed: set[str] = set()  # items whose encode ahead failed: left to their own step
         # per run(), the host's seconds in each phase (PHASES): where a slow step's time went, the device's
         # work (wait) or the host's own (a step whose host phases are long left the device idle meanwhile)
@@ -121,10 +121,9 @@ class ModelRunner:
     @torch.no_grad()
     def run(self, batch: ScheduledBatch, ahead=None) -> dict[int, int]:
         """Runs one step; returns seq_id -> sampled token for sequences that reached their last token.
-        `ahead(step_done)`, if given, runs once the step's work is queued on the device and before the
-        host waits for its results: the engine encodes the next step's pictures there (encode_ahead), so
-        the device has work while the host plans the next step. step_done(): whether the device has
-        finished this step (None on the CPU)."""
+        `ahead()`, if given, runs once the step's work is queued on the device and before the host
+        waits for its results: the engine encodes the next step's pictures there (encode_ahead), so
+        the device has work while the host plans the next step."""
         entries = batch.entries
         marks = [time.perf_counter()]
         inputs = build_step_inputs(self.model, entries, self.block_size, self.device)
@@ -153,12 +152,7 @@ class ModelRunner:
                 ready.record()
         marks.append(time.perf_counter())
         if ahead is not None:
-            step_done = None
-            if self.device.type == "cuda":  # on the CPU the step's work is done by now
-                queued = torch.cuda.Event()
-                queued.record()
-                step_done = queued.query
-            ahead(step_done)
+            ahead()
         marks.append(time.perf_counter())
         if heads is not None:
             done, pending = heads
@@ -180,18 +174,13 @@ class ModelRunner:
     # pictures queued (encode_ahead), then the wait for the device's results (heads, sampled tokens)
     PHASES = ("inputs", "vision", "forward", "sample", "ahead", "wait")
 
-    def encode_ahead(self, upcoming: list, ahead_now: int, step_done=None) -> int:
+    def encode_ahead(self, upcoming: list, ahead_now: int) -> int:
         """Encodes pictures of the next step's (seq, item) pairs behind the work already queued; returns
         how many. Each sequence holds its own until its prefill passes them (the encoder cache, which may
         push them out, gets them too, for other requests with the same pixels). `ahead_now`: items the
         sequences hold that their prefill has not reached; at most the cache's capacity are, so a guess
         that runs ahead of the steps cannot hold memory without bound. Items of tower-adapting requests are left to their
-        own step (their encoder call needs that step's adapter slots), as are those the cache has.
-
-        step_done(): true once the device has finished the running step. Encoding stops there (before
-        the next call to the tower): ahead work fills the host's wait for the device and must not make
-        the step's answers later. Where steps are short, launching a flood's pictures here had delayed
-        every step of another tenant that ran beside it: its answers waited on the host, not the device."""
+        own step (their encoder call needs that step's adapter slots), as are those the cache has."""
         cache, failed = self.encoder_cache, self._ahead_failed
         todo, seen = [], {}
         for seq, item in upcoming:
@@ -209,9 +198,6 @@ class ModelRunner:
         todo = todo[:max(0, cache.capacity - ahead_now)]
         done = 0
         for i in range(0, len(todo), self.config.max_vision_batch):
-            if step_done is not None and step_done():  # the rest is encoded in its own step, or ahead of it
-                self.counters["encode_ahead_stopped"] += 1
-                break
             chunk = todo[i:i + self.config.max_vision_batch]
             try:
                 embeds = self.model.encode(chunk)

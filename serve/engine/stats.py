@@ -45,7 +45,6 @@ class EngineStats:
     switch_failures: int = 0
     policy_stats: dict | None = None  # serve.orchestrator.PolicyStats.as_dict(): decisions, reasons histogram
     items_encoded_ahead: int = 0  # of items_encoded: encoded during the step before theirs (encode_ahead)
-    encode_ahead_stopped: int = 0  # steps whose ahead encoding stopped because the device had finished the step
     kernel_compiles: dict | None = None  # Triton variants compiled before / after the warm-up (compile_watch)
     # the vision towers' attention on the thread that asked (the engine's): plans made, live calls at a planned
     # shape and at an unplanned one, segment lengths the warm-up never met (serve/forward/segment_plans.py)
@@ -67,7 +66,6 @@ def collect_stats(engine) -> EngineStats:
         step_time_last_ms=times[-1] if times else 0.0, step_times_ms=times[-256:],
         **(engine.lora.stats() if engine.lora is not None else {}),
         **_mode_stats(engine), items_encoded_ahead=runner.counters["items_encoded_ahead"],
-        encode_ahead_stopped=runner.counters["encode_ahead_stopped"],
         kernel_compiles=WATCH.stats() if WATCH.installed else None, tower_attention=segment_plans.stats(),
     )
 

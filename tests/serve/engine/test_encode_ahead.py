@@ -51,9 +51,9 @@ def _guesses_and_reads(engine: Engine) -> tuple[list[set], list[set]]:
     guesses, reads = [], []
     ahead, encode = engine.runner.encode_ahead, engine.model.encode
 
-    def guessed(upcoming, ahead_now, step_done=None):
+    def guessed(upcoming, ahead_now):
         guesses[-1] = {it.content_hash for _, it in upcoming}
-        return ahead(upcoming, ahead_now, step_done)
+        return ahead(upcoming, ahead_now)
 
     def encoded(items):
         reads[-1] |= {it.content_hash for it in items}
@@ -79,19 +79,6 @@ def test_the_guess_is_the_pictures_the_next_step_takes(tiny_zoo):
     assert len(reads) > 4 and sum(bool(r) for r in reads) > 2
     for step in range(len(reads) - 1):
         assert guesses[step] == reads[step + 1], step
-
-
-def test_requests_at_their_last_token_leave_their_slots_to_the_guess(tiny_zoo):
-    """A full batch of one-token requests finishes in its step: the guess names the pictures of the
-    requests waiting for those slots (before: it counted them running on, guessed nothing, and every
-    picture of such a flood was encoded inside its own step)."""
-    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on", max_batch_size=4, encoder_cache_items=0,
-                     enable_prefix_cache=False, max_tokens_per_step=4096)
-    for i in range(12):
-        engine.add_request(make_request(dict(prompt="Which way?", images=frames(60 + i, n=1, side=56)), max_new=1))
-    guesses, reads = _guesses_and_reads(engine)
-    assert [len(r) for r in reads] == [4, 4, 4]
-    assert guesses[0] == reads[1] and guesses[1] == reads[2] and not guesses[2]
 
 
 def test_a_picture_that_fails_ahead_fails_at_its_own_step(tiny_zoo):
@@ -171,28 +158,6 @@ def test_with_a_small_cache_and_many_flows_no_picture_is_encoded_twice(tiny_zoo)
         counts.append((engine.stats().items_encoded, engine.stats().items_encoded_ahead))
     (ahead_total, ahead_part), (plain_total, _) = counts
     assert ahead_part > 0 and ahead_total == plain_total == 8 * 3
-
-
-def test_ahead_encoding_stops_once_the_device_has_finished_the_step(tiny_zoo):
-    """Ahead work fills the host's wait for the device: once the running step is done (step_done()),
-    the rest of the pictures are left to their own step, one encoder call at a time."""
-    engine = _engine(tiny_zoo["qwen2_vl_tiny"], "off", encoder_cache_items=64, enable_prefix_cache=False,
-                     max_vision_batch=1)
-    engine.add_request(make_request(dict(prompt="Which way?", video=frames(9, n=8))))
-    (seq,) = engine.scheduler.waiting
-    items = seq.state.vision
-    assert len(items) >= 3
-    calls = []
-
-    def done_after(n):  # the device finishes the step after n of the host's checks
-        return lambda: calls.append(1) or len(calls) > n
-
-    runner = engine.runner
-    assert runner.encode_ahead([(seq, it) for it in items], 0, lambda: True) == 0  # finished already: none
-    assert runner.encode_ahead([(seq, it) for it in items], 0, done_after(2)) == 2  # two calls, then it stopped
-    assert runner.counters["encode_ahead_stopped"] == 2 and engine.stats().encode_ahead_stopped == 2
-    assert runner.encode_ahead([(seq, it) for it in items], 0, lambda: False) == len(items) - 2  # the rest
-    assert runner.encode_ahead([(seq, it) for it in items], 0) == 0  # each picture once; no clock: no stop
 
 
 def test_pictures_encoded_ahead_stay_with_their_sequence_when_the_cache_drops_them(tiny_zoo):

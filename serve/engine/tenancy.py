@@ -191,8 +191,8 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     serve/engine/lookahead.py). cached(sequence): the tokens of a waiting sequence's prompt the
     prefix cache holds (BlockManager.num_cached_tokens). A candidate wants only the tokens past them,
     as the scheduler admits it and as a capped tenant's chunks are charged. Counted whole, a victim's
-    32-token prompt with 16 cached let a flood with the same cached prefix carry two prompts of 16 new
-    tokens beside it, twice the victim's work."""
+    32-token prompt with 16 cached (a chat template and question shared with the flood, before a
+    picture of its own) let the flood carry two prompts of 16 new tokens beside it, twice the victim's work."""
     demand, prompt, held, weight = Counter(), Counter(), Counter(), {}
     for seq in active:
         computed = seq.num_computed_tokens + (stepped.get(id(seq), 0) if stepped else 0)

@@ -221,8 +221,8 @@ def test_a_capped_chunk_stops_before_a_picture_it_cannot_take_whole():
 
 def test_a_cached_prefix_counts_on_neither_side_of_the_cap():
     """A victim wants the tokens past its cached prefix, as a capped flood's prompts are charged. Counted
-    whole, the soak's victim (32 tokens, 16 cached: the chat template and the question) let two flood
-    prompts of 16 new tokens each in beside it."""
+    whole, a victim of 32 tokens with 16 cached (a chat template and question it shares with the flood)
+    let two flood prompts of 16 new tokens each in beside it."""
     s = _sched()
     prefix = list(range(900_001, 900_017))  # one block, cached by the first request
 

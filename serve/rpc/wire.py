@@ -106,10 +106,24 @@ class Limits:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Limits":
+        """The limits of a config's `rpc` section (other keys ignored); ValueError naming the key of a
+        value that is not of its kind."""
         fields = cls.__dataclass_fields__
         cast = {"float": float, "int": int, "str": lambda v: "" if v is None else str(v),  # annotations are strings
                 "dict[str, float]": lambda v: {str(k): x for k, x in dict(v or {}).items()}}
-        return cls(**{k: cast[fields[k].type](v) for k, v in d.items() if k in fields})
+        values = {}
+        for k, v in d.items():
+            if k not in fields:
+                continue
+            kind = fields[k].type
+            if kind in ("int", "float") and (isinstance(v, bool) or not isinstance(v, (int, float)) or kind == "int"
+                                             and isinstance(v, float) and not v.is_integer()):
+                raise ValueError(f"rpc.{k}={v!r}: give {'an integer' if kind == 'int' else 'a number'}")
+            try:
+                values[k] = cast[kind](v)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"rpc.{k}={v!r}: {e}") from None
+        return cls(**values)
 
 
 @dataclass

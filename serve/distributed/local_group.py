@@ -58,8 +58,9 @@ def rank_threads(world: int) -> int:
     rank runs as many threads as the host has cores, so N ranks put N threads on each core; on two H200s the
     ranks' host then launched the eager vision tower two to three times slower than one process alone
     (results/scaling/nvidia_h200x2/tp_vision/)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // world)
+    from serve.rpc.tenant_processes import usable_cores
+
+    return max(1, usable_cores() // world)
 
 
 def build_rank(spec: GroupSpec, rank: int):

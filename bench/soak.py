@@ -237,6 +237,8 @@ def _tenants(home: Path, checkpoint: str) -> tuple[dict, Path]:
 def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
     """Runs the soak; returns (check rows, the full report) and writes soak.json and soak.csv."""
     names = _phases(job)  # a misspelt phase is refused before the server is built
+    if not 0 <= job.floods_client_nice <= 19:  # a negative one would fail in the flood's process, unseen
+        raise ValueError(f"bench.soak.floods_client_nice={job.floods_client_nice}: give 0-19")
     home = Path(tempfile.mkdtemp(prefix="vlora-soak-"))
     checkpoint = job.checkpoint
     if checkpoint is None:

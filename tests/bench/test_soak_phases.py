@@ -21,6 +21,13 @@ def test_a_misspelt_phase_is_refused_before_a_server_starts(tmp_path):
     assert not (tmp_path / "cpu").exists()
 
 
+def test_a_flood_client_niceness_out_of_range_is_refused_before_a_server_starts(tmp_path):
+    cfg = compose("bench", ["bench.suite=soak", "bench.soak.floods_client_nice=-5", f"bench.out_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=r"bench.soak.floods_client_nice=-5: give 0-19"):
+        run(cfg)
+    assert not (tmp_path / "cpu").exists()
+
+
 def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_says_where_the_time_went(
         tiny_zoo, tmp_path):
     cfg = compose("bench", ["bench.suite=soak", "bench.soak.preset=quick", "+bench.soak.phases=[floods]",

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from kernels import fp8 as fp8_kernels
+from kernels import fp8_decode
 from serve.engine import Engine, EngineConfig, Request, SamplingParams
 from serve.models import fp8 as fp8_models
 from serve.models import read_model_args
@@ -55,9 +56,11 @@ from .results import device_label, results_dir
 # input itself, not the norm or SiLU-mul before it (serve.models.fp8.fuse_quantization): same numbers, more launches;
 # fp8_w8a16 (compare_w8a16=true): at decode sizes the FP8 GEMM takes the bf16 activations as they are, not their
 # per-token FP8 rows (kernels/fp8.py DECODE_ACTIVATIONS "bf16"; "fp8" runs this process's setting, "fp8" by default)
+# fp8_no_gemm_pdl (compare_gemm_pdl=true): decode GEMMs launched after their producer has finished, not with PDL behind
+# it with their weight prefetched (kernels/fp8_decode.py GEMM_PDL off): the same bits
 PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8"),
-              "fp8_unfused": ("bfloat16", "fp8"), "fp8_w8a16": ("bfloat16", "fp8")}
-OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_w8a16": "compare_w8a16"}
+              "fp8_unfused": ("bfloat16", "fp8"), "fp8_w8a16": ("bfloat16", "fp8"), "fp8_no_gemm_pdl": ("bfloat16", "fp8")}
+OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_w8a16": "compare_w8a16", "fp8_no_gemm_pdl": "compare_gemm_pdl"}
 
 
 @dataclass
@@ -80,6 +83,7 @@ class Fp8BenchJob:
     profile_repeats: int = 3
     compare_unfused: bool = False  # also fp8_unfused: the fused quantization's A/B (a fourth engine)
     compare_w8a16: bool = False  # also fp8_w8a16: decode GEMMs on the bf16 activations as they are (weight-only's A/B)
+    compare_gemm_pdl: bool = False  # also fp8_no_gemm_pdl: decode GEMMs without PDL and weight prefetch (their A/B)
     gemm: bool = True  # each projection's GEMM alone, bf16 against FP8 (bench/fp8_gemm.py), after the engines
     # trained adapters' task-head answers and caption tokens, FP8 against bf16 on the same world items
     # (bench/fp8_heads.py, section "heads"); heads_only: that section alone, no random-weight engines
@@ -111,15 +115,18 @@ def _fp8_allowed(device: torch.device, fuse: bool = True):
 
 
 @contextlib.contextmanager
-def _decode_activations(kind: str):
-    """kernels.fp8.DECODE_ACTIVATIONS set to `kind` for one engine's whole life: fp8_linear reads it at every
-    forward, CUDA-graph captures included."""
-    old = fp8_kernels.DECODE_ACTIVATIONS
-    fp8_kernels.DECODE_ACTIVATIONS = kind
+def _decode_kernels(name: str):
+    """kernels.fp8.DECODE_ACTIVATIONS and kernels.fp8_decode.GEMM_PDL as engine `name` wants them, for its whole
+    life: fp8_linear reads them at every forward, CUDA-graph captures included."""
+    old = fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL
+    if name == "fp8_w8a16":
+        fp8_kernels.DECODE_ACTIVATIONS = "bf16"
+    if name == "fp8_no_gemm_pdl":
+        fp8_decode.GEMM_PDL = False
     try:
         yield
     finally:
-        fp8_kernels.DECODE_ACTIVATIONS = old
+        fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL = old
 
 
 def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks: int) -> Engine:
@@ -223,7 +230,7 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
                                  torch.bfloat16, job.device)
     outs, rows, load_s = {}, [], {}
     for name in (p for p in PRECISIONS if p not in OPTIONAL or getattr(job, OPTIONAL[p])):
-        with _decode_activations("bf16" if name == "fp8_w8a16" else fp8_kernels.DECODE_ACTIVATIONS):
+        with _decode_kernels(name):
             t0 = time.perf_counter()
             engine = _engine(job, workdir, weights, name, kv_blocks)
             load_s[name] = time.perf_counter() - t0
@@ -255,11 +262,13 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
         if mode == "merged":
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode,
                              against=f"{name} unmerged", **compare_outputs(outs[name, adapter, "unmerged"], got)))
-        if name in ("fp8_unfused", "fp8_w8a16"):  # the fusion moves launches, not numbers: zero error expected; the
-            # weight-only GEMM multiplies at decode what the FP8 form rounds to 3 mantissa bits first
+        if name in ("fp8_unfused", "fp8_w8a16", "fp8_no_gemm_pdl"):  # the fusion and PDL move launches, not
+            # numbers: zero error expected; the weight-only GEMM multiplies at decode what the FP8 form rounds to 3
+            # mantissa bits first
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode, against="fp8",
                              **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
-                prompt_len=prompt_len, layers=args.num_layers, decode_activations=fp8_kernels.DECODE_ACTIVATIONS, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
+                prompt_len=prompt_len, layers=args.num_layers, decode_activations=fp8_kernels.DECODE_ACTIVATIONS,
+                gemm_pdl=fp8_decode.GEMM_PDL, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
     write_report(rows, meta, out)
     return rows, meta

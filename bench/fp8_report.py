@@ -42,24 +42,29 @@ def summary_lines(rows: list[dict], meta: dict) -> list[str]:
                           "margin_median"))
     lines += ["", "## Decode step (ms)", ""]
     decode_rows = []
+    optional = [p for p in dict.fromkeys(q for q, _ in decode) if p not in ("fp32", "bf16", "fp8")]  # the A/B engines
     for b in job["batch_sizes"]:
         bf, f8 = decode.get(("bf16", b), {}), decode.get(("fp8", b), {})
         row = {"batch": b, "bf16_step": bf.get("decode_step_ms"), "fp8_step": f8.get("decode_step_ms"),
                "bf16_wall": bf.get("decode_wall_ms"), "fp8_wall": f8.get("decode_wall_ms"),
-               "fp8_unfused_step": decode.get(("fp8_unfused", b), {}).get("decode_step_ms"),
-               "fp8_w8a16_step": decode.get(("fp8_w8a16", b), {}).get("decode_step_ms")}
+               **{f"{p}_step": decode.get((p, b), {}).get("decode_step_ms") for p in optional}}
         for kind in ("step", "wall"):
             bf_ms, f8_ms = row[f"bf16_{kind}"], row[f"fp8_{kind}"]
             if bf_ms is not None and f8_ms is not None and math.isfinite(bf_ms + f8_ms) and f8_ms > 0:
                 row[f"{kind}_speedup"] = bf_ms / f8_ms
         decode_rows.append(row)
-    extra = tuple(f"{p}_step" for p in ("fp8_unfused", "fp8_w8a16") if any(q == p for q, _ in decode))
+    extra = tuple(f"{p}_step" for p in optional)
     lines += _table(decode_rows, ("batch", "bf16_step", "fp8_step", *extra, "step_speedup", "bf16_wall", "fp8_wall",
                                   "wall_speedup"))
     if meta.get("decode_activations"):
         kind = {"bf16": "bf16 activations as they are (weight-only)", "fp8": "per-token FP8 activations"}
         lines += ["", f"fp8's decode GEMMs (1-64 tokens) take {kind[meta['decode_activations']]}"
-                  + ("; fp8_w8a16's take bf16 ones as they are" if extra and extra[-1] == "fp8_w8a16_step" else "")]
+                  + ("; fp8_w8a16's take bf16 ones as they are" if "fp8_w8a16_step" in extra else "")]
+    if meta.get("gemm_pdl") is not None:
+        how = "launched with PDL behind their producers, their weight prefetched" if meta["gemm_pdl"] else \
+            "launched after their producers end"
+        lines += ["", f"fp8's decode GEMMs are {how}"
+                  + ("; fp8_no_gemm_pdl's after their producers end" if "fp8_no_gemm_pdl_step" in extra else "")]
     lines += ["", "## Weights and switches", ""]
     lines += _table(list(switch.values()), ("precision", "projection_bytes", "merge_saved_bytes", "method", "merge_ms",
                                             "unmerge_ms", "switch_ms", "restore_exact", "max_drift_after_switches"))

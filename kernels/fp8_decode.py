@@ -35,6 +35,12 @@ producer's FP8 pass, no 3-bit mantissa on the activation. Measured on an H200 it
 the FP8 form's rate (the widening, e4m3 -> f16 -> bf16, sits between the shared-memory tile and the wgmma),
 so kernels/fp8.py DECODE_ACTIVATIONS keeps the FP8 form by default.
 
+PDL behind the producer (GEMM_PDL, on where `pdl_available`): the GEMM is launched while the kernel that writes
+x (the fused norm, the SiLU-mul's cast, quantize_rows: each releases it as it starts) still runs; each program asks
+L2 for its first PREFETCH_TILES weight tiles, then waits for x (gdc_wait) before any load or store. On an H200 the 7B
+decode step went from 3.84 to 3.74-3.79 ms at batch 32 and from 3.51 to 3.36 at batch 1, with the same bits
+(results/fp8/nvidia_h200/gemm_pdl/).
+
 `fp8_linear` (kernels/fp8.py) runs this kernel at 1..DECODE_KERNEL_MAX_M tokens (64) on Hopper, where it
 was tuned and measured faster than `_scaled_mm`; the environment variable VLORA_FP8_DECODE_MAX_M (an
 integer 0..64, read once at import) overrides the count, on any GPU (0 turns the kernel off). Nothing here syncs
@@ -72,6 +78,10 @@ W_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {
     (3584, 18944): (64, 128, 4, 4, 3),  # down_proj
 }
 TARGET_PROGRAMS = 264  # _fallback: two programs per SM on a 132-SM card
+# tiles of its weight a PDL-launched program asks L2 for before it waits for x (GEMM_PDL): 4 tiles of 64-128 rows
+# by 128 bytes over 224-296 programs are 7-19 MB, about what HBM delivers while a short producer ends, and well
+# within L2 (50-60 MB)
+PREFETCH_TILES = 4
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this spends more on its partial than it saves
 MAX_SPLIT_K = 16
 
@@ -97,6 +107,22 @@ def decode_activations(default: str, environ=None) -> str:
     if raw not in DECODE_ACTIVATION_KINDS:
         raise ValueError(f"VLORA_FP8_DECODE_ACTIVATIONS must be one of {DECODE_ACTIVATION_KINDS}, got {raw!r}")
     return raw
+
+
+def gemm_pdl(environ=None) -> bool:
+    """GEMM_PDL: VLORA_FP8_GEMM_PDL (1, the default, or 0)."""
+    raw = (os.environ if environ is None else environ).get("VLORA_FP8_GEMM_PDL", "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"VLORA_FP8_GEMM_PDL must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+# Whether the GEMM is launched with programmatic dependent launch where PDL is available (Hopper;
+# kernels/interpreter.py pdl_available, which VLORA_PDL=0 turns off everywhere): each program asks L2 for its
+# first weight tiles, then waits for x's producer to finish (gdc_wait). The producers (kernels/fp8.py's
+# quantize_rows, kernels/fp8_fused.py's norm and SiLU-mul) let it launch as they start. Read once at import; the
+# bench's A/B (bench.fp8.compare_gemm_pdl) turns it off for one engine.
+GEMM_PDL = gemm_pdl()
 
 
 def decode_kernel_on(capability: tuple[int, int], environ=None) -> bool:
@@ -129,7 +155,8 @@ def decode_config(n: int, k: int, split_k: int | None = None, weight_only: bool 
 def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sx,
                        stride_os, stride_om, K_TILES_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                       LAUNCH_DEPENDENTS: tl.constexpr, X_FP8: tl.constexpr):
+                       LAUNCH_DEPENDENTS: tl.constexpr, X_FP8: tl.constexpr, WAIT_FOR_INPUTS: tl.constexpr,
+                       PREFETCH_LINES: tl.constexpr):
     # X_FP8: x holds e4m3 tokens with their scales (FP8 wgmma); else x is the bf16/fp16 activation itself
     # and each weight tile is widened to x's type in registers (a 16-bit wgmma; no s_x)
     # grid: (N tiles, SPLIT_K). acc is y.T's tile: channels down, tokens across.
@@ -141,6 +168,9 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stri
     offs_k = tl.arange(0, BLOCK_K)
     mask_n, mask_m = offs_n < N, offs_m < M
     k_lo = pid_k * K_TILES_PER_SPLIT * BLOCK_K
+    if WAIT_FOR_INPUTS:  # launched with PDL behind x's producer, which may still be running
+        _prefetch_weight_l2(w_ptr, offs_n, N, K, k_lo, stride_wn, PREFETCH_LINES)
+        gdc_wait()  # x written and visible past here; nothing is stored before it
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -166,6 +196,18 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stri
         if X_FP8:
             y = y * tl.load(sx_ptr + offs_m * stride_sx, mask=mask_m, other=0.0)[None, :]
         tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _prefetch_weight_l2(w_ptr, offs_n, N, K, k_lo, stride_wn, LINES: tl.constexpr):
+    """Asks L2 for the first LINES 128-byte lines of each of this program's weight rows from k_lo (its first
+    tiles): the weight does not depend on the kernel before, so its reads start while that kernel ends.
+    Rows past N and lines past K are clamped onto the last (a repeated prefetch costs nothing)."""
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    cols = tl.minimum(k_lo + tl.arange(0, LINES) * 128, K - 1)
+    lines = w_ptr + rows[:, None] * stride_wn + cols[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [lines], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -251,11 +293,13 @@ def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config) -> torch.Tensor:
     s_x = s_x if x_fp8 else s_w  # a pointer the kernels never read when x is 16-bit
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     pdl = split > 1 and pdl_available(x.device)
+    wait = GEMM_PDL and pdl_available(x.device)  # launched behind x's producer, its weight prefetched meanwhile
     _fp8_decode_gemm_kernel[(triton.cdiv(n, block_n), split)](
         x, q_w, s_x, s_w, out, m, n, k, x.stride(0), q_w.stride(0), s_x.stride(0),
         out.stride(0) if split > 1 else 0, n, K_TILES_PER_SPLIT=k_tiles, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), LAUNCH_DEPENDENTS=pdl, X_FP8=x_fp8,
-        num_warps=warps, num_stages=stages)
+        WAIT_FOR_INPUTS=wait, PREFETCH_LINES=min(PREFETCH_TILES, k_tiles) * block_k // 128 if wait else 1,
+        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if wait else {}))
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](out, s_x, s_w, y, n, out.stride(0), s_x.stride(0),

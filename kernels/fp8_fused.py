@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_rows_ref
-from .interpreter import interpreted
+from .interpreter import gdc_launch_dependents, interpreted, pdl_available
 from .row_ops import rms_norm_row, silu_mul
 
 
@@ -44,8 +44,11 @@ def _quantize_row(y, q_row, s_ptr, offs, mask, FP8_LIMIT: tl.constexpr, FLOOR: t
 @triton.jit
 def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, n_cols, eps,
                          stride_x, stride_r, stride_o, stride_ro, stride_q, HAS_RES: tl.constexpr,
-                         FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr):
+                         FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
+                         LAUNCH_DEPENDENTS: tl.constexpr):
     # serve/models/fused.py's _rms_norm_kernel (the same row_ops.rms_norm_row), then the row's quantization
+    if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (kernels/fp8_decode.py)
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -75,9 +78,11 @@ def _silu_mul_fp8_kernel(x_ptr, out_ptr, amax_ptr, n_cols, stride_x, stride_o, n
 @triton.jit
 def _cast_blocks_fp8_kernel(act_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_a, stride_q, n_blocks,
                             FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
-                            BLOCKS_P2: tl.constexpr):
+                            BLOCKS_P2: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
     # program (row, block): the row's scale from its blocks' amaxes (max is exact in any order: the
     # same scale as one sweep), then the block's FP8 copy of the activation as written
+    if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (kernels/fp8_decode.py)
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     b = tl.arange(0, BLOCKS_P2)
@@ -122,7 +127,7 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
         _rms_norm_fp8_kernel[(t,)](x, res, weight, out, res_out, q, scale, d, eps, x.stride(0), res.stride(0),
                                    out.stride(0), res_out.stride(0), q.stride(0), HAS_RES=residual is not None,
                                    FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=triton.next_power_of_2(d),
-                                   num_warps=8 if d >= 2048 else 4)
+                                   LAUNCH_DEPENDENTS=pdl_available(x.device), num_warps=8 if d >= 2048 else 4)
     attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)
     return (out, res_out) if residual is not None else out
 
@@ -143,7 +148,8 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> torch.Tensor:
                                            BLOCK=block, num_warps=4)
         _cast_blocks_fp8_kernel[(t, blocks)](out, amax, q, scale, n, out.stride(0), q.stride(0), blocks,
                                              FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=block,
-                                             BLOCKS_P2=max(2, triton.next_power_of_2(blocks)), num_warps=4)
+                                             BLOCKS_P2=max(2, triton.next_power_of_2(blocks)),
+                                             LAUNCH_DEPENDENTS=pdl_available(gate_up.device), num_warps=4)
     attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)
     return out
 

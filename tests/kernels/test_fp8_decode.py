@@ -12,10 +12,10 @@ import pytest
 import torch
 import triton
 
-from kernels import fp8
+from kernels import fp8, fp8_decode
 from kernels.fp8 import quantize_rows_ref, quantize_weight, scaled_mm_rows
 from kernels.fp8_decode import (CONFIGS, MAX_M, decode_activations, decode_config, decode_kernel_on, decode_max_m,
-                                fp8_decode_mm, fp8_decode_mm_ref, fp8w_decode_mm, fp8w_decode_mm_ref)
+                                fp8_decode_mm, fp8_decode_mm_ref, fp8w_decode_mm, fp8w_decode_mm_ref, gemm_pdl)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # the bf16 output's rounding: to nearest on a GPU (2**-8 of a value at most); the interpreter truncates
@@ -143,14 +143,27 @@ def test_decode_max_m_comes_from_the_environment_once_at_import():
     assert done.returncode == 0 and done.stdout.strip() == "48", done.stderr[-500:]
 
 
+def test_gemm_pdl_comes_from_the_environment_once_at_import():
+    assert gemm_pdl({}) and gemm_pdl({"VLORA_FP8_GEMM_PDL": "1"}) and not gemm_pdl({"VLORA_FP8_GEMM_PDL": "0"})
+    for raw in ("yes", "2", ""):
+        with pytest.raises(ValueError, match="VLORA_FP8_GEMM_PDL must be 0 or 1"):
+            gemm_pdl({"VLORA_FP8_GEMM_PDL": raw})
+    assert fp8_decode.GEMM_PDL == gemm_pdl()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(SHAPES_7B))
 @pytest.mark.parametrize("m", [1, 7, 32, 64])
-def test_decode_gemm_at_the_7b_shapes_on_a_gpu(name, m):
+def test_decode_gemm_at_the_7b_shapes_on_a_gpu(name, m, monkeypatch):
     n, k = SHAPES_7B[name]
     q_x, s_x, q_w, s_w = _operands(m, n, k, seed=m)
     y = fp8_decode_mm(q_x, s_x, q_w, s_w)
     _check(y, q_x, s_x, q_w, s_w)
+    # launched with PDL behind the quantization (its weight prefetched meanwhile) or after it: the same bits
+    q_x2, s_x2 = fp8.quantize_rows(q_x.float() * s_x)  # a Triton producer that lets the GEMM launch early
+    with_pdl = fp8_decode_mm(q_x2, s_x2, q_w, s_w)
+    monkeypatch.setattr(fp8_decode, "GEMM_PDL", not fp8_decode.GEMM_PDL)
+    assert torch.equal(with_pdl, fp8_decode_mm(q_x2, s_x2, q_w, s_w))
     # cuBLAS's rowwise GEMM: the same products, its own summation order and bf16 rounding
     torch.testing.assert_close(y.float(), scaled_mm_rows(q_x, s_x, q_w, s_w).float(),
                                rtol=2.0 ** -7, atol=1e-4 * y.float().abs().max().item())

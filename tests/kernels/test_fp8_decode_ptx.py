@@ -27,7 +27,7 @@ def launch_ptx(out_ptr, consts, warps=4, stages=4, x_ptr="*fp8e4nv"):
                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages)).asm["ptx"]
 
-base = dict(K_TILES_PER_SPLIT=7, BLOCK_K=128, UPCAST_DOT=False, X_FP8=True)
+base = dict(K_TILES_PER_SPLIT=7, BLOCK_K=128, UPCAST_DOT=False, X_FP8=True, WAIT_FOR_INPUTS=False, PREFETCH_LINES=1)
 wo = dict(base, X_FP8=False)
 out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False)),
        "m64_n128_split": launch_ptx("*fp32", dict(base, BLOCK_M=64, BLOCK_N=128, SPLIT=True, LAUNCH_DEPENDENTS=True)),
@@ -35,6 +35,8 @@ out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=F
                                x_ptr="*bf16"),
        "w_m64_n128_split": launch_ptx("*fp32", dict(wo, BLOCK_M=64, BLOCK_N=128, SPLIT=True, LAUNCH_DEPENDENTS=True),
                                       x_ptr="*bf16", stages=3),
+       "m32_n64_waits": launch_ptx("*bf16", dict(base, BLOCK_M=32, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False,
+                                                 WAIT_FOR_INPUTS=True, PREFETCH_LINES=4)),
        "reduce": ptx(_fp8_decode_gemm_reduce_kernel, dict(part_ptr="*fp32", sx_ptr="*fp32", sw_ptr="*fp32",
                                                           y_ptr="*bf16"), dict(SPLIT_K=4, BLOCK=1024, PDL=True, X_FP8=True))}
 sys.stdout.write(json.dumps(out))
@@ -85,3 +87,14 @@ def test_split_k_reduction_is_launched_behind_the_gemm_and_waits_for_it_on_the_d
     assert "griddepcontrol.wait" in reduce
     before, after = reduce.split("griddepcontrol.wait", 1)
     assert "ld.global" in before and "ld.global" in after
+
+
+def test_a_gemm_launched_behind_its_producer_prefetches_its_weight_then_waits_before_any_load_or_store(ptx):
+    """GEMM_PDL: the program's first weight lines are asked of L2 (4 lines of each of its 64 rows), then
+    griddepcontrol.wait; every load of x or the weight, and every store, comes after the wait."""
+    code = ptx["m32_n64_waits"]
+    assert code.count("griddepcontrol.wait") == 1 and "griddepcontrol.launch_dependents" not in code
+    before, after = code.split("griddepcontrol.wait", 1)
+    assert before.count("prefetch.global.L2") * 128 >= 64 * 4  # each thread a share of the rows' lines
+    assert not re.search(r"\b(ld|st|cp\.async)\.global", before)
+    assert "prefetch" not in after and "cp.async" in after and "st.global" in after

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels import fp8 as fp8_kernels
+from kernels import fp8_decode
 from serve import Engine, EngineConfig, Request, SamplingParams
 from serve.models import fp8 as fp8_models
 
@@ -94,3 +95,19 @@ def test_weight_only_decode_launches_no_quantization(vlora_home, tmp_path):
     pairs = [(err, acc["fp8", a, m, "fp32"]) for (p, a, m, against), err in acc.items()
              if p == "fp8_w8a16" and against == "fp8"]
     assert pairs and all(err <= 2 * own for err, own in pairs), pairs
+
+
+def test_decode_gemms_behind_their_producers_give_the_bits_of_gemms_after_them(vlora_home, tmp_path):
+    """GEMM_PDL (the default on Hopper): each decode GEMM launched with PDL behind the kernel that wrote its input,
+    its weight prefetched while that kernel ends, in the engine's CUDA graphs; fp8_no_gemm_pdl launches them after.
+    The same products in the same order: every logit equal, unmerged and merged."""
+    from bench.fp8 import Fp8BenchJob, run_fp8_bench
+
+    rows, meta = run_fp8_bench(Fp8BenchJob(model="qwen2_vl_tiny", device="cuda", prompts=2, prompt_tokens=16,
+                                           image_size=56, output_tokens=4, batch_sizes=(4,), decode_tokens=3,
+                                           switch_repeats=1, compare_gemm_pdl=True, gemm=False, out_dir=str(tmp_path)))
+    assert meta["gemm_pdl"] is fp8_decode.GEMM_PDL
+    acc = [r for r in rows if r["section"] == "accuracy" and r["precision"] == "fp8_no_gemm_pdl"
+           and r["against"] == "fp8"]
+    assert len(acc) == 3 and all(r["logit_max_abs_err"] == 0 and r["token_agreement"] == 1 for r in acc), acc
+    assert {r["precision"] for r in rows if r["section"] == "decode"} == {"bf16", "fp8", "fp8_no_gemm_pdl"}

@@ -57,10 +57,14 @@ from .results import device_label, results_dir
 # fp8_w8a16 (compare_w8a16=true): at decode sizes the FP8 GEMM takes the bf16 activations as they are, not their
 # per-token FP8 rows (kernels/fp8.py DECODE_ACTIVATIONS "bf16"; "fp8" runs this process's setting, "fp8" by default)
 # fp8_no_gemm_pdl (compare_gemm_pdl=true): decode GEMMs launched after their producer has finished, not with PDL behind
-# it with their weight prefetched (kernels/fp8_decode.py GEMM_PDL off): the same bits
+# it with their weight prefetched (kernels/fp8_decode.py GEMM_PDL off); fp8_producer_pdl (compare_producer_pdl=true):
+# the producers of FP8 rows launched with PDL behind the kernel before them (PRODUCER_PDL on): the same bits;
+# fp8_head (compare_fp8_lm_head=true): the LM head in FP8 as well (EngineConfig.fp8_lm_head)
 PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8"),
-              "fp8_unfused": ("bfloat16", "fp8"), "fp8_w8a16": ("bfloat16", "fp8"), "fp8_no_gemm_pdl": ("bfloat16", "fp8")}
-OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_w8a16": "compare_w8a16", "fp8_no_gemm_pdl": "compare_gemm_pdl"}
+              **{name: ("bfloat16", "fp8") for name in ("fp8_unfused", "fp8_w8a16", "fp8_no_gemm_pdl",
+                                                        "fp8_producer_pdl", "fp8_head")}}
+OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_w8a16": "compare_w8a16", "fp8_no_gemm_pdl": "compare_gemm_pdl",
+            "fp8_producer_pdl": "compare_producer_pdl", "fp8_head": "compare_fp8_lm_head"}
 
 
 @dataclass
@@ -84,6 +88,8 @@ class Fp8BenchJob:
     compare_unfused: bool = False  # also fp8_unfused: the fused quantization's A/B (a fourth engine)
     compare_w8a16: bool = False  # also fp8_w8a16: decode GEMMs on the bf16 activations as they are (weight-only's A/B)
     compare_gemm_pdl: bool = False  # also fp8_no_gemm_pdl: decode GEMMs without PDL and weight prefetch (their A/B)
+    compare_producer_pdl: bool = False  # also fp8_producer_pdl: the FP8 rows' producers with PDL (their A/B)
+    compare_fp8_lm_head: bool = False  # also fp8_head: the LM head in FP8 too (its speed and its logits' error)
     gemm: bool = True  # each projection's GEMM alone, bf16 against FP8 (bench/fp8_gemm.py), after the engines
     # trained adapters' task-head answers and caption tokens, FP8 against bf16 on the same world items
     # (bench/fp8_heads.py, section "heads"); heads_only: that section alone, no random-weight engines
@@ -116,17 +122,19 @@ def _fp8_allowed(device: torch.device, fuse: bool = True):
 
 @contextlib.contextmanager
 def _decode_kernels(name: str):
-    """kernels.fp8.DECODE_ACTIVATIONS and kernels.fp8_decode.GEMM_PDL as engine `name` wants them, for its whole
-    life: fp8_linear reads them at every forward, CUDA-graph captures included."""
-    old = fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL
+    """kernels.fp8.DECODE_ACTIVATIONS, kernels.fp8_decode.GEMM_PDL and PRODUCER_PDL as engine `name` wants them, for
+    its whole life: the kernels read them at every forward, CUDA-graph captures included."""
+    old = fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL, fp8_decode.PRODUCER_PDL
     if name == "fp8_w8a16":
         fp8_kernels.DECODE_ACTIVATIONS = "bf16"
     if name == "fp8_no_gemm_pdl":
         fp8_decode.GEMM_PDL = False
+    if name == "fp8_producer_pdl":
+        fp8_decode.PRODUCER_PDL = True
     try:
         yield
     finally:
-        fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL = old
+        fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL, fp8_decode.PRODUCER_PDL = old
 
 
 def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks: int) -> Engine:
@@ -134,7 +142,7 @@ def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks
     cuda = job.device.startswith("cuda")
     config = EngineConfig(device=job.device, dtype=dtype, quantization=quantization,
                           max_batch_size=max(job.batch_sizes + (job.prompts,)), max_tokens_per_step=8192,
-                          num_kv_blocks=kv_blocks, cuda_graphs=cuda and name != "fp32",
+                          fp8_lm_head=name == "fp8_head", num_kv_blocks=kv_blocks, cuda_graphs=cuda and name != "fp32",
                           graph_batch_sizes=tuple(sorted(set(job.batch_sizes) | {1, 2, 4, 8, 16, 32, 64})),
                           lora_graph_segments=(), lora_graph_seg_lens=(), encoder_cache_items=0,
                           enable_prefix_cache=False, seed=job.seed, warm_up="off", encode_ahead="off",
@@ -262,13 +270,13 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
         if mode == "merged":
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode,
                              against=f"{name} unmerged", **compare_outputs(outs[name, adapter, "unmerged"], got)))
-        if name in ("fp8_unfused", "fp8_w8a16", "fp8_no_gemm_pdl"):  # the fusion and PDL move launches, not
-            # numbers: zero error expected; the weight-only GEMM multiplies at decode what the FP8 form rounds to 3
-            # mantissa bits first
+        if name in OPTIONAL:  # the fusion and PDL move launches, not numbers: zero error expected; the weight-only
+            # GEMM multiplies at decode what the FP8 form rounds to 3 mantissa bits first; fp8_head: the head's error
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode, against="fp8",
                              **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
                 prompt_len=prompt_len, layers=args.num_layers, decode_activations=fp8_kernels.DECODE_ACTIVATIONS,
-                gemm_pdl=fp8_decode.GEMM_PDL, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
+                gemm_pdl=fp8_decode.GEMM_PDL, producer_pdl=fp8_decode.PRODUCER_PDL, job=dataclasses.asdict(job),
+                switch_target="fp8 switch_ms <= 1.5 x bf16")
     write_report(rows, meta, out)
     return rows, meta

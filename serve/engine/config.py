@@ -23,6 +23,9 @@ class EngineConfig:
     # "fp8": the language model's projections quantized once at load (serve/models/fp8.py); needs a
     # GPU of compute capability >= 8.9, refused elsewhere at start. "none": the checkpoint's dtype
     quantization: str = "none"
+    # with quantization "fp8": the LM head's weight in FP8 too (per vocabulary row), for the logits of every step
+    # (serve/models/fp8.py quantize_lm_head); its bf16 weight is kept (a tied head is the embedding table)
+    fp8_lm_head: bool = False
     max_batch_size: int = 32  # sequences per step
     max_tokens_per_step: int = 4096  # token budget per step (prefill chunks + decode tokens)
     kv_block_size: int = 16
@@ -139,6 +142,8 @@ class EngineConfig:
             raise ValueError(f"quantization={self.quantization!r} is not one of none, fp8")
         if self.quantization == "fp8" and self.tensor_parallel_size > 1:
             raise ValueError("quantization=fp8 with tensor_parallel_size > 1 is not supported: shard bf16 weights")
+        if self.fp8_lm_head and self.quantization != "fp8":
+            raise ValueError(f"fp8_lm_head=true needs quantization=fp8, got quantization={self.quantization}")
         for name in ("lora_targets", "adapters", "pinned_adapters"):  # a lone string is one entry, not characters
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, str) else tuple(value))

@@ -109,6 +109,10 @@ class Engine:
                                  f"has {tp.world_size} ranks")
         self.model, self.processor = load_model(checkpoint, config.dtype, self.device, backend, weights, pixels,
                                                 config.quantization, tp=tp, tp_vision=config.tp_vision)
+        if config.fp8_lm_head:
+            from serve.models.fp8 import quantize_lm_head
+
+            quantize_lm_head(self.model.language_model)
         self.pixels = pixels  # a front end in another process builds its Preparer the same way
         self.preparer = Preparer(self.processor, self.processor.args)  # the whole model's (a shard's are local)
         vision = self.model.vision

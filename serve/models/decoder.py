@@ -131,6 +131,7 @@ class DecoderModel(nn.Module):
         self.lm_head = (None if args.tie_word_embeddings else
                         nn.Parameter(torch.empty(args.vocab_size, args.hidden_size, dtype=dtype, device=device),
                                      requires_grad=False))
+        self.lm_head_fp8 = self.lm_head_scale = None  # FP8 weight and per-row scales, when quantize_lm_head ran
 
     @staticmethod
     def _layer(args: ModelArgs, index: int, backend: str, dtype, device, tp) -> "DecoderLayer":
@@ -158,6 +159,10 @@ class DecoderModel(nn.Module):
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head_fp8 is not None:  # the head's FP8 copy (serve/models/fp8.py quantize_lm_head)
+            from kernels.fp8 import fp8_linear
+
+            return fp8_linear(hidden, self.lm_head_fp8, self.lm_head_scale)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
         return torch.nn.functional.linear(hidden, weight)
 

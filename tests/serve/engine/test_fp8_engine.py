@@ -9,7 +9,7 @@ import torch
 from adapter_cases import make_classifier_adapter, one_thread  # noqa: F401 (autouse: one intra-op thread)
 from serve_cases import case_specs, make_request
 
-from serve import Engine, EngineConfig
+from serve import Engine, EngineConfig, Request, SamplingParams
 from serve.models import fp8 as fp8_module
 from serve.models.fp8 import Fp8Linear
 
@@ -57,3 +57,32 @@ def test_fp8_engine_tokens_mostly_agree_with_bf16_and_heads_agree(tiny_zoo, adap
     for r, o in zip(ref_heads, heads):
         assert o.head.label == r.head.label
         assert abs(o.head.confidence - r.head.confidence) < 0.03  # measured <= 0.011
+
+
+def test_an_fp8_lm_head_gives_the_logits_of_its_fp8_copy(tiny_zoo, monkeypatch):
+    """fp8_lm_head: the logits of every step come from the head quantized per vocabulary row (fp8_linear), close to
+    the bf16 head's; refused without quantization=fp8."""
+    from kernels.fp8 import FP8_DTYPE, dequantize, fp8_linear
+
+    with pytest.raises(ValueError, match="fp8_lm_head=true needs quantization=fp8, got quantization=none"):
+        EngineConfig(device="cpu", fp8_lm_head=True)
+    monkeypatch.setattr(fp8_module, "ALLOW_CPU", True)
+    engines = {head: Engine(tiny_zoo["qwen2_vl_tiny"], EngineConfig(
+        device="cpu", dtype="bfloat16", quantization="fp8", fp8_lm_head=head, num_kv_blocks=32,
+        enable_prefix_cache=False, adapter_slots=0)) for head in (False, True)}
+    plain, quantized = (engines[h].model.language_model for h in (False, True))
+    assert plain.lm_head_fp8 is None and quantized.lm_head_fp8.dtype == FP8_DTYPE
+    weight = quantized.embed_tokens.weight if quantized.lm_head is None else quantized.lm_head
+    assert quantized.lm_head_fp8.shape == weight.shape  # the bf16 head is kept beside it
+    hidden = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    got = quantized.compute_logits(hidden)
+    assert torch.equal(got, fp8_linear(hidden, quantized.lm_head_fp8, quantized.lm_head_scale))
+    want = plain.compute_logits(hidden).float()
+    assert not torch.equal(got.float(), want) and (got.float() - want).abs().max() < 0.1 * want.abs().max()
+    # the copy is the head's own weight, rounded per row
+    back = dequantize(quantized.lm_head_fp8, quantized.lm_head_scale)
+    assert ((back - weight.float()).abs() <= weight.float().abs().amax(-1, keepdim=True) / 16).all()
+    params = SamplingParams(max_tokens=4, ignore_eos=True, keep_logits=True, detokenize=False)
+    outs = {h: e.generate([Request(prompt="a red car", sampling=params)])[0] for h, e in engines.items()}
+    first = [outs[h].logits[0].float() for h in (False, True)]
+    assert (first[1] - first[0]).abs().max() < 0.1 * first[0].abs().max()

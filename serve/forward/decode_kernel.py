@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.interpreter import dot_nt, gdc_launch_dependents, interpreted, pdl_available
+from kernels.fp8_decode import producer_waits
+from kernels.interpreter import dot_nt, gdc_launch_dependents, interpreted
 
 from .prefill_kernel import check_paged_inputs
 
@@ -31,8 +32,8 @@ def _paged_decode_kernel(
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,
 ):
-    if LAUNCH_DEPENDENTS:  # o_proj's FP8 quantization behind may launch now (kernels/fp8_decode.py PRODUCER_PDL);
-        gdc_launch_dependents()  # it waits for this kernel's output itself
+    if LAUNCH_DEPENDENTS:  # o_proj's FP8 quantization behind may launch now (kernels/fp8_decode.py PRODUCER_PDL,
+        gdc_launch_dependents()  # only then); it waits for this kernel's output itself
     pid_s = tl.program_id(0)
     kv_head = tl.program_id(1)
     ctx_len = tl.load(context_lens_ptr + pid_s)
@@ -97,6 +98,6 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         GROUP=group, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), UPCAST_DOT=small,
-        LAUNCH_DEPENDENTS=pdl_available(q.device), num_warps=4, num_stages=2,
+        LAUNCH_DEPENDENTS=producer_waits(q.device), num_warps=4, num_stages=2,
     )
     return out

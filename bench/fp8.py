@@ -57,14 +57,12 @@ from .results import device_label, results_dir
 # fp8_w8a16 (compare_w8a16=true): at decode sizes the FP8 GEMM takes the bf16 activations as they are, not their
 # per-token FP8 rows (kernels/fp8.py DECODE_ACTIVATIONS "bf16"; "fp8" runs this process's setting, "fp8" by default)
 # fp8_no_gemm_pdl (compare_gemm_pdl=true): decode GEMMs launched after their producer has finished, not with PDL behind
-# it with their weight prefetched (kernels/fp8_decode.py GEMM_PDL off); fp8_producer_pdl (compare_producer_pdl=true):
-# the producers of FP8 rows launched with PDL behind the kernel before them (PRODUCER_PDL on): the same bits;
-# fp8_head (compare_fp8_lm_head=true): the LM head in FP8 as well (EngineConfig.fp8_lm_head)
+# it with their weight prefetched (kernels/fp8_decode.py GEMM_PDL off): the same bits; fp8_head
+# (compare_fp8_lm_head=true): the LM head in FP8 as well (EngineConfig.fp8_lm_head)
 PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8"),
-              **{name: ("bfloat16", "fp8") for name in ("fp8_unfused", "fp8_w8a16", "fp8_no_gemm_pdl",
-                                                        "fp8_producer_pdl", "fp8_head")}}
+              **{name: ("bfloat16", "fp8") for name in ("fp8_unfused", "fp8_w8a16", "fp8_no_gemm_pdl", "fp8_head")}}
 OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_w8a16": "compare_w8a16", "fp8_no_gemm_pdl": "compare_gemm_pdl",
-            "fp8_producer_pdl": "compare_producer_pdl", "fp8_head": "compare_fp8_lm_head"}
+            "fp8_head": "compare_fp8_lm_head"}
 
 
 @dataclass
@@ -88,7 +86,6 @@ class Fp8BenchJob:
     compare_unfused: bool = False  # also fp8_unfused: the fused quantization's A/B (a fourth engine)
     compare_w8a16: bool = False  # also fp8_w8a16: decode GEMMs on the bf16 activations as they are (weight-only's A/B)
     compare_gemm_pdl: bool = False  # also fp8_no_gemm_pdl: decode GEMMs without PDL and weight prefetch (their A/B)
-    compare_producer_pdl: bool = False  # also fp8_producer_pdl: the FP8 rows' producers with PDL (their A/B)
     compare_fp8_lm_head: bool = False  # also fp8_head: the LM head in FP8 too (its speed and its logits' error)
     gemm: bool = True  # each projection's GEMM alone, bf16 against FP8 (bench/fp8_gemm.py), after the engines
     # trained adapters' task-head answers and caption tokens, FP8 against bf16 on the same world items
@@ -122,19 +119,17 @@ def _fp8_allowed(device: torch.device, fuse: bool = True):
 
 @contextlib.contextmanager
 def _decode_kernels(name: str):
-    """kernels.fp8.DECODE_ACTIVATIONS, kernels.fp8_decode.GEMM_PDL and PRODUCER_PDL as engine `name` wants them, for
-    its whole life: the kernels read them at every forward, CUDA-graph captures included."""
-    old = fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL, fp8_decode.PRODUCER_PDL
+    """kernels.fp8.DECODE_ACTIVATIONS and kernels.fp8_decode.GEMM_PDL as engine `name` wants them, for its whole
+    life: the kernels read them at every forward, CUDA-graph captures included."""
+    old = fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL
     if name == "fp8_w8a16":
         fp8_kernels.DECODE_ACTIVATIONS = "bf16"
     if name == "fp8_no_gemm_pdl":
         fp8_decode.GEMM_PDL = False
-    if name == "fp8_producer_pdl":
-        fp8_decode.PRODUCER_PDL = True
     try:
         yield
     finally:
-        fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL, fp8_decode.PRODUCER_PDL = old
+        fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL = old
 
 
 def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks: int) -> Engine:
@@ -276,7 +271,6 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
                              **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
                 prompt_len=prompt_len, layers=args.num_layers, decode_activations=fp8_kernels.DECODE_ACTIVATIONS,
-                gemm_pdl=fp8_decode.GEMM_PDL, producer_pdl=fp8_decode.PRODUCER_PDL, job=dataclasses.asdict(job),
-                switch_target="fp8 switch_ms <= 1.5 x bf16")
+                gemm_pdl=fp8_decode.GEMM_PDL, job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
     write_report(rows, meta, out)
     return rows, meta

@@ -65,10 +65,6 @@ def summary_lines(rows: list[dict], meta: dict) -> list[str]:
             "launched after their producers end"
         lines += ["", f"fp8's decode GEMMs are {how}"
                   + ("; fp8_no_gemm_pdl's after their producers end" if "fp8_no_gemm_pdl_step" in extra else "")]
-    if meta.get("producer_pdl") is not None:
-        how = "with PDL behind the kernels before them" if meta["producer_pdl"] else "after the kernels before them"
-        lines += ["", f"fp8's producers of FP8 rows (norms, SiLU-mul, quantize_rows) are launched {how}"
-                  + ("; fp8_producer_pdl's with PDL" if "fp8_producer_pdl_step" in extra else "")]
     lines += ["", "## Weights and switches", ""]
     lines += _table(list(switch.values()), ("precision", "projection_bytes", "merge_saved_bytes", "method", "merge_ms",
                                             "unmerge_ms", "switch_ms", "restore_exact", "max_drift_after_switches"))

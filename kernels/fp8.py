@@ -21,9 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_decode import (MAX_M, decode_activations, decode_kernel_on, decode_max_m, fp8_decode_mm, fp8w_decode_mm,
-                         producer_waits)
-from .interpreter import gdc_launch_dependents, gdc_wait, interpreted, pdl_available
+from .fp8_decode import MAX_M, decode_activations, decode_kernel_on, decode_max_m, fp8_decode_mm, fp8w_decode_mm
+from .interpreter import gdc_launch_dependents, interpreted, pdl_available
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -63,13 +62,11 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
                           FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK_K: tl.constexpr,
-                          ONE_PASS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, WAIT: tl.constexpr):
+                          ONE_PASS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
     # grid: (M,): one program per row. ONE_PASS (K <= BLOCK_K): the row is loaded once and kept in
     # registers; else sweep 1 finds the row's amax and sweep 2 (from L2) casts it.
     if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (kernels/fp8_decode.py)
         gdc_launch_dependents()
-    if WAIT:  # launched with PDL behind the kernel writing x (fp8_decode.PRODUCER_PDL): nothing read before this
-        gdc_wait()
     pid_m = tl.program_id(0).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     x_row = x_ptr + pid_m * stride_xm
@@ -118,8 +115,7 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     block_k = max(16, triton.next_power_of_2(k)) if one_pass else 2048
     _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR,
                                 BLOCK_K=block_k, ONE_PASS=one_pass, LAUNCH_DEPENDENTS=pdl_available(x.device),
-                                WAIT=producer_waits(x.device), num_warps=4 if block_k <= 1024 else 8,
-                                **({"launch_pdl": True} if producer_waits(x.device) else {}))
+                                num_warps=4 if block_k <= 1024 else 8)
     return (q.to(FP8_DTYPE) if cast_here else q), scale
 
 

@@ -109,11 +109,11 @@ def decode_activations(default: str, environ=None) -> str:
     return raw
 
 
-def pdl_setting(variable: str, default: bool, environ=None) -> bool:
-    """GEMM_PDL or PRODUCER_PDL: the environment variable `variable` (1 or 0) when set, else `default`."""
-    raw = (os.environ if environ is None else environ).get(variable, "1" if default else "0").strip()
+def gemm_pdl(environ=None) -> bool:
+    """GEMM_PDL: VLORA_FP8_GEMM_PDL (1, the default, or 0)."""
+    raw = (os.environ if environ is None else environ).get("VLORA_FP8_GEMM_PDL", "1").strip()
     if raw not in ("0", "1"):
-        raise ValueError(f"{variable} must be 0 or 1, got {raw!r}")
+        raise ValueError(f"VLORA_FP8_GEMM_PDL must be 0 or 1, got {raw!r}")
     return raw == "1"
 
 
@@ -122,17 +122,7 @@ def pdl_setting(variable: str, default: bool, environ=None) -> bool:
 # first weight tiles, then waits for x's producer to finish (gdc_wait). The producers (kernels/fp8.py's
 # quantize_rows, kernels/fp8_fused.py's norm and SiLU-mul) let it launch as they start. Read once at import; the
 # bench's A/B (bench.fp8.compare_gemm_pdl) turns it off for one engine.
-GEMM_PDL = pdl_setting("VLORA_FP8_GEMM_PDL", True)
-# Whether those producers are themselves launched with PDL behind the kernel before them (the split-K reduction,
-# the gate_up GEMM, the paged decode attention, the SiLU-mul's first kernel, which release them as they start):
-# each waits (gdc_wait) before it reads anything, so only its launch overlaps the kernel before. Off until it is
-# measured on a GPU (bench.fp8.compare_producer_pdl runs one engine with it on); read once at import.
-PRODUCER_PDL = pdl_setting("VLORA_FP8_PRODUCER_PDL", False)
-
-
-def producer_waits(device: torch.device) -> bool:
-    """Whether a producer of FP8 rows on `device` is launched with PDL (PRODUCER_PDL where PDL is available)."""
-    return PRODUCER_PDL and pdl_available(device)
+GEMM_PDL = gemm_pdl()
 
 
 def decode_kernel_on(capability: tuple[int, int], environ=None) -> bool:
@@ -170,8 +160,8 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stri
     # X_FP8: x holds e4m3 tokens with their scales (FP8 wgmma); else x is the bf16/fp16 activation itself
     # and each weight tile is widened to x's type in registers (a 16-bit wgmma; no s_x)
     # grid: (N tiles, SPLIT_K). acc is y.T's tile: channels down, tokens across.
-    if LAUNCH_DEPENDENTS:  # the kernel behind (the reduction, or the SiLU-mul behind gate_up) may be scheduled
-        gdc_launch_dependents()  # now; it waits for this one's output itself
+    if LAUNCH_DEPENDENTS:  # the reduction behind may be scheduled now; it waits for the partials itself
+        gdc_launch_dependents()
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -225,8 +215,6 @@ def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, y_ptr, N, stride_ps
                                    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
                                    X_FP8: tl.constexpr):
     # grid: (M, N blocks): y[m, n] = sum over splits (in split order) * s_w[n] (* s_x[m] when x was FP8)
-    if PDL:  # the next layer's fused norm may launch now (PRODUCER_PDL); it waits for y itself
-        gdc_launch_dependents()
     m, pid = tl.program_id(0), tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -304,13 +292,12 @@ def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config) -> torch.Tensor:
     x_fp8 = s_x is not None
     s_x = s_x if x_fp8 else s_w  # a pointer the kernels never read when x is 16-bit
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    pdl = split > 1 and pdl_available(x.device)  # the reduction launched behind the GEMM
+    pdl = split > 1 and pdl_available(x.device)
     wait = GEMM_PDL and pdl_available(x.device)  # launched behind x's producer, its weight prefetched meanwhile
     _fp8_decode_gemm_kernel[(triton.cdiv(n, block_n), split)](
         x, q_w, s_x, s_w, out, m, n, k, x.stride(0), q_w.stride(0), s_x.stride(0),
         out.stride(0) if split > 1 else 0, n, K_TILES_PER_SPLIT=k_tiles, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), LAUNCH_DEPENDENTS=pdl_available(x.device),
-        X_FP8=x_fp8,
+        BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), LAUNCH_DEPENDENTS=pdl, X_FP8=x_fp8,
         WAIT_FOR_INPUTS=wait, PREFETCH_LINES=min(PREFETCH_TILES, k_tiles) * block_k // 128 if wait else 1,
         num_warps=warps, num_stages=stages, **({"launch_pdl": True} if wait else {}))
     if split > 1:

@@ -16,8 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8_decode import producer_waits
-from kernels.interpreter import dot_nt, gdc_launch_dependents, interpreted
+from kernels.interpreter import dot_nt, interpreted
 
 from .prefill_kernel import check_paged_inputs
 
@@ -30,10 +29,7 @@ def _paged_decode_kernel(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
-    if LAUNCH_DEPENDENTS:  # o_proj's FP8 quantization behind may launch now (kernels/fp8_decode.py PRODUCER_PDL,
-        gdc_launch_dependents()  # only then); it waits for this kernel's output itself
     pid_s = tl.program_id(0)
     kv_head = tl.program_id(1)
     ctx_len = tl.load(context_lens_ptr + pid_s)
@@ -97,7 +93,6 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), UPCAST_DOT=small,
-        LAUNCH_DEPENDENTS=producer_waits(q.device), num_warps=4, num_stages=2,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), UPCAST_DOT=small, num_warps=4, num_stages=2,
     )
     return out

@@ -15,7 +15,7 @@ import triton
 from kernels import fp8, fp8_decode
 from kernels.fp8 import quantize_rows_ref, quantize_weight, scaled_mm_rows
 from kernels.fp8_decode import (CONFIGS, MAX_M, decode_activations, decode_config, decode_kernel_on, decode_max_m,
-                                fp8_decode_mm, fp8_decode_mm_ref, fp8w_decode_mm, fp8w_decode_mm_ref, pdl_setting)
+                                fp8_decode_mm, fp8_decode_mm_ref, fp8w_decode_mm, fp8w_decode_mm_ref, gemm_pdl)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # the bf16 output's rounding: to nearest on a GPU (2**-8 of a value at most); the interpreter truncates
@@ -143,17 +143,12 @@ def test_decode_max_m_comes_from_the_environment_once_at_import():
     assert done.returncode == 0 and done.stdout.strip() == "48", done.stderr[-500:]
 
 
-def test_pdl_settings_come_from_the_environment_once_at_import():
-    for var in ("VLORA_FP8_GEMM_PDL", "VLORA_FP8_PRODUCER_PDL"):
-        assert pdl_setting(var, True, {}) and not pdl_setting(var, False, {})
-        assert pdl_setting(var, False, {var: "1"}) and not pdl_setting(var, True, {var: " 0"})
-        for raw in ("yes", "2", ""):
-            with pytest.raises(ValueError, match=f"{var} must be 0 or 1"):
-                pdl_setting(var, True, {var: raw})
-    # the GEMM's PDL measured faster on an H200 (results/fp8/nvidia_h200/gemm_pdl); the producers' not yet measured
-    assert fp8_decode.GEMM_PDL == pdl_setting("VLORA_FP8_GEMM_PDL", True)
-    assert fp8_decode.PRODUCER_PDL == pdl_setting("VLORA_FP8_PRODUCER_PDL", False)
-    assert not fp8_decode.producer_waits(torch.device("cpu"))  # no PDL on the CPU (nor in the interpreter)
+def test_gemm_pdl_comes_from_the_environment_once_at_import():
+    assert gemm_pdl({}) and gemm_pdl({"VLORA_FP8_GEMM_PDL": "1"}) and not gemm_pdl({"VLORA_FP8_GEMM_PDL": "0"})
+    for raw in ("yes", "2", ""):
+        with pytest.raises(ValueError, match="VLORA_FP8_GEMM_PDL must be 0 or 1"):
+            gemm_pdl({"VLORA_FP8_GEMM_PDL": raw})
+    assert fp8_decode.GEMM_PDL == gemm_pdl()
 
 
 @pytest.mark.gpu

@@ -5,7 +5,6 @@ as kernels/fp8.py's quantization does, so their bytes match quantize_rows' on a 
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 from hopper_ptx import compile_ptx
@@ -16,19 +15,11 @@ from kernels.fp8_fused import _cast_blocks_fp8_kernel, _rms_norm_fp8_kernel, _si
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
 bf16 = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", res_out_ptr="*bf16", q_ptr="*fp8e4nv",
             s_ptr="*fp32")
-alone, chained = dict(LAUNCH_DEPENDENTS=False, WAIT=False), dict(LAUNCH_DEPENDENTS=True, WAIT=True)
-out = {"norm": ptx(_rms_norm_fp8_kernel, bf16, dict(limits, **alone, HAS_RES=True, BLOCK=4096), floats=("eps",)),
+out = {"norm": ptx(_rms_norm_fp8_kernel, bf16, dict(limits, HAS_RES=True, BLOCK=4096), floats=("eps",)),
        "silu_amax": ptx(_silu_mul_fp8_kernel, dict(x_ptr="*bf16", out_ptr="*bf16", amax_ptr="*fp32"),
-                        dict(alone, BLOCK=1024)),
+                        dict(BLOCK=1024)),
        "silu": ptx(_cast_blocks_fp8_kernel, dict(act_ptr="*bf16", amax_ptr="*fp32", q_ptr="*fp8e4nv", s_ptr="*fp32"),
-                   dict(limits, **alone, BLOCK=1024, BLOCKS_P2=32)),
-       "norm_chained": ptx(_rms_norm_fp8_kernel, bf16, dict(limits, **chained, HAS_RES=True, BLOCK=4096),
-                           floats=("eps",)),
-       "silu_amax_chained": ptx(_silu_mul_fp8_kernel, dict(x_ptr="*bf16", out_ptr="*bf16", amax_ptr="*fp32"),
-                                dict(chained, BLOCK=1024)),
-       "silu_chained": ptx(_cast_blocks_fp8_kernel, dict(act_ptr="*bf16", amax_ptr="*fp32", q_ptr="*fp8e4nv",
-                                                         s_ptr="*fp32"),
-                           dict(limits, **chained, BLOCK=1024, BLOCKS_P2=32))}
+                   dict(limits, BLOCK=1024, BLOCKS_P2=32))}
 sys.stdout.write(json.dumps(out))
 """
 
@@ -50,15 +41,3 @@ def test_fused_fp8_kernels_round_to_nearest_and_divide_by_the_scale_as_ieee(ptx,
 def test_the_silu_blocks_compile_and_leave_the_rounding_to_the_second_launch(ptx):
     # the SiLU-mul's first launch writes the model-dtype activation and its blocks' amaxes: no FP8 yet
     assert ptx["silu_amax"] and "e4m3" not in ptx["silu_amax"]
-
-
-@pytest.mark.parametrize("kernel", ["norm", "silu_amax", "silu"])
-def test_a_chained_producer_releases_the_kernel_behind_then_waits_before_reading(ptx, kernel):
-    """PDL (kernels/fp8_decode.py PRODUCER_PDL): launch_dependents first, then the wait, and no global load or store
-    before it; launched alone, neither."""
-    code = ptx[f"{kernel}_chained"]
-    assert code.count("griddepcontrol.launch_dependents") == 1 and code.count("griddepcontrol.wait") == 1
-    before, after = code.split("griddepcontrol.wait", 1)
-    assert "griddepcontrol.launch_dependents" in before and not re.search(r"\b(ld|st)\.global", before)
-    assert "ld.global" in after and "st.global" in after
-    assert "griddepcontrol" not in ptx[kernel]

@@ -80,7 +80,7 @@ def _floor_ms(engine: Engine, context_lens: list[int], gbs: float) -> float:
     """Bytes one decode step must read (LM weights, LM head, K/V of every sequence) over the bandwidth."""
     lm = engine.model.language_model
     weights = sum(p.numel() * p.element_size() for n, p in lm.named_parameters() if not n.startswith("embed_tokens"))
-    head = lm.embed_tokens.weight if lm.lm_head is None else lm.lm_head
+    head = lm.head_weight()
     weights += 0 if lm.lm_head is not None else head.numel() * head.element_size()  # tied: the embedding is the head
     a = engine.model.args
     kv = sum(context_lens) * 2 * a.num_layers * a.num_kv_heads * a.head_dim * head.element_size()

@@ -158,13 +158,16 @@ class DecoderModel(nn.Module):
             x, residual = layer(x, residual, cos, sin)
         return self.norm(x, residual)[0]
 
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's weight [vocab, hidden]: the embedding table when the checkpoint ties them."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head_fp8 is not None:  # the head's FP8 copy (serve/models/fp8.py quantize_lm_head)
             from kernels.fp8 import fp8_linear
 
             return fp8_linear(hidden, self.lm_head_fp8, self.lm_head_scale)
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
-        return torch.nn.functional.linear(hidden, weight)
+        return torch.nn.functional.linear(hidden, self.head_weight())
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.attn.attn for layer in self.layers]

@@ -133,8 +133,7 @@ def quantize_lm_head(language_model) -> None:
     """The LM head's weight (the embedding table when tied) quantized per vocabulary row, once: compute_logits then
     runs fp8_linear on it, the decode step's logits reading half the bytes (1.09 GB -> 0.55 GB at the 7B's
     152,064 x 3,584). The bf16 weight stays: a tied head is the embedding table too."""
-    weight = language_model.embed_tokens.weight if language_model.lm_head is None else language_model.lm_head
-    q, scale = quantize_weight(weight.data)
+    q, scale = quantize_weight(language_model.head_weight().data)
     language_model.lm_head_fp8, language_model.lm_head_scale = q, scale
 
 

@@ -72,7 +72,7 @@ def test_an_fp8_lm_head_gives_the_logits_of_its_fp8_copy(tiny_zoo, monkeypatch):
         enable_prefix_cache=False, adapter_slots=0)) for head in (False, True)}
     plain, quantized = (engines[h].model.language_model for h in (False, True))
     assert plain.lm_head_fp8 is None and quantized.lm_head_fp8.dtype == FP8_DTYPE
-    weight = quantized.embed_tokens.weight if quantized.lm_head is None else quantized.lm_head
+    weight = quantized.head_weight()
     assert quantized.lm_head_fp8.shape == weight.shape  # the bf16 head is kept beside it
     hidden = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     got = quantized.compute_logits(hidden)

@@ -58,11 +58,14 @@ from .results import device_label, results_dir
 # per-token FP8 rows (kernels/fp8.py DECODE_ACTIVATIONS "bf16"; "fp8" runs this process's setting, "fp8" by default)
 # fp8_no_gemm_pdl (compare_gemm_pdl=true): decode GEMMs launched after their producer has finished, not with PDL behind
 # it with their weight prefetched (kernels/fp8_decode.py GEMM_PDL off): the same bits; fp8_head
-# (compare_fp8_lm_head=true): the LM head in FP8 as well (EngineConfig.fp8_lm_head)
+# (compare_fp8_lm_head=true): the LM head in FP8 as well (EngineConfig.fp8_lm_head); fp8_no_attn_rows
+# (compare_attention_rows=true): o_proj quantizes its input per token itself at decode, not the decode attention per
+# kv head group (serve.models.fp8.FUSE_ATTENTION_ROWS off): one more launch a layer, one scale per token
 PRECISIONS = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8"),
-              **{name: ("bfloat16", "fp8") for name in ("fp8_unfused", "fp8_w8a16", "fp8_no_gemm_pdl", "fp8_head")}}
+              **{name: ("bfloat16", "fp8") for name in ("fp8_unfused", "fp8_w8a16", "fp8_no_gemm_pdl", "fp8_head",
+                                                        "fp8_no_attn_rows")}}
 OPTIONAL = {"fp8_unfused": "compare_unfused", "fp8_w8a16": "compare_w8a16", "fp8_no_gemm_pdl": "compare_gemm_pdl",
-            "fp8_head": "compare_fp8_lm_head"}
+            "fp8_head": "compare_fp8_lm_head", "fp8_no_attn_rows": "compare_attention_rows"}
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Fp8BenchJob:
     compare_w8a16: bool = False  # also fp8_w8a16: decode GEMMs on the bf16 activations as they are (weight-only's A/B)
     compare_gemm_pdl: bool = False  # also fp8_no_gemm_pdl: decode GEMMs without PDL and weight prefetch (their A/B)
     compare_fp8_lm_head: bool = False  # also fp8_head: the LM head in FP8 too (its speed and its logits' error)
+    compare_attention_rows: bool = False  # also fp8_no_attn_rows: o_proj's input quantized per token on its own
     gemm: bool = True  # each projection's GEMM alone, bf16 against FP8 (bench/fp8_gemm.py), after the engines
     # trained adapters' task-head answers and caption tokens, FP8 against bf16 on the same world items
     # (bench/fp8_heads.py, section "heads"); heads_only: that section alone, no random-weight engines
@@ -107,14 +111,15 @@ class Fp8BenchJob:
 
 
 @contextlib.contextmanager
-def _fp8_allowed(device: torch.device, fuse: bool = True):
-    old = fp8_models.ALLOW_CPU, fp8_models.FUSE_QUANTIZATION
+def _fp8_allowed(device: torch.device, fuse: bool = True, attention_rows: bool = True):
+    old = fp8_models.ALLOW_CPU, fp8_models.FUSE_QUANTIZATION, fp8_models.FUSE_ATTENTION_ROWS
     fp8_models.ALLOW_CPU = old[0] or device.type == "cpu"
     fp8_models.FUSE_QUANTIZATION = fuse
+    fp8_models.FUSE_ATTENTION_ROWS = old[2] and attention_rows
     try:
         yield
     finally:
-        fp8_models.ALLOW_CPU, fp8_models.FUSE_QUANTIZATION = old
+        fp8_models.ALLOW_CPU, fp8_models.FUSE_QUANTIZATION, fp8_models.FUSE_ATTENTION_ROWS = old
 
 
 @contextlib.contextmanager
@@ -143,7 +148,7 @@ def _engine(job: Fp8BenchJob, workdir: Path, weights: dict, name: str, kv_blocks
                           enable_prefix_cache=False, seed=job.seed, warm_up="off", encode_ahead="off",
                           vision_compile=False,  # three engines: the tower's compile is no part of what is measured
                           adapter_slots=1, host_adapter_cache=2, max_lora_rank=job.rank, lora_targets=job.modules)
-    with _fp8_allowed(torch.device(job.device), fuse=name != "fp8_unfused"):
+    with _fp8_allowed(torch.device(job.device), fuse=name != "fp8_unfused", attention_rows=name != "fp8_no_attn_rows"):
         return Engine(workdir, config, weights=weights)
 
 
@@ -266,7 +271,8 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode,
                              against=f"{name} unmerged", **compare_outputs(outs[name, adapter, "unmerged"], got)))
         if name in OPTIONAL:  # the fusion and PDL move launches, not numbers: zero error expected; the weight-only
-            # GEMM multiplies at decode what the FP8 form rounds to 3 mantissa bits first; fp8_head: the head's error
+            # GEMM multiplies at decode what the FP8 form rounds to 3 mantissa bits first; fp8_head: the head's error;
+            # fp8_no_attn_rows: one scale per token where fp8 has one per kv head group
             rows.append(dict(section="accuracy", precision=name, adapter=adapter, mode=mode, against="fp8",
                              **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_decode import MAX_M, decode_activations, decode_kernel_on, decode_max_m, fp8_decode_mm, fp8w_decode_mm
+from .fp8_decode import (MAX_M, decode_activations, decode_kernel_on, decode_max_m, dequantize_rows, fp8_decode_mm,
+                         fp8w_decode_mm, group_scales_fit)
 from .interpreter import gdc_launch_dependents, interpreted, pdl_available
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -125,9 +126,14 @@ _ROWS_ATTR = "fp8_rows"
 def attach_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Lets x carry its own per-token quantization (`quantize_rows(x)`'s (q, scale)), written by the
     kernel that produced x (kernels/fp8_fused.py), so `fp8_linear(x, ...)` launches no quantization.
-    It is an attribute of this tensor object only: a view, a copy or any op's result has none, and
-    LoRA wrappers pass the same object to their base projection."""
-    if q.shape != x.shape or scale.shape != (x.shape[0], 1):
+    scale may also be [M, G]: one per token and group of K / G consecutive columns (the decode attention's
+    rows, one group per kv head: serve/forward/decode_kernel.py), which only the decode GEMM takes.
+    x may be [M, ...]: q is then its rows flattened, [M, K]. It is an attribute of this tensor object only:
+    a view, a copy or any op's result has none, and LoRA wrappers pass the same object to their base projection."""
+    m = x.shape[0]
+    k = x[0].numel() if m else q.shape[-1]
+    if (q.shape != (m, k) or scale.dim() != 2 or scale.shape[0] != m or not scale.shape[1]
+            or k % scale.shape[1]):
         raise ValueError(f"FP8 rows {tuple(q.shape)} / scales {tuple(scale.shape)} do not fit x {tuple(x.shape)}")
     setattr(x, _ROWS_ATTR, (q, scale))
     return x
@@ -179,6 +185,14 @@ def rows_wanted(x: torch.Tensor) -> bool:
     return not _weight_only(x)
 
 
+def group_rows_read(x: torch.Tensor) -> bool:
+    """Whether fp8_linear reads FP8 rows with per-group scales attached to an activation of x's tokens (x: that
+    activation or its producer's input): only the decode GEMM takes them, on the FP8 activations it runs on by
+    default. The projection's shape is checked once, where the producer is switched on (`group_scales_fit`)."""
+    return (x.is_cuda and DECODE_ACTIVATIONS == "fp8" and 0 < x.shape[0] <= DECODE_KERNEL_MAX_M
+            and _decode_kernel_here(x.device))
+
+
 def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor,
                    weight_scale: torch.Tensor) -> torch.Tensor:
     """(q_x @ q_weight.T) * s_x * weight_scale on a GPU, bf16 [M, N]: `torch._scaled_mm` with rowwise scales."""
@@ -200,14 +214,20 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     if _weight_only(x):
         y = fp8w_decode_mm(x, q_weight, weight_scale)
         return y if bias is None else y + bias
-    q_x, s_x = attached_rows(x) or quantize_rows(x)  # written beside x by its producer, or quantized here
-    if x.is_cuda and 0 < q_x.shape[0] <= DECODE_KERNEL_MAX_M and _decode_kernel_here(x.device):
-        y = fp8_decode_mm(q_x, s_x, q_weight, weight_scale)
-    elif x.is_cuda:
+    decode = x.is_cuda and 0 < x.shape[0] <= DECODE_KERNEL_MAX_M and _decode_kernel_here(x.device)
+    rows = attached_rows(x)  # written beside x by its producer, or quantized here
+    if rows is not None and rows[1].shape[1] > 1 and x.is_cuda and not (
+            decode and group_scales_fit(q_weight.shape[0], q_weight.shape[1], rows[1].shape[1])):
+        rows = None  # per-group scales, which only the decode GEMM takes: one scale per token instead
+    q_x, s_x = rows or quantize_rows(x)
+    if decode:  # the bias is added in the GEMM's epilogue, in fp32
+        y = fp8_decode_mm(q_x, s_x, q_weight, weight_scale, bias=bias)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+    if x.is_cuda:
         y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale)
     else:
         with torch.profiler.record_function("fp8_scaled_mm"):  # a CPU profile shows the GEMM's ops as one
-            y = (q_x.float() * s_x) @ dequantize(q_weight, weight_scale).T
+            y = dequantize_rows(q_x, s_x) @ dequantize(q_weight, weight_scale).T
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if bias is None else y + bias

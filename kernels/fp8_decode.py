@@ -152,13 +152,15 @@ def decode_config(n: int, k: int, split_k: int | None = None, weight_only: bool 
 
 # both kernels' names hold "gemm", so bench/fp8_profile.py counts their time as the projections' GEMMs
 @triton.jit
-def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sx,
+def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sx,
                        stride_os, stride_om, K_TILES_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
                        LAUNCH_DEPENDENTS: tl.constexpr, X_FP8: tl.constexpr, WAIT_FOR_INPUTS: tl.constexpr,
-                       PREFETCH_LINES: tl.constexpr):
+                       PREFETCH_LINES: tl.constexpr, GROUP_TILES: tl.constexpr, HAS_BIAS: tl.constexpr):
     # X_FP8: x holds e4m3 tokens with their scales (FP8 wgmma); else x is the bf16/fp16 activation itself
     # and each weight tile is widened to x's type in registers (a 16-bit wgmma; no s_x)
+    # GROUP_TILES > 0: x's scales are per (token, group of GROUP_TILES K tiles), s_x [M, K / (GROUP_TILES *
+    # BLOCK_K)]; each group's sum is scaled as it ends (a split holds whole groups). 0: one scale per token.
     # grid: (N tiles, SPLIT_K). acc is y.T's tile: channels down, tokens across.
     if LAUNCH_DEPENDENTS:  # the reduction behind may be scheduled now; it waits for the partials itself
         gdc_launch_dependents()
@@ -174,8 +176,38 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stri
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for t in range(0, K_TILES_PER_SPLIT):
-        k_in = k_lo + t * BLOCK_K + offs_k < K  # K's tail, and the last split's tiles past K
+    if GROUP_TILES == 0:
+        acc = _dot_tiles(acc, w_ptrs, x_ptrs, k_lo + offs_k, K, mask_n, mask_m, K_TILES_PER_SPLIT, BLOCK_K,
+                         UPCAST_DOT, X_FP8)
+    else:
+        for g in tl.static_range(K_TILES_PER_SPLIT // GROUP_TILES):
+            part = _dot_tiles(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), w_ptrs + g * GROUP_TILES * BLOCK_K,
+                              x_ptrs + g * GROUP_TILES * BLOCK_K, k_lo + g * GROUP_TILES * BLOCK_K + offs_k, K,
+                              mask_n, mask_m, GROUP_TILES, BLOCK_K, UPCAST_DOT, X_FP8)
+            group = pid_k * (K_TILES_PER_SPLIT // GROUP_TILES) + g
+            s_g = tl.load(sx_ptr + offs_m * stride_sx + group, mask=mask_m & (group * GROUP_TILES * BLOCK_K < K),
+                          other=0.0)  # a last split past K: no group, its (zero) sum scaled by 0
+            acc += part * s_g[None, :]
+    out_mask = mask_n[:, None] & mask_m[None, :]
+    out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
+    if SPLIT:  # fp32 partial of split pid_k; _fp8_decode_gemm_reduce_kernel scales and casts
+        tl.store(out_ptr + pid_k * stride_os + out_offs, acc, mask=out_mask)
+    else:
+        s_w = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
+        y = acc * s_w[:, None]
+        if X_FP8 and GROUP_TILES == 0:
+            y = y * tl.load(sx_ptr + offs_m * stride_sx, mask=mask_m, other=0.0)[None, :]
+        if HAS_BIAS:  # added in fp32 before the one rounding to the output's type
+            y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _dot_tiles(acc, w_ptrs, x_ptrs, cols, K, mask_n, mask_m, TILES: tl.constexpr, BLOCK_K: tl.constexpr,
+               UPCAST_DOT: tl.constexpr, X_FP8: tl.constexpr):
+    """acc + the products of TILES consecutive K tiles from w_ptrs / x_ptrs; cols: the first tile's K columns."""
+    for t in range(0, TILES):
+        k_in = cols + t * BLOCK_K < K  # K's tail, and the last split's tiles past K
         w = tl.load(w_ptrs, mask=mask_n[:, None] & k_in[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=mask_m[:, None] & k_in[None, :], other=0.0)  # tokens past M: zero rows
         if UPCAST_DOT:  # the interpreter: products of e4m3 (and of e4m3 by bf16) values are exact in fp32
@@ -186,16 +218,7 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stri
             acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    out_mask = mask_n[:, None] & mask_m[None, :]
-    out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
-    if SPLIT:  # fp32 partial of split pid_k; _fp8_decode_gemm_reduce_kernel scales and casts
-        tl.store(out_ptr + pid_k * stride_os + out_offs, acc, mask=out_mask)
-    else:
-        s_w = tl.load(sw_ptr + offs_n, mask=mask_n, other=0.0)
-        y = acc * s_w[:, None]
-        if X_FP8:
-            y = y * tl.load(sx_ptr + offs_m * stride_sx, mask=mask_m, other=0.0)[None, :]
-        tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
+    return acc
 
 
 @triton.jit
@@ -211,15 +234,18 @@ def _prefetch_weight_l2(w_ptr, offs_n, N, K, k_lo, stride_wn, LINES: tl.constexp
 
 
 @triton.jit
-def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, y_ptr, N, stride_ps, stride_sx, stride_ym,
+def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, bias_ptr, y_ptr, N, stride_ps, stride_sx, stride_ym,
                                    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                                   X_FP8: tl.constexpr):
-    # grid: (M, N blocks): y[m, n] = sum over splits (in split order) * s_w[n] (* s_x[m] when x was FP8)
+                                   X_FP8: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # grid: (M, N blocks): y[m, n] = sum over splits (in split order) * s_w[n] (* s_x[m] when x was FP8 with one
+    # scale per token: group scales were applied in the GEMM) (+ bias[n], in fp32)
     m, pid = tl.program_id(0), tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    s_w = tl.load(sw_ptr + offs, mask=mask, other=0.0)  # the scales do not depend on the GEMM
+    s_w = tl.load(sw_ptr + offs, mask=mask, other=0.0)  # the scales and bias do not depend on the GEMM
     s_x = tl.load(sx_ptr + m * stride_sx) if X_FP8 else 1.0
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if PDL:
         gdc_wait()  # launched behind the GEMM with PDL: every partial written and visible past here
     row = part_ptr + m * N + offs
@@ -229,24 +255,43 @@ def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, y_ptr, N, stride_ps
     y = acc * s_w
     if X_FP8:
         y = y * s_x
+    if HAS_BIAS:
+        y += bias
     tl.store(y_ptr + m * stride_ym + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor,
-                  split_k: int | None = None, config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
-    """(q_x @ q_w.T) * s_x * s_w as bf16 [M, N], for 1 <= M <= MAX_M tokens.
+                  split_k: int | None = None, config: tuple[int, int, int, int, int] | None = None,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(q_x @ q_w.T) * s_x * s_w (+ bias) as bf16 [M, N], for 1 <= M <= MAX_M tokens.
 
-    q_x: [M, K] fp8 e4m3, rows K-contiguous; s_x: [M, 1] (or [M]) fp32; q_w: [N, K] fp8, rows
-    K-contiguous; s_w: [N] fp32. split_k: override the configuration's SPLIT_K (tests); config: the whole
-    (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) instead of the table's (bench/fp8_decode_sweep.py)."""
-    _check_operands("fp8_decode_mm", q_x, q_w, s_w)
-    m = q_x.shape[0]
+    q_x: [M, K] fp8 e4m3, rows K-contiguous; s_x: [M, 1] (or [M]) fp32, one scale per token, or [M, G] (G > 1),
+    one per token and group of K / G consecutive columns (`group_scales_fit` says where the kernel takes them);
+    q_w: [N, K] fp8, rows K-contiguous; s_w: [N] fp32; bias: [N], added in fp32 before the bf16 rounding.
+    split_k: override the configuration's SPLIT_K (tests); config: the whole (BLOCK_N, BLOCK_K, SPLIT_K,
+    num_warps, num_stages) instead of the table's (bench/fp8_decode_sweep.py)."""
+    _check_operands("fp8_decode_mm", q_x, q_w, s_w, bias)
+    (m, k), n = q_x.shape, q_w.shape[0]
     if q_x.dtype != torch.float8_e4m3fn:
         raise ValueError(f"fp8_decode_mm needs float8_e4m3fn operands, got {q_x.dtype} and {q_w.dtype}")
-    if s_x.numel() != m or s_x.dtype != torch.float32:
-        raise ValueError(f"fp8_decode_mm needs fp32 scales s_x [{m}, 1] and s_w [{q_w.shape[0]}], got "
-                         f"{tuple(s_x.shape)} {s_x.dtype} and {tuple(s_w.shape)} {s_w.dtype}")
-    return _launch(q_x, s_x.reshape(m), q_w, s_w, torch.bfloat16, split_k, config)
+    groups = s_x.shape[1] if s_x.dim() == 2 else 1
+    if s_x.dtype != torch.float32 or s_x.numel() != m * groups or s_x.shape[0] != m or k % groups:
+        raise ValueError(f"fp8_decode_mm needs fp32 scales s_x [{m}, 1] or [{m}, G] with G dividing K={k}, and "
+                         f"s_w [{n}], got {tuple(s_x.shape)} {s_x.dtype} and {tuple(s_w.shape)} {s_w.dtype}")
+    if groups > 1:
+        block_k = (config or decode_config(n, k))[1]
+        if (k // groups) % block_k:
+            raise ValueError(f"fp8_decode_mm: scale groups of {k // groups} columns are not whole K tiles of "
+                             f"{block_k} (group_scales_fit)")
+        return _launch(q_x, s_x.contiguous(), q_w, s_w, torch.bfloat16, split_k, config, bias,
+                       group_tiles=k // groups // block_k)
+    return _launch(q_x, s_x.reshape(m), q_w, s_w, torch.bfloat16, split_k, config, bias)
+
+
+def group_scales_fit(n: int, k: int, groups: int) -> bool:
+    """Whether fp8_decode_mm takes an [N, K] weight's activation with `groups` scales per token: each group
+    whole K tiles of the launch table's BLOCK_K (a group of 7 heads of 128 is 7 tiles of 128)."""
+    return groups >= 1 and k % groups == 0 and (k // groups) % decode_config(n, k)[1] == 0
 
 
 def fp8w_decode_mm(x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor, split_k: int | None = None,
@@ -265,7 +310,8 @@ def fp8w_decode_mm(x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor, split_
     return _launch(x, None, q_w, s_w, x.dtype, split_k, config)
 
 
-def _check_operands(name: str, x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor) -> None:
+def _check_operands(name: str, x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> None:
     if x.dim() != 2 or q_w.dim() != 2 or x.shape[1] != q_w.shape[1]:
         raise ValueError(f"{name} needs x [M, K] and q_w [N, K], got {tuple(x.shape)} and {tuple(q_w.shape)}")
     if not 1 <= x.shape[0] <= MAX_M:
@@ -276,10 +322,13 @@ def _check_operands(name: str, x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Te
         raise ValueError(f"{name} needs K-contiguous rows, got strides {x.stride()} and {q_w.stride()}")
     if s_w.shape != (q_w.shape[0],) or s_w.dtype != torch.float32:
         raise ValueError(f"{name} needs fp32 scales s_w [{q_w.shape[0]}], got {tuple(s_w.shape)} {s_w.dtype}")
+    if bias is not None and (bias.shape != (q_w.shape[0],) or bias.device != q_w.device):
+        raise ValueError(f"{name} needs a bias [{q_w.shape[0]}] on {q_w.device}, got {tuple(bias.shape)} on {bias.device}")
 
 
-def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config) -> torch.Tensor:
-    """The GEMM (and, split over K, the reduction); s_x None: x is 16-bit (fp8w_decode_mm)."""
+def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config, bias=None, group_tiles: int = 0) -> torch.Tensor:
+    """The GEMM (and, split over K, the reduction); s_x None: x is 16-bit (fp8w_decode_mm); group_tiles > 0:
+    s_x [M, G] holds a scale per group of that many K tiles."""
     (m, k), n = x.shape, q_w.shape[0]
     block_n, block_k, split, warps, stages = config or decode_config(n, k, split_k, weight_only=s_x is None)
     k_tiles = triton.cdiv(k, block_k)
@@ -288,30 +337,47 @@ def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config) -> torch.Tensor:
                          f"1..{k_tiles} (K's tiles)")
     block_m = max(16, triton.next_power_of_2(m))
     k_tiles = triton.cdiv(k_tiles, split)  # per split
+    if group_tiles:  # a split holds whole groups: its tiles rounded up to them (the 7B's o_proj: 7 = 7)
+        k_tiles = triton.cdiv(k_tiles, group_tiles) * group_tiles
+        split = triton.cdiv(triton.cdiv(k, block_k), k_tiles)
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     x_fp8 = s_x is not None
     s_x = s_x if x_fp8 else s_w  # a pointer the kernels never read when x is 16-bit
+    bias_arg = s_w if bias is None else bias  # likewise without a bias
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     pdl = split > 1 and pdl_available(x.device)
     wait = GEMM_PDL and pdl_available(x.device)  # launched behind x's producer, its weight prefetched meanwhile
     _fp8_decode_gemm_kernel[(triton.cdiv(n, block_n), split)](
-        x, q_w, s_x, s_w, out, m, n, k, x.stride(0), q_w.stride(0), s_x.stride(0),
+        x, q_w, s_x, s_w, bias_arg, out, m, n, k, x.stride(0), q_w.stride(0), s_x.stride(0),
         out.stride(0) if split > 1 else 0, n, K_TILES_PER_SPLIT=k_tiles, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), LAUNCH_DEPENDENTS=pdl, X_FP8=x_fp8,
         WAIT_FOR_INPUTS=wait, PREFETCH_LINES=min(PREFETCH_TILES, k_tiles) * block_k // 128 if wait else 1,
-        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if wait else {}))
+        GROUP_TILES=group_tiles, HAS_BIAS=bias is not None, num_warps=warps, num_stages=stages,
+        **({"launch_pdl": True} if wait else {}))
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
-        _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](out, s_x, s_w, y, n, out.stride(0), s_x.stride(0),
-                                                                   y.stride(0), SPLIT_K=split, BLOCK=block, PDL=pdl,
-                                                                   X_FP8=x_fp8, num_warps=4,
+        _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](out, s_x, s_w, bias_arg, y, n, out.stride(0),
+                                                                   s_x.stride(0), y.stride(0), SPLIT_K=split,
+                                                                   BLOCK=block, PDL=pdl,
+                                                                   X_FP8=x_fp8 and not group_tiles,
+                                                                   HAS_BIAS=bias is not None, num_warps=4,
                                                                    **({"launch_pdl": True} if pdl else {}))
     return y
 
 
-def fp8_decode_mm_ref(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
-    """The fp32 product of the dequantized operands (the test oracle), [M, N] fp32."""
-    return (q_x.float() * s_x.reshape(-1, 1).float()) @ (q_w.float() * s_w.float()[:, None]).T
+def fp8_decode_mm_ref(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 product of the dequantized operands (+ bias) (the test oracle), [M, N] fp32; s_x per token or
+    per (token, group of columns) as fp8_decode_mm takes it."""
+    y = dequantize_rows(q_x, s_x) @ (q_w.float() * s_w.float()[:, None]).T
+    return y if bias is None else y + bias.float()
+
+
+def dequantize_rows(q_x: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
+    """q_x [M, K] fp8 times its scales, [M, 1] (or [M]) or [M, G] (each over K / G consecutive columns): fp32."""
+    m, k = q_x.shape
+    s = s_x.reshape(m, -1).float()
+    return (q_x.float().reshape(m, s.shape[1], -1) * s[:, :, None]).reshape(m, k)
 
 
 def fp8w_decode_mm_ref(x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:

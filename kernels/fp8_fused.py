@@ -33,8 +33,9 @@ from .row_ops import rms_norm_row, silu_mul
 
 
 @triton.jit
-def _quantize_row(y, q_row, s_ptr, offs, mask, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr):
-    # y: the row as written (model dtype), as float32; masked lanes hold 0 and do not move the amax
+def quantize_row(y, q_row, s_ptr, offs, mask, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr):
+    # y: the row as written (model dtype), as float32; masked lanes hold 0 and do not move the amax.
+    # Also the decode attention's per-(token, kv head) groups (serve/forward/decode_kernel.py)
     scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), FP8_LIMIT), FLOOR)
     tl.store(s_ptr, scale)
     q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_LIMIT), FP8_LIMIT)
@@ -55,7 +56,7 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_p
     y = rms_norm_row(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, stride_x, stride_r, stride_ro,
                      offs, mask, HAS_RES)
     tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
-    _quantize_row(y.to(tl.float32), q_ptr + row * stride_q, s_ptr + row, offs, mask, FP8_LIMIT, FLOOR)
+    quantize_row(y.to(tl.float32), q_ptr + row * stride_q, s_ptr + row, offs, mask, FP8_LIMIT, FLOOR)
 
 
 @triton.jit

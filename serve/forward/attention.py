@@ -91,6 +91,9 @@ class PagedAttention(nn.Module):
         self.backend = backend
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        # FP8 o_proj next (serve/models/fp8.py fuse_quantization): the decode kernel also writes its output's
+        # FP8 rows, one scale per (token, kv head group), attached to the output it returns
+        self.fp8_output = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx: StepContext = get_context()
@@ -104,6 +107,19 @@ class PagedAttention(nn.Module):
         from .prefill_kernel import paged_prefill
 
         if ctx.decode_only:
+            if self.fp8_output and _group_rows_read(q):
+                from kernels.fp8 import attach_rows
+
+                o, q8, scales = paged_decode(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens,
+                                             self.scale, fp8_rows=True)
+                return attach_rows(o, q8, scales)
             return paged_decode(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale)
         return paged_prefill(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.query_start,
                              ctx.context_lens, ctx.max_query_len, self.scale)
+
+
+def _group_rows_read(q: torch.Tensor) -> bool:
+    """Whether o_proj's FP8 GEMM reads per-group FP8 rows at this step's size (kernels/fp8.py group_rows_read)."""
+    from kernels.fp8 import group_rows_read
+
+    return group_rows_read(q)

@@ -54,8 +54,18 @@ class Attention(nn.Module):
         else:
             q, k = apply_rotary(q, cos, sin).contiguous(), apply_rotary(k, cos, sin).contiguous()
         o = self.attn(q, k, v)  # [T, H, D]
-        out = self.o_proj(o.reshape(t, a.q_size))  # row-parallel under tensor parallel: a partial sum,
+        out = self.o_proj(_rows_kept(o, o.reshape(t, a.q_size)))  # row-parallel under tensor parallel: a partial sum,
         return out if self.reduce_output is None else self.reduce_output(out)  # LoRA's part included
+
+
+def _rows_kept(o: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """view, carrying the FP8 rows the decode attention attached to o (a reshape is a new tensor object)."""
+    if not o.__dict__:  # the common case: nothing attached, and no import on the step's path
+        return view
+    from kernels.fp8 import attach_rows, attached_rows
+
+    rows = attached_rows(o)
+    return view if rows is None else attach_rows(view, *rows)
 
 
 def _fp8_rows_wanted(x: torch.Tensor) -> bool:

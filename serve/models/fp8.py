@@ -3,9 +3,9 @@
 Every projection `Linear` (qkv / o / gate_up / down, serve/models/layers.py) is replaced once, after
 the bf16 checkpoint is loaded, by an `Fp8Linear` holding the weight as float8_e4m3fn with one fp32
 scale per output channel; each forward quantizes the activation per token and runs one rowwise
-scaled FP8 GEMM (kernels/fp8.py), bf16 out. With the Triton backend the norm before qkv and gate_up
-and the SiLU-mul before down write that quantization themselves (`fuse_quantization`), so only
-o_proj launches one of its own. Embedding, norms, LM head and the vision tower stay in
+scaled FP8 GEMM (kernels/fp8.py), bf16 out. With the Triton backend the norm before qkv and gate_up,
+the SiLU-mul before down and, at decode, the attention before o_proj write that quantization themselves
+(`fuse_quantization`); o_proj quantizes its own input only in prefill. Embedding, norms, LM head and the vision tower stay in
 the checkpoint's dtype. LoRA wraps an `Fp8Linear` exactly as it wraps a `Linear`: the adapter
 branch reads the bf16 activation and adds in bf16 (serve/lora/layers.py).
 
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from kernels.fp8 import FP8_DTYPE, dequantize, fp8_linear, quantize_weight
+from kernels.fp8_decode import group_scales_fit
 
 from .layers import Linear
 
@@ -29,6 +30,9 @@ ALLOW_CPU = False  # tests only: let an engine on the CPU run FP8 projections (s
 # the fused norms and SiLU-mul (Triton backend) write their output's FP8 rows for the projection after
 # them (kernels/fp8_fused.py); off: every projection quantizes its input itself (the A/B of bench.fp8)
 FUSE_QUANTIZATION = True
+# with it, the decode attention writes o_proj's FP8 rows, one scale per (token, kv head group)
+# (serve/forward/decode_kernel.py); off: o_proj quantizes its input per token itself (bench.fp8's A/B)
+FUSE_ATTENTION_ROWS = True
 
 
 def check_quantization(quantization: str, device: torch.device) -> None:
@@ -150,9 +154,10 @@ def prepare_fp8_projections(language_model) -> int:
 
 def fuse_quantization(language_model, on: bool = True) -> int:
     """Lets the kernel before each FP8 projection write its FP8 input: input_layernorm for qkv_proj,
-    post_attention_layernorm for gate_up_proj, the SiLU-mul for down_proj (o_proj's input, the
-    attention output, has no kernel holding whole rows: it quantizes itself). Only where that
-    kernel is the fused Triton one; the PyTorch path is unchanged. Returns the producers switched."""
+    post_attention_layernorm for gate_up_proj, the SiLU-mul for down_proj, and at decode the attention for
+    o_proj (FUSE_ATTENTION_ROWS; its rows have one scale per kv head group, which the decode GEMM takes where
+    a group is whole K tiles: `group_scales_fit`). Only where that kernel is the fused Triton one; the PyTorch
+    path is unchanged. Returns the producers switched."""
     count = 0
     for layer in language_model.layers:
         for producer, attr, projection in ((layer.input_layernorm, "fp8_output", layer.attn.qkv_proj),
@@ -161,6 +166,11 @@ def fuse_quantization(language_model, on: bool = True) -> int:
             fused = producer.fused and on and is_fp8(getattr(projection, "base", projection))
             setattr(producer, attr, fused)
             count += fused
+        attention, o_proj = layer.attn.attn, getattr(layer.attn.o_proj, "base", layer.attn.o_proj)
+        fused = (on and FUSE_ATTENTION_ROWS and attention.backend == "triton" and is_fp8(o_proj)
+                 and group_scales_fit(o_proj.out_features, o_proj.in_features, attention.num_kv_heads))
+        attention.fp8_output = fused
+        count += fused
     return count
 
 

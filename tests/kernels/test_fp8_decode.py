@@ -15,7 +15,8 @@ import triton
 from kernels import fp8, fp8_decode
 from kernels.fp8 import quantize_rows_ref, quantize_weight, scaled_mm_rows
 from kernels.fp8_decode import (CONFIGS, MAX_M, decode_activations, decode_config, decode_kernel_on, decode_max_m,
-                                fp8_decode_mm, fp8_decode_mm_ref, fp8w_decode_mm, fp8w_decode_mm_ref, gemm_pdl)
+                                dequantize_rows, fp8_decode_mm, fp8_decode_mm_ref, fp8w_decode_mm, fp8w_decode_mm_ref,
+                                gemm_pdl, group_scales_fit)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # the bf16 output's rounding: to nearest on a GPU (2**-8 of a value at most); the interpreter truncates
@@ -34,12 +35,22 @@ def _operands(m: int, n: int, k: int, seed: int):
     return q_x, s_x, q_w, s_w
 
 
-def _check(y: torch.Tensor, q_x, s_x, q_w, s_w) -> None:
-    ref = fp8_decode_mm_ref(q_x, s_x, q_w, s_w)
+def _check(y: torch.Tensor, q_x, s_x, q_w, s_w, bias=None) -> None:
+    ref = fp8_decode_mm_ref(q_x, s_x, q_w, s_w, bias)
     assert y.dtype == torch.bfloat16 and y.shape == ref.shape and torch.isfinite(y).all()
     # the bf16 output's rounding plus the fp32 accumulation's (far below, on the sum of |products|)
-    bound = (q_x.float().abs() * s_x.reshape(-1, 1)) @ (q_w.float().abs() * s_w[:, None]).T
+    bound = dequantize_rows(q_x, s_x).abs() @ (q_w.float().abs() * s_w[:, None]).T
     torch.testing.assert_close(y.float(), ref, rtol=BF16_REL, atol=1e-5 * bound.max().item())
+
+
+def _group_operands(m: int, n: int, k: int, groups: int, seed: int):
+    """x quantized per (token, group of k / groups columns), each group of its own magnitude: the decode
+    attention's rows (one group per kv head)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, groups, k // groups, generator=g) * torch.logspace(-2, 1, groups)[None, :, None]
+    q_x, s_x = quantize_rows_ref(x.reshape(m * groups, k // groups).to(DEV))
+    _, _, q_w, s_w = _operands(1, n, k, seed)
+    return q_x.reshape(m, k), s_x.reshape(m, groups), q_w, s_w
 
 
 @pytest.mark.parametrize("split_k", [1, 4])  # 4: K's 5 tiles as 2+2+1+0 (the last split past K writes zeros)
@@ -51,6 +62,42 @@ def test_decode_gemm_matches_dequantized_fp32_product(m, split_k):
     _check(y, q_x, s_x, q_w, s_w)
     if split_k > 1:  # the splits are summed in a fixed order: the same bits every run
         assert torch.equal(y, fp8_decode_mm(q_x, s_x, q_w, s_w, split_k=split_k))
+
+
+@pytest.mark.parametrize("split_k, groups", [(1, 2), (2, 2), (4, 2), (3, 4), (1, 4)])
+@pytest.mark.parametrize("m", [1, 7, 33])
+def test_decode_gemm_scales_each_group_of_columns_by_its_own_scale(m, split_k, groups):
+    """s_x [M, G]: K 1024 in G groups of 2 or 4 tiles; a split that would cut a group is widened to whole
+    groups (3 splits of 4 groups: 2 groups each, the last split past K). With one scale per token instead,
+    the product of these rows would be wrong by the groups' different magnitudes."""
+    q_x, s_x, q_w, s_w = _group_operands(m, 200, 1024, groups, seed=m + groups)
+    y = fp8_decode_mm(q_x, s_x, q_w, s_w, split_k=split_k)
+    _check(y, q_x, s_x, q_w, s_w)
+    ref_rows = fp8_decode_mm_ref(q_x, s_x[:, :1], q_w, s_w)  # the first group's scale for every column
+    assert not torch.allclose(y.float(), ref_rows, rtol=0.1)
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_decode_gemm_adds_the_bias_before_its_one_rounding(split_k, groups):
+    q_x, s_x, q_w, s_w = _group_operands(5, 200, 512, groups, seed=11)
+    bias = (torch.randn(200, generator=torch.Generator().manual_seed(1)) * 3).to(DEV, torch.bfloat16)
+    y = fp8_decode_mm(q_x, s_x, q_w, s_w, split_k=split_k, bias=bias)
+    _check(y, q_x, s_x, q_w, s_w, bias)
+    with pytest.raises(ValueError, match="bias"):
+        fp8_decode_mm(q_x, s_x, q_w, s_w, bias=bias[:100])
+
+
+def test_scale_groups_that_cut_a_k_tile_are_refused_and_group_scales_fit_says_so():
+    q_x, s_x, q_w, s_w = _group_operands(3, 64, 768, 3, seed=2)  # groups of 256 columns: 2 tiles each
+    assert group_scales_fit(64, 768, 3) and group_scales_fit(3584, 3584, 4)  # the 7B's o_proj: 4 groups of 7
+    _check(fp8_decode_mm(q_x, s_x, q_w, s_w), q_x, s_x, q_w, s_w)
+    q_x, s_x, q_w, s_w = _group_operands(3, 64, 768, 12, seed=2)  # groups of 64 columns: half a tile
+    assert not group_scales_fit(64, 768, 12) and not group_scales_fit(64, 768, 5)
+    with pytest.raises(ValueError, match="not whole K tiles"):
+        fp8_decode_mm(q_x, s_x, q_w, s_w)
+    with pytest.raises(ValueError, match="G dividing K"):
+        fp8_decode_mm(q_x, torch.ones(3, 5, device=DEV), q_w, s_w)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -170,6 +217,21 @@ def test_decode_gemm_at_the_7b_shapes_on_a_gpu(name, m, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 32, 64])
+def test_grouped_o_proj_and_biased_qkv_at_the_7b_shapes_on_a_gpu(m, monkeypatch):
+    """o_proj's rows from the decode attention (4 kv head groups of 896 columns) and qkv_proj's bias, each
+    with and without PDL behind a producer: the same bits."""
+    q_x, s_x, q_w, s_w = _group_operands(m, *SHAPES_7B["o_proj"], 4, seed=m)
+    y = fp8_decode_mm(q_x, s_x, q_w, s_w)
+    _check(y, q_x, s_x, q_w, s_w)
+    monkeypatch.setattr(fp8_decode, "GEMM_PDL", not fp8_decode.GEMM_PDL)
+    assert torch.equal(y, fp8_decode_mm(q_x, s_x, q_w, s_w))
+    q_x, s_x, q_w, s_w = _operands(m, *SHAPES_7B["qkv_proj"], seed=m)
+    bias = torch.randn(SHAPES_7B["qkv_proj"][0], device=DEV).to(torch.bfloat16)
+    _check(fp8_decode_mm(q_x, s_x, q_w, s_w, bias=bias), q_x, s_x, q_w, s_w, bias)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", list(SHAPES_7B))
 @pytest.mark.parametrize("m", [1, 32, 64])
 def test_weight_only_gemm_at_the_7b_shapes_on_a_gpu(name, m):
@@ -209,3 +271,8 @@ def test_fp8_linear_runs_the_decode_kernel_up_to_its_threshold(monkeypatch):
         q_x, s_x = fp8.quantize_rows(x)
         want = fp8_decode_mm(q_x, s_x, q_w, s_w) if m <= 8 else scaled_mm_rows(q_x, s_x, q_w, s_w)
         assert torch.equal(fp8.fp8_linear(x, q_w, s_w), want)
+        # rows with a scale per group of 128 columns: the decode GEMM takes them; past it, x is quantized per token
+        q_g, s_g = quantize_rows_ref(x.reshape(m * 2, 128))
+        grouped = fp8.attach_rows(x.clone(), q_g.reshape(m, 256), s_g.reshape(m, 2))
+        want = fp8_decode_mm(q_g.reshape(m, 256), s_g.reshape(m, 2), q_w, s_w) if m <= 8 else want
+        assert torch.equal(fp8.fp8_linear(grouped, q_w, s_w), want)

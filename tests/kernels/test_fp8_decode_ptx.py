@@ -17,17 +17,18 @@ _COMPILE = """
 from kernels.fp8_decode import _fp8_decode_gemm_kernel as kernel, _fp8_decode_gemm_reduce_kernel
 
 names = kernel.arg_names
-aligned = ("x_ptr", "w_ptr", "sx_ptr", "sw_ptr", "out_ptr", "N", "K", "stride_xm", "stride_wn", "stride_os",
-           "stride_om")
+aligned = ("x_ptr", "w_ptr", "sx_ptr", "sw_ptr", "bias_ptr", "out_ptr", "N", "K", "stride_xm", "stride_wn",
+           "stride_os", "stride_om")
 
 def launch_ptx(out_ptr, consts, warps=4, stages=4, x_ptr="*fp8e4nv"):
-    pointers = dict(x_ptr=x_ptr, w_ptr="*fp8e4nv", sx_ptr="*fp32", sw_ptr="*fp32", out_ptr=out_ptr)
+    pointers = dict(x_ptr=x_ptr, w_ptr="*fp8e4nv", sx_ptr="*fp32", sw_ptr="*fp32", bias_ptr="*bf16", out_ptr=out_ptr)
     signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
     source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(n),): v for n, v in consts.items()},
                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages)).asm["ptx"]
 
-base = dict(K_TILES_PER_SPLIT=7, BLOCK_K=128, UPCAST_DOT=False, X_FP8=True, WAIT_FOR_INPUTS=False, PREFETCH_LINES=1)
+base = dict(K_TILES_PER_SPLIT=7, BLOCK_K=128, UPCAST_DOT=False, X_FP8=True, WAIT_FOR_INPUTS=False, PREFETCH_LINES=1,
+            GROUP_TILES=0, HAS_BIAS=False)
 wo = dict(base, X_FP8=False)
 out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False)),
        "m64_n128_split": launch_ptx("*fp32", dict(base, BLOCK_M=64, BLOCK_N=128, SPLIT=True, LAUNCH_DEPENDENTS=True)),
@@ -37,8 +38,14 @@ out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=F
                                       x_ptr="*bf16", stages=3),
        "m32_n64_waits": launch_ptx("*bf16", dict(base, BLOCK_M=32, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False,
                                                  WAIT_FOR_INPUTS=True, PREFETCH_LINES=4)),
+       # the 7B's o_proj behind the decode attention: one kv head group (7 tiles) a split, scaled as it ends
+       "m32_n64_grouped": launch_ptx("*fp32", dict(base, BLOCK_M=32, BLOCK_N=64, SPLIT=True, LAUNCH_DEPENDENTS=True,
+                                                   GROUP_TILES=7)),
+       "m32_n64_bias": launch_ptx("*bf16", dict(base, BLOCK_M=32, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False,
+                                                HAS_BIAS=True)),
        "reduce": ptx(_fp8_decode_gemm_reduce_kernel, dict(part_ptr="*fp32", sx_ptr="*fp32", sw_ptr="*fp32",
-                                                          y_ptr="*bf16"), dict(SPLIT_K=4, BLOCK=1024, PDL=True, X_FP8=True))}
+                                                          bias_ptr="*bf16", y_ptr="*bf16"),
+                     dict(SPLIT_K=4, BLOCK=1024, PDL=True, X_FP8=True, HAS_BIAS=True))}
 sys.stdout.write(json.dumps(out))
 """
 
@@ -48,7 +55,8 @@ def ptx() -> dict[str, str]:
     return json.loads(compile_ptx(_COMPILE))
 
 
-@pytest.mark.parametrize("variant, tokens", [("m16_n64", 16), ("m64_n128_split", 64)])
+@pytest.mark.parametrize("variant, tokens", [("m16_n64", 16), ("m64_n128_split", 64), ("m32_n64_grouped", 32),
+                                             ("m32_n64_bias", 32)])
 def test_decode_gemm_is_an_fp8_wgmma_over_channels_by_tokens(ptx, variant, tokens):
     code = ptx[variant]
     # m64: 64 weight channels a warpgroup; n: the padded tokens; k32 of e4m3 by e4m3 into f32
@@ -57,7 +65,7 @@ def test_decode_gemm_is_an_fp8_wgmma_over_channels_by_tokens(ptx, variant, token
     assert "mma.sync" not in code  # no fp16 mma of upcast operands (what max_num_imprecise_acc=0 gives)
     # each wgmma's sum is added into the fp32 accumulator (max_num_imprecise_acc=32): one add.f32 per
     # accumulator register per wgmma (BLOCK_K / 32 = 4 a tile), no fewer
-    per_thread = (64 if variant == "m64_n128_split" else 16) * (128 if variant == "m64_n128_split" else 64) // 128
+    per_thread = tokens * (128 if variant == "m64_n128_split" else 64) // 128
     assert code.count("add.f32") >= 4 * per_thread
 
 
@@ -71,7 +79,7 @@ def test_weight_only_gemm_widens_the_fp8_tile_in_registers_into_a_bf16_wgmma(ptx
     assert "cvt.rn.f16x2.e4m3x2" in code  # two e4m3 values a conversion (exact in f16, then in bf16)
 
 
-@pytest.mark.parametrize("variant", ["m16_n64", "m64_n128_split", "w_m16_n64", "w_m64_n128_split"])
+@pytest.mark.parametrize("variant", ["m16_n64", "m64_n128_split", "w_m16_n64", "w_m64_n128_split", "m32_n64_grouped"])
 def test_decode_gemm_streams_its_tiles_in_16_byte_async_copies(ptx, variant):
     code = ptx[variant]
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], (0x\w+)", code)
@@ -83,10 +91,11 @@ def test_split_k_reduction_is_launched_behind_the_gemm_and_waits_for_it_on_the_d
     assert "griddepcontrol.launch_dependents" in ptx["m64_n128_split"]
     assert "griddepcontrol" not in ptx["m16_n64"]  # one launch: nothing behind it to release
     reduce = ptx["reduce"]
-    # the scales are loaded before the wait, the partials after it
+    # the scales and the bias are loaded before the wait, the partials after it
     assert "griddepcontrol.wait" in reduce
     before, after = reduce.split("griddepcontrol.wait", 1)
     assert "ld.global" in before and "ld.global" in after
+    assert "ld.global.b16" in before and "ld.global.b16" not in after  # the bf16 bias: before the wait
 
 
 def test_a_gemm_launched_behind_its_producer_prefetches_its_weight_then_waits_before_any_load_or_store(ptx):

@@ -111,3 +111,26 @@ def test_decode_gemms_behind_their_producers_give_the_bits_of_gemms_after_them(v
            and r["against"] == "fp8"]
     assert len(acc) == 3 and all(r["logit_max_abs_err"] == 0 and r["token_agreement"] == 1 for r in acc), acc
     assert {r["precision"] for r in rows if r["section"] == "decode"} == {"bf16", "fp8", "fp8_no_gemm_pdl"}
+
+
+def test_decode_attention_writes_o_proj_rows_in_the_engine(vlora_home, tmp_path):
+    """qwen2_vl_small: 2 heads of 64 a kv head group, one K tile of the decode GEMM, so at decode the attention
+    writes o_proj's FP8 rows (one scale per kv head group) and no quantize_rows launch is left; fp8_no_attn_rows
+    launches one a layer. Finer scales: its logits are no further from fp32's than one scale per token puts them."""
+    from bench.fp8 import Fp8BenchJob, run_fp8_bench
+
+    rows, meta = run_fp8_bench(Fp8BenchJob(model="qwen2_vl_small", device="cuda", prompts=2, prompt_tokens=16,
+                                           image_size=56, output_tokens=4, batch_sizes=(4,), decode_tokens=3,
+                                           switch_repeats=1, profile=True, profile_repeats=2,
+                                           compare_attention_rows=True, gemm=False, out_dir=str(tmp_path)))
+    layers, out = meta["layers"], next(tmp_path.iterdir())
+    for name, quantize_want in (("fp8", 0), ("fp8_no_attn_rows", layers)):
+        with open(out / f"profile_{name}_b4.csv", newline="") as f:
+            calls = {}
+            for k in csv.DictReader(f):
+                calls[k["kernel"]] = calls.get(k["kernel"], 0) + float(k["calls"])
+        assert sum(c for k, c in calls.items() if "_quantize_rows_kernel" in k) == quantize_want, name
+    err = {(r["precision"], r["adapter"], r["mode"]): r["logit_mean_abs_err"] for r in rows
+           if r["section"] == "accuracy" and r["against"] == "fp32"}
+    pairs = [(e, err["fp8_no_attn_rows", a, m]) for (p, a, m), e in err.items() if p == "fp8"]
+    assert len(pairs) == 3 and all(e <= 1.25 * other for e, other in pairs), pairs

@@ -84,6 +84,30 @@ def test_decode_kernel_matches_reference(context_lens, n_heads, n_kv_heads, head
     torch.testing.assert_close(got, _dense(q, keys, values, query_lens, n_heads), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("context_lens,n_heads,n_kv_heads,head_dim", [
+    ([1, 17, 64], 4, 2, 32), ([40, 3], 6, 2, 24), ([9, 70], 8, 8, 16)])  # GQA; head dim padded; MHA
+def test_decode_kernel_writes_fp8_rows_of_its_output_one_scale_per_kv_head_group(context_lens, n_heads, n_kv_heads,
+                                                                                 head_dim):
+    """fp8_rows: the output as without it, bit for bit, and its FP8 copy with one scale per (sequence, kv head
+    group): quantize_rows_ref of the output's groups of GROUP * head_dim columns, byte for byte."""
+    from kernels.fp8 import quantize_rows_ref
+
+    query_lens = [1] * len(context_lens)
+    case = _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, 16, dtype=torch.bfloat16)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted on the CPU
+    q, kc, vc, tables = (t.to(dev) for t in case[:4])
+    q = q * 4  # sharper attention: groups of different magnitudes
+    lens = torch.tensor(context_lens, dtype=torch.int32, device=dev)
+    plain = paged_decode(q, kc, vc, tables, lens, head_dim ** -0.5)
+    out, q8, scales = paged_decode(q, kc, vc, tables, lens, head_dim ** -0.5, fp8_rows=True)
+    assert torch.equal(out, plain)
+    t, cols = len(context_lens), n_heads * head_dim
+    assert q8.shape == (t, cols) and q8.dtype == torch.float8_e4m3fn and scales.shape == (t, n_kv_heads)
+    want_q, want_s = quantize_rows_ref(out.reshape(t * n_kv_heads, cols // n_kv_heads))
+    assert torch.equal(scales, want_s.reshape(t, n_kv_heads))
+    assert torch.equal(q8.view(torch.uint8), want_q.reshape(t, cols).view(torch.uint8))
+
+
 def test_kernels_in_bfloat16_stay_close_to_fp32():
     context_lens, query_lens = [33, 18], [33, 1]
     q, kc, vc, tables, qs, keys, values = _paged_case(context_lens, query_lens, 4, 2, 32, 16, dtype=torch.bfloat16)

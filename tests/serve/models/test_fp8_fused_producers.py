@@ -94,3 +94,52 @@ def test_the_engine_with_fused_quantization_gives_the_same_logits(tiny_zoo, monk
     for a, b in zip(outs[True], outs[False]):
         assert a.token_ids == b.token_ids and len(a.logits) == 3
         assert all(torch.equal(x, y) for x, y in zip(a.logits, b.logits))
+
+
+def _decoder(num_heads: int, num_kv_heads: int, head_dim: int):
+    from serve.models.args import ModelArgs
+    from serve.models.decoder import DecoderModel
+
+    args = ModelArgs(arch="qwen2_vl", hidden_size=256, num_layers=2, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                     head_dim=head_dim, intermediate_size=512, vocab_size=64, rms_norm_eps=1e-6, rope_theta=1e4,
+                     tie_word_embeddings=True, attention_bias=True, max_position_embeddings=256, image_token_id=1,
+                     mrope_section=(head_dim // 8, head_dim // 8 * 3 // 2, head_dim // 8 * 3 // 2))
+    lm = DecoderModel(args, backend="triton", dtype=torch.bfloat16)
+    fp8_models.quantize_projections(lm)
+    return lm
+
+
+def test_the_decode_attention_writes_o_proj_rows_only_where_a_kv_head_group_is_whole_gemm_tiles(monkeypatch):
+    """2 heads of 64 a kv head group: 128 columns, one K tile of the decode GEMM, so the attention writes o_proj's
+    FP8 rows; groups of 64 columns (the tiny zoo's) or FUSE_ATTENTION_ROWS off: o_proj quantizes its input."""
+    lm = _decoder(4, 2, 64)
+    assert all(layer.attn.attn.fp8_output for layer in lm.layers)
+    assert not any(layer.attn.attn.fp8_output for layer in _decoder(4, 4, 32).layers)
+    monkeypatch.setattr(fp8_models, "FUSE_ATTENTION_ROWS", False)
+    assert not any(layer.attn.attn.fp8_output for layer in _decoder(4, 2, 64).layers)
+    assert fp8_models.fuse_quantization(lm, on=False) == 0
+    assert not any(layer.attn.attn.fp8_output for layer in lm.layers)
+
+
+def test_rows_attached_to_the_attention_output_reach_o_proj_through_its_reshape():
+    """decoder.Attention reshapes [T, H, D] to [T, H * D] (a new tensor object): the rows follow, and o_proj (FP8,
+    on the CPU: the dequantized product) multiplies them, not a per-token quantization of its input."""
+    from kernels.fp8 import attach_rows, attached_rows, dequantize, fp8_linear, quantize_rows_ref
+    from serve.models.decoder import _rows_kept
+
+    g = torch.Generator().manual_seed(1)
+    o = torch.randn(3, 4, 64, generator=g).to(torch.bfloat16) * torch.tensor([1e-4, 1e-4, 100, 100])[None, :, None]
+    q, s = quantize_rows_ref(o.reshape(6, 128))
+    attach_rows(o, q.reshape(3, 256), s.reshape(3, 2))
+    view = _rows_kept(o, o.reshape(3, 256))
+    assert attached_rows(view) is not None and attached_rows(o.reshape(3, 256)) is None
+    assert _rows_kept(o.clone(), view) is view  # nothing attached: the view as it is
+    w = torch.randn(32, 256, generator=g)
+    w[:, 128:] = 0  # the product reads the small heads only
+    q_w, s_w = fp8_models.quantize_weight(w)
+    want = (q.float() * s).reshape(3, 256) @ dequantize(q_w, s_w).T
+    exact = o.reshape(3, 256).float() @ w.T
+    torch.testing.assert_close(fp8_linear(view, q_w, s_w).float(), want, rtol=2 ** -8, atol=1e-6)
+    # per token instead: e4m3 spans 2**-9..448, so the small heads (1e-6 of the large) mostly round to 0
+    per_token = fp8_linear(o.reshape(3, 256), q_w, s_w).float()
+    assert (per_token - exact).abs().mean() > 10 * (want - exact).abs().mean()

@@ -65,6 +65,10 @@ def summary_lines(rows: list[dict], meta: dict) -> list[str]:
             "launched after their producers end"
         lines += ["", f"fp8's decode GEMMs are {how}"
                   + ("; fp8_no_gemm_pdl's after their producers end" if "fp8_no_gemm_pdl_step" in extra else "")]
+    if meta.get("decode_splits"):
+        splits = meta["decode_splits"]
+        how = "contexts split to fill the GPU (decode_splits)" if splits == "auto" else f"VLORA_DECODE_SPLITS={splits}"
+        lines += ["", f"decode attention: {how}"]
     lines += ["", "## Weights and switches", ""]
     lines += _table(list(switch.values()), ("precision", "projection_bytes", "merge_saved_bytes", "method", "merge_ms",
                                             "unmerge_ms", "switch_ms", "restore_exact", "max_drift_after_switches"))

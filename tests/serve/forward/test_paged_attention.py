@@ -84,10 +84,42 @@ def test_decode_kernel_matches_reference(context_lens, n_heads, n_kv_heads, head
     torch.testing.assert_close(got, _dense(q, keys, values, query_lens, n_heads), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("splits", [2, 4, 16])
+@pytest.mark.parametrize("context_lens,n_heads,n_kv_heads,head_dim,page", [
+    ([1, 17, 64, 5], 4, 2, 32, 16), ([100, 3], 7, 1, 32, 8), ([33], 4, 4, 16, 16)])
+def test_decode_kernel_split_over_the_context_matches_reference(context_lens, n_heads, n_kv_heads, head_dim, page,
+                                                                 splits):
+    """Each context cut into chunks of whole 16-token tiles (16 splits of a 1- or 3-token context: all but the first
+    empty), their softmax states combined: the dense attention, and the one-program kernel's output to fp32
+    rounding."""
+    query_lens = [1] * len(context_lens)
+    q, kc, vc, tables, _, keys, values = _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    got = paged_decode(q, kc, vc, tables, lens, head_dim ** -0.5, splits=splits)
+    torch.testing.assert_close(got, _dense(q, keys, values, query_lens, n_heads), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, paged_decode(q, kc, vc, tables, lens, head_dim ** -0.5, splits=1),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_decode_splits_fill_the_gpu_with_few_sequences_and_come_from_the_environment():
+    from serve.forward import decode_kernel as dk
+
+    assert dk.decode_splits(32, 4) == 4 and dk.decode_splits(1, 4) == dk.MAX_SPLITS  # the 7B: 512 and 64 programs
+    assert dk.decode_splits(64, 4) == 2 and dk.decode_splits(32, 32) == 1  # MHA at batch 32: 1,024 groups already
+    assert dk.decode_splits(1, 4, interpreter=True) == 1 and dk.decode_splits(1, 4, 8, interpreter=True) == 8
+    assert dk._splits_override({}) is None and dk._splits_override({"VLORA_DECODE_SPLITS": "4"}) == 4
+    for bad in ("3", "32", "x", "-1"):
+        with pytest.raises(ValueError, match="VLORA_DECODE_SPLITS must be a power of two"):
+            dk._splits_override({"VLORA_DECODE_SPLITS": bad})
+    with pytest.raises(ValueError, match="power of two"):
+        dk.decode_splits(1, 4, 6)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("context_lens,n_heads,n_kv_heads,head_dim", [
     ([1, 17, 64], 4, 2, 32), ([40, 3], 6, 2, 24), ([9, 70], 8, 8, 16)])  # GQA; head dim padded; MHA
 def test_decode_kernel_writes_fp8_rows_of_its_output_one_scale_per_kv_head_group(context_lens, n_heads, n_kv_heads,
-                                                                                 head_dim):
+                                                                                 head_dim, splits):
     """fp8_rows: the output as without it, bit for bit, and its FP8 copy with one scale per (sequence, kv head
     group): quantize_rows_ref of the output's groups of GROUP * head_dim columns, byte for byte."""
     from kernels.fp8 import quantize_rows_ref
@@ -98,8 +130,8 @@ def test_decode_kernel_writes_fp8_rows_of_its_output_one_scale_per_kv_head_group
     q, kc, vc, tables = (t.to(dev) for t in case[:4])
     q = q * 4  # sharper attention: groups of different magnitudes
     lens = torch.tensor(context_lens, dtype=torch.int32, device=dev)
-    plain = paged_decode(q, kc, vc, tables, lens, head_dim ** -0.5)
-    out, q8, scales = paged_decode(q, kc, vc, tables, lens, head_dim ** -0.5, fp8_rows=True)
+    plain = paged_decode(q, kc, vc, tables, lens, head_dim ** -0.5, splits=splits)
+    out, q8, scales = paged_decode(q, kc, vc, tables, lens, head_dim ** -0.5, fp8_rows=True, splits=splits)
     assert torch.equal(out, plain)
     t, cols = len(context_lens), n_heads * head_dim
     assert q8.shape == (t, cols) and q8.dtype == torch.float8_e4m3fn and scales.shape == (t, n_kv_heads)
@@ -127,3 +159,24 @@ def test_bad_inputs_are_named():
         paged_decode(q[:1], kc, vc, tables.long(), torch.tensor([8], dtype=torch.int32), 1.0)
     with pytest.raises(ValueError, match="one query row per sequence"):
         paged_decode(q[:2], kc, vc, tables, torch.tensor([8], dtype=torch.int32), 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 32, 64])
+def test_split_decode_at_the_7b_shape_on_a_gpu(batch):
+    """28 heads in 4 kv groups of 128, contexts of 1-700 tokens, bf16: the split context (the choice of
+    decode_splits: 16, 4 and 2 splits) against one program a group, and its FP8 rows against its output."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from kernels.fp8 import quantize_rows_ref
+
+    lens = [1 + (i * 97) % 700 for i in range(batch)]
+    q, kc, vc, tables, _, _, _ = _paged_case(lens, [1] * batch, 28, 4, 128, 16, dtype=torch.bfloat16, seed=batch)
+    q, kc, vc, tables = (t.cuda() for t in (q, kc, vc, tables))
+    ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    one = paged_decode(q, kc, vc, tables, ctx, 128 ** -0.5, splits=1)
+    out, q8, scales = paged_decode(q, kc, vc, tables, ctx, 128 ** -0.5, fp8_rows=True)
+    torch.testing.assert_close(out.float(), one.float(), atol=2e-2, rtol=2e-2)
+    want_q, want_s = quantize_rows_ref(out.reshape(batch * 4, 896))
+    assert torch.equal(scales, want_s.reshape(batch, 4)) and torch.equal(q8.view(torch.uint8),
+                                                                         want_q.reshape(batch, -1).view(torch.uint8))

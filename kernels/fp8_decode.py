@@ -41,6 +41,11 @@ L2 for its first PREFETCH_TILES weight tiles, then waits for x (gdc_wait) before
 decode step went from 3.84 to 3.74-3.79 ms at batch 32 and from 3.51 to 3.36 at batch 1, with the same bits
 (results/fp8/nvidia_h200/gemm_pdl/).
 
+Scale groups and bias: s_x may hold one scale per (token, group of consecutive K tiles) instead of one per token, as
+the decode attention writes o_proj's input (one group per kv head: serve/forward/decode_kernel.py); each group's sum is
+scaled as it ends, and a split is widened to whole groups. A bias is added in fp32 in the epilogue (or the split-K
+reduction) before the one rounding, which saves qkv_proj's separate add.
+
 `fp8_linear` (kernels/fp8.py) runs this kernel at 1..DECODE_KERNEL_MAX_M tokens (64) on Hopper, where it
 was tuned and measured faster than `_scaled_mm`; the environment variable VLORA_FP8_DECODE_MAX_M (an
 integer 0..64, read once at import) overrides the count, on any GPU (0 turns the kernel off). Nothing here syncs

@@ -173,10 +173,15 @@ def _decode_kernel_here(device: torch.device) -> bool:
     return _decode_kernel_devices[index]
 
 
+def _decode_sized(x: torch.Tensor) -> bool:
+    """Whether fp8_linear(x) runs the decode GEMM (kernels/fp8_decode.py) rather than `_scaled_mm` or the CPU path."""
+    return x.is_cuda and 0 < x.shape[0] <= DECODE_KERNEL_MAX_M and _decode_kernel_here(x.device)
+
+
 def _weight_only(x: torch.Tensor) -> bool:
     """Whether fp8_linear multiplies x as it is (fp8w_decode_mm) rather than its FP8 rows."""
-    return (x.is_cuda and DECODE_ACTIVATIONS == "bf16" and x.dim() == 2 and 0 < x.shape[0] <= DECODE_KERNEL_MAX_M
-            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and _decode_kernel_here(x.device))
+    return (DECODE_ACTIVATIONS == "bf16" and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16)
+            and x.stride(-1) == 1 and _decode_sized(x))
 
 
 def rows_wanted(x: torch.Tensor) -> bool:
@@ -189,8 +194,7 @@ def group_rows_read(x: torch.Tensor) -> bool:
     """Whether fp8_linear reads FP8 rows with per-group scales attached to an activation of x's tokens (x: that
     activation or its producer's input): only the decode GEMM takes them, on the FP8 activations it runs on by
     default. The projection's shape is checked once, where the producer is switched on (`group_scales_fit`)."""
-    return (x.is_cuda and DECODE_ACTIVATIONS == "fp8" and 0 < x.shape[0] <= DECODE_KERNEL_MAX_M
-            and _decode_kernel_here(x.device))
+    return DECODE_ACTIVATIONS == "fp8" and _decode_sized(x)
 
 
 def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor,
@@ -214,7 +218,7 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     if _weight_only(x):
         y = fp8w_decode_mm(x, q_weight, weight_scale)
         return y if bias is None else y + bias
-    decode = x.is_cuda and 0 < x.shape[0] <= DECODE_KERNEL_MAX_M and _decode_kernel_here(x.device)
+    decode = _decode_sized(x)
     rows = attached_rows(x)  # written beside x by its producer, or quantized here
     if rows is not None and rows[1].shape[1] > 1 and x.is_cuda and not (
             decode and group_scales_fit(q_weight.shape[0], q_weight.shape[1], rows[1].shape[1])):

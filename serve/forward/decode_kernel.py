@@ -68,6 +68,21 @@ def _attend(q, k_cache_ptr, v_cache_ptr, table, kv_head, lo, hi, scale_log2, str
 
 
 @triton.jit
+def _group_query(q_ptr, block_tables_ptr, pid_s, kv_head, stride_qs, stride_qh, stride_bt, GROUP: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Sequence pid_s's query rows of kv head group kv_head ([BLOCK_G, BLOCK_D], padding 0), its block table row,
+    the group's heads, the head-dim offsets with their mask, and the mask of real (head, dim) cells."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    o_mask = (offs_g < GROUP)[:, None] & mask_d[None, :]
+    heads = kv_head * GROUP + offs_g
+    q = tl.load(q_ptr + pid_s.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :], mask=o_mask,
+                other=0.0)
+    return q, block_tables_ptr + pid_s.to(tl.int64) * stride_bt, heads, offs_d, mask_d, o_mask
+
+
+@triton.jit
 def _store_output(out, o_ptr, q8_ptr, s8_ptr, pid_s, kv_head, heads, offs_d, o_mask, stride_os, stride_oh, stride_q8,
                   stride_s8, FP8_OUT: tl.constexpr, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -95,20 +110,13 @@ def _paged_decode_kernel(
     pid_s = tl.program_id(0)
     kv_head = tl.program_id(1)
     ctx_len = tl.load(context_lens_ptr + pid_s)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_g = offs_g < GROUP
-    mask_d = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + offs_g
-    q = tl.load(q_ptr + pid_s.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_g[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
-    table = block_tables_ptr + pid_s.to(tl.int64) * stride_bt
+    q, table, heads, offs_d, mask_d, o_mask = _group_query(q_ptr, block_tables_ptr, pid_s, kv_head, stride_qs,
+                                                           stride_qh, stride_bt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)
     m_i, l_i, acc = _attend(q, k_cache_ptr, v_cache_ptr, table, kv_head, 0, ctx_len, scale_log2, stride_kb, stride_ks,
                             stride_kh, stride_vb, stride_vs, stride_vh, mask_d, offs_d, PAGE, BLOCK_G, BLOCK_N, BLOCK_D,
                             UPCAST_DOT)
-    _store_output(acc / l_i[:, None], o_ptr, q8_ptr, s8_ptr, pid_s, kv_head, heads, offs_d,
-                  mask_g[:, None] & mask_d[None, :], stride_os, stride_oh, stride_q8, stride_s8, FP8_OUT, FP8_LIMIT,
-                  FLOOR, HEAD_DIM, BLOCK_G, BLOCK_D)
+    _store_output(acc / l_i[:, None], o_ptr, q8_ptr, s8_ptr, pid_s, kv_head, heads, offs_d, o_mask, stride_os,
+                  stride_oh, stride_q8, stride_s8, FP8_OUT, FP8_LIMIT, FLOOR, HEAD_DIM, BLOCK_G, BLOCK_D)
 
 
 @triton.jit
@@ -126,16 +134,12 @@ def _paged_decode_split_kernel(
     ctx_len = tl.load(context_lens_ptr + pid_s)
     chunk = tl.cdiv(tl.cdiv(ctx_len, SPLITS), BLOCK_N) * BLOCK_N
     lo = split * chunk
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + offs_g
-    q = tl.load(q_ptr + pid_s.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=(offs_g < GROUP)[:, None] & mask_d[None, :], other=0.0)
-    table = block_tables_ptr + pid_s.to(tl.int64) * stride_bt
+    q, table, _, offs_d, mask_d, _ = _group_query(q_ptr, block_tables_ptr, pid_s, kv_head, stride_qs, stride_qh,
+                                                  stride_bt, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)
     m_i, l_i, acc = _attend(q, k_cache_ptr, v_cache_ptr, table, kv_head, lo, tl.minimum(lo + chunk, ctx_len),
                             scale_log2, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, mask_d, offs_d,
                             PAGE, BLOCK_G, BLOCK_N, BLOCK_D, UPCAST_DOT)
+    offs_g = tl.arange(0, BLOCK_G)
     part = (pid_s.to(tl.int64) * tl.num_programs(1) + kv_head) * SPLITS + split
     tl.store(acc_ptr + part * BLOCK_G * BLOCK_D + offs_g[:, None] * BLOCK_D + offs_d[None, :], acc)
     tl.store(ml_ptr + part * 2 * BLOCK_G + offs_g, m_i)

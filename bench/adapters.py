@@ -155,7 +155,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
     cuda = job.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise RuntimeError("the adapter benchmark needs a CUDA device (device=cpu runs a smoke version)")
-    from kernels.timing import copy_bandwidth_gbs
+    from vlora_kernels.timing import copy_bandwidth_gbs
 
     gpu = device_label(job.device)
     gbs = copy_bandwidth_gbs() if cuda else math.nan
@@ -228,7 +228,7 @@ def run_adapter_bench(job: AdapterBenchJob) -> tuple[list[dict], dict]:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-    from kernels.interpreter import pdl_available
+    from vlora_kernels.interpreter import pdl_available
 
     meta = dict(gpu=gpu, date=time.strftime("%Y-%m-%d"), copy_gbs=gbs, torch=torch.__version__,
                 pdl=pdl_available(torch.device(job.device)), adapter_slots=slots,

@@ -90,7 +90,7 @@ def _floor_ms(engine: Engine, context_lens: list[int], gbs: float) -> float:
 def _replay_ms(engine: Engine, batch: int, context_lens: list[int], slot_ids: list[int] | None = None) -> float:
     """Device time of one decode step at these context lengths: graph replay + LM head + argmax.
     slot_ids: the adapter pool slot of each sequence (-1 = none); given, the LoRA graph replays."""
-    from kernels.timing import time_op
+    from vlora_kernels.timing import time_op
 
     return time_op(replay_step(engine, batch, context_lens, slot_ids), warmup=3, repeats=20, use_graph=False) / 1e3
 
@@ -161,7 +161,7 @@ def run_engine_bench(job: EngineBenchJob) -> tuple[list[dict], dict]:
     """Runs every batch size; writes engine.csv and engine.json under out_dir/<gpu>/ and returns (rows, meta)."""
     if not torch.cuda.is_available():
         raise RuntimeError("the engine benchmark needs a CUDA device")
-    from kernels.timing import copy_bandwidth_gbs
+    from vlora_kernels.timing import copy_bandwidth_gbs
 
     gpu = device_label("cuda")
     gbs = copy_bandwidth_gbs()

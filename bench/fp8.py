@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from kernels import fp8 as fp8_kernels
-from kernels import fp8_decode
+from vlora_kernels import fp8 as fp8_kernels
+from vlora_kernels import fp8_decode
 from serve.engine import Engine, EngineConfig, Request, SamplingParams
 from serve.forward import decode_kernel
 from serve.models import fp8 as fp8_models
@@ -56,9 +56,9 @@ from .results import device_label, results_dir
 # name -> (engine dtype, quantization); fp8_unfused (compare_unfused=true): every FP8 projection quantizes its
 # input itself, not the norm or SiLU-mul before it (serve.models.fp8.fuse_quantization): same numbers, more launches;
 # fp8_w8a16 (compare_w8a16=true): at decode sizes the FP8 GEMM takes the bf16 activations as they are, not their
-# per-token FP8 rows (kernels/fp8.py DECODE_ACTIVATIONS "bf16"; "fp8" runs this process's setting, "fp8" by default)
+# per-token FP8 rows (vlora_kernels/fp8.py DECODE_ACTIVATIONS "bf16"; "fp8" runs this process's setting, "fp8" by default)
 # fp8_no_gemm_pdl (compare_gemm_pdl=true): decode GEMMs launched after their producer has finished, not with PDL behind
-# it with their weight prefetched (kernels/fp8_decode.py GEMM_PDL off): the same bits; fp8_head
+# it with their weight prefetched (vlora_kernels/fp8_decode.py GEMM_PDL off): the same bits; fp8_head
 # (compare_fp8_lm_head=true): the LM head in FP8 as well (EngineConfig.fp8_lm_head); fp8_no_attn_rows
 # (compare_attention_rows=true): o_proj quantizes its input per token itself at decode, not the decode attention per
 # kv head group (serve.models.fp8.FUSE_ATTENTION_ROWS off): one more launch a layer, one scale per token
@@ -125,7 +125,7 @@ def _fp8_allowed(device: torch.device, fuse: bool = True, attention_rows: bool =
 
 @contextlib.contextmanager
 def _decode_kernels(name: str):
-    """kernels.fp8.DECODE_ACTIVATIONS and kernels.fp8_decode.GEMM_PDL as engine `name` wants them, for its whole
+    """vlora_kernels.fp8.DECODE_ACTIVATIONS and vlora_kernels.fp8_decode.GEMM_PDL as engine `name` wants them, for its whole
     life: the kernels read them at every forward, CUDA-graph captures included."""
     old = fp8_kernels.DECODE_ACTIVATIONS, fp8_decode.GEMM_PDL
     if name == "fp8_w8a16":
@@ -167,7 +167,7 @@ def _decode_rows(engine: Engine, job: Fp8BenchJob, name: str) -> list[dict]:
     for b in job.batch_sizes:
         step_ms = float("nan")
         if engine.runner.graphs is not None:
-            from kernels.timing import time_op
+            from vlora_kernels.timing import time_op
 
             step_ms = time_op(replay_step(engine, b, [job.decode_context] * b), warmup=3, repeats=20,
                               use_graph=False) / 1e3

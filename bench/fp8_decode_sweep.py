@@ -1,6 +1,6 @@
-"""Tunes kernels/fp8_decode.py's launch table on a GPU: per projection shape of Qwen2-VL-7B and token
+"""Tunes vlora_kernels/fp8_decode.py's launch table on a GPU: per projection shape of Qwen2-VL-7B and token
 count, every candidate (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) timed with
-`kernels.timing.time_op` (CUDA graphs, events), each call reading the next of enough weight copies to
+`vlora_kernels.timing.time_op` (CUDA graphs, events), each call reading the next of enough weight copies to
 pass 256 MB (no weight found in L2), beside the table's own choice and `_scaled_mm`. Prints one line per
 (projection, m): the best candidate, its time and weight TB/s, the table's and cuBLAS's; then the best
 config per projection summed over the token counts, as CONFIGS lines to paste.
@@ -21,8 +21,8 @@ import itertools
 import torch
 import triton
 
-from kernels.fp8 import quantize_rows, quantize_weight, scaled_mm_rows
-from kernels.fp8_decode import CONFIGS, W_CONFIGS, decode_config, fp8_decode_mm, fp8w_decode_mm
+from vlora_kernels.fp8 import quantize_rows, quantize_weight, scaled_mm_rows
+from vlora_kernels.fp8_decode import CONFIGS, W_CONFIGS, decode_config, fp8_decode_mm, fp8w_decode_mm
 
 SHAPES_7B = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584),
              "down_proj": (3584, 18944)}
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench.fp8_decode_sweep times on a CUDA GPU; none is visible")
-    from kernels.timing import time_op
+    from vlora_kernels.timing import time_op
 
     rows = sweep({p: SHAPES_7B[p] for p in args.projections}, args.m, "cuda",
                  lambda fn: time_op(fn, warmup=5, repeats=20), weight_only=args.activations == "bf16")

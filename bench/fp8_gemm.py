@@ -8,12 +8,12 @@ is slow in its GEMMs themselves or around them.
     plain_us      torch._scaled_mm(q_x, q_W.T) alone                the GEMM as written
     swap_us       the same GEMM transposed (transposed_scaled_mm), timed at every size: tried as the decode
                   path and measured slower (results/fp8/nvidia_h200/third_run/), kept as this A/B
-    triton_us     kernels/fp8_decode.py's Triton GEMM (weight tiled by channels, split-K): what fp8_linear
+    triton_us     vlora_kernels/fp8_decode.py's Triton GEMM (weight tiled by channels, split-K): what fp8_linear
                   runs at 1..DECODE_KERNEL_MAX_M tokens (VLORA_FP8_DECODE_MAX_M); timed at every size up
                   to its MAX_M (64), NaN above, and NaN on the CPU unless Triton interprets (TRITON_INTERPRET=1)
-    w8a16_us      kernels/fp8_decode.py's weight-only GEMM (fp8w_decode_mm): the bf16 x as it is times the FP8
+    w8a16_us      vlora_kernels/fp8_decode.py's weight-only GEMM (fp8w_decode_mm): the bf16 x as it is times the FP8
                   weight widened in registers, nothing quantized; timed where triton_us is. fp8_linear runs it
-                  at decode sizes when kernels.fp8.DECODE_ACTIVATIONS is "bf16"
+                  at decode sizes when vlora_kernels.fp8.DECODE_ACTIVATIONS is "bf16"
     quantize_us   quantize_rows(x) alone
 
 and each GEMM's weight bandwidth (weight bytes / time, TB/s: bf16_tb_s, fp8_tb_s of fp8_gemm_us,
@@ -21,7 +21,7 @@ triton_tb_s): at decode a projection should be bound by reading its weight, so F
 of bf16's time. Each call reads the next of enough weight copies to pass 256 MB, so no call finds its
 weight in L2 (50-60 MB on Hopper). fp8_gemm_us is the GEMM fp8_linear would pick: w8a16_us (or triton_us,
 as DECODE_ACTIVATIONS says) at 1..DECODE_KERNEL_MAX_M tokens on a GPU, else plain_us.
-On a GPU each is `kernels.timing.time_op` (CUDA graphs, events); on the CPU a wall-clock median
+On a GPU each is `vlora_kernels.timing.time_op` (CUDA graphs, events); on the CPU a wall-clock median
 of the same calls at the tiny shape (the code path, not a speed).
 """
 
@@ -34,11 +34,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels import fp8 as fp8_kernels
-from kernels.fp8 import DECODE_KERNEL_MAX_M, FP8_DTYPE, fp8_linear, quantize_rows, quantize_weight, scaled_mm_rows
-from kernels.fp8_decode import MAX_M as DECODE_MAX_M
-from kernels.fp8_decode import fp8_decode_mm, fp8w_decode_mm
-from kernels.interpreter import interpreted
+from vlora_kernels import fp8 as fp8_kernels
+from vlora_kernels.fp8 import DECODE_KERNEL_MAX_M, FP8_DTYPE, fp8_linear, quantize_rows, quantize_weight, scaled_mm_rows
+from vlora_kernels.fp8_decode import MAX_M as DECODE_MAX_M
+from vlora_kernels.fp8_decode import fp8_decode_mm, fp8w_decode_mm
+from vlora_kernels.interpreter import interpreted
 
 L2_PASS_BYTES = 256 << 20
 
@@ -52,7 +52,7 @@ def projection_shapes(args) -> dict[str, tuple[int, int]]:
 
 def _timer(cuda: bool) -> Callable[[Callable[[], object]], float]:
     if cuda:
-        from kernels.timing import time_op
+        from vlora_kernels.timing import time_op
 
         return lambda fn: time_op(fn, warmup=5, repeats=30)
 
@@ -70,7 +70,7 @@ def _timer(cuda: bool) -> Callable[[Callable[[], object]], float]:
 
 def transposed_scaled_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor,
                          weight_scale: torch.Tensor) -> torch.Tensor:
-    """kernels.fp8.scaled_mm_rows transposed: y.T = q_weight @ q_x.T, the scales' roles swapped, so the weight's
+    """vlora_kernels.fp8.scaled_mm_rows transposed: y.T = q_weight @ q_x.T, the scales' roles swapped, so the weight's
     output channels fill cuBLAS's 128-row tiles at decode sizes. The tokens are then _scaled_mm's second
     operand, whose both sizes must be multiples of 16: rows padded with zeros (scale 1), extra columns dropped.
     On an H200 cuBLAS picked the same kernel either way and the copies cost 6-10 us a projection."""

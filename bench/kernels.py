@@ -11,7 +11,7 @@ behind the shrink with it (as the engine does) and `atmm_nopdl` is the same tili
 time `atmm_anymix`: the batch's metadata padded as the engine's decode graph for any adapter mix
 pads it (segments bounded by the whole batch), with the tiling of that padding, which is what a
 step runs when no graph of `lora_graph_segments` x `lora_graph_seg_lens` holds its mix.
-Shapes where either launch lays its token tiles on the flat grid (`kernels/token_tiles.py`)
+Shapes where either launch lays its token tiles on the flat grid (`vlora_kernels/token_tiles.py`)
 also time `atmm_grid2d`: the same tiling on the by-segment grid.
 
 Writes kernels.csv, summary.json and kernels.png to the output folder and prints a summary.
@@ -29,17 +29,17 @@ from pathlib import Path
 
 import torch
 
-from kernels.baselines import lora_mbgmv, lora_sgmv
-from kernels.interpreter import pdl_available
-from kernels.lora import add_lora, configs_for, default_table, one_launch_for, pinned
-from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop
-from kernels.segments import build_segments
-from kernels.table import TilingTable
-from kernels.tiling import (FUSED_MAX_RANK, FUSED_MAX_TOKENS, ONE_LAUNCH_OPS, TileConfig, heuristic_config,
+from vlora_kernels.baselines import lora_mbgmv, lora_sgmv
+from vlora_kernels.interpreter import pdl_available
+from vlora_kernels.lora import add_lora, configs_for, default_table, one_launch_for, pinned
+from vlora_kernels.reference import lora_einsum, lora_gather_bmm, lora_loop
+from vlora_kernels.segments import build_segments
+from vlora_kernels.table import TilingTable
+from vlora_kernels.tiling import (FUSED_MAX_RANK, FUSED_MAX_TOKENS, ONE_LAUNCH_OPS, TileConfig, heuristic_config,
                             shape_key)
-from kernels.token_tiles import seg_block
-from kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op_tails
-from kernels.workload import (DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment,
+from vlora_kernels.token_tiles import seg_block
+from vlora_kernels.timing import copy_bandwidth_gbs, matmul_tflops, roofline_us, time_op_tails
+from vlora_kernels.workload import (DTYPES, LoRAShape, Rotation, copies_to_defeat_cache, floor_cost, longest_segment,
                               make_problem, token_slots)
 from .results import write_csv
 

@@ -6,12 +6,12 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from kernels.tiling import ONE_LAUNCH_OPS
+from vlora_kernels.tiling import ONE_LAUNCH_OPS
 
 from .results import write_json
 
 TORCH_BASELINES = ("loop", "gather_bmm", "einsum")
-SERVING_BASELINES = ("sgmv", "mbgmv")  # Punica's and S-LoRA's kernels, rebuilt in Triton (kernels.baselines)
+SERVING_BASELINES = ("sgmv", "mbgmv")  # Punica's and S-LoRA's kernels, rebuilt in Triton (vlora_kernels.baselines)
 
 
 def _by_shape(rows: list[dict]) -> dict[tuple, dict[str, dict]]:

@@ -2,7 +2,7 @@
 
     python -m bench.merge [--ranks 16 64] [--csv merge.csv]
 
-Times go through `kernels.timing.time_op` with use_graph=False: each op runs for milliseconds,
+Times go through `vlora_kernels.timing.time_op` with use_graph=False: each op runs for milliseconds,
 so host launch gaps (4 launches for the kernel, L x 7 for the loop) hide behind GPU work.
 """
 
@@ -13,8 +13,8 @@ import sys
 
 import torch
 
-from kernels.merge import MergeGroup, merge_floor_bytes, merge_groups_
-from kernels.timing import copy_bandwidth_gbs, time_op
+from vlora_kernels.merge import MergeGroup, merge_floor_bytes, merge_groups_
+from vlora_kernels.timing import copy_bandwidth_gbs, time_op
 from .results import write_csv
 
 SHAPES = {  # name: (layers, hidden, q width, k/v width, intermediate)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from kernels.table import device_slug
+from vlora_kernels.table import device_slug
 
 
 def device_label(device) -> str:
@@ -27,7 +27,7 @@ def device_label(device) -> str:
 
 def results_dir(out_dir: str | Path, device_name: str) -> Path:
     """<out_dir>/<device slug> (e.g. "NVIDIA H200" -> nvidia_h200), created: results never mix GPUs.
-    The slug is the tiling tables' (kernels.table.device_slug), so one GPU has one name everywhere."""
+    The slug is the tiling tables' (vlora_kernels.table.device_slug), so one GPU has one name everywhere."""
     out = Path(out_dir) / device_slug(device_name)
     out.mkdir(parents=True, exist_ok=True)
     return out

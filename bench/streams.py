@@ -337,7 +337,7 @@ def run_streams_bench(job: StreamsBenchJob) -> tuple[list[dict], dict]:
         _log(f"transformers: {hf_result['chunks_per_s']:.2f} chunks/s")
     sustained = None
     if cuda and job.matmul_sustained_s > 0:  # last: the load heats the GPU, which no point should start from
-        from kernels.timing import sustained_matmul_tflops
+        from vlora_kernels.timing import sustained_matmul_tflops
 
         with torch.cuda.device(torch.device(job.device)):
             sustained = sustained_matmul_tflops(job.matmul_n, getattr(torch, job.dtype), job.matmul_sustained_s)

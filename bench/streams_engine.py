@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from apps.common.stats import percentile
-from kernels.timing import host_syncs
+from vlora_kernels.timing import host_syncs
 
 from .streams_load import HEAD_TASK, _stamped
 

@@ -63,7 +63,7 @@ def chunk_flops(hf, processor, job, chunk: np.ndarray) -> dict:
 def matmul_tflops(job) -> float:
     """Dense matmul rate of the device in the job's dtype, TFLOP/s (cpu: a smaller float32 product)."""
     if job.device.startswith("cuda"):
-        from kernels.timing import matmul_tflops as cuda_rate
+        from vlora_kernels.timing import matmul_tflops as cuda_rate
 
         with torch.cuda.device(torch.device(job.device)):
             return cuda_rate(job.matmul_n, getattr(torch, job.dtype))

@@ -30,10 +30,10 @@ FOLLOW = "__follow__"  # the followers follow a LeaderEngine's calls until it cl
 
 
 def _time_ms(fn, warmup: int, repeats: int, cuda: bool) -> float:
-    """Median ms of `fn`: CUDA events on a GPU (kernels.timing), wall time on the CPU; the same
+    """Median ms of `fn`: CUDA events on a GPU (vlora_kernels.timing), wall time on the CPU; the same
     number of calls either way, so every rank of a group makes as many."""
     if cuda:
-        from kernels.timing import time_op
+        from vlora_kernels.timing import time_op
 
         return time_op(fn, warmup=warmup, repeats=repeats, use_graph=False) / 1e3
     return time_call_ms(fn, warmup + 1, repeats)  # + 1: time_op's warm-up and its single timed call

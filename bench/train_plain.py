@@ -174,7 +174,7 @@ def matmul_peak_tflops(device: torch.device, n: int) -> float:
     """The device's measured dense matmul rate: bf16 n^3 on a GPU (the best of three medians: the
     first can run before the clocks have risen); a float32 512^3 on the CPU."""
     if device.type == "cuda":
-        from kernels.timing import matmul_tflops
+        from vlora_kernels.timing import matmul_tflops
 
         with torch.cuda.device(device):
             return max(matmul_tflops(n, torch.bfloat16) for _ in range(3))

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels.timing import host_syncs, time_op
+from vlora_kernels.timing import host_syncs, time_op
 from serve.orchestrator.profile import time_call_ms
 
 from .results import device_label, results_dir, write_csv, write_json
@@ -67,7 +67,7 @@ def _tower_flops(vc, arch: str, grids) -> float:
 
 
 def _time_gpu(fn, repeats: int) -> float:
-    """Median ms of fn: CUDA events on a GPU (kernels.timing, no graph: the step has host work),
+    """Median ms of fn: CUDA events on a GPU (vlora_kernels.timing, no graph: the step has host work),
     the host clock otherwise."""
     if not torch.cuda.is_available():
         return time_call_ms(fn, 1, repeats)

@@ -55,7 +55,7 @@ def _gemms(tower, rows: int, time_ms: Callable[[Callable], float]) -> list[dict]
         row["bf16_tflops"] = flop / (row["bf16_ms"] * 1e-3) / 1e12
         row["fp8_ms"] = row["fp8_tflops"] = None
         if fp8 and k % 16 == 0 and n % 16 == 0:  # _scaled_mm's operands (the patch embedding's K=1176 is not)
-            from kernels.fp8 import fp8_linear, quantize_weight
+            from vlora_kernels.fp8 import fp8_linear, quantize_weight
 
             q, s = quantize_weight(w)
             row["fp8_ms"] = time_ms(lambda: fp8_linear(x, q, s, b))

@@ -13,7 +13,7 @@ Floors, each importing only those below it:
     orchestrator, lora,    policies (torch-free); adapter pool and LoRA layers; the language
     models                 side, vision towers and tensor-parallel sharding
     forward                step context, paged attention and its kernels
-    kernels/, adapters/    ATMM; the adapter directory contract
+    vlora_kernels/, adapters/    ATMM; the adapter directory contract
 
 Names load on first use (the face is lazy).
 """

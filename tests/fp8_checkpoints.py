@@ -6,7 +6,7 @@ a bf16 engine loads them) quantized and stored with their scales; everything els
     ct_channel / ct_tensor   weight fp8 [N, K], weight_scale [N, 1] / [1]          (compressed-tensors FP8-Dynamic)
     fp8_block / ct_block     weight fp8 [N, K], weight_scale(_inv) [ceil(N/bn), ceil(K/bk)]
 
-Per-channel layouts use kernels.fp8.quantize_weight, so their bytes are exactly what the engine would
+Per-channel layouts use vlora_kernels.fp8.quantize_weight, so their bytes are exactly what the engine would
 compute from the bf16 checkpoint itself.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from kernels.fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, quantize_weight
+from vlora_kernels.fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, quantize_weight
 
 LM_PROJECTION = re.compile(r"(model\.language_model\.|model\.|language_model\.model\.)layers\.\d+\."
                            r"(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")

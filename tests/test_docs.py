@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # top-level folders of the repository: a code span starting with one of them names a repository path
-TOP_DIRS = ("adapters", "apps", "bench", "conf", "docs", "fusion", "heads", "kernels", "results", "serve",
+TOP_DIRS = ("adapters", "apps", "bench", "conf", "docs", "fusion", "heads", "vlora_kernels", "results", "serve",
             "tests", "train", "vlora", "world", "zoo")
 FENCE = re.compile(r"^```(\w*)\s*$")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

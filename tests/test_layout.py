@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # package (or module) -> floor; an import must go to a strictly lower floor unless it stays inside
 # the same entry. The longest matching prefix decides.
 FLOORS = {
-    "kernels": 0, "zoo": 0, "world": 0, "heads": 0, "serve.lazy": 0,
+    "vlora_kernels": 0, "zoo": 0, "world": 0, "heads": 0, "serve.lazy": 0,
     "adapters": 1, "serve.forward": 1,
     "serve.models": 2, "serve.lora": 2, "serve.orchestrator": 2,
     "serve.engine": 3, "train": 3, "fusion": 3,

@@ -96,7 +96,7 @@ class EngineConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     lora_backend: str = "auto"  # "auto" (ATMM Triton kernels on GPU in fp16/bf16, PyTorch otherwise), "triton", "torch"
     # GPU, triton backend: each LoRA'd projection's shrink runs on a side stream while its base
-    # matmul runs, leaving the chain of dependent kernels (kernels.add_lora_beside). Off: at batch
+    # matmul runs, leaving the chain of dependent kernels (vlora_kernels.add_lora_beside). Off: at batch
     # 32 it measured within the run-to-run spread of the plain order (results/kernels/mix_keyed_h100/)
     lora_overlap_shrink: bool = False
     # slots for the vision tower's projections (serve/lora/tower.py): adapters trained with

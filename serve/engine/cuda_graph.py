@@ -85,7 +85,7 @@ class DecodeGraphs:
         """Captures every bucket, largest first so smaller graphs reuse its memory pool.
 
         Each warm-up runs on the stream the capture then runs on: kernels that keep state per
-        stream (the handoff kernel's counters and workspace, `kernels/handoff.py`) create it
+        stream (the handoff kernel's counters and workspace, `vlora_kernels/handoff.py`) create it
         there, outside the capture, as they must."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -10,7 +10,7 @@ matter); prefill sequences attend to their own tokens. The LoRA metadata of each
     "atmm"   unmerged: lora_tokens spread over lora_adapters resident adapters (the engine's operator)
     "delora" mixture: the first adapter is the merged one; the other tokens with their own adapter
              and the merged one negated, in one call (serve/lora/modes.py)
-    "einsum" unmerged through dLoRA's einsum operator (kernels.lora_einsum; eager, no graph)
+    "einsum" unmerged through dLoRA's einsum operator (vlora_kernels.lora_einsum; eager, no graph)
 
 Switches: "atmm" is one fold with the engine's switch method (the one-shot Triton kernel on GPU,
 per-layer fp32 addmm on CPU), "addmm" the per-layer fold. They are timed as merge + unmerge round

@@ -1,8 +1,8 @@
 """The warm-up's sweep of the LoRA kernels: every variant a live step can need, compiled before ready.
 
 Triton compiles ATMM's shrink and expand once per variant: the tiling the table gives the step's
-token bucket and longest-segment bucket (kernels/table.py), the token grid's layout (by segment or
-flat, kernels/token_tiles.py), a mixed-in adapter or none, and the segment count as Triton
+token bucket and longest-segment bucket (vlora_kernels/table.py), the token grid's layout (by segment or
+flat, vlora_kernels/token_tiles.py), a mixed-in adapter or none, and the segment count as Triton
 specialises an integer (1, a multiple of 16, any other). The warm-up's waves reach only the
 pairs of buckets their own batches make. On an H100, 28 cameras on a cold server met four more
 variants in their first 3 s; each compile stalled a step carrying every camera's chunk, and the
@@ -26,10 +26,10 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from kernels import NO_LORA, SegmentMeta, TilingTable, add_lora, build_segments, configs_for, one_launch_for
-from kernels.lora import default_table
-from kernels.tiling import next_pow2
-from kernels.token_tiles import FLAT_MIN_TOKENS, seg_block
+from vlora_kernels import NO_LORA, SegmentMeta, TilingTable, add_lora, build_segments, configs_for, one_launch_for
+from vlora_kernels.lora import default_table
+from vlora_kernels.tiling import next_pow2
+from vlora_kernels.token_tiles import FLAT_MIN_TOKENS, seg_block
 
 SEGMENT_COUNTS = (1, 2, 16)  # one of each class Triton compiles apart: 1, a multiple of 16, any other
 

@@ -108,7 +108,7 @@ class PagedAttention(nn.Module):
 
         if ctx.decode_only:
             if self.fp8_output and _group_rows_read(q):
-                from kernels.fp8 import attach_rows
+                from vlora_kernels.fp8 import attach_rows
 
                 o, q8, scales = paged_decode(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens,
                                              self.scale, fp8_rows=True)
@@ -119,7 +119,7 @@ class PagedAttention(nn.Module):
 
 
 def _group_rows_read(q: torch.Tensor) -> bool:
-    """Whether o_proj's FP8 GEMM reads per-group FP8 rows at this step's size (kernels/fp8.py group_rows_read)."""
-    from kernels.fp8 import group_rows_read
+    """Whether o_proj's FP8 GEMM reads per-group FP8 rows at this step's size (vlora_kernels/fp8.py group_rows_read)."""
+    from vlora_kernels.fp8 import group_rows_read
 
     return group_rows_read(q)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.interpreter import dot_nt, interpreted
+from vlora_kernels.interpreter import dot_nt, interpreted
 
 
 @triton.jit

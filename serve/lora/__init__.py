@@ -2,7 +2,7 @@
 
 Four tiers, each importing only the ones below (vLLM's vllm/lora shape):
 
-    kernels/        ATMM ops: add_lora (Triton) / lora_reference (PyTorch), build_segments
+    vlora_kernels/        ATMM ops: add_lora (Triton) / lora_reference (PyTorch), build_segments
     metadata.py     LoraBatch: the step's tokens grouped by pool slot, built once per step;
                     LoraGraphBuffers: the same in fixed device buffers for CUDA-graph decode
     layers.py       LoRALinear: base matmul once + the op over the batch's adapters

@@ -2,8 +2,8 @@
 by restoring the saved bytes.
 
 An FP8 weight cannot take `W += dW` in place: the sum is formed in fp32 from the dequantized weight
-and written back as FP8 with fresh per-channel scales (kernels.merge_fp8_: one Triton launch per
-targeted slice on a GPU; kernels.merge_fp8_ref_ per layer in PyTorch on the CPU). Subtracting
+and written back as FP8 with fresh per-channel scales (vlora_kernels.merge_fp8_: one Triton launch per
+targeted slice on a GPU; vlora_kernels.merge_fp8_ref_ per layer in PyTorch on the CPU). Subtracting
 dW again would round a second time and drift from the checkpoint's weights with every switch, so
 the fold out copies back the bytes and scales saved by the fold in: unmerged FP8 weights are
 bit-identical before and after any number of switches.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import FP8_DTYPE, merge_fp8_, merge_fp8_ref_
+from vlora_kernels import FP8_DTYPE, merge_fp8_, merge_fp8_ref_
 
 
 def is_fp8_projection(linear: nn.Module) -> bool:
@@ -39,8 +39,8 @@ class Fp8Stacks:
         self.merged_slot: int | None = None  # the pool slot folded in (its saved copy is live)
 
     def fold_in(self, slot: int, pool, offsets: dict[str, list[int]], method: str = "one_shot") -> None:
-        """method: "one_shot" (kernels.merge_fp8_, one Triton launch per targeted slice) or "addmm"
-        (kernels.merge_fp8_ref_, per layer in PyTorch: the CPU path)."""
+        """method: "one_shot" (vlora_kernels.merge_fp8_, one Triton launch per targeted slice) or "addmm"
+        (vlora_kernels.merge_fp8_ref_, per layer in PyTorch: the CPU path)."""
         fn = merge_fp8_ if method == "one_shot" else merge_fp8_ref_
         if self.merged_slot is not None:
             raise RuntimeError(f"FP8 weights hold pool slot {self.merged_slot}; fold it out before slot {slot}")

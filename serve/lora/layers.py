@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import add_lora, add_lora_beside
+from vlora_kernels import add_lora, add_lora_beside
 from serve.forward.context import peek_context
 
 from .pool import AdapterPool

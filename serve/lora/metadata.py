@@ -7,13 +7,13 @@ of the step, with one signature for both implementations:
 
     op(y, x, lora_a, lora_b, segments, ranks, scales, slices)      # y += LoRA(x), in place
 
-    "triton": kernels.add_lora (ATMM: two launches per projection whatever the adapter mix, or
+    "triton": vlora_kernels.add_lora (ATMM: two launches per projection whatever the adapter mix, or
               one launch (fused or handoff) for small decode batches only where the tiling table
               measured it faster; needs fp16/bf16 activations; on CPU it runs in the Triton
               interpreter)
-    "torch":  kernels.lora_reference (per segment and slice in fp32, rounded once into y:
+    "torch":  vlora_kernels.lora_reference (per segment and slice in fp32, rounded once into y:
               PEFT's arithmetic; the CPU engine's path)
-    "einsum": kernels.lora_einsum (dLoRA's operator: every token's adapter gathered, contracted
+    "einsum": vlora_kernels.lora_einsum (dLoRA's operator: every token's adapter gathered, contracted
               with einsum; eager, so steps that use it are never graph replays)
 
 CUDA-graph decode replays kernels whose arguments are fixed at capture, so `LoraGraphBuffers`
@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import NO_LORA, SegmentMeta, add_lora, build_segments, lora_einsum, lora_reference
+from vlora_kernels import NO_LORA, SegmentMeta, add_lora, build_segments, lora_einsum, lora_reference
 
 OPS: dict[str, Callable] = {"triton": add_lora, "torch": lora_reference, "einsum": lora_einsum}
 

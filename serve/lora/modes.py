@@ -11,14 +11,14 @@ Three modes (serve.orchestrator.Mode), two weight states:
 Mixture ("deLoRA") runs the step's LoRA operator once per projection, over the tokens not of `a`
 only: each carries its own slot (slot -2 for a token of no adapter) and the batch's metadata
 names `a` as the mixed-in slot, which every such token also applies with its scale negated, as
-one problem of rank r_x + r_a (kernels/shrink.py, expand.py: the same A and B of a's pool slot,
+one problem of rank r_x + r_a (vlora_kernels/shrink.py, expand.py: the same A and B of a's pool slot,
 no extra slot, no copy, no second launch). So y = x (W + dW_a)^T + x dW_x^T - x dW_a^T, the
 unmerged output up to float rounding, and the LoRA work is that of the other adapters' tokens. The manager builds a `MixtureBatch` whenever the
 weights hold an adapter, so a request of another adapter that is running across a switch
 is always computed exactly; merge(a) differs from mixture(a) only in whom the scheduler admits.
 
-Switches fold a pool slot into the base weights with `kernels.merge_lora_` (one Triton launch per
-projection kind over all layers, on GPU) or `kernels.merge_lora_ref_` (per-layer fp32 addmm: the CPU
+Switches fold a pool slot into the base weights with `vlora_kernels.merge_lora_` (one Triton launch per
+projection kind over all layers, on GPU) or `vlora_kernels.merge_lora_ref_` (per-layer fp32 addmm: the CPU
 path, and dLoRA's "addmm" switch). Both need each kind's weights as one contiguous [L, N, K]
 tensor: `WeightMerger` restacks them once at engine start and points every layer's `Linear.weight`
 at its row (a view), so switches then run in place with no copy. FP8 projections
@@ -35,7 +35,7 @@ from itertools import accumulate
 import torch
 from torch import nn
 
-from kernels import MIX_ONLY, NO_LORA, SegmentMeta, build_segments, merge_lora_, merge_lora_ref_
+from vlora_kernels import MIX_ONLY, NO_LORA, SegmentMeta, build_segments, merge_lora_, merge_lora_ref_
 
 from .fp8_merge import Fp8Stacks, is_fp8_projection
 from .metadata import OPS, LoraBatch, LoraGraphBuffers

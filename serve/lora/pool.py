@@ -10,8 +10,8 @@ once at start and never reallocated, so layer views and captured CUDA graphs sta
 their own L, one per tower block, and share the slots: a slot holds both halves of its adapter.)
 
 Layer l's views `lora_a[kind][l]` ([n_slices, S, R, in]), `lora_b[kind][l]` ([S, out, R]),
-`ranks[kind][l]` and `scales[kind]` are exactly what `kernels.add_lora` takes; the stacked
-tensors are what `kernels.merge_lora_` takes (with ranks reduced over layers), so the
+`ranks[kind][l]` and `scales[kind]` are exactly what `vlora_kernels.add_lora` takes; the stacked
+tensors are what `vlora_kernels.merge_lora_` takes (with ranks reduced over layers), so the
 merged and mixture modes fold a slot in place without copies. Loading an adapter into slot s
 is a copy of its host tensors into [:, :, s, :r_pad] (rows past r_pad zeroed): one
 host-to-device transfer of its real bytes, however large R is.
@@ -39,7 +39,7 @@ class PoolConfig:
     max_rank: int = 64  # largest adapter rank served (the pool's R, rounded up to 16)
     targets: tuple[str, ...] = ALL_TARGETS  # modules adapters may adapt; other kinds get no pool
     backend: str = "auto"  # "triton" (ATMM kernels), "torch" (plain PyTorch), "auto": triton on GPU in fp16/bf16
-    overlap_shrink: bool = False  # triton on a GPU: the shrink beside the base matmul (kernels.add_lora_beside)
+    overlap_shrink: bool = False  # triton on a GPU: the shrink beside the base matmul (vlora_kernels.add_lora_beside)
     tower: bool = True  # slots for the vision tower's projections too (serve/lora/tower.py)
 
     def __post_init__(self) -> None:
@@ -114,7 +114,7 @@ class AdapterPool:
             self.scales[kind][slot] = 0.0
 
     def merge_ranks(self, kind: str) -> torch.Tensor:
-        """int32 [n_slices, S]: ranks over all layers, the `ranks` argument of `kernels.merge_lora_`
+        """int32 [n_slices, S]: ranks over all layers, the `ranks` argument of `vlora_kernels.merge_lora_`
         (zero rows past a layer's own rank add nothing)."""
         return self.ranks[kind].amax(dim=0)
 

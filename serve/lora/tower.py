@@ -5,7 +5,7 @@ the CLIP tower a batch of images ([N, 1 + patches, D]). An adapter trained with
 `train_vision_tower` adapts the tower's attention and MLP projections (and Qwen's patch
 embedding); each item of a pass takes the adapter of the request it belongs to, so one pass
 mixes adapters, and one LoRA op call per projection covers all of its rows (ATMM on a GPU,
-`kernels.lora_reference` on CPU: the language model's op and pool slots):
+`vlora_kernels.lora_reference` on CPU: the language model's op and pool slots):
 
     y = x @ W.T + b                                            # the tower's own projection
     y[rows of item i] += scale[s_i] * x @ A[s_i].T @ B[s_i].T  # s_i: item i's slot; -1: nothing
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kernels import NO_LORA, build_segments
+from vlora_kernels import NO_LORA, build_segments
 
 from .metadata import OPS, LoraBatch
 from .pool import AdapterPool

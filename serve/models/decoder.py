@@ -62,7 +62,7 @@ def _rows_kept(o: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     """view, carrying the FP8 rows the decode attention attached to o (a reshape is a new tensor object)."""
     if not o.__dict__:  # the common case: nothing attached, and no import on the step's path
         return view
-    from kernels.fp8 import attach_rows, attached_rows
+    from vlora_kernels.fp8 import attach_rows, attached_rows
 
     rows = attached_rows(o)
     return view if rows is None else attach_rows(view, *rows)
@@ -70,8 +70,8 @@ def _rows_kept(o: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
 
 def _fp8_rows_wanted(x: torch.Tensor) -> bool:
     """Whether the FP8 projection after x's producer reads its FP8 rows (at decode sizes the FP8 GEMM may
-    take the bf16 activation as it is: kernels/fp8.py `rows_wanted`)."""
-    from kernels.fp8 import rows_wanted
+    take the bf16 activation as it is: vlora_kernels/fp8.py `rows_wanted`)."""
+    from vlora_kernels.fp8 import rows_wanted
 
     return rows_wanted(x)
 
@@ -91,7 +91,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.fused and self.fp8_act and _fp8_rows_wanted(gate_up):
-            from kernels.fp8_fused import silu_mul_fp8
+            from vlora_kernels.fp8_fused import silu_mul_fp8
 
             act = silu_mul_fp8(gate_up)
         elif self.fused:
@@ -174,7 +174,7 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head_fp8 is not None:  # the head's FP8 copy (serve/models/fp8.py quantize_lm_head)
-            from kernels.fp8 import fp8_linear
+            from vlora_kernels.fp8 import fp8_linear
 
             return fp8_linear(hidden, self.lm_head_fp8, self.lm_head_scale)
         return torch.nn.functional.linear(hidden, self.head_weight())

@@ -3,7 +3,7 @@
 Every projection `Linear` (qkv / o / gate_up / down, serve/models/layers.py) is replaced once, after
 the bf16 checkpoint is loaded, by an `Fp8Linear` holding the weight as float8_e4m3fn with one fp32
 scale per output channel; each forward quantizes the activation per token and runs one rowwise
-scaled FP8 GEMM (kernels/fp8.py), bf16 out. With the Triton backend the norm before qkv and gate_up,
+scaled FP8 GEMM (vlora_kernels/fp8.py), bf16 out. With the Triton backend the norm before qkv and gate_up,
 the SiLU-mul before down and, at decode, the attention before o_proj write that quantization themselves
 (`fuse_quantization`); o_proj quantizes its own input only in prefill. Embedding, norms, LM head and the vision tower stay in
 the checkpoint's dtype. LoRA wraps an `Fp8Linear` exactly as it wraps a `Linear`: the adapter
@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.fp8 import FP8_DTYPE, dequantize, fp8_linear, quantize_weight
-from kernels.fp8_decode import group_scales_fit
+from vlora_kernels.fp8 import FP8_DTYPE, dequantize, fp8_linear, quantize_weight
+from vlora_kernels.fp8_decode import group_scales_fit
 
 from .layers import Linear
 
@@ -28,7 +28,7 @@ QUANTIZATIONS = ("none", "fp8")
 MIN_CAPABILITY = (8, 9)
 ALLOW_CPU = False  # tests only: let an engine on the CPU run FP8 projections (slow, never for serving)
 # the fused norms and SiLU-mul (Triton backend) write their output's FP8 rows for the projection after
-# them (kernels/fp8_fused.py); off: every projection quantizes its input itself (the A/B of bench.fp8)
+# them (vlora_kernels/fp8_fused.py); off: every projection quantizes its input itself (the A/B of bench.fp8)
 FUSE_QUANTIZATION = True
 # with it, the decode attention writes o_proj's FP8 rows, one scale per (token, kv head group)
 # (serve/forward/decode_kernel.py); off: o_proj quantizes its input per token itself (bench.fp8's A/B)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight
+from vlora_kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight
 
 from .fp8 import Fp8Linear
 from .loader import is_fp8_dtype

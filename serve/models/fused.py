@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.row_ops import rms_norm_row, silu_mul
+from vlora_kernels.row_ops import rms_norm_row, silu_mul
 
 
 @triton.jit

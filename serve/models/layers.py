@@ -10,7 +10,7 @@ output, in the order of `slice_names`:
     gate_up_proj: y = [ gate (intermediate) | up (intermediate) ]
     o_proj, down_proj: one slice each
 
-`output_slices` is exactly the `slices` argument of `kernels.add_lora`, and the weight rows
+`output_slices` is exactly the `slices` argument of `vlora_kernels.add_lora`, and the weight rows
 follow the same order (the checkpoint's q_proj/k_proj/v_proj rows stacked), so a PEFT
 adapter's per-module lora_B goes to the matching slice.
 """
@@ -91,8 +91,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.fused and self.fp8_output:
-            from kernels.fp8 import rows_wanted
-            from kernels.fp8_fused import rms_norm_fp8
+            from vlora_kernels.fp8 import rows_wanted
+            from vlora_kernels.fp8_fused import rms_norm_fp8
 
             if rows_wanted(x):  # at decode sizes the FP8 GEMM may take the bf16 output as it is
                 return rms_norm_fp8(x, self.weight, self.eps, residual)

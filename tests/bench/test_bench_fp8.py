@@ -89,7 +89,7 @@ def test_the_transposed_gemm_gives_the_product_as_written(m):
     # the swap_us column's GEMM: padded token rows, swapped scales, transposed back. On the CPU, where the torch
     # release takes rowwise-scaled _scaled_mm at all.
     from bench.fp8_gemm import transposed_scaled_mm
-    from kernels.fp8 import dequantize, quantize_rows_ref, quantize_weight, scaled_mm_rows
+    from vlora_kernels.fp8 import dequantize, quantize_rows_ref, quantize_weight, scaled_mm_rows
 
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, 64, generator=g)

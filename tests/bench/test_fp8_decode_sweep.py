@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from bench.fp8_decode_sweep import SHAPES_7B, best_lines, candidates, main, sweep
-from kernels.fp8 import quantize_rows_ref, quantize_weight
-from kernels.fp8_decode import decode_config, fp8_decode_mm, fp8_decode_mm_ref
+from vlora_kernels.fp8 import quantize_rows_ref, quantize_weight
+from vlora_kernels.fp8_decode import decode_config, fp8_decode_mm, fp8_decode_mm_ref
 
 
 def _once(fn) -> float:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench.kernels_report import summarize
-from kernels.search import SearchJob, pending_keys, search_keys
-from kernels.table import TilingTable
-from kernels.tiling import TileConfig
+from vlora_kernels.search import SearchJob, pending_keys, search_keys
+from vlora_kernels.table import TilingTable
+from vlora_kernels.tiling import TileConfig
 
 
 def _row(tokens, impl, us, floor):
@@ -65,10 +65,10 @@ def test_bench_times_the_fused_kernel_at_decode_sizes_only():
     import dataclasses
 
     from bench.kernels import one_launch_impl
-    from kernels.lora import add_lora
-    from kernels.table import TilingTable
-    from kernels.tiling import TileConfig, heuristic_config, shape_key
-    from kernels.workload import LoRAShape
+    from vlora_kernels.lora import add_lora
+    from vlora_kernels.table import TilingTable
+    from vlora_kernels.tiling import TileConfig, heuristic_config, shape_key
+    from vlora_kernels.workload import LoRAShape
 
     table = TilingTable("GPU")
     key = shape_key("fused", 8, 1, 4096, 4096, 64, 1)
@@ -141,9 +141,9 @@ def test_redo_searches_again_only_the_named_ops_buckets():
 
 
 def test_compile_work_keeps_each_tiling_in_one_worker():
-    from kernels.search import compile_chunks
-    from kernels.tiling import TileConfig
-    from kernels.workload import LoRAShape
+    from vlora_kernels.search import compile_chunks
+    from vlora_kernels.tiling import TileConfig
+    from vlora_kernels.workload import LoRAShape
 
     cfgs = [TileConfig(16, 16 << i, 64) for i in range(5)]
     shapes = [LoRAShape(16, "distinct", r, k, sl) for r in (16, 64) for k, sl in ((4096, (4096,)), (3584, (3584, 512, 512)))]
@@ -160,8 +160,8 @@ def test_compile_work_keeps_each_tiling_in_one_worker():
 
 
 def test_compile_batches_follow_the_search_order_and_compile_each_kernel_once():
-    from kernels.search import compile_batches
-    from kernels.tiling import config_space
+    from vlora_kernels.search import compile_batches
+    from vlora_kernels.tiling import config_space
 
     keys = search_keys(SearchJob([8, 64], ["distinct"], [16], [4096], layouts=[(3584, (3584, 512, 512))]))
     spaces = {k: config_space(k, 227 * 1024) for k in keys}

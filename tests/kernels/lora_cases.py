@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.segments import build_segments
+from vlora_kernels.segments import build_segments
 
 # Compiled kernels on a GPU when there is one; the Triton interpreter on CPU otherwise.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

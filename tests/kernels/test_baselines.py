@@ -1,4 +1,4 @@
-"""Punica's SGMV and S-LoRA's MBGMV (kernels/baselines.py) against the fp32 reference (CPU: through the
+"""Punica's SGMV and S-LoRA's MBGMV (vlora_kernels/baselines.py) against the fp32 reference (CPU: through the
 Triton interpreter), their place in the kernel benchmark, and the benchmark's latency percentiles."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from lora_cases import make_batch, make_pool, rel_err
 
-from kernels.baselines import lora_mbgmv, lora_sgmv
-from kernels.reference import lora_reference
-from kernels.workload import token_slots
+from vlora_kernels.baselines import lora_mbgmv, lora_sgmv
+from vlora_kernels.reference import lora_reference
+from vlora_kernels.workload import token_slots
 
 # the shrink's K split in 16-feature programs, so that the split-K sums are exercised at test sizes
 sgmv_split_k = functools.partial(lora_sgmv, k_per_split=16)
@@ -125,7 +125,7 @@ def test_benchmark_times_every_baseline_and_each_matches_the_reference():
 
 
 def test_latency_percentiles():
-    from kernels.timing import latency_stats
+    from vlora_kernels.timing import latency_stats
 
     samples = [float(v) for v in range(100, 0, -1)]  # 1..100 in any order
     stats = latency_stats(samples)

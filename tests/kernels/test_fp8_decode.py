@@ -1,4 +1,4 @@
-"""kernels/fp8_decode.py: the decode-sized FP8 GEMM against the fp32 product of its dequantized operands
+"""vlora_kernels/fp8_decode.py: the decode-sized FP8 GEMM against the fp32 product of its dequantized operands
 (the interpreter on the CPU, compiled on a GPU), its launch table, and fp8_linear's switch to it."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 import triton
 
-from kernels import fp8, fp8_decode
-from kernels.fp8 import quantize_rows_ref, quantize_weight, scaled_mm_rows
-from kernels.fp8_decode import (CONFIGS, MAX_M, decode_activations, decode_config, decode_kernel_on, decode_max_m,
+from vlora_kernels import fp8, fp8_decode
+from vlora_kernels.fp8 import quantize_rows_ref, quantize_weight, scaled_mm_rows
+from vlora_kernels.fp8_decode import (CONFIGS, MAX_M, decode_activations, decode_config, decode_kernel_on, decode_max_m,
                                 dequantize_rows, fp8_decode_mm, fp8_decode_mm_ref, fp8w_decode_mm, fp8w_decode_mm_ref,
                                 gemm_pdl, group_scales_fit)
 
@@ -185,7 +185,7 @@ def test_decode_max_m_comes_from_the_environment_once_at_import():
     assert decode_kernel_on((9, 0), {}) and not decode_kernel_on((8, 9), {}) and not decode_kernel_on((10, 0), {})
     assert decode_kernel_on((8, 9), {"VLORA_FP8_DECODE_MAX_M": "32"})
     env = {**os.environ, "VLORA_FP8_DECODE_MAX_M": "48", "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", "import kernels.fp8 as f; print(f.DECODE_KERNEL_MAX_M)"], env=env,
+    done = subprocess.run([sys.executable, "-c", "import vlora_kernels.fp8 as f; print(f.DECODE_KERNEL_MAX_M)"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0 and done.stdout.strip() == "48", done.stderr[-500:]
 

@@ -1,4 +1,4 @@
-"""kernels/fp8_decode.py's GEMM compiled for Hopper on this machine (no GPU needed): the dot is an FP8
+"""vlora_kernels/fp8_decode.py's GEMM compiled for Hopper on this machine (no GPU needed): the dot is an FP8
 wgmma with the weight's channels as its M and the tokens as its N, each wgmma's sum promoted to fp32,
 and both operands stream in 16-byte cp.async copies, pipelined. The weight-only variant (bf16 tokens)
 widens each FP8 weight tile in registers and feeds it to a bf16 wgmma from there."""
@@ -14,7 +14,7 @@ from hopper_ptx import compile_ptx
 # Compiled as a launch specializes it: the pointers, sizes and strides divisible by 16 (the 7B's K and
 # N are), so the K-masked loads may be 16 bytes wide. (hopper_ptx's ptx() declares no divisibility.)
 _COMPILE = """
-from kernels.fp8_decode import _fp8_decode_gemm_kernel as kernel, _fp8_decode_gemm_reduce_kernel
+from vlora_kernels.fp8_decode import _fp8_decode_gemm_kernel as kernel, _fp8_decode_gemm_reduce_kernel
 
 names = kernel.arg_names
 aligned = ("x_ptr", "w_ptr", "sx_ptr", "sw_ptr", "bias_ptr", "out_ptr", "N", "K", "stride_xm", "stride_wn",

@@ -1,6 +1,6 @@
-"""The fused norm / SiLU-mul + FP8 kernels (kernels/fp8_fused.py) compiled for Hopper on this machine (no
+"""The fused norm / SiLU-mul + FP8 kernels (vlora_kernels/fp8_fused.py) compiled for Hopper on this machine (no
 GPU needed): they compile, round to e4m3 to nearest with saturation and divide by the scale as IEEE,
-as kernels/fp8.py's quantization does, so their bytes match quantize_rows' on a GPU too."""
+as vlora_kernels/fp8.py's quantization does, so their bytes match quantize_rows' on a GPU too."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hopper_ptx import compile_ptx
 
 _COMPILE = """
-from kernels.fp8_fused import _cast_blocks_fp8_kernel, _rms_norm_fp8_kernel, _silu_mul_fp8_kernel
+from vlora_kernels.fp8_fused import _cast_blocks_fp8_kernel, _rms_norm_fp8_kernel, _silu_mul_fp8_kernel
 
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
 bf16 = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", res_out_ptr="*bf16", q_ptr="*fp8e4nv",

@@ -1,4 +1,4 @@
-"""kernels/fp8_fused.py: the RMSNorm and the SiLU-mul that also write their output's FP8 rows write the
+"""vlora_kernels/fp8_fused.py: the RMSNorm and the SiLU-mul that also write their output's FP8 rows write the
 same activation as the unfused kernels and the same FP8 bytes and scales as `quantize_rows` of it (the
 interpreter on the CPU, compiled on a GPU); `fp8_linear` takes the attached rows instead of quantizing."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import triton
 
-from kernels.fp8 import (FP8_DTYPE, FP8_MAX, ONE_PASS_MAX, attach_rows, attached_rows, fp8_linear, quantize_rows_ref,
+from vlora_kernels.fp8 import (FP8_DTYPE, FP8_MAX, ONE_PASS_MAX, attach_rows, attached_rows, fp8_linear, quantize_rows_ref,
                          quantize_rows_triton, quantize_weight)
-from kernels.fp8_fused import rms_norm_fp8, rms_norm_fp8_ref, silu_mul_fp8, silu_mul_fp8_ref
+from vlora_kernels.fp8_fused import rms_norm_fp8, rms_norm_fp8_ref, silu_mul_fp8, silu_mul_fp8_ref
 from serve.models.fused import rms_norm, silu_and_mul
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

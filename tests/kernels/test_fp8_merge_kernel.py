@@ -1,4 +1,4 @@
-"""kernels.merge_fp8_ (Triton, through the interpreter on the CPU) against kernels.merge_fp8_ref_:
+"""vlora_kernels.merge_fp8_ (Triton, through the interpreter on the CPU) against vlora_kernels.merge_fp8_ref_:
 fused and single slices, ranks below and past 16, an untargeted slice, widths that do not fill a
 tile, fp32 and bf16 pools; and its input checks."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import FP8_DTYPE, dequantize, merge_fp8_, merge_fp8_ref_, quantize_weight
+from vlora_kernels import FP8_DTYPE, dequantize, merge_fp8_, merge_fp8_ref_, quantize_weight
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernel: on the GPU, else interpreted
 

@@ -12,8 +12,8 @@ import pytest
 from hopper_ptx import compile_ptx
 
 _COMPILE = """
-from kernels.fp8 import _quantize_rows_kernel
-from kernels.fp8_merge import _merge_fp8_kernel
+from vlora_kernels.fp8 import _quantize_rows_kernel
+from vlora_kernels.fp8_merge import _merge_fp8_kernel
 
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
 out = {"quantize": ptx(_quantize_rows_kernel, dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"),

@@ -1,4 +1,4 @@
-"""kernels/fp8.py on the CPU: quantize / dequantize against fp32, per-token scaling (the Triton kernel
+"""vlora_kernels/fp8.py on the CPU: quantize / dequantize against fp32, per-token scaling (the Triton kernel
 through the interpreter against its PyTorch reference, byte for byte) and the FP8 GEMM against a
 fp32 matmul of the dequantized operands."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fp8 import (FP8_DTYPE, FP8_MAX, SCALE_FLOOR, dequantize, fp8_linear, quantize_rows_ref,
+from vlora_kernels.fp8 import (FP8_DTYPE, FP8_MAX, SCALE_FLOOR, dequantize, fp8_linear, quantize_rows_ref,
                          quantize_rows_triton, quantize_weight)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernel: on the GPU, else interpreted

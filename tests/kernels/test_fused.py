@@ -9,13 +9,13 @@ import pytest
 import torch
 from lora_cases import make_batch, make_pool, rel_err
 
-import kernels.lora
-from kernels.fused import fused_add_lora
-from kernels.lora import add_lora, one_launch_for
-from kernels.reference import lora_reference
-from kernels.table import TilingTable
-from kernels.tiling import MAX_FUSED_GROUPS, TileConfig, config_space, heuristic_config, shape_key
-from kernels.workload import token_slots
+import vlora_kernels.lora
+from vlora_kernels.fused import fused_add_lora
+from vlora_kernels.lora import add_lora, one_launch_for
+from vlora_kernels.reference import lora_reference
+from vlora_kernels.table import TilingTable
+from vlora_kernels.tiling import MAX_FUSED_GROUPS, TileConfig, config_space, heuristic_config, shape_key
+from vlora_kernels.workload import token_slots
 
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
 # Small tiles, so the little test shapes still take several K steps, several column groups per
@@ -215,7 +215,7 @@ def fused_calls(monkeypatch):
         calls.append(args[-1])
         return fused_add_lora(*args)
 
-    monkeypatch.setattr(kernels.lora, "fused_add_lora", spy)
+    monkeypatch.setattr(vlora_kernels.lora, "fused_add_lora", spy)
     return calls
 
 

@@ -1,4 +1,4 @@
-"""The one-launch handoff ATMM kernel (`kernels/handoff.py`) against the fp32 reference (CPU:
+"""The one-launch handoff ATMM kernel (`vlora_kernels/handoff.py`) against the fp32 reference (CPU:
 through the Triton interpreter; on a GPU compiled, where its shrink and expand programs run side
 by side and the in-launch wait is real)."""
 
@@ -11,14 +11,14 @@ import torch
 from lora_cases import make_batch, make_pool, rel_err
 from test_fused import _check, _junk_past_ranks, _slots, _small
 
-import kernels.lora
-from kernels import handoff
-from kernels.handoff import counters, handoff_add_lora, handoff_grid
-from kernels.lora import add_lora, one_launch_for
-from kernels.reference import lora_reference
-from kernels.search import SearchJob, search_keys
-from kernels.table import TilingTable
-from kernels.tiling import TileConfig, config_space, handoff_space, heuristic_config, next_pow2, shape_key
+import vlora_kernels.lora
+from vlora_kernels import handoff
+from vlora_kernels.handoff import counters, handoff_add_lora, handoff_grid
+from vlora_kernels.lora import add_lora, one_launch_for
+from vlora_kernels.reference import lora_reference
+from vlora_kernels.search import SearchJob, search_keys
+from vlora_kernels.table import TilingTable
+from vlora_kernels.tiling import TileConfig, config_space, handoff_space, heuristic_config, next_pow2, shape_key
 
 # Small tiles, so the little test shapes take several K steps per split, several column groups
 # per slice and a last group shorter than col_tiles.
@@ -252,8 +252,8 @@ def test_the_table_picks_the_fastest_one_launch_op_that_beat_two_launches(handof
 
 def test_add_lora_runs_the_handoff_kernel_where_the_table_picks_it(monkeypatch):
     calls = []
-    real = kernels.lora.handoff_add_lora
-    monkeypatch.setattr(kernels.lora, "handoff_add_lora", lambda *a: calls.append(a[-1]) or real(*a))
+    real = vlora_kernels.lora.handoff_add_lora
+    monkeypatch.setattr(vlora_kernels.lora, "handoff_add_lora", lambda *a: calls.append(a[-1]) or real(*a))
     y, x, lora_a, lora_b, meta, ranks, scales, slices = _small([0, 1, 2])
     ref = lora_reference(y.clone(), x, lora_a, lora_b, meta, ranks, scales, slices)
     out = add_lora(y.clone(), x, lora_a, lora_b, meta, ranks, scales, slices, table=_table(5.8))

@@ -9,7 +9,7 @@ import re
 from hopper_ptx import compile_ptx
 
 _COMPILE = """
-from kernels.handoff import _handoff_kernel
+from vlora_kernels.handoff import _handoff_kernel
 pointers = dict(x_ptr="*fp16", a_ptr="*fp16", b_ptr="*fp16", y_ptr="*fp16", v_ptr="*fp32", scales_ptr="*fp32",
                 counters_ptr="*i32", token_order_ptr="*i32", seg_slot_ptr="*i32", seg_start_ptr="*i32",
                 seg_len_ptr="*i32", ranks_ptr="*i32", slice_offsets_ptr="*i32")

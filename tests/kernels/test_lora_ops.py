@@ -6,12 +6,12 @@ import pytest
 import torch
 from lora_cases import make_batch, make_pool, rel_err
 
-from kernels.expand import expand
-from kernels.lora import add_lora, configs_for
-from kernels.reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
-from kernels.segments import build_segments
-from kernels.shrink import shrink
-from kernels.tiling import TileConfig
+from vlora_kernels.expand import expand
+from vlora_kernels.lora import add_lora, configs_for
+from vlora_kernels.reference import lora_einsum, lora_gather_bmm, lora_loop, lora_reference
+from vlora_kernels.segments import build_segments
+from vlora_kernels.shrink import shrink
+from vlora_kernels.tiling import TileConfig
 
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
@@ -137,7 +137,7 @@ def test_configs_come_from_the_table_or_the_heuristic():
 @pytest.mark.parametrize("tokens", [1, 64, 1024])
 def test_real_shapes_on_the_gpu(mix, tokens):
     """Full-size shapes (hidden 4096, fused q/k/v of a GQA model) with tiled configs from the table."""
-    from kernels.workload import token_slots
+    from vlora_kernels.workload import token_slots
 
     slices = (3584, 512, 512)
     slot_ids = token_slots(tokens, mix)
@@ -299,7 +299,7 @@ def test_mix_bounded_graph_buffers_compute_what_the_step_metadata_computes():
 
 
 def test_pdl_is_used_only_where_the_device_can(monkeypatch):
-    from kernels.interpreter import pdl_available
+    from vlora_kernels.interpreter import pdl_available
 
     assert not pdl_available(torch.device("cpu"))
     if torch.cuda.is_available():
@@ -319,8 +319,8 @@ def test_pdl_is_used_only_where_the_device_can(monkeypatch):
 def test_pdl_launch_gives_the_bits_of_the_plain_launches_in_a_cuda_graph(mix, tokens):
     """The expand launched behind the running shrink (programmatic dependent launch), replayed in
     a CUDA graph over fresh inputs: the same bits as the plain two launches, every replay."""
-    from kernels.interpreter import pdl_available
-    from kernels.workload import token_slots
+    from vlora_kernels.interpreter import pdl_available
+    from vlora_kernels.workload import token_slots
 
     if not pdl_available(torch.device("cuda", 0)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
@@ -349,7 +349,7 @@ def test_pdl_launch_gives_the_bits_of_the_plain_launches_in_a_cuda_graph(mix, to
 
 
 def _beside_case(tokens, mix, seed, device=None):
-    from kernels.workload import token_slots
+    from vlora_kernels.workload import token_slots
 
     slices, k = ((3584, 512, 512), 3584) if torch.cuda.is_available() else ((32, 16, 16), 48)
     slot_ids = token_slots(tokens, mix)
@@ -363,7 +363,7 @@ def _beside_case(tokens, mix, seed, device=None):
 def test_add_lora_beside_returns_what_add_lora_after_the_base_returns(mix):
     """base(x) + LoRA(x) with the shrink beside the base matmul (a side stream on a GPU; add_lora
     after base on CPU): the same bits as the plain order, and the same as the reference."""
-    from kernels.lora import add_lora_beside
+    from vlora_kernels.lora import add_lora_beside
 
     base, x, (lora_a, lora_b, meta, ranks, scales, slices) = _beside_case(8, mix, seed=3)
     plain = add_lora(base(x), x, lora_a, lora_b, meta, ranks, scales, slices)
@@ -378,7 +378,7 @@ def test_add_lora_beside_returns_what_add_lora_after_the_base_returns(mix):
 def test_add_lora_beside_in_a_cuda_graph_gives_the_plain_bits(mix):
     """Captured with its side stream (forked and joined per call) and replayed over fresh inputs:
     every replay equals the plain order, eagerly."""
-    from kernels.lora import add_lora_beside
+    from vlora_kernels.lora import add_lora_beside
 
     base, x, (lora_a, lora_b, meta, ranks, scales, slices) = _beside_case(32, mix, seed=4)
 

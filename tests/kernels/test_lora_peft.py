@@ -6,8 +6,8 @@ import torch
 from lora_cases import DEVICE, rel_err
 from peft import LoraConfig, get_peft_model
 
-from kernels.lora import add_lora
-from kernels.segments import build_segments
+from vlora_kernels.lora import add_lora
+from vlora_kernels.segments import build_segments
 
 
 def test_matches_a_peft_lora_linear():

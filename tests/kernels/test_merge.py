@@ -12,7 +12,7 @@ if DEVICE == "cpu":
 
 import pytest  # noqa: E402
 
-from kernels.merge import (  # noqa: E402
+from vlora_kernels.merge import (  # noqa: E402
     MergeGroup, merge_floor_bytes, merge_groups_, merge_lora_, merge_lora_ref_, unmerge_lora_)
 
 REL_TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}

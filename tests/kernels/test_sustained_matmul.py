@@ -1,4 +1,4 @@
-"""kernels.timing.sustained_matmul_tflops on a GPU: back-to-back products for the given time, then the rate of
+"""vlora_kernels.timing.sustained_matmul_tflops on a GPU: back-to-back products for the given time, then the rate of
 the last quarter's batches (the streams suite's floor under full load)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from kernels.timing import matmul_tflops, sustained_matmul_tflops
+from vlora_kernels.timing import matmul_tflops, sustained_matmul_tflops
 
 
 @pytest.mark.gpu

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from kernels.segments import build_segments
-from kernels.table import TilingTable, device_slug
-from kernels.tiling import ShapeKey, TileConfig, config_space, heuristic_config, shape_key
-from kernels.workload import MIXES, LoRAShape, floor_cost, token_slots
+from vlora_kernels.segments import build_segments
+from vlora_kernels.table import TilingTable, device_slug
+from vlora_kernels.tiling import ShapeKey, TileConfig, config_space, heuristic_config, shape_key
+from vlora_kernels.workload import MIXES, LoRAShape, floor_cost, token_slots
 
 
 def test_tile_configs_are_powers_of_two_at_least_16():

@@ -1,4 +1,4 @@
-"""The flat token grid (kernels/token_tiles.py): the same result as the by-segment grid, on every
+"""The flat token grid (vlora_kernels/token_tiles.py): the same result as the by-segment grid, on every
 kind of batch it may meet, with fewer programs where segments are uneven (CPU: Triton interpreter)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import pytest
 import torch
 from lora_cases import make_batch, make_pool, rel_err
 
-from kernels.lora import add_lora
-from kernels.reference import lora_reference
-from kernels.segments import build_segments
-from kernels.shrink import shrink
-from kernels.tiling import TileConfig
-from kernels.token_tiles import flat_tiles, seg_block, token_grid
+from vlora_kernels.lora import add_lora
+from vlora_kernels.reference import lora_reference
+from vlora_kernels.segments import build_segments
+from vlora_kernels.shrink import shrink
+from vlora_kernels.tiling import TileConfig
+from vlora_kernels.token_tiles import flat_tiles, seg_block, token_grid
 
 
 def _skewed(n_tokens: int, seed: int, with_gaps: bool = True) -> list[int]:
@@ -53,7 +53,7 @@ def test_flat_grid_gives_the_bits_of_the_by_segment_grid(split_k, col_tiles, k, 
 def test_each_launch_takes_its_own_layout(monkeypatch):
     """flat as a (shrink, expand) pair: each launch on its own grid (the warm-up's sweep compiles the
     mixed pairs live batches reach), the same bits as either layout on both."""
-    import kernels.lora as lora
+    import vlora_kernels.lora as lora
 
     seen = []
     for name in ("shrink", "expand"):

@@ -20,8 +20,8 @@ def run(cfg: DictConfig) -> dict:
     from bench.kernels import BenchJob, run_kernel_bench
     from bench.kernels_report import plot, print_summary, summarize, write_summary
     from bench.merge import bench_merge
-    from kernels.timing import copy_bandwidth_gbs
-    from kernels.workload import DTYPES
+    from vlora_kernels.timing import copy_bandwidth_gbs
+    from vlora_kernels.workload import DTYPES
 
     b = cfg.bench
     if b.suite not in SUITES:

@@ -1,4 +1,4 @@
-"""`vlora tune`: the offline tiling search (kernels.search) on this machine's GPU."""
+"""`vlora tune`: the offline tiling search (vlora_kernels.search) on this machine's GPU."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def projection_layouts(model: str) -> list[tuple[int, tuple[int, ...]]]:
 def run(cfg: DictConfig):
     import torch
 
-    from kernels.search import SearchJob, run_search
+    from vlora_kernels.search import SearchJob, run_search
 
     if not torch.cuda.is_available():
         raise SystemExit("vlora tune profiles kernels on a CUDA GPU; none is available here")

@@ -62,7 +62,7 @@ def test_fp8_engine_tokens_mostly_agree_with_bf16_and_heads_agree(tiny_zoo, adap
 def test_an_fp8_lm_head_gives_the_logits_of_its_fp8_copy(tiny_zoo, monkeypatch):
     """fp8_lm_head: the logits of every step come from the head quantized per vocabulary row (fp8_linear), close to
     the bf16 head's; refused without quantization=fp8."""
-    from kernels.fp8 import FP8_DTYPE, dequantize, fp8_linear
+    from vlora_kernels.fp8 import FP8_DTYPE, dequantize, fp8_linear
 
     with pytest.raises(ValueError, match="fp8_lm_head=true needs quantization=fp8, got quantization=none"):
         EngineConfig(device="cpu", fp8_lm_head=True)

@@ -9,8 +9,8 @@ import csv
 import pytest
 import torch
 
-from kernels import fp8 as fp8_kernels
-from kernels import fp8_decode
+from vlora_kernels import fp8 as fp8_kernels
+from vlora_kernels import fp8_decode
 from serve import Engine, EngineConfig, Request, SamplingParams
 from serve.models import fp8 as fp8_models
 

@@ -10,7 +10,7 @@ import torch
 from adapter_cases import make_classifier_adapter
 from serve_cases import case_specs, make_request
 
-from kernels.fp8 import dequantize, fp8_linear, quantize_rows_ref, quantize_rows_triton, quantize_weight, rows_wanted
+from vlora_kernels.fp8 import dequantize, fp8_linear, quantize_rows_ref, quantize_rows_triton, quantize_weight, rows_wanted
 from serve import Engine, EngineConfig
 from serve.orchestrator import Mode
 

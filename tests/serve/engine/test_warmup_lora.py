@@ -10,8 +10,8 @@ import pytest
 import torch
 from adapter_cases import make_adapter
 
-from kernels import TilingTable, build_segments
-from kernels.table import TABLE_DIR
+from vlora_kernels import TilingTable, build_segments
+from vlora_kernels.table import TABLE_DIR
 from serve import Engine, EngineConfig
 from serve.engine import Request, SamplingParams
 from serve.engine.warmup_lora import block_ms, layouts, sweep_batches, sweep_lora_kernels, variant

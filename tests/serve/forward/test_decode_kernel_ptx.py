@@ -39,7 +39,7 @@ def test_the_decode_attention_writes_its_fp8_rows_only_when_asked(ptx):
     assert "e4m3" not in ptx["plain"] and "div.rn.f32" not in ptx["plain"]
     code = ptx["fp8"]
     assert "cvt.rn.satfinite.e4m3x2.f32" in code, "fp32 -> e4m3: round to nearest even, saturating"
-    assert "div.rn.f32" in code  # the scale (amax / 448) and each value / scale, as kernels/fp8.py quantizes
+    assert "div.rn.f32" in code  # the scale (amax / 448) and each value / scale, as vlora_kernels/fp8.py quantizes
     assert "st.global.b8" in code or "st.global.v2.b8" in code or "st.global.v4.b8" in code or "st.global.b16" in code
 
 

@@ -122,7 +122,7 @@ def test_decode_kernel_writes_fp8_rows_of_its_output_one_scale_per_kv_head_group
                                                                                  head_dim, splits):
     """fp8_rows: the output as without it, bit for bit, and its FP8 copy with one scale per (sequence, kv head
     group): quantize_rows_ref of the output's groups of GROUP * head_dim columns, byte for byte."""
-    from kernels.fp8 import quantize_rows_ref
+    from vlora_kernels.fp8 import quantize_rows_ref
 
     query_lens = [1] * len(context_lens)
     case = _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, 16, dtype=torch.bfloat16)
@@ -168,7 +168,7 @@ def test_split_decode_at_the_7b_shape_on_a_gpu(batch):
     decode_splits: 16, 4 and 2 splits) against one program a group, and its FP8 rows against its output."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from kernels.fp8 import quantize_rows_ref
+    from vlora_kernels.fp8 import quantize_rows_ref
 
     lens = [1 + (i * 97) % 700 for i in range(batch)]
     q, kc, vc, tables, _, _, _ = _paged_case(lens, [1] * batch, 28, 4, 128, 16, dtype=torch.bfloat16, seed=batch)

@@ -10,7 +10,7 @@ from adapter_cases import one_thread  # noqa: F401 (autouse: one intra-op thread
 from mode_cases import setup  # noqa: F401 (module fixture: checkpoint + adapters)
 from serve_cases import case_specs, make_request
 
-from kernels.fp8 import dequantize, merge_fp8_ref_, quantize_weight
+from vlora_kernels.fp8 import dequantize, merge_fp8_ref_, quantize_weight
 from serve import Engine, EngineConfig
 from serve.models import fp8 as fp8_module
 from serve.orchestrator import Mode
@@ -122,7 +122,7 @@ def test_merged_outputs_are_close_to_unmerged(engine, mode):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU engine's kernel runs interpreted only without a GPU; "
                     "tests/serve/engine/test_fp8_gpu.py folds on the device")
 def test_the_triton_fold_in_matches_the_pytorch_one_in_the_engine(engine):
-    """The GPU's switch (kernels.merge_fp8_, here through the interpreter) folds the same weights in."""
+    """The GPU's switch (vlora_kernels.merge_fp8_, here through the interpreter) folds the same weights in."""
     engine.set_mode(Mode.merge("all16"))  # makes it resident (4 slots for 3 adapters: it stays)
     engine.set_mode(Mode.unmerge())
     merger, slot = engine.lora.merger, engine.lora.get("all16").slot

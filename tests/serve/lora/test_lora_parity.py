@@ -182,14 +182,14 @@ def test_the_handoff_kernel_in_the_decode_graphs_decodes_the_same_tokens_on_gpu(
     """Where a table sends decode batches to the one-launch handoff kernel: graphs captured with
     it (its counters and workspace are per stream, made in the warm-up on the capture stream)
     decode the same tokens as the two launches, and it did run, in the graphs and eagerly."""
-    import kernels.lora
-    from kernels.tiling import FUSED_MAX_RANK, HANDOFF_MAX_TOKENS, TileConfig
+    import vlora_kernels.lora
+    from vlora_kernels.tiling import FUSED_MAX_RANK, HANDOFF_MAX_TOKENS, TileConfig
 
     outs = {}
     for handoff in (True, False):
         calls = []
         if handoff:  # every plain decode batch to the handoff kernel, as a table that measured it faster would
-            real = kernels.lora.handoff_add_lora
+            real = vlora_kernels.lora.handoff_add_lora
 
             def pick(x, lora_a, meta, slices, table=None):
                 if meta.mix_slot is not None or meta.num_segments == 0 or lora_a.shape[2] > FUSED_MAX_RANK or \
@@ -197,8 +197,8 @@ def test_the_handoff_kernel_in_the_decode_graphs_decodes_the_same_tokens_on_gpu(
                     return None
                 return "handoff", TileConfig(16, 32, 32, split_k=2, col_tiles=2)
 
-            monkeypatch.setattr(kernels.lora, "one_launch_for", pick)
-            monkeypatch.setattr(kernels.lora, "handoff_add_lora", lambda *a: calls.append(1) or real(*a))
+            monkeypatch.setattr(vlora_kernels.lora, "one_launch_for", pick)
+            monkeypatch.setattr(vlora_kernels.lora, "handoff_add_lora", lambda *a: calls.append(1) or real(*a))
         _, outs[handoff] = _gpu_graph_run(tiny_zoo, adapter_dirs)
         assert (len(calls) > 0) == handoff
         monkeypatch.undo()

@@ -11,7 +11,7 @@ import pytest
 import torch
 from fp8_checkpoints import BLOCK, quantization_config, stored_tensors, write_config, write_fp8_checkpoint
 
-from kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight
+from vlora_kernels.fp8 import FP8_DTYPE, dequantize, quantize_weight
 from serve.models import load_model
 from serve.models.fp8 import Fp8Linear
 from serve.models.fp8_checkpoint import dequantize_blocks

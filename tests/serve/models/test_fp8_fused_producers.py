@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kernels.fp8 import attached_rows
+from vlora_kernels.fp8 import attached_rows
 from serve.models import load_model
 from serve.models import fp8 as fp8_models
 
@@ -21,7 +21,7 @@ def _flags(lm) -> list[bool]:
 
 
 def _quantizations(fn) -> int:
-    """Projections quantizing their input themselves in one call (kernels/fp8.quantize_rows: the Triton
+    """Projections quantizing their input themselves in one call (vlora_kernels/fp8.quantize_rows: the Triton
     kernel on a GPU, the fp8_quantize_rows range of the PyTorch path elsewhere)."""
     cuda = DEV == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
@@ -124,7 +124,7 @@ def test_the_decode_attention_writes_o_proj_rows_only_where_a_kv_head_group_is_w
 def test_rows_attached_to_the_attention_output_reach_o_proj_through_its_reshape():
     """decoder.Attention reshapes [T, H, D] to [T, H * D] (a new tensor object): the rows follow, and o_proj (FP8,
     on the CPU: the dequantized product) multiplies them, not a per-token quantization of its input."""
-    from kernels.fp8 import attach_rows, attached_rows, dequantize, fp8_linear, quantize_rows_ref
+    from vlora_kernels.fp8 import attach_rows, attached_rows, dequantize, fp8_linear, quantize_rows_ref
     from serve.models.decoder import _rows_kept
 
     g = torch.Generator().manual_seed(1)

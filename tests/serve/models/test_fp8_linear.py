@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fp8 import FP8_DTYPE, dequantize, quantize_rows_ref
+from vlora_kernels.fp8 import FP8_DTYPE, dequantize, quantize_rows_ref
 from serve import Engine, EngineConfig
 from serve.models import Linear, load_model
 from serve.models import fp8 as fp8_module

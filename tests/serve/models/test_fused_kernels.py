@@ -70,7 +70,7 @@ def _to_bf16(t: torch.Tensor) -> torch.Tensor:
 def test_silu_is_rounded_to_the_model_dtype_before_the_multiply_as_torch_does():
     # bf16 silu(gate) * up is two roundings in torch (F.silu's result, then the product's); the tolerance tests
     # above cannot tell one rounding from two. Rounded once, the product matches about half the elements.
-    from kernels.fp8_fused import silu_mul_fp8
+    from vlora_kernels.fp8_fused import silu_mul_fp8
 
     g = torch.Generator().manual_seed(0)
     x = (3 * torch.randn(16, 2 * 1100, generator=g)).to(DEV, torch.bfloat16)

@@ -1,6 +1,6 @@
 import os, sys, time, traceback
 import torch
-from kernels.timing import time_op
+from vlora_kernels.timing import time_op
 from bench.vision import towers, VisionBenchJob, run_vision_bench
 from bench.vision_lora import time_tower_lora
 from zoo.build import build_tokenizer_and_ids

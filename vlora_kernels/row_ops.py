@@ -1,5 +1,5 @@
 """The row arithmetic the decoder's fused kernels share (serve/models/fused.py) with their FP8 variants
-(kernels/fp8_fused.py), written once so that both round exactly where the transformers code does and
+(vlora_kernels/fp8_fused.py), written once so that both round exactly where the transformers code does and
 the FP8 kernels' activations stay those of the plain kernels, bit for bit."""
 
 from __future__ import annotations

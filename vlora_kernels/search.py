@@ -1,5 +1,5 @@
 """Offline tiling search: profile every configuration of the space on every shape bucket that
-occurs and record the fastest in the GPU's table (`kernels/tables/<gpu>.json`).
+occurs and record the fastest in the GPU's table (`vlora_kernels/tables/<gpu>.json`).
 
 Each tiling is judged by the time of the whole op (shrink + expand) with the other half at
 the table's choice. Decode-sized shapes (up to FUSED_MAX_TOKENS tokens) also search the two
@@ -47,7 +47,7 @@ class SearchJob:
     warmup: int = 3
     repeats: int = 7
     workers: int = 16
-    table: str | None = None  # default: kernels/tables/<gpu>.json
+    table: str | None = None  # default: vlora_kernels/tables/<gpu>.json
     log: str | None = None  # CSV of every timing taken
     layouts: list = field(default_factory=list)  # more (in_features, out slice widths) than hidden squares
     # The ops searched; leaving out "fused" skips that one-launch kernel's large space (add_lora

@@ -22,7 +22,7 @@ Pool layout (one per projection kind and layer; loading an adapter is a copy int
     Mixture: build_segments(..., mix_slot=m) adds -dW_m to every segment's tokens in the same
     launches (slot -2: a token that takes only that part).
 
-Tilings come from `kernels/tables/<gpu>.json` (written by `vlora tune`), with a nearest-shape
+Tilings come from `vlora_kernels/tables/<gpu>.json` (written by `vlora tune`), with a nearest-shape
 and then a heuristic fallback. `reference.py` holds the fp32 reference and the PyTorch
 baselines behind the same call signature.
 """

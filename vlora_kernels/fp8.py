@@ -66,7 +66,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
                           ONE_PASS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
     # grid: (M,): one program per row. ONE_PASS (K <= BLOCK_K): the row is loaded once and kept in
     # registers; else sweep 1 finds the row's amax and sweep 2 (from L2) casts it.
-    if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (kernels/fp8_decode.py)
+    if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (vlora_kernels/fp8_decode.py)
         gdc_launch_dependents()
     pid_m = tl.program_id(0).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
@@ -125,7 +125,7 @@ _ROWS_ATTR = "fp8_rows"
 
 def attach_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Lets x carry its own per-token quantization (`quantize_rows(x)`'s (q, scale)), written by the
-    kernel that produced x (kernels/fp8_fused.py), so `fp8_linear(x, ...)` launches no quantization.
+    kernel that produced x (vlora_kernels/fp8_fused.py), so `fp8_linear(x, ...)` launches no quantization.
     scale may also be [M, G]: one per token and group of K / G consecutive columns (the decode attention's
     rows, one group per kv head: serve/forward/decode_kernel.py), which only the decode GEMM takes.
     x may be [M, ...]: q is then its rows flattened, [M, K]. It is an attribute of this tensor object only:
@@ -151,7 +151,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_rows_ref(x)
 
 
-# Tokens up to which fp8_linear runs kernels/fp8_decode.py's Triton GEMM on a GPU (the weight tiled by
+# Tokens up to which fp8_linear runs vlora_kernels/fp8_decode.py's Triton GEMM on a GPU (the weight tiled by
 # output channels, the tokens padded to 16-64): all of 1..64, since on an H200 it beat _scaled_mm at 1, 32
 # and 64 tokens, per projection and over the whole decode step (results/fp8/nvidia_h200/fourth_run);
 # on Hopper only unless VLORA_FP8_DECODE_MAX_M (0..64, read here once) is set, which overrides both.
@@ -174,7 +174,7 @@ def _decode_kernel_here(device: torch.device) -> bool:
 
 
 def _decode_sized(x: torch.Tensor) -> bool:
-    """Whether fp8_linear(x) runs the decode GEMM (kernels/fp8_decode.py) rather than `_scaled_mm` or the CPU path."""
+    """Whether fp8_linear(x) runs the decode GEMM (vlora_kernels/fp8_decode.py) rather than `_scaled_mm` or the CPU path."""
     return x.is_cuda and 0 < x.shape[0] <= DECODE_KERNEL_MAX_M and _decode_kernel_here(x.device)
 
 
@@ -185,7 +185,7 @@ def _weight_only(x: torch.Tensor) -> bool:
 
 
 def rows_wanted(x: torch.Tensor) -> bool:
-    """Whether a projection's fp8_linear(x) reads x's per-token FP8 rows: a fused producer (kernels/fp8_fused.py)
+    """Whether a projection's fp8_linear(x) reads x's per-token FP8 rows: a fused producer (vlora_kernels/fp8_fused.py)
     writes them beside x only then. x: the producer's input, of the same tokens and dtype as its output."""
     return not _weight_only(x)
 
@@ -211,7 +211,7 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     weight_scale: [N] fp32. Returns [M, N] in x's dtype. On a GPU the rowwise-scaled GEMM writes
     bf16 (the only output it supports with rowwise scales), cast to x's dtype if that differs; at
     1..DECODE_KERNEL_MAX_M tokens on Hopper (or any GPU where VLORA_FP8_DECODE_MAX_M is set) it is
-    kernels/fp8_decode.py's Triton GEMM instead. On the CPU (tests only: the engine refuses FP8 there) it is the fp32 product of
+    vlora_kernels/fp8_decode.py's Triton GEMM instead. On the CPU (tests only: the engine refuses FP8 there) it is the fp32 product of
     the dequantized operands, since CPU `_scaled_mm` takes rowwise scales in some torch releases and not
     in others.
     """
@@ -247,7 +247,7 @@ def merge_fp8_ref_(weight: torch.Tensor, weight_scale: torch.Tensor, lora_a, lor
             weight[l], weight_scale[l] = quantize_weight(W)
 
     weight: [L, N_total, K] fp8; weight_scale: [L, N_total] fp32; the pool tensors as in
-    kernels.merge_lora_. Only layers' rows of targeted slices change value, but a row's scale is
+    vlora_kernels.merge_lora_. Only layers' rows of targeted slices change value, but a row's scale is
     recomputed only where its slice is targeted, so untouched rows keep their bytes exactly.
     Undoing it is a copy of the saved bytes (serve/lora/modes.py), not a subtraction: rounding
     to FP8 twice would not give the original weights back.

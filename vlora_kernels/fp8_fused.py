@@ -1,4 +1,4 @@
-"""Per-token FP8 quantization fused into the kernel that produces the activation (kernels/fp8.py's
+"""Per-token FP8 quantization fused into the kernel that produces the activation (vlora_kernels/fp8.py's
 `quantize_rows` without its own launch).
 
 At decode an FP8 projection's activation is a few rows, and quantizing it alone is one more tiny,
@@ -14,7 +14,7 @@ a whole row when they write it, so they can write its FP8 copy too:
         Feeds down_proj.
 
 Both return the model-dtype activation exactly as the unfused kernels do (the LoRA branch and
-anything else read it) and attach its FP8 rows with `kernels.fp8.attach_rows`, which `fp8_linear`
+anything else read it) and attach its FP8 rows with `vlora_kernels.fp8.attach_rows`, which `fp8_linear`
 uses instead of quantizing again. The FP8 bytes and scales equal `quantize_rows` of that
 activation, byte for byte: the fusion changes launches, not results. o_proj's input (the
 attention output) is written per (sequence, head) and has no program holding a row; it is still
@@ -48,7 +48,7 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_p
                          FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
                          LAUNCH_DEPENDENTS: tl.constexpr):
     # serve/models/fused.py's _rms_norm_kernel (the same row_ops.rms_norm_row), then the row's quantization
-    if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (kernels/fp8_decode.py)
+    if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (vlora_kernels/fp8_decode.py)
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -82,7 +82,7 @@ def _cast_blocks_fp8_kernel(act_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_a, s
                             BLOCKS_P2: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
     # program (row, block): the row's scale from its blocks' amaxes (max is exact in any order: the
     # same scale as one sweep), then the block's FP8 copy of the activation as written
-    if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (kernels/fp8_decode.py)
+    if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (vlora_kernels/fp8_decode.py)
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
@@ -99,7 +99,7 @@ def _cast_blocks_fp8_kernel(act_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_a, s
 
 
 def _fp8_buffers(rows: int, cols: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    # the interpreter rounds float32 -> e4m3 wrongly (kernels/fp8.py): there the kernel writes the
+    # the interpreter rounds float32 -> e4m3 wrongly (vlora_kernels/fp8.py): there the kernel writes the
     # clamped float32 values and torch casts them with round-to-nearest-even, as the GPU's cvt.rn does
     q = torch.empty((rows, cols), dtype=torch.float32 if interpreted() else FP8_DTYPE, device=device)
     return q, torch.empty((rows, 1), dtype=torch.float32, device=device)

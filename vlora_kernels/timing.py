@@ -1,6 +1,6 @@
 """Timing on the GPU: CUDA events around graph replays, medians, and the device's two ceilings.
 
-Every benchmark in `kernels/` times through `time_op`, so all numbers are taken the same way:
+Every benchmark in `vlora_kernels/` times through `time_op`, so all numbers are taken the same way:
 warm-up first (compilation and autotuning stay out), then many timed runs, median reported.
 `time_op_tails` takes the same runs and reports their 50th, 90th and 99th percentiles as well.
 """

@@ -29,7 +29,7 @@ def _load_b_part(b_rows, rows, rank, stride_br, R_START: tl.constexpr, WIDTH: tl
     offs_r = R_START + tl.arange(0, WIDTH)
     b = tl.load(b_rows[:, None] + offs_r[None, :] * stride_br,
                 mask=rows[:, None] & (offs_r < rank)[None, :], other=0.0)
-    if UPCAST_DOT:  # see kernels.interpreter
+    if UPCAST_DOT:  # see vlora_kernels.interpreter
         b = b.to(tl.float32)
     return b
 

@@ -8,7 +8,7 @@
 A program owns BLOCK_N whole rows of one layer (a row's scale needs its whole row): the first sweep
 over K forms v tile by tile for the rows' amax, the second forms v again (the FP8 tile and A come
 from L2 the second time) and writes it quantized. Each weight byte is read twice and written once;
-a bf16 merge reads and writes two bytes. `kernels.fp8.merge_fp8_ref_` is the PyTorch reference
+a bf16 merge reads and writes two bytes. `vlora_kernels.fp8.merge_fp8_ref_` is the PyTorch reference
 (per layer, fp32), the CPU path; results agree up to the fp32 summation order (a code step of FP8
 where a value sits on a rounding boundary).
 """
@@ -31,7 +31,7 @@ def _merged_tile(w_rows, old_scale, a_base, b, alpha, offs_k, offs_r, mask_n, ma
     w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
     a = tl.load(a_base + offs_r[:, None] * stride_ar + offs_k[None, :] * stride_ak,
                 mask=mask_r[:, None] & mask_k[None, :], other=0.0)
-    if UPCAST_DOT:  # see kernels.interpreter
+    if UPCAST_DOT:  # see vlora_kernels.interpreter
         a = a.to(tl.float32)
     delta = tl.dot(b, a, input_precision="ieee")
     return w.to(tl.float32) * old_scale[:, None] + alpha * delta
@@ -80,7 +80,7 @@ def _merge_fp8_kernel(w_ptr, q_ptr, s_ptr, a_ptr, b_ptr, scales_ptr, slot, row_s
 def merge_fp8_(weight: torch.Tensor, weight_scale: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
                slot: int, ranks: torch.Tensor, scales: torch.Tensor, slice_offsets, block_n: int = 32,
                block_k: int = 128, num_warps: int = 4) -> None:
-    """`kernels.fp8.merge_fp8_ref_` in one Triton launch per targeted slice.
+    """`vlora_kernels.fp8.merge_fp8_ref_` in one Triton launch per targeted slice.
 
     weight: [L, N_total, K] fp8 contiguous; weight_scale: [L, N_total] fp32; lora_a: [L, n_slices, S, R_max, K];
     lora_b: [L, S, N_total, R_max]; ranks: int32 [n_slices, S]; scales: fp32 [S]; slice_offsets: list
@@ -95,7 +95,7 @@ def merge_fp8_(weight: torch.Tensor, weight_scale: torch.Tensor, lora_a: torch.T
     n_layers, _, k = weight.shape
     offsets = [int(o) for o in (slice_offsets.tolist() if torch.is_tensor(slice_offsets) else slice_offsets)]
     rank_table = ranks.tolist()
-    # The interpreter rounds float32 -> e4m3 wrongly (kernels/fp8.py): there the kernel writes float32
+    # The interpreter rounds float32 -> e4m3 wrongly (vlora_kernels/fp8.py): there the kernel writes float32
     # rows and torch casts them with round-to-nearest-even, as the GPU does
     cast_here = interpreted()
     for i, (lo, hi) in enumerate(zip(offsets, offsets[1:])):

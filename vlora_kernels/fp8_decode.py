@@ -1,6 +1,6 @@
 """The FP8 projection GEMM at decode sizes (at most MAX_M = 64 tokens), in Triton:
 
-    y[M, N] (bf16) = (q_x[M, K] @ q_w[N, K].T) * s_x[M, 1] * s_w[N]      (kernels/fp8.py's fp8_linear math)
+    y[M, N] (bf16) = (q_x[M, K] @ q_w[N, K].T) * s_x[M, 1] * s_w[N]      (vlora_kernels/fp8.py's fp8_linear math)
 
 Why: cuBLAS's rowwise-scaled FP8 kernel tiles the tokens by 128, so at 1-64 tokens it streams the FP8
 weight at 0.6-2.5 TB/s, under bf16's 2.2-3.7 (H200, results/fp8/nvidia_h200/third_run/). Here the
@@ -16,7 +16,7 @@ a second launch sums the splits, applies both scales and writes bf16. That is tw
 zeroing (every partial is written) and a fixed summation order, so results repeat bit for bit run to
 run; atomics into an fp32 buffer would need a zeroing launch too (three) and sum in any order. The
 partials (SPLIT_K * M * N * 4 bytes, at most 7 MB) stay in L2. On Hopper the reduction is launched
-with programmatic dependent launch (kernels/interpreter.py `pdl_available`; VLORA_PDL=0 turns it off),
+with programmatic dependent launch (vlora_kernels/interpreter.py `pdl_available`; VLORA_PDL=0 turns it off),
 so its launch overlaps the GEMM and it waits for the partials on the device. Without split-K the scales and the
 bf16 cast are the GEMM's epilogue: one launch. Summing in the GEMM's own launch instead (the last split of each
 channel tile to finish, found by a counter per tile, reads the others' partials back) was measured slower on an
@@ -33,7 +33,7 @@ to x's type in registers (two e4m3 values a conversion, exact) and the dot is a 
 as its register operand; only s_w scales the sum. No activation is quantized: no quantization launch, no fused
 producer's FP8 pass, no 3-bit mantissa on the activation. Measured on an H200 it streams the weight at half
 the FP8 form's rate (the widening, e4m3 -> f16 -> bf16, sits between the shared-memory tile and the wgmma),
-so kernels/fp8.py DECODE_ACTIVATIONS keeps the FP8 form by default.
+so vlora_kernels/fp8.py DECODE_ACTIVATIONS keeps the FP8 form by default.
 
 PDL behind the producer (GEMM_PDL, on where `pdl_available`): the GEMM is launched while the kernel that writes
 x (the fused norm, the SiLU-mul's cast, quantize_rows: each releases it as it starts) still runs; each program asks
@@ -46,7 +46,7 @@ the decode attention writes o_proj's input (one group per kv head: serve/forward
 scaled as it ends, and a split is widened to whole groups. A bias is added in fp32 in the epilogue (or the split-K
 reduction) before the one rounding, which saves qkv_proj's separate add.
 
-`fp8_linear` (kernels/fp8.py) runs this kernel at 1..DECODE_KERNEL_MAX_M tokens (64) on Hopper, where it
+`fp8_linear` (vlora_kernels/fp8.py) runs this kernel at 1..DECODE_KERNEL_MAX_M tokens (64) on Hopper, where it
 was tuned and measured faster than `_scaled_mm`; the environment variable VLORA_FP8_DECODE_MAX_M (an
 integer 0..64, read once at import) overrides the count, on any GPU (0 turns the kernel off). Nothing here syncs
 with the host; buffers are allocated by shape only, so the forward stays capturable in a CUDA graph.
@@ -123,9 +123,9 @@ def gemm_pdl(environ=None) -> bool:
 
 
 # Whether the GEMM is launched with programmatic dependent launch where PDL is available (Hopper;
-# kernels/interpreter.py pdl_available, which VLORA_PDL=0 turns off everywhere): each program asks L2 for its
-# first weight tiles, then waits for x's producer to finish (gdc_wait). The producers (kernels/fp8.py's
-# quantize_rows, kernels/fp8_fused.py's norm and SiLU-mul) let it launch as they start. Read once at import; the
+# vlora_kernels/interpreter.py pdl_available, which VLORA_PDL=0 turns off everywhere): each program asks L2 for its
+# first weight tiles, then waits for x's producer to finish (gdc_wait). The producers (vlora_kernels/fp8.py's
+# quantize_rows, vlora_kernels/fp8_fused.py's norm and SiLU-mul) let it launch as they start. Read once at import; the
 # bench's A/B (bench.fp8.compare_gemm_pdl) turns it off for one engine.
 GEMM_PDL = gemm_pdl()
 

@@ -1,6 +1,6 @@
 """Tiling tables: the fastest configuration per shape bucket, found offline, one JSON per GPU.
 
-    kernels/tables/<gpu-slug>.json = {"device": "NVIDIA H100 80GB HBM3", "entries": {
+    vlora_kernels/tables/<gpu-slug>.json = {"device": "NVIDIA H100 80GB HBM3", "entries": {
         "shrink|t64|m1|k4096|n4096|r64|s1": {"block_m": 16, ..., "us": 11.2}, ...}}
 
 Lookup is a dict access. A shape missing from the table takes the entry of the nearest

@@ -67,8 +67,8 @@ MAX_M = 64  # tokens: BLOCK_M is the next power of two >= M, at least 16 (wgmma'
 
 # Launch configurations, (n, k) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages), for Qwen2-VL-7B's
 # projections. gate_up and down: the sweep's best summed over 1, 32 and 64 tokens on an H200
-# (`python -m bench.fp8_decode_sweep`, results/fp8/nvidia_h200/fourth_run/sweep.csv); qkv and o: first
-# guesses until swept. Goal: >= 2 programs per SM of an H100/H200 (132), each streaming >= 7 weight tiles of
+# (`python -m bench.fp8_decode_sweep`, results/fp8/nvidia_h200/fourth_run/sweep.csv); qkv and o: first guesses,
+# which their sweep found best or within 0.4 us of it (results/fp8/nvidia_h200/fifth_run/sweep_qkv_o.csv). Goal: >= 2 programs per SM of an H100/H200 (132), each streaming >= 7 weight tiles of
 # BLOCK_N x 128 bytes, 4 stages in flight. Other shapes: _fallback.
 CONFIGS = {
     (4608, 3584): (64, 128, 4, 4, 4),    # qkv_proj: 72 channel tiles x 4 splits of 7 K tiles = 288 programs

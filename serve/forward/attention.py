@@ -100,6 +100,12 @@ class PagedAttention(nn.Module):
         if self.k_cache is None:
             return dense_causal_attention(q, k, v, ctx.query_lens_list, self.scale)
         store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        return self.attend(q)
+
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """q against the cache, this step's K/V rows already stored in it (by forward, or by the decoder's fused
+        serve/models/fused.py rope_store)."""
+        ctx: StepContext = get_context()
         if self.backend == "torch":
             return paged_attention_torch(q, self.k_cache, self.v_cache, ctx.block_tables,
                                          ctx.query_lens_list, ctx.context_lens_list, self.scale)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from serve.forward.attention import PagedAttention
+from serve.forward.context import get_context
 
 from .args import ModelArgs
 from .layers import Embedding, Linear, RMSNorm, silu_and_mul
@@ -47,13 +48,19 @@ class Attention(nn.Module):
         q = q.view(t, a.num_heads, a.head_dim)  # strided views into qkv
         k = k.view(t, a.num_kv_heads, a.head_dim)
         v = v.view(t, a.num_kv_heads, a.head_dim)
-        if self.fused:
-            from .fused import rope
+        if self.fused and self.attn.k_cache is not None:  # rotations and the cache's writes in one launch
+            from .fused import rope_store
 
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            q = rope_store(q, k, v, cos, sin, self.attn.k_cache, self.attn.v_cache, get_context().slot_mapping)
+            o = self.attn.attend(q)  # [T, H, D]
         else:
-            q, k = apply_rotary(q, cos, sin).contiguous(), apply_rotary(k, cos, sin).contiguous()
-        o = self.attn(q, k, v)  # [T, H, D]
+            if self.fused:  # no cache yet (the memory profile's dense attention)
+                from .fused import rope
+
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
+            else:
+                q, k = apply_rotary(q, cos, sin).contiguous(), apply_rotary(k, cos, sin).contiguous()
+            o = self.attn(q, k, v)  # [T, H, D]
         out = self.o_proj(_rows_kept(o, o.reshape(t, a.q_size)))  # row-parallel under tensor parallel: a partial sum,
         return out if self.reduce_output is None else self.reduce_output(out)  # LoRA's part included
 

@@ -6,6 +6,8 @@ ten) are one launch each here:
 
     rms_norm(x, w, eps, residual):  r = x + residual (rounded to x's dtype), y = w * norm(r)
     rope(x, cos, sin):              y = x * cos + rotate_half(x) * sin, per head
+    rope_store(q, k, v, ...):       rope of q and k, k and v written to their K/V cache slots: one launch
+                                    where rope(q), rope(k) and the cache's two index copies were four
     silu_and_mul(gate_up):          y = silu(gate) * up (the MLP's [T, 2I] -> [T, I]: one read, one write)
 
 They round their intermediates to the model dtype exactly where the transformers code does
@@ -51,27 +53,56 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_c,
-                 HALF: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+def _rope_head(src, cos_row, sin_row, dst, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """One head of x * cos + rotate_half(x) * sin from src to dst (each pointing at the head's first element)."""
     offs = tl.arange(0, BLOCK)
     mask = offs < HALF
-    base = x_ptr + t * stride_xt + h * stride_xh
-    x1 = tl.load(base + offs, mask=mask, other=0.0)
-    x2 = tl.load(base + HALF + offs, mask=mask, other=0.0)
-    c1 = tl.load(cos_ptr + t * stride_c + offs, mask=mask, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * stride_c + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * stride_c + offs, mask=mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * stride_c + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    dt = out_ptr.dtype.element_ty
+    x1 = tl.load(src + offs, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+    c1 = tl.load(cos_row + offs, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_row + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_row + offs, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_row + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    dt = dst.dtype.element_ty
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     # x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]; each product rounded like torch
     o1 = (f1 * c1).to(dt).to(tl.float32) + (-f2 * s1).to(dt).to(tl.float32)
     o2 = (f2 * c2).to(dt).to(tl.float32) + (f1 * s2).to(dt).to(tl.float32)
-    out = out_ptr + t * stride_ot + h * stride_oh
-    tl.store(out + offs, o1.to(dt), mask=mask)
-    tl.store(out + HALF + offs, o2.to(dt), mask=mask)
+    tl.store(dst + offs, o1.to(dt), mask=mask)
+    tl.store(dst + HALF + offs, o2.to(dt), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_c,
+                 HALF: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    _rope_head(x_ptr + t * stride_xt + h * stride_xh, cos_ptr + t * stride_c, sin_ptr + t * stride_c,
+               out_ptr + t * stride_ot + h * stride_oh, HALF, BLOCK)
+
+
+@triton.jit
+def _rope_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                       stride_cs, stride_ch, stride_c, N_HEADS: tl.constexpr, HALF: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    # program (t, h): h < N_HEADS rotates query head h into q_out; else kv head j = h - N_HEADS: k rotated and v
+    # as it is, both written to the token's cache slot (store_kv's index copies, without their two launches)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    cos_row, sin_row = cos_ptr + t * stride_c, sin_ptr + t * stride_c
+    if h < N_HEADS:
+        _rope_head(q_ptr + t * stride_qt + h * stride_qh, cos_row, sin_row, q_out_ptr + t * stride_ot + h * stride_oh,
+                   HALF, BLOCK)
+    else:
+        j = h - N_HEADS
+        slot = tl.load(slot_ptr + t)
+        _rope_head(k_ptr + t * stride_kt + j * stride_kh, cos_row, sin_row,
+                   k_cache_ptr + slot * stride_cs + j * stride_ch, HALF, BLOCK)
+        offs = tl.arange(0, 2 * BLOCK)
+        mask = offs < 2 * HALF
+        v = tl.load(v_ptr + t * stride_vt + j * stride_vh + offs, mask=mask)
+        tl.store(v_cache_ptr + slot * stride_cs + j * stride_ch + offs, v, mask=mask)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -84,6 +115,34 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     if t:
         _rope_kernel[(t, n_heads)](x, cos, sin, out, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
                                    cos.stride(0), HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2), num_warps=1)
+    return out
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """rope(q, cos, sin), with rope(k, cos, sin) and v written to their cache slots as serve/forward/attention.py's
+    store_kv writes them, in one launch. q [T, H, D], k and v [T, KVH, D] (strided views of the qkv projection are
+    fine); caches [blocks, block_size, KVH, D], contiguous; slot_mapping int64 [T]. Returns the rotated q."""
+    t, n_heads, d = q.shape
+    kv_heads = k.shape[1]
+    fits = (k.shape == (t, kv_heads, d) and v.shape == k.shape and cos.shape == (t, d) and sin.shape == (t, d)
+            and cos.stride() == sin.stride() and k_cache.shape == v_cache.shape and k_cache.dim() == 4
+            and k_cache.shape[2:] == (kv_heads, d) and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_cache.dtype == v_cache.dtype == q.dtype and slot_mapping.shape == (t,)
+            and slot_mapping.dtype == torch.int64 and d % 2 == 0 and all(x.stride(-1) == 1 for x in (q, k, v, cos)))
+    if not fits:
+        raise ValueError(f"rope_store needs q [T, H, D], k and v [T, KVH, D] (last dims contiguous, D even), cos and "
+                         f"sin [T, D], contiguous caches [blocks, block_size, KVH, D] of q's dtype and int64 slots "
+                         f"[T]; got q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}, cos "
+                         f"{tuple(cos.shape)}, caches {tuple(k_cache.shape)} {k_cache.dtype} / "
+                         f"{tuple(v_cache.shape)}, slots {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    out = torch.empty((t, n_heads, d), dtype=q.dtype, device=q.device)
+    if t:
+        _rope_store_kernel[(t, n_heads + kv_heads)](
+            q, k, v, cos, sin, out, k_cache, v_cache, slot_mapping, q.stride(0), q.stride(1), k.stride(0),
+            k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1), k_cache.stride(1),
+            k_cache.stride(2), cos.stride(0), N_HEADS=n_heads, HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2),
+            num_warps=1)
     return out
 
 

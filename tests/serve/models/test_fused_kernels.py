@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.models.fused import rms_norm, rope, silu_and_mul
+from serve.forward.attention import store_kv
+from serve.models.fused import rms_norm, rope, rope_store, silu_and_mul
 from serve.models.layers import RMSNorm
 from serve.models.layers import silu_and_mul as torch_silu_and_mul
 from serve.models.rope import RotaryEmbedding, apply_rotary
@@ -45,6 +46,37 @@ def test_rope_kernel_matches_the_torch_rotation_on_strided_views(dtype, atol):
         got = rope(x, cos, sin)
         assert got.is_contiguous()
         torch.testing.assert_close(got, apply_rotary(x, cos, sin), atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [32, 24])  # a power of two, and a half (12) that is not
+def test_rope_store_writes_what_rope_and_store_kv_write(dtype, d):
+    # the fused launch against the two it replaces, bit for bit: the rotated q, and both caches whole (the
+    # token's slots written, every other slot untouched, slots in no order and one of them the padding slot)
+    g = torch.Generator().manual_seed(2)
+    t, heads, kv_heads, blocks, block_size = 5, 4, 2, 3, 4
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g).to(DEV, dtype)
+    q = qkv[:, :heads * d].view(t, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(t, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d:].view(t, kv_heads, d)
+    cos, sin = (c.to(DEV) for c in RotaryEmbedding(d, 1e6, None).cos_sin(torch.arange(t) + 7, dtype))
+    slots = torch.tensor([9, 2, 11, 0, 5], device=DEV)
+    caches = [torch.randn(blocks, block_size, kv_heads, d, generator=g).to(DEV, dtype) for _ in range(2)]
+    want_k, want_v = (c.clone() for c in caches)
+    store_kv(rope(k, cos, sin), v, want_k, want_v, slots)
+    got_q = rope_store(q, k, v, cos, sin, caches[0], caches[1], slots)
+    assert torch.equal(got_q, rope(q, cos, sin)) and got_q.is_contiguous()
+    assert torch.equal(caches[0], want_k) and torch.equal(caches[1], want_v)
+
+
+def test_rope_store_names_what_does_not_fit():
+    q, kv = torch.zeros(2, 4, 8), torch.zeros(2, 2, 8)
+    cos = torch.zeros(2, 8)
+    cache = torch.zeros(3, 4, 2, 8)
+    with pytest.raises(ValueError, match="rope_store needs .* slots \\(2,\\) torch.int32"):
+        rope_store(q, kv, kv, cos, cos, cache, cache.clone(), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="caches \\(3, 4, 3, 8\\)"):
+        rope_store(q, kv, kv, cos, cos, torch.zeros(3, 4, 3, 8), torch.zeros(3, 4, 3, 8), torch.zeros(2).long())
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])

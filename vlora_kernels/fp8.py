@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .fp8_decode import (MAX_M, decode_activations, decode_kernel_on, decode_max_m, dequantize_rows, fp8_decode_mm,
                          fp8w_decode_mm, group_scales_fit)
-from .interpreter import gdc_launch_dependents, interpreted, pdl_available
+from .interpreter import gdc_launch_dependents, interpreted, pdl_available, quotient_rn
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -76,7 +76,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
         x = tl.load(x_row + offs_k, mask=mask, other=0.0).to(tl.float32)
         scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FP8_LIMIT), FLOOR)
         tl.store(s_ptr + pid_m, scale)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_LIMIT), FP8_LIMIT)
+        q = tl.minimum(tl.maximum(quotient_rn(x, scale), -FP8_LIMIT), FP8_LIMIT)
         tl.store(q_ptr + pid_m * stride_qm + offs_k, q.to(q_ptr.dtype.element_ty), mask=mask)
         return
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -91,7 +91,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
     for k0 in range(0, K, BLOCK_K):
         mask = k0 + offs_k < K
         x = tl.load(x_row + k0 + offs_k, mask=mask, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_LIMIT), FP8_LIMIT)
+        q = tl.minimum(tl.maximum(quotient_rn(x, scale), -FP8_LIMIT), FP8_LIMIT)
         tl.store(q_row + k0 + offs_k, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_rows_ref
-from .interpreter import gdc_launch_dependents, interpreted, pdl_available
+from .interpreter import gdc_launch_dependents, interpreted, pdl_available, quotient_rn
 from .row_ops import rms_norm_row, silu_mul
 
 
@@ -38,7 +38,7 @@ def quantize_row(y, q_row, s_ptr, offs, mask, FP8_LIMIT: tl.constexpr, FLOOR: tl
     # Also the decode attention's per-(token, kv head) groups (serve/forward/decode_kernel.py)
     scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), FP8_LIMIT), FLOOR)
     tl.store(s_ptr, scale)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -FP8_LIMIT), FP8_LIMIT)
+    q = tl.minimum(tl.maximum(quotient_rn(y, scale), -FP8_LIMIT), FP8_LIMIT)
     tl.store(q_row + offs, q.to(q_row.dtype.element_ty), mask=mask)
 
 
@@ -94,7 +94,7 @@ def _cast_blocks_fp8_kernel(act_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_a, s
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols
     act = tl.load(act_ptr + row * stride_a + offs, mask=mask, other=0.0).to(tl.float32)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(act, scale), -FP8_LIMIT), FP8_LIMIT)
+    q = tl.minimum(tl.maximum(quotient_rn(act, scale), -FP8_LIMIT), FP8_LIMIT)
     tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 

@@ -51,3 +51,23 @@ def pdl_available(device: torch.device) -> bool:
 @functools.lru_cache(maxsize=None)
 def _capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
+
+
+# quotient_rn's choice, fixed at import as the kernels' mode is (TRITON_INTERPRET is set before any kernel is defined)
+FMA_DIVISION = tl.constexpr(not interpreted())
+
+
+@triton.jit
+def quotient_rn(x, d):
+    """x / d rounded once to float32, as IEEE division (and torch's) rounds it; d > 0, no overflow.
+
+    On the GPU: one division for the reciprocal r = 1/d, then q = x * r and Markstein's correction
+    q + (x - q * d) * r in two FMAs, which rounds to the IEEE quotient when r is correctly rounded and q is within
+    an ulp (x - q * d is then exact in float32); x = -0 keeps its sign. A div.rn.f32 per element was half the time
+    of the 7B's norm with its FP8 rows (4.6 us at batch 32; 2.35 with a multiply instead: H200). The
+    interpreter's fma rounds twice (a multiply, then an add), so there it divides."""
+    if FMA_DIVISION:
+        r = tl.math.div_rn(1.0, d)
+        q = x * r
+        return tl.where(x == 0.0, q, tl.fma(tl.fma(-q, d, x), r, q))
+    return tl.math.div_rn(x, d)

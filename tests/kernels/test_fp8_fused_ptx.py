@@ -29,13 +29,15 @@ def ptx() -> dict[str, str]:
     return json.loads(compile_ptx(_COMPILE))
 
 
-@pytest.mark.parametrize("kernel", ["norm", "silu"])
-def test_fused_fp8_kernels_round_to_nearest_and_divide_by_the_scale_as_ieee(ptx, kernel):
+@pytest.mark.parametrize("kernel, per_thread", [("norm", 4096 // 128), ("silu", 1024 // 128)])
+def test_fused_fp8_kernels_round_to_nearest_and_divide_by_the_scale_as_ieee(ptx, kernel, per_thread):
     code = ptx[kernel]
     assert "cvt.rn.satfinite.e4m3x2.f32" in code, "fp32 -> e4m3: round to nearest even, saturating"
-    # the scale (amax / 448) and each value / scale: div_rn. (The norm's mean and the SiLU's 1 / (1 + e^-x)
-    # keep the plain `/` of serve/models/fused.py, so the activation is that kernel's, bit for bit.)
-    assert code.count("div.rn.f32") >= 2
+    # two IEEE divisions a row: the scale (amax / 448) and its reciprocal; each value / scale is quotient_rn's
+    # multiply and two FMAs (tests/kernels/test_quotient_rn.py), not a div.rn.f32 per value. (The norm's mean and
+    # the SiLU's 1 / (1 + e^-x) keep the plain `/` of serve/models/fused.py: the activation is that kernel's.)
+    assert code.count("div.rn.f32") == 2
+    assert code.count("fma.rn.f32") >= 2 * per_thread
 
 
 def test_the_silu_blocks_compile_and_leave_the_rounding_to_the_second_launch(ptx):

@@ -59,7 +59,8 @@ FMA_DIVISION = tl.constexpr(not interpreted())
 
 @triton.jit
 def quotient_rn(x, d):
-    """x / d rounded once to float32, as IEEE division (and torch's) rounds it; d > 0, no overflow.
+    """x / d rounded once to float32, as IEEE division (and torch's) rounds it, for finite d > 0 (on the GPU an infinite d,
+    a row holding an infinity, gives NaN where division gives 0).
 
     On the GPU: one division for the reciprocal r = 1/d, then q = x * r and Markstein's correction
     q + (x - q * d) * r in two FMAs, which rounds to the IEEE quotient when r is correctly rounded and q is within

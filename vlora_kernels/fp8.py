@@ -61,6 +61,17 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
+def quantize_row(y, q_row, s_ptr, offs, mask, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr):
+    # y: the row as written (model dtype), as float32; masked lanes hold 0 and do not move the amax. The one-pass
+    # quantize_rows below, the fused producers (vlora_kernels/fp8_fused.py) and the decode attention's per-(token,
+    # kv head) groups (serve/forward/decode_kernel.py)
+    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), FP8_LIMIT), FLOOR)
+    tl.store(s_ptr, scale)
+    q = tl.minimum(tl.maximum(quotient_rn(y, scale), -FP8_LIMIT), FP8_LIMIT)
+    tl.store(q_row + offs, q.to(q_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
                           FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK_K: tl.constexpr,
                           ONE_PASS: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
@@ -74,10 +85,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
     if ONE_PASS:
         mask = offs_k < K
         x = tl.load(x_row + offs_k, mask=mask, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FP8_LIMIT), FLOOR)
-        tl.store(s_ptr + pid_m, scale)
-        q = tl.minimum(tl.maximum(quotient_rn(x, scale), -FP8_LIMIT), FP8_LIMIT)
-        tl.store(q_ptr + pid_m * stride_qm + offs_k, q.to(q_ptr.dtype.element_ty), mask=mask)
+        quantize_row(x, q_ptr + pid_m * stride_qm, s_ptr + pid_m, offs_k, mask, FP8_LIMIT, FLOOR)
         return
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):

@@ -27,19 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_rows_ref
+from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_row, quantize_rows_ref
 from .interpreter import gdc_launch_dependents, interpreted, pdl_available, quotient_rn
 from .row_ops import rms_norm_row, silu_mul
-
-
-@triton.jit
-def quantize_row(y, q_row, s_ptr, offs, mask, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr):
-    # y: the row as written (model dtype), as float32; masked lanes hold 0 and do not move the amax.
-    # Also the decode attention's per-(token, kv head) groups (serve/forward/decode_kernel.py)
-    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), FP8_LIMIT), FLOOR)
-    tl.store(s_ptr, scale)
-    q = tl.minimum(tl.maximum(quotient_rn(y, scale), -FP8_LIMIT), FP8_LIMIT)
-    tl.store(q_row + offs, q.to(q_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit

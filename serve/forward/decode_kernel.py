@@ -26,8 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vlora_kernels.fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR
-from vlora_kernels.fp8_fused import quantize_row
+from vlora_kernels.fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, quantize_row
 from vlora_kernels.interpreter import dot_nt, gdc_launch_dependents, gdc_wait, interpreted, pdl_available
 
 from .prefill_kernel import check_paged_inputs

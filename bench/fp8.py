@@ -38,6 +38,7 @@ import torch
 
 from vlora_kernels import fp8 as fp8_kernels
 from vlora_kernels import fp8_decode
+from vlora_kernels import interpreter
 from serve.engine import Engine, EngineConfig, Request, SamplingParams
 from serve.forward import decode_kernel
 from serve.models import fp8 as fp8_models
@@ -278,7 +279,8 @@ def run_fp8_bench(job: Fp8BenchJob) -> tuple[list[dict], dict]:
                              **compare_outputs(outs["fp8", adapter, mode], got)))
     meta = dict(device=label, date=time.strftime("%Y-%m-%d"), torch=torch.__version__, engine_load_s=load_s,
                 prompt_len=prompt_len, layers=args.num_layers, decode_activations=fp8_kernels.DECODE_ACTIVATIONS,
-                gemm_pdl=fp8_decode.GEMM_PDL, decode_splits=decode_kernel.DECODE_SPLITS or "auto",
+                gemm_pdl=fp8_decode.GEMM_PDL, pdl_chain=interpreter.PDL_CHAIN,
+                decode_splits=decode_kernel.DECODE_SPLITS or "auto",
                 job=dataclasses.asdict(job), switch_target="fp8 switch_ms <= 1.5 x bf16")
     write_report(rows, meta, out)
     return rows, meta

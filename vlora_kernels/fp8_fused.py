@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_row, quantize_rows_ref
-from .interpreter import gdc_launch_dependents, interpreted, pdl_available, quotient_rn
+from .interpreter import chain_in, gdc_launch_dependents, gdc_wait, interpreted, pdl_available, pdl_chained, pdl_launch, \
+    quotient_rn
 from .row_ops import rms_norm_row, silu_mul
 
 
@@ -36,10 +37,12 @@ from .row_ops import rms_norm_row, silu_mul
 def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, n_cols, eps,
                          stride_x, stride_r, stride_o, stride_ro, stride_q, HAS_RES: tl.constexpr,
                          FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
-                         LAUNCH_DEPENDENTS: tl.constexpr):
+                         LAUNCH_DEPENDENTS: tl.constexpr, WAIT: tl.constexpr):
     # serve/models/fused.py's _rms_norm_kernel (the same row_ops.rms_norm_row), then the row's quantization
     if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (vlora_kernels/fp8_decode.py)
         gdc_launch_dependents()
+    if WAIT:  # launched with PDL behind x's producer (interpreter.pdl_chained): x and residual written past here
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -50,10 +53,12 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_p
 
 
 @triton.jit
-def _silu_mul_fp8_kernel(x_ptr, out_ptr, amax_ptr, n_cols, stride_x, stride_o, n_blocks, BLOCK: tl.constexpr):
+def _silu_mul_fp8_kernel(x_ptr, out_ptr, amax_ptr, n_cols, stride_x, stride_o, n_blocks, BLOCK: tl.constexpr,
+                         CHAIN: tl.constexpr):
     # program (row, block): silu(gate) * up of one block of the row (serve/models/fused.py's arithmetic),
     # written, and the block's amax. A row is 18944 wide on the 7B and a decode step has few rows: one
     # program per row left the GPU nearly idle (14 us a call at batch 1, H200) where blocks fill it.
+    chain_in(CHAIN)
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -69,11 +74,13 @@ def _silu_mul_fp8_kernel(x_ptr, out_ptr, amax_ptr, n_cols, stride_x, stride_o, n
 @triton.jit
 def _cast_blocks_fp8_kernel(act_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_a, stride_q, n_blocks,
                             FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
-                            BLOCKS_P2: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
+                            BLOCKS_P2: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, WAIT: tl.constexpr):
     # program (row, block): the row's scale from its blocks' amaxes (max is exact in any order: the
     # same scale as one sweep), then the block's FP8 copy of the activation as written
     if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (vlora_kernels/fp8_decode.py)
         gdc_launch_dependents()
+    if WAIT:  # launched with PDL behind _silu_mul_fp8_kernel: its activation and amaxes written past here
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     b = tl.arange(0, BLOCKS_P2)
@@ -115,10 +122,12 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
     q, scale = _fp8_buffers(t, d, x.device)
     if t:
         res = residual if residual is not None else x
+        chain = pdl_chained(x.device)
         _rms_norm_fp8_kernel[(t,)](x, res, weight, out, res_out, q, scale, d, eps, x.stride(0), res.stride(0),
                                    out.stride(0), res_out.stride(0), q.stride(0), HAS_RES=residual is not None,
                                    FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=triton.next_power_of_2(d),
-                                   LAUNCH_DEPENDENTS=pdl_available(x.device), num_warps=8 if d >= 2048 else 4)
+                                   LAUNCH_DEPENDENTS=pdl_available(x.device), WAIT=chain,
+                                   num_warps=8 if d >= 2048 else 4, **pdl_launch(chain))
     attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)
     return (out, res_out) if residual is not None else out
 
@@ -135,12 +144,14 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> torch.Tensor:
         block = min(1024, max(16, triton.next_power_of_2(n)))
         blocks = triton.cdiv(n, block)
         amax = torch.empty((t, blocks), dtype=torch.float32, device=gate_up.device)
+        chain = pdl_chained(gate_up.device)
         _silu_mul_fp8_kernel[(t, blocks)](gate_up, out, amax, n, gate_up.stride(0), out.stride(0), blocks,
-                                           BLOCK=block, num_warps=4)
+                                           BLOCK=block, CHAIN=chain, num_warps=4, **pdl_launch(chain))
         _cast_blocks_fp8_kernel[(t, blocks)](out, amax, q, scale, n, out.stride(0), q.stride(0), blocks,
                                              FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=block,
                                              BLOCKS_P2=max(2, triton.next_power_of_2(blocks)),
-                                             LAUNCH_DEPENDENTS=pdl_available(gate_up.device), num_warps=4)
+                                             LAUNCH_DEPENDENTS=pdl_available(gate_up.device), WAIT=chain,
+                                             num_warps=4, **pdl_launch(chain))
     attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)
     return out
 

@@ -48,6 +48,37 @@ def pdl_available(device: torch.device) -> bool:
     return _capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
+def pdl_chained(device: torch.device) -> bool:
+    """Whether the decoder's elementwise kernels (norms, RoPE with the cache writes, the SiLU-mul, the decode
+    attention) are launched with PDL behind the kernel before them and let the one after them launch early.
+
+    Each waits (`gdc_wait`) before its first load of anything another kernel writes, so it computes the same bits;
+    what changes is that its launch and scheduling overlap the kernel before instead of following its end. A
+    kernel launched with PDL behind one that never lets it (cuBLAS, torch's own) simply starts when that one
+    ends, as without PDL. VLORA_PDL_CHAIN=0 launches them as before (the A/B of results/fp8/.../pdl_chain).
+    """
+    return PDL_CHAIN and pdl_available(device)
+
+
+def pdl_launch(on: bool) -> dict:
+    """The launch keywords of a kernel scheduled with PDL behind the one before it (none when off)."""
+    return {"launch_pdl": True} if on else {}
+
+
+PDL_CHAIN = os.environ.get("VLORA_PDL_CHAIN", "1") != "0"  # read once, at import
+
+
+@triton.jit
+def chain_in(CHAIN: tl.constexpr):
+    """A kernel's first step when launched with PDL (`pdl_chained`): the kernel after it may launch now; then wait
+    until the kernel before it has ended and its writes are visible. It comes before any load of what another
+    kernel writes and on every program's path, so that this kernel ends only after the one before it: a kernel
+    launched behind this one and waiting for it then waits for everything before it too."""
+    if CHAIN:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
 @functools.lru_cache(maxsize=None)
 def _capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]

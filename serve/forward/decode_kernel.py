@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from vlora_kernels.fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, quantize_row
-from vlora_kernels.interpreter import dot_nt, gdc_launch_dependents, gdc_wait, interpreted, pdl_available
+from vlora_kernels.interpreter import (chain_in, dot_nt, gdc_launch_dependents, gdc_wait, interpreted, pdl_available,
+                                      pdl_chained, pdl_launch)
 
 from .prefill_kernel import check_paged_inputs
 
@@ -103,9 +104,10 @@ def _paged_decode_kernel(
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt, stride_q8, stride_s8,
     FP8_OUT: tl.constexpr, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, CHAIN: tl.constexpr,
 ):
     # grid (sequences, kv heads): one program a group over the whole context
+    chain_in(CHAIN)  # launched with PDL behind the cache's writes (interpreter.pdl_chained)
     pid_s = tl.program_id(0)
     kv_head = tl.program_id(1)
     ctx_len = tl.load(context_lens_ptr + pid_s)
@@ -124,11 +126,14 @@ def _paged_decode_split_kernel(
     stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     SPLITS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
     # grid (sequences, kv heads, SPLITS): split i takes the context's i-th chunk of whole BLOCK_N tiles and writes
     # its (m, l, unnormalized acc) for _paged_decode_combine_kernel; a chunk past the context writes (-inf, 0, 0)
     if LAUNCH_DEPENDENTS:  # the combine behind may be scheduled now; it waits for the partials itself
         gdc_launch_dependents()
+    if WAIT:  # launched with PDL behind the cache's writes (interpreter.pdl_chained): q and the caches written
+        gdc_wait()
     pid_s, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx_len = tl.load(context_lens_ptr + pid_s)
     chunk = tl.cdiv(tl.cdiv(ctx_len, SPLITS), BLOCK_N) * BLOCK_N
@@ -150,8 +155,11 @@ def _paged_decode_combine_kernel(
     acc_ptr, ml_ptr, o_ptr, q8_ptr, s8_ptr, stride_os, stride_oh, stride_q8, stride_s8,
     SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
 ):
     # grid (sequences, kv heads): the splits' partials rescaled to their common max and summed, in split order
+    if LAUNCH_DEPENDENTS:  # o_proj's GEMM behind may launch and prefetch its weight; it waits for o itself
+        gdc_launch_dependents()
     pid_s, kv_head = tl.program_id(0), tl.program_id(1)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -231,11 +239,13 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         cache_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
                          v_cache.stride(2), block_tables.stride(0))
         splits = decode_splits(n_seqs, n_kv_heads, DECODE_SPLITS if splits is None else splits, small)
+        chain = pdl_chained(q.device)
         if splits == 1:
             _paged_decode_kernel[(n_seqs, n_kv_heads)](
                 q, k_cache, v_cache, out, block_tables, context_lens, q8, s8, scale * 1.4426950408889634,
                 q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides, q8.stride(0), s8.stride(0),
-                **fp8, **shape, PAGE=k_cache.shape[1], BLOCK_N=block_n, UPCAST_DOT=small, num_warps=4, num_stages=2)
+                **fp8, **shape, PAGE=k_cache.shape[1], BLOCK_N=block_n, UPCAST_DOT=small, CHAIN=chain, num_warps=4,
+                num_stages=2, **pdl_launch(chain))
         else:  # partials: [seqs, kv heads, splits] x (acc [BLOCK_G, BLOCK_D], m and l [BLOCK_G]), fp32, in L2
             acc = torch.empty((n_seqs, n_kv_heads, splits, block_g, block_d), dtype=torch.float32, device=q.device)
             ml = torch.empty((n_seqs, n_kv_heads, splits, 2, block_g), dtype=torch.float32, device=q.device)
@@ -243,10 +253,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             _paged_decode_split_kernel[(n_seqs, n_kv_heads, splits)](
                 q, k_cache, v_cache, block_tables, context_lens, acc, ml, scale * 1.4426950408889634, q.stride(0),
                 q.stride(1), *cache_strides, SPLITS=splits, **shape, PAGE=k_cache.shape[1], BLOCK_N=block_n,
-                UPCAST_DOT=small, LAUNCH_DEPENDENTS=pdl, num_warps=4, num_stages=2)
+                UPCAST_DOT=small, LAUNCH_DEPENDENTS=pdl, WAIT=chain, num_warps=4, num_stages=2, **pdl_launch(chain))
             _paged_decode_combine_kernel[(n_seqs, n_kv_heads)](
                 acc, ml, out, q8, s8, out.stride(0), out.stride(1), q8.stride(0), s8.stride(0), SPLITS=splits, **fp8,
-                **shape, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+                **shape, PDL=pdl, LAUNCH_DEPENDENTS=chain, num_warps=4, **pdl_launch(pdl))
     if not fp8_rows:
         return out
     return out, (q8.to(FP8_DTYPE) if q8.dtype != FP8_DTYPE else q8), s8

@@ -22,12 +22,15 @@ import torch
 import triton
 import triton.language as tl
 
+from vlora_kernels.interpreter import chain_in, pdl_chained, pdl_launch
 from vlora_kernels.row_ops import rms_norm_row, silu_mul
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                     stride_x, stride_r, stride_o, stride_ro, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     stride_x, stride_r, stride_o, stride_ro, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                     CHAIN: tl.constexpr):
+    chain_in(CHAIN)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -45,10 +48,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     res_out = torch.empty_like(x) if residual is not None else out
     if x.shape[0]:
         res = residual if residual is not None else x
+        chain = pdl_chained(x.device)
         _rms_norm_kernel[(x.shape[0],)](
             x, res, weight, out, res_out, x.shape[1], eps, x.stride(0), res.stride(0), out.stride(0),
-            res_out.stride(0), HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(x.shape[1]),
-            num_warps=8 if x.shape[1] >= 2048 else 4)
+            res_out.stride(0), HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(x.shape[1]), CHAIN=chain,
+            num_warps=8 if x.shape[1] >= 2048 else 4, **pdl_launch(chain))
     return (out, res_out) if residual is not None else out
 
 
@@ -85,9 +89,10 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_xt, stride_xh, stride_
 def _rope_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                        stride_cs, stride_ch, stride_c, N_HEADS: tl.constexpr, HALF: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, CHAIN: tl.constexpr):
     # program (t, h): h < N_HEADS rotates query head h into q_out; else kv head j = h - N_HEADS: k rotated and v
     # as it is, both written to the token's cache slot (store_kv's index copies, without their two launches)
+    chain_in(CHAIN)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     cos_row, sin_row = cos_ptr + t * stride_c, sin_ptr + t * stride_c
@@ -138,16 +143,18 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
                          f"{tuple(v_cache.shape)}, slots {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
     out = torch.empty((t, n_heads, d), dtype=q.dtype, device=q.device)
     if t:
+        chain = pdl_chained(q.device)
         _rope_store_kernel[(t, n_heads + kv_heads)](
             q, k, v, cos, sin, out, k_cache, v_cache, slot_mapping, q.stride(0), q.stride(1), k.stride(0),
             k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1), k_cache.stride(1),
             k_cache.stride(2), cos.stride(0), N_HEADS=n_heads, HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2),
-            num_warps=1)
+            CHAIN=chain, num_warps=1, **pdl_launch(chain))
     return out
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_o, BLOCK: tl.constexpr, CHAIN: tl.constexpr):
+    chain_in(CHAIN)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -164,6 +171,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
     if t:
         block = min(1024, triton.next_power_of_2(n))
+        chain = pdl_chained(gate_up.device)
         _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, gate_up.stride(0), out.stride(0), BLOCK=block,
-                                                     num_warps=4)
+                                                     CHAIN=chain, num_warps=4, **pdl_launch(chain))
     return out

@@ -45,7 +45,7 @@ out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=F
                                                 HAS_BIAS=True)),
        "reduce": ptx(_fp8_decode_gemm_reduce_kernel, dict(part_ptr="*fp32", sx_ptr="*fp32", sw_ptr="*fp32",
                                                           bias_ptr="*bf16", y_ptr="*bf16"),
-                     dict(SPLIT_K=4, BLOCK=1024, PDL=True, X_FP8=True, HAS_BIAS=True))}
+                     dict(SPLIT_K=4, BLOCK=1024, PDL=True, X_FP8=True, HAS_BIAS=True, LAUNCH_DEPENDENTS=False))}
 sys.stdout.write(json.dumps(out))
 """
 

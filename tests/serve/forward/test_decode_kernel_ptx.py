@@ -18,14 +18,14 @@ pointers = dict(q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", o_ptr="
                 context_lens_ptr="*i32", q8_ptr="*fp8e4nv", s8_ptr="*fp32")
 shape = dict(GROUP=7, HEAD_DIM=128, PAGE=16, BLOCK_G=16, BLOCK_N=64, BLOCK_D=128, UPCAST_DOT=False,
              FP8_LIMIT=448.0, FLOOR=1e-12)
-out = {"plain": ptx(kernel, pointers, dict(shape, FP8_OUT=False), floats=("scale_log2",)),
-       "fp8": ptx(kernel, pointers, dict(shape, FP8_OUT=True), floats=("scale_log2",))}
+out = {"plain": ptx(kernel, pointers, dict(shape, FP8_OUT=False, CHAIN=False), floats=("scale_log2",)),
+       "fp8": ptx(kernel, pointers, dict(shape, FP8_OUT=True, CHAIN=False), floats=("scale_log2",))}
 split_shape = {k: v for k, v in shape.items() if k not in ("FP8_LIMIT", "FLOOR")}
 out["split"] = ptx(_paged_decode_split_kernel, dict(pointers, acc_ptr="*fp32", ml_ptr="*fp32"),
-                   dict(split_shape, SPLITS=4, LAUNCH_DEPENDENTS=True), floats=("scale_log2",))
+                   dict(split_shape, SPLITS=4, LAUNCH_DEPENDENTS=True, WAIT=False), floats=("scale_log2",))
 combine_shape = {k: v for k, v in shape.items() if k not in ("PAGE", "BLOCK_N", "UPCAST_DOT")}
 out["combine"] = ptx(_paged_decode_combine_kernel, dict(pointers, acc_ptr="*fp32", ml_ptr="*fp32"),
-                     dict(combine_shape, SPLITS=4, FP8_OUT=True, PDL=True))
+                     dict(combine_shape, SPLITS=4, FP8_OUT=True, PDL=True, LAUNCH_DEPENDENTS=False))
 sys.stdout.write(json.dumps(out))
 """
 

@@ -65,8 +65,8 @@ from .interpreter import gdc_launch_dependents, gdc_wait, interpreted, pdl_avail
 WGMMA_K = tl.constexpr(32)  # K of one FP8 wgmma instruction: its sum is promoted to fp32 after each
 MAX_M = 64  # tokens: BLOCK_M is the next power of two >= M, at least 16 (wgmma's N), at most 64
 # with the PDL chain (interpreter.pdl_chained), whether a GEMM without split-K lets the kernel after it launch as it
-# starts (gate_up's SiLU-mul); the split GEMMs always release their reduction. On an H200 at the 7B shape, off made
-# the FP8 step 0.07-0.10 ms slower at batch 32 and 0.07 ms faster at batch 1 (results/fp8/nvidia_h200/pdl_chain/)
+# starts (gate_up's SiLU-mul); the split GEMMs always release their reduction. Its A/B (results/fp8/nvidia_h200/
+# pdl_chain/) ran while the chain's FP8 logits were wrong (the reduction's early read of s_x): no basis yet
 UNSPLIT_RELEASE = True
 
 # Launch configurations, (n, k) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages), for Qwen2-VL-7B's
@@ -253,12 +253,15 @@ def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, bias_ptr, y_ptr, N,
     m, pid = tl.program_id(0), tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    s_w = tl.load(sw_ptr + offs, mask=mask, other=0.0)  # the scales and bias do not depend on the GEMM
-    s_x = tl.load(sx_ptr + m * stride_sx) if X_FP8 else 1.0
+    s_w = tl.load(sw_ptr + offs, mask=mask, other=0.0)  # the weight's scales and bias: no kernel writes them
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if PDL:
         gdc_wait()  # launched behind the GEMM with PDL: every partial written and visible past here
+    # s_x only after the wait: the kernel that wrote it is the GEMM's producer, which may still be running when
+    # the GEMM releases this one (it does so as it starts, before its own wait). Read before, it gave wrong FP8
+    # logits on an H200 once that producer itself waited in a PDL chain (results/fp8/nvidia_h200/pdl_chain/).
+    s_x = tl.load(sx_ptr + m * stride_sx) if X_FP8 else 1.0
     row = part_ptr + m * N + offs
     acc = tl.load(row, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):

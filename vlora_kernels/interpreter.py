@@ -55,7 +55,12 @@ def pdl_chained(device: torch.device) -> bool:
     Each waits (`gdc_wait`) before its first load of anything another kernel writes, so it computes the same bits;
     what changes is that its launch and scheduling overlap the kernel before instead of following its end. A
     kernel launched with PDL behind one that never lets it (cuBLAS, torch's own) simply starts when that one
-    ends, as without PDL. VLORA_PDL_CHAIN=0 launches them as before (the A/B of results/fp8/.../pdl_chain).
+    ends, as without PDL.
+
+    Off unless VLORA_PDL_CHAIN=1 (read at import). On an H200 at the 7B shape it took 0.05-0.08 ms off bf16's decode
+    step with every logit unchanged, but FP8 without an adapter gave wrong logits: the split-K reduction read its
+    activation scales before its wait (results/fp8/nvidia_h200/pdl_chain/). That read now follows the wait; until a
+    GPU run confirms FP8's logits with the chain, it stays off.
     """
     return PDL_CHAIN and pdl_available(device)
 
@@ -65,7 +70,7 @@ def pdl_launch(on: bool) -> dict:
     return {"launch_pdl": True} if on else {}
 
 
-PDL_CHAIN = os.environ.get("VLORA_PDL_CHAIN", "1") != "0"  # read once, at import
+PDL_CHAIN = os.environ.get("VLORA_PDL_CHAIN", "0") == "1"  # read once, at import
 
 
 @triton.jit

@@ -57,3 +57,22 @@ def test_the_pdl_chain_gives_the_bits_of_kernels_launched_one_after_another(tiny
         assert a.token_ids == b.token_ids
         for x, y in zip(a.logits, b.logits):
             assert torch.equal(x, y)
+
+
+def test_with_split_k_the_chain_gives_the_fp8_logits_of_kernels_launched_one_after_another(tmp_path, monkeypatch):
+    """qwen2_vl_small splits K in down_proj's decode GEMM, so a reduction follows it and reads the activation's
+    scales, written two kernels before it (the tiny model has no split). At the 7B shape, reading them before the
+    reduction's wait changed FP8's logits without an adapter; here every logit error against fp32 must be equal."""
+    from bench.fp8 import Fp8BenchJob, run_fp8_bench
+    from vlora_kernels import fp8_decode
+
+    assert fp8_decode.decode_config(512, 2048)[2] > 1  # down_proj's [hidden, intermediate] weight: split over K
+    errors = {}
+    for chain in (True, False):
+        monkeypatch.setattr(interpreter, "PDL_CHAIN", chain)
+        rows, _ = run_fp8_bench(Fp8BenchJob(model="qwen2_vl_small", device="cuda", prompts=2, prompt_tokens=16,
+                                            image_size=56, output_tokens=6, batch_sizes=(4,), decode_tokens=3,
+                                            switch_repeats=1, gemm=False, out_dir=str(tmp_path / str(chain))))
+        errors[chain] = {(r["precision"], r["adapter"], r["mode"]): (r["logit_mean_abs_err"], r["token_agreement"])
+                         for r in rows if r["section"] == "accuracy" and r["against"] == "fp32"}
+    assert errors[True] == errors[False] and any(p == "fp8" for p, _, _ in errors[True])

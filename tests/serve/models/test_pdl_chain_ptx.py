@@ -45,6 +45,10 @@ cases = {
 }
 out = {f"{name} {on}": ptx(kernel, pointers, consts(on), floats=floats)
        for name, (kernel, pointers, consts, floats) in cases.items() for on in (True, False)}
+for x_fp8 in (True, False):  # the reduction behind its GEMM, without a bias: what it reads before its wait
+    out[f"reduce_waits x_fp8={x_fp8}"] = ptx(_fp8_decode_gemm_reduce_kernel, cases["gemm_reduce"][1],
+                                             dict(SPLIT_K=4, BLOCK=1024, PDL=True, X_FP8=x_fp8, HAS_BIAS=False,
+                                                  LAUNCH_DEPENDENTS=True))
 sys.stdout.write(json.dumps(out))
 """
 
@@ -75,3 +79,11 @@ def test_unchained_the_kernels_hold_no_grid_dependency_control(ptx, name):
 def test_the_split_k_reduction_lets_the_reader_of_its_output_launch_early(ptx):
     assert "griddepcontrol.launch_dependents" in ptx["gemm_reduce True"]
     assert "griddepcontrol" not in ptx["gemm_reduce False"]
+
+
+def test_the_reduction_reads_the_activation_scales_only_after_its_wait(ptx):
+    """s_x comes from the GEMM's producer, which may still run when the GEMM releases the reduction (a PDL chain):
+    before the wait the reduction reads only the weight's scales, so an FP8 activation adds no load there."""
+    fp8, plain = (ptx[f"reduce_waits x_fp8={x}"].split("griddepcontrol.wait", 1) for x in (True, False))
+    assert fp8[0].count("ld.global") == plain[0].count("ld.global") > 0
+    assert fp8[1].count("ld.global") > plain[1].count("ld.global")

@@ -1,0 +1,18 @@
+#!/bin/bash
+T0=$(date +%s)
+python -m pip install --no-deps --no-index -q .wheels/antlr4*.whl .wheels/hydra*.whl .wheels/omegaconf*.whl .wheels/plumbum*.whl .wheels/rpyc*.whl 2>&1 | tail -2
+export PYTHONPATH=$PWD
+R=$OUT/r; mkdir -p $R; cp devscripts/c6.sh $R/run.sh; cp devscripts/runwith.py $R/
+{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; date -u; } > $R/machine.txt 2>&1
+bench() {  # $1: chain, $2: unsplit release, $3: name
+  s=$(date +%s)
+  VLORA_PDL_CHAIN=$1 timeout 130 python -u devscripts/runwith.py vlora_kernels.fp8_decode.UNSPLIT_RELEASE=$2 -- bench bench.suite=fp8 bench.fp8.prompts=2 bench.fp8.gemm=false bench.fp8.switch_repeats=1 \
+    'bench.fp8.batch_sizes=[1,32]' bench.fp8.compare_fp8_lm_head=true bench.out_dir=$R/$3 > $R/$3.log 2>&1
+  echo "$3 rc=$? $(( $(date +%s) - s )) s"; grep -A4 "^| batch" $R/$3/*/fp8.md | tail -2
+}
+left() { echo $(( $1 - ($(date +%s) - T0) )); }
+for v in "1 True" "0 True" "1 False" "1 True" "0 True" "1 False"; do
+  [ $(left $LIMIT) -lt 75 ] && break
+  n=$(( ${n:-0} + 1 )); set -- $v; bench $1 $2 d$1_${2}_$n
+done
+cd $OUT && tar czf r.tgz r

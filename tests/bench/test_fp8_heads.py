@@ -52,6 +52,7 @@ def test_heads_section_per_domain_and_mode(vlora_home, tmp_path, one_thread, fp8
     for (domain, mode, precision), r in heads.items():
         assert r["section"] == "heads" and r["task"] == domains[domain] and r["items"] == 3
         assert 0 <= r["agreement"] <= 1 and 0 <= r["bf16_truth"] <= 1 and r["truth_from"] == "world truth"
+        assert r["differ"] == round(3 * (1 - r["agreement"])) and r["target_met"] == (r["differ"] == 0)
         assert r["truth_metric"] == ("f1@0.5" if domain == "detect_car" else "top1")
         # the baseline beside the scores: always the commonest true answer (none for boxes)
         assert (r["majority_truth"] is None) == (domain == "detect_car")
@@ -69,7 +70,8 @@ def test_heads_section_per_domain_and_mode(vlora_home, tmp_path, one_thread, fp8
         assert r["prompts"] == 2 and 0 <= r["token_agreement"] <= 1
         assert (r["top2_margin_min"] is None) == (r["diverged"] == 0)
     out = tmp_path / "cpu"
-    assert "## Trained adapters' head answers, FP8 against bf16" in (out / "fp8.md").read_text()
+    report = (out / "fp8.md").read_text()
+    assert "## Trained adapters' head answers, FP8 against bf16" in report and "| differ | target_met |" in report
     with open(out / "fp8.csv", newline="") as f:
         assert {r["section"] for r in csv.DictReader(f)} == {"heads"}
     assert len(json.loads((out / "fp8.json").read_text())["rows"]) == len(rows)

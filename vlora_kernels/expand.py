@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpreter import dot_nt, gdc_wait, interpreted
+from .interpreter import dot_nt, gdc_wait, interpreted, pdl_launch
 from .segments import SegmentMeta, check_slots
 from .tiling import TileConfig, next_pow2
 from .token_tiles import seg_block, token_grid, token_tile
@@ -273,6 +273,6 @@ def expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, meta: Segment
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, UPCAST_DOT=interpreted(),
         SLICES_MULT16=all(w % 16 == 0 for w in slices), MIX=mix, PDL=pdl, SEG_BLOCK=block,
         COL_TILES=col_tiles, BLOCK_R=max(16, next_pow2(lora_b.shape[2])),
-        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl),
     )
     return y

@@ -60,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpreter import gdc_launch_dependents, gdc_wait, interpreted, pdl_available, pdl_chained
+from .interpreter import gdc_launch_dependents, gdc_wait, interpreted, pdl_available, pdl_chained, pdl_launch
 
 WGMMA_K = tl.constexpr(32)  # K of one FP8 wgmma instruction: its sum is promoted to fp32 after each
 MAX_M = 64  # tokens: BLOCK_M is the next power of two >= M, at least 16 (wgmma's N), at most 64
@@ -369,7 +369,7 @@ def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config, bias=None, group_tiles
         BLOCK_K=block_k, SPLIT=split > 1, UPCAST_DOT=interpreted(), LAUNCH_DEPENDENTS=trigger, X_FP8=x_fp8,
         WAIT_FOR_INPUTS=wait, PREFETCH_LINES=min(PREFETCH_TILES, k_tiles) * block_k // 128 if wait else 1,
         GROUP_TILES=group_tiles, HAS_BIAS=bias is not None, num_warps=warps, num_stages=stages,
-        **({"launch_pdl": True} if wait else {}))
+        **pdl_launch(wait))
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](out, s_x, s_w, bias_arg, y, n, out.stride(0),
@@ -378,7 +378,7 @@ def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config, bias=None, group_tiles
                                                                    X_FP8=x_fp8 and not group_tiles,
                                                                    HAS_BIAS=bias is not None,
                                                                    LAUNCH_DEPENDENTS=chain, num_warps=4,
-                                                                   **({"launch_pdl": True} if pdl else {}))
+                                                                   **pdl_launch(pdl))
     return y
 
 

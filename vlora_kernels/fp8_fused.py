@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_row, quantize_rows_ref
-from .interpreter import chain_in, gdc_launch_dependents, gdc_wait, interpreted, pdl_available, pdl_chained, pdl_launch, \
-    quotient_rn
+from .interpreter import (chain_in, gdc_launch_dependents, gdc_wait, interpreted, pdl_available, pdl_chained,
+                          pdl_launch, quotient_rn)
 from .row_ops import rms_norm_row, silu_mul
 
 

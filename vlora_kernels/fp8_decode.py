@@ -93,6 +93,9 @@ TARGET_PROGRAMS = 264  # _fallback: two programs per SM on a 132-SM card
 # within L2 (50-60 MB)
 PREFETCH_TILES = 4
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this spends more on its partial than it saves
+# channel tiles a launch may take. Below 64 (a wgmma's M) Triton compiles the dot to mma.sync on f16 operands, each
+# e4m3 tile widened in registers (exact): more programs over the same weight, so fewer or no K splits to sum
+BLOCK_NS = (16, 32, 64, 128, 256)
 MAX_SPLIT_K = 16
 
 
@@ -347,9 +350,9 @@ def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config, bias=None, group_tiles
     (m, k), n = x.shape, q_w.shape[0]
     block_n, block_k, split, warps, stages = config or decode_config(n, k, split_k, weight_only=s_x is None)
     k_tiles = triton.cdiv(k, block_k)
-    if config and not (block_n in (64, 128, 256) and block_k in (64, 128, 256) and 1 <= split <= k_tiles):
-        raise ValueError(f"fp8_decode_mm config {config}: BLOCK_N and BLOCK_K must be 64, 128 or 256 and SPLIT_K "
-                         f"1..{k_tiles} (K's tiles)")
+    if config and not (block_n in BLOCK_NS and block_k in (64, 128, 256) and 1 <= split <= k_tiles):
+        raise ValueError(f"fp8_decode_mm config {config}: BLOCK_N must be one of {BLOCK_NS}, BLOCK_K 64, 128 or 256 "
+                         f"and SPLIT_K 1..{k_tiles} (K's tiles)")
     block_m = max(16, triton.next_power_of_2(m))
     k_tiles = triton.cdiv(k_tiles, split)  # per split
     if group_tiles:  # a split holds whole groups: its tiles rounded up to them (the 7B's o_proj: 7 = 7)

@@ -39,6 +39,38 @@ def test_every_candidate_computes_the_same_product():
                                    atol=1e-3 * ref.abs().max().item())
     with pytest.raises(ValueError, match="config"):
         fp8_decode_mm(q_x, s_x, q_w, s_w, config=(64, 128, 4, 4, 3))  # 3 K tiles cannot make 4 splits
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        fp8_decode_mm(q_x, s_x, q_w, s_w, config=(48, 128, 1, 4, 3))
+
+
+def test_narrow_channel_tiles_compute_the_same_product_with_few_splits():
+    # 16 and 32 channels a program (mma.sync, each e4m3 tile widened to f16 in registers): 136 channels leave a
+    # partial last tile, 320 columns of K a partial last K tile
+    g = torch.Generator().manual_seed(1)
+    (q_x, s_x), (q_w, s_w) = quantize_rows_ref(torch.randn(3, 320, generator=g)), quantize_weight(
+        torch.randn(136, 320, generator=g))
+    ref = fp8_decode_mm_ref(q_x, s_x, q_w, s_w)
+    cands = candidates(136, 320, block_ns=(16, 32))[1:]
+    assert {c[0] for c in cands} == {16, 32} and {c[2] for c in cands} == {1, 2} and {c[3] for c in cands} == {2, 4}
+    for cfg in cands[::3]:
+        torch.testing.assert_close(fp8_decode_mm(q_x, s_x, q_w, s_w, config=cfg).float(), ref, rtol=2.0 ** -7,
+                                   atol=1e-3 * ref.abs().max().item())
+
+
+def test_a_failing_candidate_is_a_row_not_the_end_of_the_sweep():
+    calls = []
+
+    def timed(fn):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of resources: shared memory\nmore")
+        return _once(fn)
+
+    rows = sweep({"tiny_proj": (72, 256)}, [2], "cpu", timed, block_ns=(16,))
+    assert len(rows) == len(calls) and rows[1]["us"] != rows[1]["us"]
+    assert rows[1]["error"] == "RuntimeError: out of resources: shared memory"
+    lines = best_lines(rows)
+    assert lines[-1].startswith("failed: tiny_proj m=2 ") and "best" in lines[0]
 
 
 def test_sweep_rows_and_report_on_a_tiny_shape():

@@ -232,6 +232,18 @@ def test_grouped_o_proj_and_biased_qkv_at_the_7b_shapes_on_a_gpu(m, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_n, split, warps", [(16, 1, 2), (32, 1, 4), (16, 2, 4)])
+@pytest.mark.parametrize("m", [1, 32])
+def test_narrow_channel_tiles_at_the_7b_shapes_on_a_gpu(block_n, split, warps, m):
+    """BLOCK_N under 64 (mma.sync on widened tiles), unsplit or split in two, grouped o_proj rows included."""
+    for name in ("qkv_proj", "down_proj"):
+        q_x, s_x, q_w, s_w = _operands(m, *SHAPES_7B[name], seed=m)
+        _check(fp8_decode_mm(q_x, s_x, q_w, s_w, config=(block_n, 128, split, warps, 4)), q_x, s_x, q_w, s_w)
+    q_x, s_x, q_w, s_w = _group_operands(m, *SHAPES_7B["o_proj"], 4, seed=m)
+    _check(fp8_decode_mm(q_x, s_x, q_w, s_w, config=(block_n, 128, split, warps, 4)), q_x, s_x, q_w, s_w)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", list(SHAPES_7B))
 @pytest.mark.parametrize("m", [1, 32, 64])
 def test_weight_only_gemm_at_the_7b_shapes_on_a_gpu(name, m):

@@ -41,6 +41,9 @@ out = {"m16_n64": launch_ptx("*bf16", dict(base, BLOCK_M=16, BLOCK_N=64, SPLIT=F
        # the 7B's o_proj behind the decode attention: one kv head group (7 tiles) a split, scaled as it ends
        "m32_n64_grouped": launch_ptx("*fp32", dict(base, BLOCK_M=32, BLOCK_N=64, SPLIT=True, LAUNCH_DEPENDENTS=True,
                                                    GROUP_TILES=7)),
+       # a channel tile under a wgmma's 64 (fp8_decode.BLOCK_NS), unsplit, 2 warps
+       "m32_n16": launch_ptx("*bf16", dict(base, BLOCK_M=32, BLOCK_N=16, SPLIT=False, LAUNCH_DEPENDENTS=False),
+                             warps=2),
        "m32_n64_bias": launch_ptx("*bf16", dict(base, BLOCK_M=32, BLOCK_N=64, SPLIT=False, LAUNCH_DEPENDENTS=False,
                                                 HAS_BIAS=True)),
        "reduce": ptx(_fp8_decode_gemm_reduce_kernel, dict(part_ptr="*fp32", sx_ptr="*fp32", sw_ptr="*fp32",
@@ -79,7 +82,17 @@ def test_weight_only_gemm_widens_the_fp8_tile_in_registers_into_a_bf16_wgmma(ptx
     assert "cvt.rn.f16x2.e4m3x2" in code  # two e4m3 values a conversion (exact in f16, then in bf16)
 
 
-@pytest.mark.parametrize("variant", ["m16_n64", "m64_n128_split", "w_m16_n64", "w_m64_n128_split", "m32_n64_grouped"])
+def test_a_channel_tile_under_64_widens_its_fp8_tiles_into_an_f16_mma_sync(ptx):
+    code = ptx["m32_n16"]
+    shapes = set(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+\.row\.col\.f32\.\w+\.\w+)", code))
+    assert shapes == {"m16n8k16.row.col.f32.f16.f16"} and "wgmma" not in code
+    assert "cvt.rn.f16x2.e4m3x2" in code  # both operands widened, exactly: e4m3 values are f16 values
+    # 16 channels x 32 tokens x 128 of K a tile: 1 x 4 x 8 = 32 mma over 2 warps, 16 each (one tile a loop trip)
+    assert code.count("mma.sync.aligned") == 16
+
+
+@pytest.mark.parametrize("variant", ["m16_n64", "m64_n128_split", "w_m16_n64", "w_m64_n128_split", "m32_n64_grouped",
+                                     "m32_n16"])
 def test_decode_gemm_streams_its_tiles_in_16_byte_async_copies(ptx, variant):
     code = ptx[variant]
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], (0x\w+)", code)

@@ -212,7 +212,7 @@ def scaled_mm_rows(q_x: torch.Tensor, s_x: torch.Tensor, q_weight: torch.Tensor,
 
 
 def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None = None, defer_sums: bool = False) -> torch.Tensor:
+               bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ dequantize(q_weight, weight_scale).T (+ bias), with x quantized per token on the fly.
 
     x: [M, K]; q_weight: [N, K] fp8 (row-major, so .T is the column-major operand _scaled_mm wants);
@@ -222,8 +222,6 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
     vlora_kernels/fp8_decode.py's Triton GEMM instead. On the CPU (tests only: the engine refuses FP8 there) it is the fp32 product of
     the dequantized operands, since CPU `_scaled_mm` takes rowwise scales in some torch releases and not
     in others.
-    defer_sums: where the decode GEMM splits K on bf16 tokens, y may come back owing its partial sums
-    (fp8_decode_mm's defer_sums: its reader sums them, or calls `finish_sums`).
     """
     if _weight_only(x):
         y = fp8w_decode_mm(x, q_weight, weight_scale)
@@ -235,8 +233,7 @@ def fp8_linear(x: torch.Tensor, q_weight: torch.Tensor, weight_scale: torch.Tens
         rows = None  # per-group scales, which only the decode GEMM takes: one scale per token instead
     q_x, s_x = rows or quantize_rows(x)
     if decode:  # the bias is added in the GEMM's epilogue, in fp32
-        y = fp8_decode_mm(q_x, s_x, q_weight, weight_scale, bias=bias,
-                          defer_sums=defer_sums and x.dtype == torch.bfloat16)
+        y = fp8_decode_mm(q_x, s_x, q_weight, weight_scale, bias=bias)
         return y if y.dtype == x.dtype else y.to(x.dtype)
     if x.is_cuda:
         y = scaled_mm_rows(q_x, s_x, q_weight, weight_scale)

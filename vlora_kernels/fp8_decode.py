@@ -55,7 +55,6 @@ with the host; buffers are allocated by shape only, so the forward stays captura
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import torch
 import triton
@@ -281,16 +280,14 @@ def _fp8_decode_gemm_reduce_kernel(part_ptr, sx_ptr, sw_ptr, bias_ptr, y_ptr, N,
 
 def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor,
                   split_k: int | None = None, config: tuple[int, int, int, int, int] | None = None,
-                  bias: torch.Tensor | None = None, defer_sums: bool = False) -> torch.Tensor:
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """(q_x @ q_w.T) * s_x * s_w (+ bias) as bf16 [M, N], for 1 <= M <= MAX_M tokens.
 
     q_x: [M, K] fp8 e4m3, rows K-contiguous; s_x: [M, 1] (or [M]) fp32, one scale per token, or [M, G] (G > 1),
     one per token and group of K / G consecutive columns (`group_scales_fit` says where the kernel takes them);
     q_w: [N, K] fp8, rows K-contiguous; s_w: [N] fp32; bias: [N], added in fp32 before the bf16 rounding.
     split_k: override the configuration's SPLIT_K (tests); config: the whole (BLOCK_N, BLOCK_K, SPLIT_K,
-    num_warps, num_stages) instead of the table's (bench/fp8_decode_sweep.py).
-    defer_sums: split over K, return y unwritten with its partial sums attached (`split_sums`) for the kernel that
-    reads y to sum them itself (vlora_kernels/fp8_fused.py's norm); any other reader calls `finish_sums(y)` first."""
+    num_warps, num_stages) instead of the table's (bench/fp8_decode_sweep.py)."""
     _check_operands("fp8_decode_mm", q_x, q_w, s_w, bias)
     (m, k), n = q_x.shape, q_w.shape[0]
     if q_x.dtype != torch.float8_e4m3fn:
@@ -305,8 +302,8 @@ def fp8_decode_mm(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: 
             raise ValueError(f"fp8_decode_mm: scale groups of {k // groups} columns are not whole K tiles of "
                              f"{block_k} (group_scales_fit)")
         return _launch(q_x, s_x.contiguous(), q_w, s_w, torch.bfloat16, split_k, config, bias,
-                       group_tiles=k // groups // block_k, defer_sums=defer_sums)
-    return _launch(q_x, s_x.reshape(m), q_w, s_w, torch.bfloat16, split_k, config, bias, defer_sums=defer_sums)
+                       group_tiles=k // groups // block_k)
+    return _launch(q_x, s_x.reshape(m), q_w, s_w, torch.bfloat16, split_k, config, bias)
 
 
 def group_scales_fit(n: int, k: int, groups: int) -> bool:
@@ -347,10 +344,9 @@ def _check_operands(name: str, x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Te
         raise ValueError(f"{name} needs a bias [{q_w.shape[0]}] on {q_w.device}, got {tuple(bias.shape)} on {bias.device}")
 
 
-def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config, bias=None, group_tiles: int = 0,
-            defer_sums: bool = False) -> torch.Tensor:
-    """The GEMM (and, split over K, the reduction unless defer_sums); s_x None: x is 16-bit (fp8w_decode_mm);
-    group_tiles > 0: s_x [M, G] holds a scale per group of that many K tiles."""
+def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config, bias=None, group_tiles: int = 0) -> torch.Tensor:
+    """The GEMM (and, split over K, the reduction); s_x None: x is 16-bit (fp8w_decode_mm); group_tiles > 0:
+    s_x [M, G] holds a scale per group of that many K tiles."""
     (m, k), n = x.shape, q_w.shape[0]
     block_n, block_k, split, warps, stages = config or decode_config(n, k, split_k, weight_only=s_x is None)
     k_tiles = triton.cdiv(k, block_k)
@@ -379,56 +375,15 @@ def _launch(x, s_x, q_w, s_w, out_dtype, split_k, config, bias=None, group_tiles
         GROUP_TILES=group_tiles, HAS_BIAS=bias is not None, num_warps=warps, num_stages=stages,
         **pdl_launch(wait))
     if split > 1:
-        sums = SplitSums(out, s_x, s_w, bias_arg, x_fp8 and not group_tiles, bias is not None, pdl)
-        if defer_sums:
-            y.__dict__[_SUMS_ATTR] = sums
-        else:
-            _reduce(sums, y, chain)
+        block = min(1024, triton.next_power_of_2(n))
+        _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](out, s_x, s_w, bias_arg, y, n, out.stride(0),
+                                                                   s_x.stride(0), y.stride(0), SPLIT_K=split,
+                                                                   BLOCK=block, PDL=pdl,
+                                                                   X_FP8=x_fp8 and not group_tiles,
+                                                                   HAS_BIAS=bias is not None,
+                                                                   LAUNCH_DEPENDENTS=chain, num_warps=4,
+                                                                   **pdl_launch(pdl))
     return y
-
-
-class SplitSums(NamedTuple):
-    """A split GEMM's output before its reduction: y[m] = sum over s of part[s, m] * s_w (* s_x[m]) (+ bias), in
-    split order, then one rounding to y's dtype; x_scaled: s_x is one scale per token, still to apply."""
-    part: torch.Tensor  # [SPLIT_K, M, N] fp32
-    s_x: torch.Tensor
-    s_w: torch.Tensor
-    bias: torch.Tensor  # s_w again when has_bias is False (a pointer never read)
-    x_scaled: bool
-    has_bias: bool
-    pdl: bool  # launched behind the GEMM with PDL: the reader waits for the partials on the device
-
-
-_SUMS_ATTR = "_vlora_split_sums"
-
-
-def split_sums(y: torch.Tensor) -> SplitSums | None:
-    """The partial sums y still owes (fp8_decode_mm's defer_sums), or None when y is written."""
-    return y.__dict__.get(_SUMS_ATTR)
-
-
-def take_sums(y: torch.Tensor) -> SplitSums | None:
-    """split_sums(y), which the caller now owes: it launches the kernel that sums them into y."""
-    return y.__dict__.pop(_SUMS_ATTR, None)
-
-
-def finish_sums(y: torch.Tensor) -> torch.Tensor:
-    """y itself, written: the reduction launched now if its partial sums were left to the reader."""
-    sums = take_sums(y)
-    if sums is not None:
-        _reduce(sums, y, pdl_chained(y.device))
-    return y
-
-
-def _reduce(sums: SplitSums, y: torch.Tensor, chain: bool) -> None:
-    split, m, n = sums.part.shape
-    block = min(1024, triton.next_power_of_2(n))
-    _fp8_decode_gemm_reduce_kernel[(m, triton.cdiv(n, block))](sums.part, sums.s_x, sums.s_w, sums.bias, y, n,
-                                                               sums.part.stride(0), sums.s_x.stride(0), y.stride(0),
-                                                               SPLIT_K=split, BLOCK=block, PDL=sums.pdl,
-                                                               X_FP8=sums.x_scaled, HAS_BIAS=sums.has_bias,
-                                                               LAUNCH_DEPENDENTS=chain, num_warps=4,
-                                                               **pdl_launch(sums.pdl))
 
 
 def fp8_decode_mm_ref(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, s_w: torch.Tensor,

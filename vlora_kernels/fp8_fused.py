@@ -30,20 +30,15 @@ import triton.language as tl
 from .fp8 import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, attach_rows, quantize_row, quantize_rows_ref
 from .interpreter import (chain_in, gdc_launch_dependents, gdc_wait, interpreted, pdl_available, pdl_chained,
                           pdl_launch, quotient_rn)
-from .fp8_decode import take_sums
-from .row_ops import rms_norm_row, rms_norm_values, silu_mul
+from .row_ops import rms_norm_row, silu_mul
 
 
 @triton.jit
-def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, part_ptr, gsx_ptr, gsw_ptr,
-                         gbias_ptr, n_cols, eps, stride_x, stride_r, stride_o, stride_ro, stride_q, stride_ps,
-                         stride_gsx, HAS_RES: tl.constexpr, FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr,
-                         BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, WAIT: tl.constexpr,
-                         SPLIT_SUMS: tl.constexpr, X_SCALED: tl.constexpr, SUM_BIAS: tl.constexpr):
-    # serve/models/fused.py's _rms_norm_kernel (the same row_ops arithmetic), then the row's quantization.
-    # SPLIT_SUMS > 0: x is a split FP8 GEMM's output still as partial sums (fp8_decode.SplitSums); the row is
-    # summed here exactly as _fp8_decode_gemm_reduce_kernel would (split order, the same products, one rounding),
-    # written to x, then normed: one launch fewer, and no wait for a reduction's end
+def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_ptr, n_cols, eps,
+                         stride_x, stride_r, stride_o, stride_ro, stride_q, HAS_RES: tl.constexpr,
+                         FP8_LIMIT: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
+                         LAUNCH_DEPENDENTS: tl.constexpr, WAIT: tl.constexpr):
+    # serve/models/fused.py's _rms_norm_kernel (the same row_ops.rms_norm_row), then the row's quantization
     if LAUNCH_DEPENDENTS:  # the FP8 GEMM behind may launch now and prefetch its weight (vlora_kernels/fp8_decode.py)
         gdc_launch_dependents()
     if WAIT:  # launched with PDL behind x's producer (interpreter.pdl_chained): x and residual written past here
@@ -51,23 +46,8 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, q_ptr, s_p
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
-    if SPLIT_SUMS > 0:
-        parts = part_ptr + row * n_cols + offs
-        acc = tl.load(parts, mask=mask, other=0.0)
-        for s in tl.static_range(1, SPLIT_SUMS):
-            acc += tl.load(parts + s * stride_ps, mask=mask, other=0.0)
-        v = acc * tl.load(gsw_ptr + offs, mask=mask, other=0.0)
-        if X_SCALED:
-            v = v * tl.load(gsx_ptr + row * stride_gsx)
-        if SUM_BIAS:
-            v += tl.load(gbias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = v.to(x_ptr.dtype.element_ty)
-        tl.store(x_ptr + row * stride_x + offs, x, mask=mask)  # y written too, for any later reader
-        y = rms_norm_values(x, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, stride_r, stride_ro, offs,
-                            mask, HAS_RES)
-    else:
-        y = rms_norm_row(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, stride_x, stride_r,
-                         stride_ro, offs, mask, HAS_RES)
+    y = rms_norm_row(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, stride_x, stride_r, stride_ro,
+                     offs, mask, HAS_RES)
     tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
     quantize_row(y.to(tl.float32), q_ptr + row * stride_q, s_ptr + row, offs, mask, FP8_LIMIT, FLOOR)
 
@@ -131,8 +111,7 @@ def _check_rows(name: str, x: torch.Tensor) -> None:
 
 
 def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """serve.models.fused.rms_norm (y, or (y, x + residual)), with y carrying its FP8 rows (attach_rows). x may
-    still owe a split GEMM's sums (fp8_decode_mm's defer_sums): they are summed here and x is written."""
+    """serve.models.fused.rms_norm (y, or (y, x + residual)), with y carrying its FP8 rows (attach_rows)."""
     _check_rows("rms_norm_fp8", x)
     if weight.shape != (x.shape[1],) or (residual is not None and residual.shape != x.shape):
         raise ValueError(f"rms_norm_fp8: weight {tuple(weight.shape)} and residual "
@@ -141,21 +120,14 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else out
     q, scale = _fp8_buffers(t, d, x.device)
-    sums = take_sums(x)  # x is written by the kernel below
-    if sums is not None and (x.dtype != torch.bfloat16 or tuple(sums.part.shape[1:]) != (t, d) or not x.is_contiguous()):
-        raise ValueError(f"rms_norm_fp8: partial sums {tuple(sums.part.shape)} do not fit x {tuple(x.shape)} {x.dtype}")
     if t:
         res = residual if residual is not None else x
         chain = pdl_chained(x.device)
-        part, gsx, gsw, gbias = (sums.part, sums.s_x, sums.s_w, sums.bias) if sums else (scale, scale, scale, scale)
-        _rms_norm_fp8_kernel[(t,)](x, res, weight, out, res_out, q, scale, part, gsx, gsw, gbias, d, eps, x.stride(0),
-                                   res.stride(0), out.stride(0), res_out.stride(0), q.stride(0),
-                                   part.stride(0) if sums else 0, gsx.stride(0), HAS_RES=residual is not None,
+        _rms_norm_fp8_kernel[(t,)](x, res, weight, out, res_out, q, scale, d, eps, x.stride(0), res.stride(0),
+                                   out.stride(0), res_out.stride(0), q.stride(0), HAS_RES=residual is not None,
                                    FP8_LIMIT=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK=triton.next_power_of_2(d),
                                    LAUNCH_DEPENDENTS=pdl_available(x.device), WAIT=chain,
-                                   SPLIT_SUMS=sums.part.shape[0] if sums else 0, X_SCALED=bool(sums and sums.x_scaled),
-                                   SUM_BIAS=bool(sums and sums.has_bias), num_warps=8 if d >= 2048 else 4,
-                                   **pdl_launch(chain))
+                                   num_warps=8 if d >= 2048 else 4, **pdl_launch(chain))
     attach_rows(out, q.to(FP8_DTYPE) if q.dtype != FP8_DTYPE else q, scale)
     return (out, res_out) if residual is not None else out
 

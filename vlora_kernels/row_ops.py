@@ -14,14 +14,6 @@ def rms_norm_row(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, 
     """One row of w * norm(x (+ residual)) in out_ptr's dtype (not stored); with HAS_RES, x + residual,
     rounded to the model dtype, is stored at res_out_ptr's row."""
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    return rms_norm_values(x, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, stride_r, stride_ro, offs, mask,
-                           HAS_RES)
-
-
-@triton.jit
-def rms_norm_values(x, res_ptr, w_ptr, out_ptr, res_out_ptr, row, n_cols, eps, stride_r, stride_ro, offs, mask,
-                    HAS_RES: tl.constexpr):
-    """rms_norm_row of a row already in registers (x: its values in the model dtype, zero past n_cols)."""
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)  # the model-dtype add

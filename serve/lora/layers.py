@@ -20,7 +20,6 @@ from torch import nn
 
 from vlora_kernels import add_lora, add_lora_beside
 from serve.forward.context import peek_context
-from serve.models.layers import written
 
 from .pool import AdapterPool
 
@@ -58,16 +57,12 @@ class LoRALinear(nn.Module):
         ctx = peek_context()
         batch = None if ctx is None else ctx.lora
         if batch is None:
-            return self.base(x)  # its reader sums any partials it owes (serve.models.layers.written)
+            return self.base(x)
         if self.overlap_shrink and batch.op is add_lora:
-            return add_lora_beside(self._base_written, x, self.lora_a, self.lora_b, batch.segments, self.ranks,
-                                   self.scales, self.slices)
-        y = self._base_written(x)
+            return add_lora_beside(self.base, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales,
+                                   self.slices)
+        y = self.base(x)
         return batch.op(y, x, self.lora_a, self.lora_b, batch.segments, self.ranks, self.scales, self.slices)
-
-    def _base_written(self, x: torch.Tensor) -> torch.Tensor:
-        """base(x) as written bytes: the LoRA kernels add into y, so no partial sums may be left to a reader."""
-        return written(self.base(x))
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, layer={self.layer_index}, rank={self.lora_a.shape[2]}"

@@ -19,7 +19,7 @@ from serve.forward.attention import PagedAttention
 from serve.forward.context import get_context
 
 from .args import ModelArgs
-from .layers import Embedding, Linear, RMSNorm, silu_and_mul, written
+from .layers import Embedding, Linear, RMSNorm, silu_and_mul
 from .rope import RotaryEmbedding, apply_rotary
 
 # name of each projection slot in a decoder layer -> attribute path (see layers.py for slices)
@@ -62,7 +62,7 @@ class Attention(nn.Module):
                 q, k = apply_rotary(q, cos, sin).contiguous(), apply_rotary(k, cos, sin).contiguous()
             o = self.attn(q, k, v)  # [T, H, D]
         out = self.o_proj(_rows_kept(o, o.reshape(t, a.q_size)))  # row-parallel under tensor parallel: a partial sum,
-        return out if self.reduce_output is None else self.reduce_output(written(out))  # LoRA's part included
+        return out if self.reduce_output is None else self.reduce_output(out)  # LoRA's part included
 
 
 def _rows_kept(o: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
@@ -108,7 +108,7 @@ class MLP(nn.Module):
         else:
             act = silu_and_mul(gate_up)
         out = self.down_proj(act)  # row-parallel: a partial sum
-        return out if self.reduce_output is None else self.reduce_output(written(out))
+        return out if self.reduce_output is None else self.reduce_output(out)
 
 
 class DecoderLayer(nn.Module):

@@ -33,9 +33,6 @@ FUSE_QUANTIZATION = True
 # with it, the decode attention writes o_proj's FP8 rows, one scale per (token, kv head group)
 # (serve/forward/decode_kernel.py); off: o_proj quantizes its input per token itself (bench.fp8's A/B)
 FUSE_ATTENTION_ROWS = True
-# with it, o_proj and down_proj leave a split decode GEMM's partial sums to the fused norm after them, which sums
-# them in its own launch (vlora_kernels/fp8_fused.py) instead of a reduction kernel between the two
-NORM_SUMS = True
 
 
 def check_quantization(quantization: str, device: torch.device) -> None:
@@ -112,11 +109,8 @@ class Fp8Linear(nn.Module):
         """The weight the GEMM multiplies by, [N, K] fp32."""
         return dequantize(self.weight, self.weight_scale)
 
-    # fuse_quantization: the reader of this projection's output sums a split decode GEMM's partials itself
-    defer_sums = False
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.weight_scale, self.bias, defer_sums=self.defer_sums)
+        return fp8_linear(x, self.weight, self.weight_scale, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, slices={dict(zip(self.slice_names, self.output_slices))}, fp8"
@@ -177,13 +171,6 @@ def fuse_quantization(language_model, on: bool = True) -> int:
                  and group_scales_fit(o_proj.out_features, o_proj.in_features, attention.num_kv_heads))
         attention.fp8_output = fused
         count += fused
-    layers = list(language_model.layers)
-    for layer, after in zip(layers, layers[1:] + [None]):  # each projection's reader: the norm after it
-        for projection, norm in ((layer.attn.o_proj, layer.post_attention_layernorm),
-                                 (layer.mlp.down_proj, None if after is None else after.input_layernorm)):
-            base = getattr(projection, "base", projection)
-            if isinstance(base, Fp8Linear):
-                base.defer_sums = bool(on and NORM_SUMS and norm is not None and norm.fp8_output)
     return count
 
 

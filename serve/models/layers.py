@@ -95,8 +95,7 @@ class RMSNorm(nn.Module):
             from vlora_kernels.fp8_fused import rms_norm_fp8
 
             if rows_wanted(x):  # at decode sizes the FP8 GEMM may take the bf16 output as it is
-                return rms_norm_fp8(x, self.weight, self.eps, residual)  # it sums x's partials, if x owes them
-        x = written(x)
+                return rms_norm_fp8(x, self.weight, self.eps, residual)
         if self.fused:
             from .fused import rms_norm
 
@@ -114,17 +113,6 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
-
-
-def written(y: torch.Tensor) -> torch.Tensor:
-    """y with the partial sums a split FP8 decode GEMM may have left to its reader summed into it
-    (vlora_kernels.fp8_decode.finish_sums; serve/models/fp8.py's NORM_SUMS): what every reader of a projection's
-    output other than the fused FP8 norm calls first."""
-    if y.__dict__:  # nothing attached to a plain tensor: no import, no call
-        from vlora_kernels.fp8_decode import finish_sums
-
-        return finish_sums(y)
-    return y
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

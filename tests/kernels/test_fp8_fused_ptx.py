@@ -14,9 +14,8 @@ from vlora_kernels.fp8_fused import _cast_blocks_fp8_kernel, _rms_norm_fp8_kerne
 
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
 bf16 = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", res_out_ptr="*bf16", q_ptr="*fp8e4nv",
-            s_ptr="*fp32", part_ptr="*fp32", gsx_ptr="*fp32", gsw_ptr="*fp32", gbias_ptr="*bf16")
-out = {"norm": ptx(_rms_norm_fp8_kernel, bf16, dict(limits, HAS_RES=True, BLOCK=4096, SPLIT_SUMS=0, X_SCALED=False,
-                                                     SUM_BIAS=False), floats=("eps",)),
+            s_ptr="*fp32")
+out = {"norm": ptx(_rms_norm_fp8_kernel, bf16, dict(limits, HAS_RES=True, BLOCK=4096), floats=("eps",)),
        "silu_amax": ptx(_silu_mul_fp8_kernel, dict(x_ptr="*bf16", out_ptr="*bf16", amax_ptr="*fp32"),
                         dict(BLOCK=1024)),
        "silu": ptx(_cast_blocks_fp8_kernel, dict(act_ptr="*bf16", amax_ptr="*fp32", q_ptr="*fp8e4nv", s_ptr="*fp32"),

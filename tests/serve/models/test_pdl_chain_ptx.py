@@ -18,9 +18,7 @@ from vlora_kernels.fp8_decode import _fp8_decode_gemm_reduce_kernel
 from serve.forward.decode_kernel import _paged_decode_kernel, _paged_decode_split_kernel
 
 bf16 = dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", res_out_ptr="*bf16", q_ptr="*fp8e4nv",
-            s_ptr="*fp32", amax_ptr="*fp32", act_ptr="*bf16", part_ptr="*fp32", gsx_ptr="*fp32", gsw_ptr="*fp32",
-            gbias_ptr="*bf16")
-no_sums = dict(SPLIT_SUMS=0, X_SCALED=False, SUM_BIAS=False)
+            s_ptr="*fp32", amax_ptr="*fp32", act_ptr="*bf16")
 rope = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16", q_out_ptr="*bf16",
             k_cache_ptr="*bf16", v_cache_ptr="*bf16", slot_ptr="*i64")
 limits = dict(FP8_LIMIT=448.0, FLOOR=1e-12)
@@ -32,11 +30,7 @@ cases = {
     "rope_store": (_rope_store_kernel, rope, lambda on: dict(N_HEADS=28, HALF=64, BLOCK=64, CHAIN=on), ()),
     "silu_mul": (_silu_mul_kernel, bf16, lambda on: dict(BLOCK=1024, CHAIN=on), ()),
     "norm_fp8": (_rms_norm_fp8_kernel, bf16,
-                 lambda on: dict(limits, **no_sums, HAS_RES=True, BLOCK=4096, LAUNCH_DEPENDENTS=on, WAIT=on), ("eps",)),
-    # the norm summing a split GEMM's partials itself (fp8_decode_mm's defer_sums): they too only after the wait
-    "norm_fp8_sums": (_rms_norm_fp8_kernel, bf16,
-                      lambda on: dict(limits, SPLIT_SUMS=4, X_SCALED=True, SUM_BIAS=True, HAS_RES=True, BLOCK=4096,
-                                      LAUNCH_DEPENDENTS=on, WAIT=on), ("eps",)),
+                 lambda on: dict(limits, HAS_RES=True, BLOCK=4096, LAUNCH_DEPENDENTS=on, WAIT=on), ("eps",)),
     "silu_mul_fp8": (_silu_mul_fp8_kernel, bf16, lambda on: dict(BLOCK=1024, CHAIN=on), ()),
     "cast_blocks_fp8": (_cast_blocks_fp8_kernel, bf16,
                         lambda on: dict(limits, BLOCK=1024, BLOCKS_P2=32, LAUNCH_DEPENDENTS=on, WAIT=on), ()),
@@ -58,7 +52,7 @@ for x_fp8 in (True, False):  # the reduction behind its GEMM, without a bias: wh
 sys.stdout.write(json.dumps(out))
 """
 
-WAITERS = ("norm", "rope_store", "silu_mul", "norm_fp8", "norm_fp8_sums", "silu_mul_fp8", "cast_blocks_fp8", "decode_attention",
+WAITERS = ("norm", "rope_store", "silu_mul", "norm_fp8", "silu_mul_fp8", "cast_blocks_fp8", "decode_attention",
            "decode_attention_split")
 
 

@@ -94,7 +94,9 @@ TARGET_PROGRAMS = 264  # _fallback: two programs per SM on a 132-SM card
 PREFETCH_TILES = 4
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this spends more on its partial than it saves
 # channel tiles a launch may take. Below 64 (a wgmma's M) Triton compiles the dot to mma.sync on f16 operands, each
-# e4m3 tile widened in registers (exact): more programs over the same weight, so fewer or no K splits to sum
+# e4m3 tile widened in registers (exact): more programs over the same weight, so fewer or no K splits to sum. On an
+# H200 they were 4-22% slower than CONFIGS' for the 7B's projections (results/fp8/nvidia_h200/narrow_tiles/); kept
+# for the sweep (--block-n) on other shapes and GPUs
 BLOCK_NS = (16, 32, 64, 128, 256)
 MAX_SPLIT_K = 16
 

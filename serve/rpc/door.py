@@ -12,8 +12,10 @@ Bounds, so that idle sockets from one address never lock out clients from anothe
   within `handshake_timeout_s` (a deadline for the line, not per read: trickling cannot stay);
 - at most `max_per_address` sockets of one source address wait at once, and `max_total` of all;
   a new socket past either bound first drops the waiting socket that has been idle longest
-  (no byte for the longest time, of that address or of all), so a flood, however fast it
-  reopens, only ever displaces its own oldest sockets and a newcomer is always let in.
+  (no byte for the longest time, of that address, or of the address holding the most), so a
+  flood, however fast it reopens, only ever displaces its own oldest sockets and a newcomer is
+  always let in. A socket about to be dropped is read first: if its whole line has arrived it
+  passes instead.
 """
 
 from __future__ import annotations
@@ -128,8 +130,15 @@ class HandshakeDoor:
         a client from another however fast it reopens (the longest idle of all had been taken, and a
         socket reopened 11,000 times a second evicted a real client's before its line arrived)."""
         candidates = [p for p in self.pending.values() if p.address == address]
-        if candidates:
-            self._drop(min(candidates, key=lambda p: (p.idle_since, p.accepted)), "handshakes_displaced")
+        if not candidates:
+            return
+        oldest = min(candidates, key=lambda p: (p.idle_since, p.accepted))
+        # its line may be in the kernel's buffer, unread: a wake admits up to ACCEPTS_PER_WAKE sockets before it
+        # reads, and a flood from more addresses than max_total displaced a real client's socket whose line had
+        # arrived. Read it first: a whole line passes (making the room), anything less is dropped.
+        self._read(oldest)
+        if oldest.sock in self.pending:
+            self._drop(oldest, "handshakes_displaced")
 
     # ---- reading lines -------------------------------------------------------------------------
     def _read(self, pending: Pending) -> None:

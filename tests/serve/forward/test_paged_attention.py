@@ -177,8 +177,7 @@ def test_split_decode_at_the_7b_shape_on_a_gpu(batch):
 
     lens = [1 + (i * 97) % 700 for i in range(batch)]
     q, kc, vc, tables, _, _, _ = _paged_case(lens, [1] * batch, 28, 4, 128, 16, dtype=torch.bfloat16, seed=batch)
-    q, kc, vc, tables = (t.cuda() for t in (q, kc, vc, tables))
-    ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    ctx = _lens(lens)
     one = paged_decode(q, kc, vc, tables, ctx, 128 ** -0.5, splits=1)
     out, q8, scales = paged_decode(q, kc, vc, tables, ctx, 128 ** -0.5, fp8_rows=True)
     torch.testing.assert_close(out.float(), one.float(), atol=2e-2, rtol=2e-2)

@@ -42,6 +42,9 @@ class EngineConfig:
     # while tenants share a step, one over its share of the batch carries at most the others' tokens
     # per weight (serve/engine/tenancy.py step_caps); False: the step is work-conserving
     tenant_step_cap: bool = True
+    # waiting requests of one tenant each step looks at, its earliest (serve/engine/scheduler.py): the rest
+    # wait in its backlog, so a step's cost does not grow with a queue of thousands; None: all
+    waiting_window: int | None = 64
     enable_prefix_cache: bool = True
     encoder_cache_items: int = 64  # vision-encoder outputs kept by image hash (0 = off)
     max_vision_batch: int = 64  # images / clips / frame groups per vision-tower call (one packed pass each)
@@ -142,6 +145,10 @@ class EngineConfig:
             raise ValueError(f"quantization={self.quantization!r} is not one of none, fp8")
         if self.quantization == "fp8" and self.tensor_parallel_size > 1:
             raise ValueError("quantization=fp8 with tensor_parallel_size > 1 is not supported: shard bf16 weights")
+        window = self.waiting_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"waiting_window={window!r}: give the waiting requests per tenant each step looks at "
+                             "(an integer >= 1), or null for all")
         if self.fp8_lm_head and self.quantization != "fp8":
             raise ValueError(f"fp8_lm_head=true needs quantization=fp8, got quantization={self.quantization}")
         for name in ("lora_targets", "adapters", "pinned_adapters"):  # a lone string is one entry, not characters

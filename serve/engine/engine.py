@@ -146,7 +146,8 @@ class Engine:
                                           config.enable_prefix_cache)
         sched_config = SchedulerConfig(config.max_batch_size, config.max_tokens_per_step, config.chunked_prefill,
                                        self.runner.max_model_len, config.max_prefill_with_decode,
-                                       decode_burst=config.decode_burst, tenant_step_cap=config.tenant_step_cap)
+                                       decode_burst=config.decode_burst, tenant_step_cap=config.tenant_step_cap,
+                                       waiting_window=config.waiting_window)
         self.scheduler = Scheduler(sched_config, self.block_manager, FairShare(), self.lora)
         self.planner = StepPlanner(policy, self.scheduler, self.lora, config.max_batch_size,
                                            config.max_tokens_per_step, self._request_info)
@@ -374,8 +375,8 @@ class Engine:
         self.runner.release_graphs()
 
     def num_waiting(self) -> int:
-        """Requests admitted but not yet scheduled (the RPC loop admits more only while this is short)."""
-        return len(self.scheduler.waiting)
+        """Requests admitted but not yet scheduled (with the tenants' backlogs)."""
+        return self.scheduler.num_queued
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)

@@ -56,7 +56,7 @@ def collect_stats(engine) -> EngineStats:
     times = [t * 1e3 for t in engine.step_times]
     return EngineStats(
         num_blocks=bm.num_blocks, blocks_in_use=bm.num_used_blocks, block_size=bm.block_size,
-        waiting=len(sched.waiting), running=len(sched.running), in_flight=len(engine._requests),
+        waiting=sched.num_queued, running=len(sched.running), in_flight=len(engine._requests),
         num_preemptions=sched.num_preemptions, prefix_hit_tokens=bm.prefix_hit_tokens,
         encoder_calls=runner.counters["encoder_calls"], items_encoded=runner.counters["items_encoded"],
         encoder_cache_hits=runner.encoder_cache.hits, encoder_cache_size=len(runner.encoder_cache),

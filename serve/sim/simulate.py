@@ -182,7 +182,7 @@ def simulate(trace: Trace[RequestView], policy: Policy, profile: CostProfile,
             now = pending[next_arrival].arrival_ms
             continue
         before, logged = planner.mode, planner.stats.switches
-        queued = len(scheduler.waiting) + len(scheduler.running)
+        queued = scheduler.num_queued + len(scheduler.running)
         t0 = clock()
         plan = planner.plan()
         plan_us = (clock() - t0) * 1e6

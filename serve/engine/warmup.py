@@ -12,13 +12,17 @@ So before the server takes work, the engine serves waves of made-up requests thr
 picture (a video chunk on Qwen models, an image on LLaVA) of noise that no cache can answer,
 spread over the base model and every loaded adapter, in head mode for adapters with a head and as a
 few generated tokens otherwise, then the same waves on one adapter alone (the policy may fold it
-in). That walks the prefill token buckets, chunked prefill, mixed prefill + decode steps, the
+in). A server that starts with no adapter and a policy that folds them runs those waves on a made-up
+adapter of random weights (`AdapterManager.load_made_up`), unloaded before serving: tenants load theirs
+at run time, and the first one a policy folded in compiled the merge kernel for 14-17 s on an H200
+while its request waited. That walks the prefill token buckets, chunked prefill, mixed prefill + decode steps, the
 decode batch sizes, the head batches and the adapter mixes the policy turns into modes. Before them,
 every LoRA kernel variant a live step can look up is compiled by a sweep of made-up batches
 (serve/engine/warmup_lora.py): the waves alone left some for the first live seconds. Between the
 two, the vision tower runs on every pack size live steps can hand it (`pack_sizes`: 1 to 16 items,
 then each multiple of 16 and its neighbours), where the waves give it multiples of a request's
-pictures only. Kernels still compiled after all this are logged by serve/engine/compile_watch.py. The caches
+pictures only. Last, the decode batch sizes run once more with the decode graphs set aside, for the
+steps no graph takes. Kernels still compiled after all this are logged by serve/engine/compile_watch.py. The caches
 the waves filled are dropped afterwards; the step log keeps them (marked by `warm_report`). The whole
 warm-up records the towers' attention shapes, and after the packs every segment count up to the
 largest is planned (serve/forward/segment_plans.py): live steps then plan none.
@@ -135,6 +139,14 @@ def _targets(engine) -> list[tuple[str | None, str | None]]:
     return out
 
 
+MADE_UP_ADAPTER = "__warm_up__"  # the warm-up's adapter when none is loaded at start, unloaded before serving
+
+
+def may_merge(engine) -> bool:
+    """Whether a policy may fold an adapter into the weights of this engine (modes enabled)."""
+    return engine.lora is not None and engine.planner.policy is not None and engine.lora.merger is not None
+
+
 def _run_wave(engine, requests) -> int:
     """Adds every request, steps until they are done; returns the steps taken."""
     ids = [engine.add_request(r) for r in requests]
@@ -201,8 +213,27 @@ def _warm_up(engine, side: int, frames: int, answer_tokens: int, seed: int, more
         report.attention_plans = segment_plans.sweep()
         report.phases["attention plans"] = time.perf_counter() - t0
     adapted = [t for t in targets if t[0] is not None]
+    made_up = not adapted and may_merge(engine)
+    if made_up:  # tenants load adapters later: the first one a policy folds in must not compile while served
+        engine.lora.load_made_up(MADE_UP_ADAPTER, seed=seed)
+        adapted = [(MADE_UP_ADAPTER, None)]
     if adapted:  # one adapter alone: what a policy folds into the weights (the merge kernels too)
         phase("one-adapter waves", ([request(*adapted[0], i) for i in range(n)] for n in sizes))
+    if made_up:
+        engine.unload_adapter(MADE_UP_ADAPTER)
+    graphs = engine.runner.graphs
+    if graphs is not None:  # decode steps no graph takes (a context past the graphs' blocks) launch kernels of
+        t0 = time.perf_counter()  # their own: an H200 compiled the split decode attention for 17 s mid-request
+        engine.runner.graphs = None
+        try:
+            for n in sizes:
+                report.steps += _run_wave(engine, [Request(prompt="Say something.", sampling=sampling, owner=f"e{i}",
+                                                           request_id=f"warm-up-eager-{n}-{i}", app="warm-up")
+                                                   for i in range(n)])
+                report.requests += n
+        finally:
+            engine.runner.graphs = graphs
+        report.phases["eager decode"] = time.perf_counter() - t0
     engine.drop_caches()  # noise is nobody's prefix or picture
     if engine.device.type == "cuda":
         _settle_heap(report)

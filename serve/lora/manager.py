@@ -37,7 +37,7 @@ from adapters.base import BaseMismatch, check_base, recorded_base
 
 from .heads import head_tasks, load_adapter_heads, select_head
 from .layers import wrap_projections
-from .loader import AdapterLoadError, AdapterSpec, model_shapes, read_adapter
+from .loader import AdapterLoadError, AdapterSpec, AdapterWeights, model_shapes, read_adapter
 from .metadata import LoraBatch, LoraGraphBuffers, build_lora_batch, resolve_backend
 from .modes import MixtureGraphBuffers, WeightMerger, build_mixture_batch
 from .pool import AdapterPool, HostCache, PoolConfig
@@ -172,6 +172,34 @@ class AdapterManager:
         if pin:
             self.pin(name)
         return record.info(name in self.host, name == self.merged)
+
+    def load_made_up(self, name: str, rank: int = 16, seed: int = 0) -> dict:
+        """Registers an adapter on every language-model projection the pool holds, with no directory behind
+        it: the warm-up's, so that the merge kernels and mixture steps run before a server that starts with
+        no adapter (tenants load theirs later) says it is ready. Its A is random and its B zero: every kernel
+        runs as for a real adapter, and folding it in and out leaves the base weights as they were (W + 0).
+        Unload it before serving; evicted from the host cache it could not be read again."""
+        if name in self.records:
+            raise ValueError(f"adapter {name!r} is already loaded")
+        rank = min(rank, self.config.max_rank)
+        gen = torch.Generator().manual_seed(seed)
+        a, b, ranks, scales = {}, {}, {}, {}
+        for kind, shape in self.pool.shapes.items():
+            if kind.startswith(TOWER):
+                continue
+            n = len(shape.slices)
+            a[kind] = (torch.randn(self.num_layers, n, rank, shape.in_features, generator=gen) * 0.01).to(self.dtype)
+            b[kind] = torch.zeros(self.num_layers, shape.out_features, rank, dtype=self.dtype)
+            adapted = torch.tensor([m in self.targets for m in shape.slice_names], dtype=torch.int32)
+            ranks[kind] = (adapted * rank).expand(self.num_layers, n).contiguous()
+            scales[kind] = 1.0
+        weights = AdapterWeights(a, b, ranks, scales)
+        targets = tuple(m for shape in self.pool.shapes.values() if not shape.kind.startswith(TOWER)
+                        for m in shape.slice_names if m in self.targets)
+        spec = AdapterSpec("(made up)", rank, dict.fromkeys(targets, rank), targets, self.num_layers, weights.nbytes)
+        self.records[name] = AdapterRecord(name, spec, {}, next(self._versions))
+        self.host.put(name, weights)
+        return self.records[name].info(True)
 
     def get(self, name: str) -> AdapterRecord:
         record = self.records.get(name)

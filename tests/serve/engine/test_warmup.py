@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import torch
 import pytest
 from adapter_cases import make_adapter, make_head, one_thread, write_meta  # noqa: F401 - one_thread: fixture
 
@@ -215,3 +216,67 @@ def test_the_warm_up_takes_its_picture_shape_from_the_config(tiny_zoo, monkeypat
                     {"side": 448, "frames": 6, "sizes": ()}]
     with pytest.raises(ValueError, match="warm_up_side"):
         EngineConfig(warm_up_side=14)
+
+
+def test_a_server_with_no_adapter_folds_a_made_up_one_in_and_out_before_ready(tiny_zoo):
+    """Tenants load adapters at run time: with none at start, the one-adapter waves run a made-up adapter
+    (zero B) that the policy folds in, so the first real fold compiles nothing; it is gone afterwards and
+    the base model's answers are unchanged to the bit."""
+    from serve.engine.warmup import MADE_UP_ADAPTER
+
+    def engine(warm_up):
+        return Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=4,
+                                                   warm_up=warm_up, policy="v_lora", policy_params={}))
+
+    clip = np.random.default_rng(7).integers(0, 256, (4, 56, 56, 3), dtype=np.uint8)
+    ask = [Request(prompt="How many cars?", video=clip, sampling=SamplingParams(max_tokens=5))]
+    cold = engine("off")
+    want = cold.generate(ask)[0]
+    warm = engine("on")
+    weights = {n: p.detach().clone() for n, p in warm.model.language_model.named_parameters()}
+    loaded = []
+    load = warm.lora.load_made_up
+    warm.lora.load_made_up = lambda *a, **k: loaded.append(a[0]) or load(*a, **k)
+    report = warm.warm_up()
+    assert loaded == [MADE_UP_ADAPTER] and "one-adapter waves" in report.phases
+    assert warm.lora.switch_times_ms, "the policy never folded the made-up adapter in"
+    assert warm.list_adapters() == [] and warm.lora.merged is None and warm.mode.kind == "unmerge"
+    for n, p in warm.model.language_model.named_parameters():
+        assert torch.equal(p, weights[n]), n
+    got = warm.generate(ask)[0]
+    assert got.token_ids == want.token_ids
+
+
+def test_a_server_with_an_adapter_or_no_policy_makes_none_up(tiny_zoo, adapter):
+    from serve.engine.warmup import may_merge
+
+    fcfs = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=4, warm_up="on"))
+    assert not may_merge(fcfs)
+    fcfs.lora.load_made_up = None  # would raise if called
+    assert "one-adapter waves" not in fcfs.warm_up().phases
+    with_adapter = _engine(tiny_zoo, adapter)
+    with_adapter.lora.load_made_up = None
+    with_adapter.warm_up()
+    assert [a["name"] for a in with_adapter.list_adapters()] == ["counter"]
+
+
+def test_the_decode_sizes_run_once_without_graphs_and_the_graphs_come_back(tiny_zoo):
+    """Decode steps no graph takes (a context past the graphs' blocks) launch their own kernels: the warm-up
+    runs each decode size once with the graphs set aside. On the CPU there are no graphs: a stand-in
+    that takes no step shows the phase runs and puts them back."""
+
+    class NoGraphs:
+        calls = 0
+
+        def can_run(self, inputs):
+            NoGraphs.calls += 1
+            return False
+
+    engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=256, max_batch_size=4, warm_up="on"))
+    stand_in = engine.runner.graphs = NoGraphs()
+    eager = engine.runner.counters["eager_steps"]
+    report = engine.warm_up()
+    assert "eager decode" in report.phases and engine.runner.graphs is stand_in
+    sizes = wave_sizes(4)
+    assert report.requests >= 2 * sum(sizes) and engine.runner.counters["eager_steps"] - eager > NoGraphs.calls
+    assert not engine.has_unfinished()

@@ -73,8 +73,9 @@ class SchedulerConfig:
     tenant_step_cap: bool = True
     # waiting sequences of one tenant that steps look at (its earliest, a connection's turn each first);
     # its later ones wait in its backlog, where no step reads them, and move up as these leave. Every step
-    # orders and scans what waits, so 2,048 queued one-token requests cost 8.8 ms a step on 2 CPU cores
-    # against 0.2 ms for 8 (bench/scheduler_cost.py). None: every waiting sequence is looked at
+    # orders and scans what waits: with 2,048 queued, plan + schedule took 4.3-7.3 ms a step on an H200's host
+    # and 5.8-11.2 ms on 2 CPU cores, 0.3-0.4 ms with the window (bench/scheduler_cost.py,
+    # results/soak/*/waiting_window). None: every waiting sequence is looked at
     waiting_window: int | None = 64
 
     def __post_init__(self) -> None:

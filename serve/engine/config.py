@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .scheduler import check_waiting_window
+
 
 @dataclass
 class EngineConfig:
@@ -145,10 +147,7 @@ class EngineConfig:
             raise ValueError(f"quantization={self.quantization!r} is not one of none, fp8")
         if self.quantization == "fp8" and self.tensor_parallel_size > 1:
             raise ValueError("quantization=fp8 with tensor_parallel_size > 1 is not supported: shard bf16 weights")
-        window = self.waiting_window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"waiting_window={window!r}: give the waiting requests per tenant each step looks at "
-                             "(an integer >= 1), or null for all")
+        check_waiting_window(self.waiting_window)
         if self.fp8_lm_head and self.quantization != "fp8":
             raise ValueError(f"fp8_lm_head=true needs quantization=fp8, got quantization={self.quantization}")
         for name in ("lora_targets", "adapters", "pinned_adapters"):  # a lone string is one entry, not characters

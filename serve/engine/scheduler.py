@@ -55,6 +55,13 @@ class AdapterGate:
         """A sequence using `adapter` stops running (finished, preempted or aborted)."""
 
 
+def check_waiting_window(window) -> None:
+    """SchedulerConfig.waiting_window (also checked by EngineConfig, before the model is built)."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"waiting_window={window!r}: give the waiting requests per tenant each step looks at "
+                         "(an integer >= 1), or null for all")
+
+
 @dataclass
 class SchedulerConfig:
     max_batch_size: int = 32  # sequences in one step
@@ -81,9 +88,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_tokens_per_step < 1:
             raise ValueError("max_batch_size and max_tokens_per_step must be >= 1")
-        if self.waiting_window is not None and (isinstance(self.waiting_window, bool)
-                                                or not isinstance(self.waiting_window, int) or self.waiting_window < 1):
-            raise ValueError(f"waiting_window must be an integer >= 1 or None, got {self.waiting_window!r}")
+        check_waiting_window(self.waiting_window)
         if self.max_prefill_with_decode is not None and self.max_prefill_with_decode < 0:
             raise ValueError("max_prefill_with_decode must be >= 0 (0: a decode lane) or None")
         if self.decode_burst < 1:
@@ -199,13 +204,18 @@ class Scheduler:
         flows = self.backlog.get(tenant)
         while flows and self._queued[tenant] < self.config.waiting_window:
             flow = min(flows, key=lambda f: (self._queued[f], flows[f][0].arrival_time, flows[f][0].seq_id))
-            seq = flows[flow].popleft()
-            if not flows[flow]:
-                del flows[flow]
-            self.num_backlogged -= 1
-            self._enqueue(seq)
-        if flows is not None and not flows:
-            del self.backlog[tenant]
+            self._enqueue(self._unbacklog(tenant, flow, flows[flow][0]))
+
+    def _unbacklog(self, tenant, flow, seq: Sequence) -> Sequence:
+        """`seq` out of its connection's backlog (emptied connections and tenants are forgotten)."""
+        flows = self.backlog[tenant]
+        flows[flow].remove(seq)
+        self.num_backlogged -= 1
+        if not flows[flow]:
+            del flows[flow]
+            if not flows:
+                del self.backlog[tenant]
+        return seq
 
     def abort(self, request_id: str) -> Sequence | None:
         for queue in (self.waiting, self.running):
@@ -223,12 +233,7 @@ class Scheduler:
             for flow, queue in flows.items():
                 for seq in queue:
                     if seq.request_id == request_id:
-                        queue.remove(seq)
-                        self.num_backlogged -= 1
-                        if not queue:
-                            del flows[flow]
-                            if not flows:
-                                del self.backlog[tenant]
+                        self._unbacklog(tenant, flow, seq)
                         seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
                         return seq
         return None

@@ -13,7 +13,7 @@ picture (a video chunk on Qwen models, an image on LLaVA) of noise that no cache
 spread over the base model and every loaded adapter, in head mode for adapters with a head and as a
 few generated tokens otherwise, then the same waves on one adapter alone (the policy may fold it
 in). A server that starts with no adapter and a policy that folds them runs those waves on a made-up
-adapter of random weights (`AdapterManager.load_made_up`), unloaded before serving: tenants load theirs
+adapter (random A, zero B: `AdapterManager.load_made_up`), unloaded before serving: tenants load theirs
 at run time, and the first one a policy folded in compiled the merge kernel for 14-17 s on an H200
 while its request waited. That walks the prefill token buckets, chunked prefill, mixed prefill + decode steps, the
 decode batch sizes, the head batches and the adapter mixes the policy turns into modes. Before them,

@@ -183,10 +183,11 @@ class AdapterManager:
             raise ValueError(f"adapter {name!r} is already loaded")
         rank = min(rank, self.config.max_rank)
         gen = torch.Generator().manual_seed(seed)
-        a, b, ranks, scales = {}, {}, {}, {}
+        a, b, ranks, scales, targets = {}, {}, {}, {}, []
         for kind, shape in self.pool.shapes.items():
             if kind.startswith(TOWER):
                 continue
+            targets += [m for m in shape.slice_names if m in self.targets]
             n = len(shape.slices)
             a[kind] = (torch.randn(self.num_layers, n, rank, shape.in_features, generator=gen) * 0.01).to(self.dtype)
             b[kind] = torch.zeros(self.num_layers, shape.out_features, rank, dtype=self.dtype)
@@ -194,9 +195,8 @@ class AdapterManager:
             ranks[kind] = (adapted * rank).expand(self.num_layers, n).contiguous()
             scales[kind] = 1.0
         weights = AdapterWeights(a, b, ranks, scales)
-        targets = tuple(m for shape in self.pool.shapes.values() if not shape.kind.startswith(TOWER)
-                        for m in shape.slice_names if m in self.targets)
-        spec = AdapterSpec("(made up)", rank, dict.fromkeys(targets, rank), targets, self.num_layers, weights.nbytes)
+        spec = AdapterSpec("(made up)", rank, dict.fromkeys(targets, rank), tuple(targets), self.num_layers,
+                           weights.nbytes)
         self.records[name] = AdapterRecord(name, spec, {}, next(self._versions))
         self.host.put(name, weights)
         return self.records[name].info(True)

@@ -76,6 +76,19 @@ def test_the_window_is_per_tenant_and_another_tenant_is_admitted_at_once():
     assert victim in [q for q, _ in batch.entries]
 
 
+def test_a_refill_takes_the_connection_with_the_fewest_in_the_window():
+    s = _sched(window=2)
+    c1 = [_seq("a", "c1") for _ in range(3)]
+    for q in c1:
+        s.add(q)
+    c2 = [_seq("a", "c2") for _ in range(3)]
+    for q in c2:
+        s.add(q)
+    assert s.waiting == [c1[0], c2[0]], "c2's first displaced c1's second"
+    s.abort(c1[0].request_id)
+    assert s.waiting == [c2[0], c1[1]], "c1 had none left in the window: its next moves up, not c2's"
+
+
 def test_a_backlogged_request_can_be_aborted_and_the_rest_move_up():
     s = _sched(window=2)
     seqs = [_seq("a") for _ in range(6)]

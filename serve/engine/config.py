@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .anticipation import check_anticipate_ms
 from .scheduler import check_waiting_window
 
 
@@ -47,6 +48,9 @@ class EngineConfig:
     # waiting requests of one tenant each step looks at, its earliest (serve/engine/scheduler.py): the rest
     # wait in its backlog, so a step's cost does not grow with a queue of thousands; None: all
     waiting_window: int | None = 64
+    # ms a step may wait for a tenant about to send its next request, after its last one finished while
+    # others have work (serve/engine/anticipation.py); None: never wait
+    anticipate_ms: float | None = 20.0
     enable_prefix_cache: bool = True
     encoder_cache_items: int = 64  # vision-encoder outputs kept by image hash (0 = off)
     max_vision_batch: int = 64  # images / clips / frame groups per vision-tower call (one packed pass each)
@@ -148,6 +152,7 @@ class EngineConfig:
         if self.quantization == "fp8" and self.tensor_parallel_size > 1:
             raise ValueError("quantization=fp8 with tensor_parallel_size > 1 is not supported: shard bf16 weights")
         check_waiting_window(self.waiting_window)
+        check_anticipate_ms(self.anticipate_ms)
         if self.fp8_lm_head and self.quantization != "fp8":
             raise ValueError(f"fp8_lm_head=true needs quantization=fp8, got quantization={self.quantization}")
         for name in ("lora_targets", "adapters", "pinned_adapters"):  # a lone string is one entry, not characters

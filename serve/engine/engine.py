@@ -39,6 +39,7 @@ from serve.models import load_model
 from serve.orchestrator import POLICIES
 from serve.orchestrator import CostProfile, Mode, ProfileShapes, assumed_profile, build_policy
 
+from .anticipation import Anticipation
 from .block_manager import BlockManager
 from .compile_watch import WATCH
 from .config import EngineConfig
@@ -161,6 +162,9 @@ class Engine:
         self._requests: dict[str, _Tracked] = {}
         self._pending: list[RequestOutput] = []
         self._ids = itertools.count()
+        # a short wait for a tenant about to send its next request (serve/engine/anticipation.py)
+        self.anticipation = None if config.anticipate_ms is None else Anticipation(config.anticipate_ms,
+                                                                                    time.perf_counter())
         self.step_times: deque[float] = deque(maxlen=4096)  # seconds of the model step
         self.step_log: deque[tuple[int, int, bool, float]] = deque(maxlen=65536)  # (seqs, tokens, decode-only, s)
         # beside step_log, per step: (host seconds since the previous step ended, outside the engine: the serving
@@ -333,6 +337,8 @@ class Engine:
         self.scheduler.add(seq)
         metrics = RequestMetrics(arrival_time=arrival, num_prompt_tokens=seq.prompt_len)
         self._requests[request_id] = _Tracked(request, seq, IncrementalDetokenizer(self.tokenizer), metrics)
+        if self.anticipation is not None:
+            self.anticipation.taken_in(request.tenant, min(arrival, request.received or arrival))
         return request_id
 
     def abort(self, request_id: str) -> bool:
@@ -342,6 +348,8 @@ class Engine:
             return False
         tracked = self._requests.pop(request_id)
         self._pending.append(self._output(tracked, [], finished=True))
+        if self.anticipation is not None:
+            self.anticipation.gone(tracked.request.tenant, time.perf_counter(), finished=False)
         return True
 
     def profile_steps(self, steps: int) -> None:
@@ -380,6 +388,17 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)
+
+    def linger_s(self) -> float:
+        """Seconds a serving loop should wait for a tenant about to come back before the next step (0: step
+        now); asked only between steps while the engine has work (serve/engine/anticipation.py)."""
+        if self.anticipation is None or self._pending or not self.scheduler.has_unfinished():
+            return 0.0
+        return self.anticipation.wait_s(time.perf_counter())
+
+    def lingered(self, seconds: float) -> None:
+        """The serving loop waited `seconds` on linger_s's word."""
+        self.anticipation.waited(seconds)
 
     # ---- one iteration -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -424,6 +443,8 @@ class Engine:
             if seq.is_finished:
                 tracked.metrics.finished_time = now
                 del self._requests[seq.request_id]
+                if self.anticipation is not None:
+                    self.anticipation.gone(tracked.request.tenant, now, finished=True)
         self.num_generated_tokens += len(sampled)
         self.step_times.append(now - start)
         self.step_log.append((len(batch.entries), batch.num_tokens, batch.decode_only, now - start))

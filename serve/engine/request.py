@@ -77,6 +77,10 @@ class Request:
     tenant_max_running: int | None = None
     raw_prompt: bool = False
     prompt_token_ids: list[int] | None = None
+    # when it reached the serving loop (time.perf_counter; set by the server, not a client): a tenant's gap
+    # between requests is learned to this, not to when a step in flight let the loop take it in
+    # (serve/engine/anticipation.py). None: when add_request takes it in
+    received: float | None = None
 
     def __post_init__(self) -> None:
         if self.output_mode not in OUTPUT_MODES:

@@ -49,6 +49,8 @@ class EngineStats:
     # the vision towers' attention on the thread that asked (the engine's): plans made, live calls at a planned
     # shape and at an unplanned one, segment lengths the warm-up never met (serve/forward/segment_plans.py)
     tower_attention: dict | None = None
+    # waits for a tenant about to come back (serve/engine/anticipation.py): max_ms, waits, waited_ms, came_back, late
+    anticipation: dict | None = None
 
 
 def collect_stats(engine) -> EngineStats:
@@ -67,6 +69,7 @@ def collect_stats(engine) -> EngineStats:
         **(engine.lora.stats() if engine.lora is not None else {}),
         **_mode_stats(engine), items_encoded_ahead=runner.counters["items_encoded_ahead"],
         kernel_compiles=WATCH.stats() if WATCH.installed else None, tower_attention=segment_plans.stats(),
+        anticipation=engine.anticipation.stats() if engine.anticipation is not None else None,
     )
 
 

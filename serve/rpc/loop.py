@@ -121,6 +121,7 @@ class EngineLoop(StepFailures, WarmState):
 
     def submit(self, request, ticket: Ticket, prepared=None) -> None:
         """`prepared`: engine.prepare(request), done by the caller's thread (optional)."""
+        request.received = time.perf_counter()  # not when a step in flight lets the loop take it in
         self._commands.put(("add", request, ticket, prepared))
 
     def abort(self, request_id: str) -> None:
@@ -149,11 +150,19 @@ class EngineLoop(StepFailures, WarmState):
     def _run(self) -> None:
         if self.warming_since is not None:
             self._warm_up()
+        linger = getattr(self.engine, "linger_s", None)
         while not self._stop.is_set():
             busy = self.engine.has_unfinished()
             self._drain(block=not busy)
-            if self.engine.has_unfinished():
-                self._step()
+            if not self.engine.has_unfinished():
+                continue
+            wait = linger() if linger is not None else 0.0
+            if wait > 0:  # a tenant about to come back: its next request need not wait for a whole step of others'
+                start = time.perf_counter()
+                self._drain(block=True, timeout=wait)  # ends at the first arrival; then asked again
+                self.engine.lingered(time.perf_counter() - start)
+                continue
+            self._step()
 
     def _warm_up(self) -> None:
         try:
@@ -179,12 +188,13 @@ class EngineLoop(StepFailures, WarmState):
             else:
                 self._held = command
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, block: bool, timeout: float | None = None) -> None:
         if self._held is not None:
             command, self._held = self._held, None
         else:
             try:
-                command = self._commands.get(timeout=self.idle_wait_s) if block else self._commands.get_nowait()
+                command = self._commands.get(timeout=timeout or self.idle_wait_s) if block else \
+                    self._commands.get_nowait()
             except queue.Empty:
                 return
         while True:

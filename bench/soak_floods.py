@@ -131,6 +131,14 @@ def _probe(port: int, victim: str, probes: int, probe_tokens: int, seconds: floa
     return latencies, parts, errors
 
 
+def _anticipation(port: int, token: str) -> dict:
+    """The engine's waits for a tenant about to come back so far (serve/engine/anticipation.py); {} when off."""
+    from serve.rpc import Client
+
+    with Client("127.0.0.1", port, token) as client:
+        return client.metrics()["engine"].get("anticipation") or {}
+
+
 def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
                  unloaded_p95_ms: float, max_ratio: float, client_nice: int = 0) -> dict:
     """One phase per flood in `names`, one after another; each returns the victim's latency and ratio.
@@ -147,6 +155,7 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
     for name in names:
         quiet_latencies, quiet_parts, _ = _probe(port, victim, probes, probe_tokens, seconds)
         quiet = latency_summary(quiet_latencies) if quiet_latencies else None
+        waits_before = _anticipation(port, victim)
         ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
         proc = ctx.Process(target=_flood_process, args=(port, attacker, name, ready, stop, queue, client_nice),
                            daemon=True)
@@ -165,6 +174,8 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
+        waits = {k: round(v - waits_before.get(k, 0), 3) for k, v in _anticipation(port, victim).items()
+                 if k != "max_ms"}
         probe = latency_summary(latencies) if latencies else None
         reference = quiet["p95_ms"] if quiet is not None else unloaded_p95_ms
         ratio = None if probe is None else round(probe["p95_ms"] / reference, 2)
@@ -174,7 +185,11 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
                      "unloaded_p95_ms": unloaded_p95_ms, "ratio": ratio, "ratio_interval": interval,
                      "max_ratio": max_ratio,
                      "ratio_to_baseline": None if probe is None else round(probe["p95_ms"] / unloaded_p95_ms, 2),
+                     "anticipation": waits,  # the engine's waits for a tenant about to come back, during the flood
                      "where": where_the_time_goes(parts), "where_quiet": where_the_time_goes(quiet_parts),
+                     # each probe's parts, in the order sent (the tail's causes, probe by probe)
+                     "probes": [{k: round(v, 2) for k, v in p.items()} for p in parts],
+                     "quiet_probes": [{k: round(v, 2) for k, v in p.items()} for p in quiet_parts],
                      "ok": ratio is not None and not errors and ratio <= max_ratio}
         time.sleep(1.0)  # what the flood left queued drains (its connections closed: aborted)
     return out

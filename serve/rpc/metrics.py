@@ -16,6 +16,11 @@ def prometheus_text(stats, server: dict[str, int]) -> str:
     """`stats`: the engine's EngineStats; `server`: counters of the RPC layer."""
     lines = []
     for key, value in vars(stats).items():
+        if key == "anticipation" and value:  # the waits for a returning tenant: counters, and the longest wait's setting
+            for part, number in value.items():
+                name = _name(f"engine_anticipation_{part}")
+                lines += [f"# TYPE {name} {'gauge' if part == 'max_ms' else 'counter'}", f"{name} {number}"]
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         kind = "gauge" if key in _GAUGES else "counter"

@@ -198,6 +198,8 @@ def test_metrics_in_prometheus_text(client):
     text = client.metrics("prometheus")
     assert "# TYPE vlora_engine_blocks_in_use gauge" in text
     assert "vlora_server_connections " in text
+    assert "# TYPE vlora_engine_anticipation_waits counter" in text  # the waits for a returning tenant
+    assert "vlora_engine_anticipation_max_ms 20.0" in text
 
 
 def test_a_fuzz_run_of_malformed_calls_leaves_the_server_healthy(server, client):

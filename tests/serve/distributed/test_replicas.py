@@ -227,3 +227,15 @@ def test_a_control_store_that_never_starts_is_started_once_more(monkeypatch):
     with pytest.raises(RuntimeError, match="something else"):
         replicas.start_serve(num_cpus=1)
     assert len(calls) == 1
+    calls.clear()
+
+    def raylet_late(**kw):  # Ray's own words and type when its raylet misses the fixed 30 s
+        calls.append(kw)
+        if len(calls) == 1:
+            raise Exception("The current node timed out during startup. This could happen because some of the "
+                            "raylet failed to startup or the GCS has become overloaded.")
+
+    monkeypatch.setattr(replicas.ray, "init", raylet_late)
+    monkeypatch.setattr(replicas.serve, "start", lambda **kw: None)
+    replicas.start_serve(num_cpus=1)  # started again, and up
+    assert len(calls) == 2 and len(shutdowns) == 2

@@ -223,17 +223,13 @@ def _warm_up(engine, side: int, frames: int, answer_tokens: int, seed: int, more
         engine.unload_adapter(MADE_UP_ADAPTER)
     graphs = engine.runner.graphs
     if graphs is not None:  # decode steps no graph takes (a context past the graphs' blocks) launch kernels of
-        t0 = time.perf_counter()  # their own: an H200 compiled the split decode attention for 17 s mid-request
-        engine.runner.graphs = None
+        engine.runner.graphs = None  # their own: an H200 compiled the split decode attention for 17 s mid-request
         try:
-            for n in sizes:
-                report.steps += _run_wave(engine, [Request(prompt="Say something.", sampling=sampling, owner=f"e{i}",
-                                                           request_id=f"warm-up-eager-{n}-{i}", app="warm-up")
-                                                   for i in range(n)])
-                report.requests += n
+            phase("eager decode", ([Request(prompt="Say something.", sampling=sampling, owner=f"e{i}",
+                                            request_id=f"warm-up-eager-{n}-{i}", app="warm-up") for i in range(n)]
+                                   for n in sizes))
         finally:
             engine.runner.graphs = graphs
-        report.phases["eager decode"] = time.perf_counter() - t0
     engine.drop_caches()  # noise is nobody's prefix or picture
     if engine.device.type == "cuda":
         _settle_heap(report)

@@ -108,15 +108,18 @@ class Anticipation:
         self._budget = min(self.max_s * BURST, self._budget + BUDGET_RATE * (now - self._budget_at))
         self._budget_at = now
         lightest = min(self._live.values(), default=0)  # the fewest requests a tenant with work holds
-        longest = 0.0
+        longest, waited_for = 0.0, []
         for tenant in list(self._open):
             left = self._idle_since[tenant] + self.window(tenant) - now
             if left <= 0:
                 self._open.discard(tenant)  # run out: its gap is still learned when it comes
             elif self._peak.get(tenant, 0) < lightest:
                 longest = max(longest, left)
-                self._held_for.add(tenant)
-        return max(0.0, min(longest, self._budget))
+                waited_for.append(tenant)
+        wait = max(0.0, min(longest, self._budget))
+        if wait > 0:  # an empty budget waits for no one: its tenants' arrivals are not counted as waited for
+            self._held_for.update(waited_for)
+        return wait
 
     def waited(self, seconds: float) -> None:
         """The loop waited `seconds` (from the budget)."""

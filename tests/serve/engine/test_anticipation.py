@@ -126,6 +126,12 @@ def test_waits_take_at_most_half_the_clock_whatever_the_tenants_do():
     elapsed = now - 2.0
     assert waited <= BUDGET_RATE * elapsed + 8 * 10 * MS + 1e-9
     assert waited > 0.4 * elapsed  # and the budget is spent, not hoarded
+    spent = a.stats()
+    a.waited(1.0)  # the budget overdrawn: the next return is not one waited for
+    a.gone("v", now, finished=True)
+    assert a.wait_s(now) == 0.0
+    a.taken_in("v", now + 1 * MS)
+    assert a.stats()["came_back"] == spent["came_back"] and a.stats()["late"] == spent["late"]
 
 
 @pytest.mark.parametrize("value", [0, -1.0, math.nan, math.inf, 1001, True, "5"])

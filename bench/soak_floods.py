@@ -66,6 +66,8 @@ def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int
 
 
 PARTS = ("submit_ms", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "pipe_ms", "after_ms")
+STEP_PARTS = ("steps", "step_ms", "step_tokens", "intake_ms", "plan_ms", "graph_steps", "first_step_ms",
+              "first_step_tokens")
 
 
 def _parts(total_ms: float, submit_ms: float, timing: dict) -> dict:
@@ -81,7 +83,12 @@ def _parts(total_ms: float, submit_ms: float, timing: dict) -> dict:
             # the hand-off in (prepared -> the engine takes it) and the way out (the engine's final,
             # through the front end and the poll, to the client; at most this, with the submit's gate wait)
             "handoff_ms": server - engine - (timing.get("frame_decode_ms") or 0.0) - (timing.get("preprocess_ms") or 0.0),
-            "out_ms": total_ms - server - (timing.get("pipe_ms") or 0.0)}
+            "out_ms": total_ms - server - (timing.get("pipe_ms") or 0.0),
+            # prefill + decode by where: its steps' run (of which arrivals taken in mid-step), the planning
+            # of its later steps, and the loop between them (outputs handed out, arrivals, waits)
+            **{k: timing.get(k) or 0.0 for k in STEP_PARTS},
+            "between_ms": sum(timing.get(k) or 0.0 for k in ("prefill_ms", "decode_ms"))
+            - (timing.get("step_ms") or 0.0) - (timing.get("plan_ms") or 0.0)}
 
 
 def where_the_time_goes(parts: list[dict]) -> dict:
@@ -90,7 +97,7 @@ def where_the_time_goes(parts: list[dict]) -> dict:
         return {}
     tail = sorted(parts, key=lambda p: p["total_ms"])[-max(1, len(parts) // 10):]
     mean = lambda rows, k: round(sum(r[k] for r in rows) / len(rows), 2)  # noqa: E731
-    keys = ("total_ms", *PARTS, "handoff_ms", "out_ms")
+    keys = ("total_ms", *PARTS, "handoff_ms", "out_ms", *STEP_PARTS, "between_ms")
     return {"all": {k: mean(parts, k) for k in keys}, "tail": {k: mean(tail, k) for k in keys}}
 
 

@@ -183,6 +183,7 @@ class Engine:
         # called while a step runs on the device, before the host waits for it: a server takes in the
         # requests that arrived during the step, so that their pictures can be encoded ahead too
         self.during_step = None
+        self._intake_s = 0.0  # this step's mid-step arrivals (during_step), seconds
 
     # ---- warm-up ----------------------------------------------------------------------------------
     @property
@@ -419,8 +420,13 @@ class Engine:
         start = time.perf_counter()
         for seq, _ in batch.entries:
             metrics = self._requests[seq.request_id].metrics
-            metrics.first_scheduled_time = metrics.first_scheduled_time or start
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = start
+            else:
+                metrics.plan_s += start - entered
+        self._intake_s = 0.0
         ahead = self._ahead(batch) if self.encode_ahead else None
+        graphs = self.runner.counters["graph_steps"]
         if self.step_profiler is None:
             sampled = self.runner.run(batch, ahead)
         else:  # armed by profile_steps: this step under the profiler
@@ -430,7 +436,16 @@ class Engine:
                 self.step_profiler, self.step_profiler_done = None, prof
         self.scheduler.postprocess(batch, sampled)
         now = time.perf_counter()
+        graphed = self.runner.counters["graph_steps"] > graphs
         for seq, _ in batch.entries:
+            metrics = self._requests[seq.request_id].metrics
+            if not metrics.steps:
+                metrics.first_step_s, metrics.first_step_tokens = now - start, batch.num_tokens
+            metrics.steps += 1
+            metrics.step_s += now - start
+            metrics.step_tokens += batch.num_tokens
+            metrics.intake_s += self._intake_s
+            metrics.graph_steps += graphed
             head_done = seq.prefill_only and seq.is_finished
             if seq.seq_id not in sampled and not head_done:
                 continue
@@ -457,7 +472,9 @@ class Engine:
     def _ahead(self, batch):
         def ahead() -> None:
             if self.during_step is not None:
+                taken = time.perf_counter()
                 self.during_step()
+                self._intake_s += time.perf_counter() - taken
             sched = self.scheduler
             upcoming = upcoming_vision(sched, batch, self.config.max_tokens_per_step)
             if upcoming:

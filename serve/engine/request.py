@@ -97,6 +97,18 @@ class RequestMetrics:
     finished_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_preemptions: int = 0
+    # the steps it ran in, summed (where its time from first scheduled to finished went; the rest is the
+    # serving loop's between steps): their count, wall time from planned to outputs, their tokens of all
+    # requests, the arrivals taken in during them (mid-step), the planning of those after its first, how
+    # many replayed a CUDA graph, and its first step's wall time and tokens apart (its prefill, if short)
+    steps: int = 0
+    step_s: float = 0.0
+    step_tokens: int = 0
+    intake_s: float = 0.0
+    plan_s: float = 0.0
+    graph_steps: int = 0
+    first_step_s: float = 0.0
+    first_step_tokens: int = 0
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -280,7 +280,13 @@ class EngineLoop(StepFailures, WarmState):
                   "decode_ms": _ms(m.first_token_time, m.finished_time),
                   "total_ms": _ms(ticket.submitted, time.perf_counter()),
                   "prompt_tokens": m.num_prompt_tokens, "cached_tokens": m.num_cached_tokens,
-                  "preemptions": m.num_preemptions}
+                  "preemptions": m.num_preemptions,
+                  # its steps (how many, their wall ms, every request's tokens in them, arrivals taken in
+                  # during them, planning after its first): the rest of queue-to-final is the loop's between steps
+                  "steps": m.steps, "step_ms": round(m.step_s * 1e3, 3), "step_tokens": m.step_tokens,
+                  "intake_ms": round(m.intake_s * 1e3, 3), "plan_ms": round(m.plan_s * 1e3, 3),
+                  "graph_steps": m.graph_steps, "first_step_ms": round(m.first_step_s * 1e3, 3),
+                  "first_step_tokens": m.first_step_tokens}
         event = {"type": "final", "text": out.text, "token_ids": list(out.token_ids),
                  "finish_reason": out.finish_reason, "timing": timing}
         head = getattr(out, "head", None)

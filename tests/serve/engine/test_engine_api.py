@@ -88,6 +88,34 @@ def test_stats_report_queue_blocks_and_step_times(engine):
     assert engine.stats().blocks_in_use == 0
 
 
+def test_a_request_counts_the_steps_it_ran_in_and_what_arrived_during_them(engine):
+    spec = case_specs("qwen2_vl")[0]
+    arrivals = iter([make_request(case_specs("qwen2_vl")[1], max_new=2)])
+    engine.during_step = lambda: [engine.add_request(r) for r in arrivals]  # one arrival, mid-step
+    engine.encode_ahead = True  # as on a GPU: the step takes arrivals in while the device runs it
+    try:
+        first = engine.add_request(make_request(spec, max_new=3, ignore_eos=True))
+        steps, tokens, final = 0, 0, {}
+        while first not in final or not final[first].finished:
+            before = engine.num_steps
+            final.update({out.request_id: out for out in engine.step()})
+            if engine.num_steps > before:  # a step ran (with it: it runs until it finishes)
+                steps, tokens = steps + 1, tokens + engine.step_log[-1][1]
+        while engine.has_unfinished():
+            final.update({out.request_id: out for out in engine.step()})
+    finally:
+        engine.during_step, engine.encode_ahead = None, False
+    m = final[first].metrics
+    # its prefill and two decodes: every step it ran in, with every request's tokens in them
+    assert m.steps == steps >= 3 and m.step_tokens == tokens >= m.num_prompt_tokens - m.num_cached_tokens + 2
+    span = m.finished_time - m.first_scheduled_time
+    assert 0 < m.step_s <= span and 0 <= m.plan_s <= span - m.step_s + 1e-6
+    assert m.intake_s > 0  # the arrival was taken in during its first step
+    assert 0 < m.first_step_s < m.step_s and m.num_prompt_tokens - m.num_cached_tokens <= m.first_step_tokens < tokens
+    assert m.graph_steps == 0  # on the CPU every step runs eagerly
+    assert len(final) == 2 and final[first].finish_reason == "length"
+
+
 def test_bad_requests_are_refused_with_what_to_fix(engine):
     spec = case_specs("qwen2_vl")[0]
     with pytest.raises(ValueError, match="adapter 'lora-a' is not loaded"):

@@ -109,6 +109,7 @@ def test_bad_values_are_answered_before_any_model_is_built(empty_zoo):
     assert "engine.device='gpu0'" in _refused(["engine.device=gpu0"], empty_zoo)
     assert "model.dtype='fp8'" in _refused(["model.dtype=fp8"], empty_zoo)
     assert "rpc.switch_interval_ms=-1: give milliseconds" in _refused(["rpc.switch_interval_ms=-1"], empty_zoo)
+    assert "rpc.engine_switch_interval_ms=0: give milliseconds" in _refused(["rpc.engine_switch_interval_ms=0"], empty_zoo)
     assert "rpc.tenant_process_nice=25: give 0-19" in _refused(["rpc.tenant_process_nice=25"], empty_zoo)
     assert "rpc.tenant_process_nice='x': give an integer" in _refused(["rpc.tenant_process_nice=x"], empty_zoo)
     assert "rpc.max_images=2.5: give an integer" in _refused(["rpc.max_images=2.5"], empty_zoo)

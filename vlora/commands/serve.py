@@ -350,16 +350,30 @@ def _tenant_processes(rpc) -> int:
     return limit
 
 
+def _switch_interval(rpc, key: str) -> float | None:
+    value = rpc.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1000):
+        fail(f"rpc.{key}={value!r}: give milliseconds in (0, 1000], or null for Python's default")
+    return None if value is None else float(value)
+
+
+def _build_in_engine_process(cfg: DictConfig, plan: ServePlan, switch_ms: float | None):
+    """build_engine, run in the engine's own process; switch_ms: that process's interpreter switch interval,
+    how long the step loop may wait for the interpreter while a thread reading or writing the pipes holds it."""
+    if switch_ms is not None:
+        sys.setswitchinterval(switch_ms / 1e3)
+    return build_engine(cfg, plan)
+
+
 def run(cfg: DictConfig):
     from serve.rpc import Limits, RpcServer
 
     rpc = cfg.rpc
     check_config(cfg, rpc.token, listens=int(os.environ.get("RANK", 0)) == 0)  # tensor parallel: rank 0 serves
-    switch_ms = rpc.get("switch_interval_ms")
+    switch_ms = _switch_interval(rpc, "switch_interval_ms")
     if switch_ms is not None:  # how soon a thread woken by an answer gets the interpreter from a busy one
-        if isinstance(switch_ms, bool) or not isinstance(switch_ms, (int, float)) or not 0 < switch_ms <= 1000:
-            fail(f"rpc.switch_interval_ms={switch_ms!r}: give milliseconds in (0, 1000], or null for Python's default")
-        sys.setswitchinterval(float(switch_ms) / 1e3)
+        sys.setswitchinterval(switch_ms / 1e3)
+    engine_switch_ms = _switch_interval(rpc, "engine_switch_interval_ms")
     http = http_config(cfg) if int(os.environ.get("RANK", 0)) == 0 else None
     plan = plan_serve(cfg)
     try:
@@ -387,7 +401,7 @@ def run(cfg: DictConfig):
 
         # the step loop in a process of its own: no client's traffic takes its interpreter (serve.rpc.engine_host);
         # attachable by the tenants' own front-end processes (serve.rpc.tenant_processes)
-        engine = EngineProcess(partial(build_engine, cfg, plan),
+        engine = EngineProcess(partial(_build_in_engine_process, cfg, plan, engine_switch_ms),
                                attachable=bool(rpc.get("tenants")) and processes > 0).start()
     else:
         engine = build_engine(cfg, plan)

@@ -67,7 +67,7 @@ def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int
 
 PARTS = ("submit_ms", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "pipe_ms", "after_ms")
 STEP_PARTS = ("steps", "step_ms", "step_tokens", "intake_ms", "plan_ms", "graph_steps", "first_step_ms",
-              "first_step_tokens")
+              "first_step_tokens", "steps_before", "lingered_before_ms", "gc_before_ms", "gc_ms", "passed_over")
 
 
 def _parts(total_ms: float, submit_ms: float, timing: dict) -> dict:
@@ -86,9 +86,13 @@ def _parts(total_ms: float, submit_ms: float, timing: dict) -> dict:
             "out_ms": total_ms - server - (timing.get("pipe_ms") or 0.0),
             # prefill + decode by where: its steps' run (of which arrivals taken in mid-step), the planning
             # of its later steps, and the loop between them (outputs handed out, arrivals, waits)
-            **{k: timing.get(k) or 0.0 for k in STEP_PARTS},
+            **{k: timing.get(k) or 0.0 for k in STEP_PARTS}, "passed_reason": timing.get("passed_reason") or "",
             "between_ms": sum(timing.get(k) or 0.0 for k in ("prefill_ms", "decode_ms"))
             - (timing.get("step_ms") or 0.0) - (timing.get("plan_ms") or 0.0)}
+
+
+def _rounded(part: dict) -> dict:
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in part.items()}
 
 
 def where_the_time_goes(parts: list[dict]) -> dict:
@@ -138,12 +142,19 @@ def _probe(port: int, victim: str, probes: int, probe_tokens: int, seconds: floa
     return latencies, parts, errors
 
 
-def _anticipation(port: int, token: str) -> dict:
-    """The engine's waits for a tenant about to come back so far (serve/engine/anticipation.py); {} when off."""
+def _engine_counts(port: int, token: str) -> dict:
+    """The engine's waits for a tenant about to come back so far (serve/engine/anticipation.py; {} when off)
+    and its process's garbage collections by generation (serve/engine/garbage.py), flattened."""
     from serve.rpc import Client
 
     with Client("127.0.0.1", port, token) as client:
-        return client.metrics()["engine"].get("anticipation") or {}
+        engine = client.metrics()["engine"]
+    gc = {f"{gen}_{part}": v for gen, row in (engine.get("gc") or {}).items() for part, v in row.items()}
+    return {"anticipation": engine.get("anticipation") or {}, "gc": gc}
+
+
+def _since(now: dict, before: dict) -> dict:
+    return {k: round(v - before.get(k, 0), 3) for k, v in now.items() if not k.endswith("max_ms")}
 
 
 def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
@@ -162,7 +173,7 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
     for name in names:
         quiet_latencies, quiet_parts, _ = _probe(port, victim, probes, probe_tokens, seconds)
         quiet = latency_summary(quiet_latencies) if quiet_latencies else None
-        waits_before = _anticipation(port, victim)
+        counts_before = _engine_counts(port, victim)
         ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
         proc = ctx.Process(target=_flood_process, args=(port, attacker, name, ready, stop, queue, client_nice),
                            daemon=True)
@@ -181,8 +192,7 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
-        waits = {k: round(v - waits_before.get(k, 0), 3) for k, v in _anticipation(port, victim).items()
-                 if k != "max_ms"}
+        counts = _engine_counts(port, victim)
         probe = latency_summary(latencies) if latencies else None
         reference = quiet["p95_ms"] if quiet is not None else unloaded_p95_ms
         ratio = None if probe is None else round(probe["p95_ms"] / reference, 2)
@@ -192,11 +202,14 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
                      "unloaded_p95_ms": unloaded_p95_ms, "ratio": ratio, "ratio_interval": interval,
                      "max_ratio": max_ratio,
                      "ratio_to_baseline": None if probe is None else round(probe["p95_ms"] / unloaded_p95_ms, 2),
-                     "anticipation": waits,  # the engine's waits for a tenant about to come back, during the flood
+                     # the engine's waits for a tenant about to come back, and its process's garbage
+                     # collections (counts, ms; the longest so far), during the flood
+                     "anticipation": _since(counts["anticipation"], counts_before["anticipation"]),
+                     "gc": {**_since(counts["gc"], counts_before["gc"]),
+                            **{k: v for k, v in counts["gc"].items() if k.endswith("max_ms")}},
                      "where": where_the_time_goes(parts), "where_quiet": where_the_time_goes(quiet_parts),
                      # each probe's parts, in the order sent (the tail's causes, probe by probe)
-                     "probes": [{k: round(v, 2) for k, v in p.items()} for p in parts],
-                     "quiet_probes": [{k: round(v, 2) for k, v in p.items()} for p in quiet_parts],
+                     "probes": [_rounded(p) for p in parts], "quiet_probes": [_rounded(p) for p in quiet_parts],
                      "ok": ratio is not None and not errors and ratio <= max_ratio}
         time.sleep(1.0)  # what the flood left queued drains (its connections closed: aborted)
     return out

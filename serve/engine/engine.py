@@ -44,6 +44,7 @@ from .block_manager import BlockManager
 from .compile_watch import WATCH
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .garbage import PAUSES
 from .lookahead import upcoming_vision
 from .model_runner import ModelRunner
 from .planner import StepPlanner
@@ -85,6 +86,7 @@ class _Tracked:
     seq: Sequence
     detok: IncrementalDetokenizer
     metrics: RequestMetrics
+    taken_in_at: tuple = (0, 0.0, 0.0)  # the engine's (num_steps, lingered_s) and PAUSES.total_s when taken in
 
 
 class Engine:
@@ -184,6 +186,8 @@ class Engine:
         # requests that arrived during the step, so that their pictures can be encoded ahead too
         self.during_step = None
         self._intake_s = 0.0  # this step's mid-step arrivals (during_step), seconds
+        self.lingered_s = 0.0  # the serving loop's waits for returning tenants (lingered), all told
+        PAUSES.install()  # garbage collections timed, for the requests' timing and the stats
 
     # ---- warm-up ----------------------------------------------------------------------------------
     @property
@@ -337,7 +341,8 @@ class Engine:
         self.runner.prepare_sequence(seq)
         self.scheduler.add(seq)
         metrics = RequestMetrics(arrival_time=arrival, num_prompt_tokens=seq.prompt_len)
-        self._requests[request_id] = _Tracked(request, seq, IncrementalDetokenizer(self.tokenizer), metrics)
+        self._requests[request_id] = _Tracked(request, seq, IncrementalDetokenizer(self.tokenizer), metrics,
+                                              (self.num_steps, self.lingered_s, PAUSES.total_s))
         if self.anticipation is not None:
             self.anticipation.taken_in(request.tenant, min(arrival, request.received or arrival))
         return request_id
@@ -400,6 +405,7 @@ class Engine:
     def lingered(self, seconds: float) -> None:
         """The serving loop waited `seconds` on linger_s's word."""
         self.anticipation.waited(seconds)
+        self.lingered_s += seconds
 
     # ---- one iteration -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -407,9 +413,12 @@ class Engine:
         outputs, self._pending = self._pending, []
         orch = self.planner
         self.last_batch = None  # a failure before the batch is known (planning) may come from any request
-        batch = self.scheduler.schedule(orch.plan() if orch.policy is not None or orch.mode.kind != "unmerge"
-                                        else None)
+        plan = orch.plan() if orch.policy is not None or orch.mode.kind != "unmerge" else None
+        running_before = len(self.scheduler.running)
+        batch = self.scheduler.schedule(plan)
         self.last_batch = tuple(seq.request_id for seq, _ in batch.entries)  # a failure from here on is theirs
+        if batch.entries:
+            self._note_passed_over(batch, plan, running_before)
         if not batch.entries:
             if self.lora is not None and self.lora.wait_pending():
                 return outputs  # only adapter swaps were pending: their requests are admitted next step
@@ -419,9 +428,13 @@ class Engine:
             return outputs
         start = time.perf_counter()
         for seq, _ in batch.entries:
-            metrics = self._requests[seq.request_id].metrics
+            tracked = self._requests[seq.request_id]
+            metrics = tracked.metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = start
+                metrics.steps_before = self.num_steps - tracked.taken_in_at[0]
+                metrics.lingered_before_s = self.lingered_s - tracked.taken_in_at[1]
+                metrics.gc_before_s = PAUSES.total_s - tracked.taken_in_at[2]
             else:
                 metrics.plan_s += start - entered
         self._intake_s = 0.0
@@ -457,6 +470,7 @@ class Engine:
                 outputs.append(self._output(tracked, [sampled[seq.seq_id]], finished=seq.is_finished))
             if seq.is_finished:
                 tracked.metrics.finished_time = now
+                tracked.metrics.gc_s = PAUSES.total_s - tracked.taken_in_at[2]
                 del self._requests[seq.request_id]
                 if self.anticipation is not None:
                     self.anticipation.gone(tracked.request.tenant, now, finished=True)
@@ -468,6 +482,27 @@ class Engine:
         self.planner.observe_step(batch, now - start)
         self.num_steps += 1
         return outputs
+
+    def _note_passed_over(self, batch, plan, running_before: int) -> None:
+        """The first waiting request of each tenant with nothing in a step that runs another tenant's work
+        counts the step against it (RequestMetrics.passed_over), and the first such step says its state."""
+        sched = self.scheduler
+        stepped = {seq.tenant for seq, _ in batch.entries}
+        seen = set(stepped)
+        seen.update(seq.tenant for seq in sched.running)
+        for seq in sched.waiting:
+            if seq.tenant in seen:
+                continue
+            seen.add(seq.tenant)
+            metrics = self._requests[seq.request_id].metrics
+            metrics.passed_over += 1
+            if not metrics.passed_reason:
+                admit = None if plan is None or plan.admit is None else plan.admit
+                where = "no plan" if admit is None else \
+                    (f"{admit.index(seq.request_id)} of {len(admit)}" if seq.request_id in admit else f"not of {len(admit)}")
+                metrics.passed_reason = (f"admit {where}; running {running_before} -> {len(sched.running)}; "
+                                         f"batch {len(batch.entries)}; free blocks {self.block_manager.num_free_blocks}; "
+                                         f"preempted {len(batch.preempted)}; tenants {len(stepped)}")
 
     def _ahead(self, batch):
         def ahead() -> None:

@@ -109,6 +109,16 @@ class RequestMetrics:
     graph_steps: int = 0
     first_step_s: float = 0.0
     first_step_tokens: int = 0
+    # from taken in to its first step: the steps that ran without it, and the loop's waits for returning tenants
+    steps_before: int = 0
+    lingered_before_s: float = 0.0
+    # garbage collections of the process from taken in to its first step, and to finished (serve/engine/garbage.py)
+    gc_before_s: float = 0.0
+    gc_s: float = 0.0
+    # steps that ran others' work while it waited and its tenant had nothing in the engine running, and the
+    # first such step's state (the plan's admit list, the batch, the blocks)
+    passed_over: int = 0
+    passed_reason: str = ""
 
     @property
     def time_to_first_token(self) -> float | None:

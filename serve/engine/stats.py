@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from serve.forward import segment_plans
 
 from .compile_watch import WATCH
+from .garbage import PAUSES
 
 
 @dataclass
@@ -51,6 +52,8 @@ class EngineStats:
     tower_attention: dict | None = None
     # waits for a tenant about to come back (serve/engine/anticipation.py): max_ms, waits, waited_ms, came_back, late
     anticipation: dict | None = None
+    # the process's garbage collections (serve/engine/garbage.py): gen0/gen1/gen2 -> count, ms, max_ms
+    gc: dict | None = None
 
 
 def collect_stats(engine) -> EngineStats:
@@ -70,6 +73,7 @@ def collect_stats(engine) -> EngineStats:
         **_mode_stats(engine), items_encoded_ahead=runner.counters["items_encoded_ahead"],
         kernel_compiles=WATCH.stats() if WATCH.installed else None, tower_attention=segment_plans.stats(),
         anticipation=engine.anticipation.stats() if engine.anticipation is not None else None,
+        gc=PAUSES.stats(),
     )
 
 

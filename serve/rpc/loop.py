@@ -286,7 +286,10 @@ class EngineLoop(StepFailures, WarmState):
                   "steps": m.steps, "step_ms": round(m.step_s * 1e3, 3), "step_tokens": m.step_tokens,
                   "intake_ms": round(m.intake_s * 1e3, 3), "plan_ms": round(m.plan_s * 1e3, 3),
                   "graph_steps": m.graph_steps, "first_step_ms": round(m.first_step_s * 1e3, 3),
-                  "first_step_tokens": m.first_step_tokens}
+                  "first_step_tokens": m.first_step_tokens, "steps_before": m.steps_before,
+                  "lingered_before_ms": round(m.lingered_before_s * 1e3, 3),
+                  "gc_before_ms": round(m.gc_before_s * 1e3, 3), "gc_ms": round(m.gc_s * 1e3, 3),
+                  "passed_over": m.passed_over, "passed_reason": m.passed_reason}
         event = {"type": "final", "text": out.text, "token_ids": list(out.token_ids),
                  "finish_reason": out.finish_reason, "timing": timing}
         head = getattr(out, "head", None)

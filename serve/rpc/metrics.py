@@ -21,6 +21,12 @@ def prometheus_text(stats, server: dict[str, int]) -> str:
                 name = _name(f"engine_anticipation_{part}")
                 lines += [f"# TYPE {name} {'gauge' if part == 'max_ms' else 'counter'}", f"{name} {number}"]
             continue
+        if key == "gc" and value:  # the process's garbage collections by generation: counts, pause ms, longest
+            for part in next(iter(value.values())):
+                name = _name(f"engine_gc_{part}")
+                lines.append(f"# TYPE {name} {'gauge' if part == 'max_ms' else 'counter'}")
+                lines += [f'{name}{{generation="{gen[3:]}"}} {row[part]}' for gen, row in value.items()]
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         kind = "gauge" if key in _GAUGES else "counter"

@@ -114,6 +114,9 @@ def test_a_request_counts_the_steps_it_ran_in_and_what_arrived_during_them(engin
     assert 0 < m.first_step_s < m.step_s and m.num_prompt_tokens - m.num_cached_tokens <= m.first_step_tokens < tokens
     assert m.graph_steps == 0  # on the CPU every step runs eagerly
     assert len(final) == 2 and final[first].finish_reason == "length"
+    (arrived,) = [out for rid, out in final.items() if rid != first]
+    # taken in during the first's prefill, that step ran without it; no loop waited for anyone
+    assert m.steps_before == 0 and arrived.metrics.steps_before == 1 and arrived.metrics.lingered_before_s == 0
 
 
 def test_bad_requests_are_refused_with_what_to_fix(engine):
@@ -214,3 +217,25 @@ def test_the_next_steps_run_under_the_profiler_and_the_rest_do_not(engine):
         assert own == sorted(own, reverse=True) and any(name.startswith("aten::") for name, *_ in p["ops"])
     with pytest.raises(ValueError, match="steps must be >= 1"):
         engine.profile_steps(0)
+
+
+def test_a_request_counts_the_steps_that_ran_another_tenants_work_while_its_tenant_had_none(tiny_zoo):
+    # 10 blocks of 16 tokens and no chunked prefill: the victim's whole prompt needs more than half the cache,
+    # so nothing is preempted for it, and it waits until the flood's long request lets its blocks go
+    engine = Engine(tiny_zoo[NAME], EngineConfig(device="cpu", num_kv_blocks=10, max_tokens_per_step=512,
+                                                 chunked_prefill=False))
+
+    def request(tenant, words, tokens):  # each tenant its own words: no prefix shared through the cache
+        return Request(prompt=f"{tenant} " * words, sampling=SamplingParams(max_tokens=tokens, ignore_eos=True),
+                       tenant=tenant, owner=f"{tenant}-conn")
+
+    flood = engine.add_request(request("flood", 14, 12))
+    engine.step()
+    victim = engine.add_request(request("victim", 16, 1))
+    final = {}
+    while engine.has_unfinished():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    m = final[victim].metrics
+    assert final[flood].metrics.passed_over == 0
+    assert m.passed_over >= 5 and m.steps_before >= m.passed_over
+    assert m.passed_reason.startswith("admit ") and "batch 1;" in m.passed_reason and "tenants 1" in m.passed_reason

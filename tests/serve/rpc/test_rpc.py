@@ -4,6 +4,7 @@ concurrency, ordered streams, authentication, the restricted protocol, and bad i
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -200,6 +201,10 @@ def test_metrics_in_prometheus_text(client):
     assert "vlora_server_connections " in text
     assert "# TYPE vlora_engine_anticipation_waits counter" in text  # the waits for a returning tenant
     assert "vlora_engine_anticipation_max_ms 20.0" in text
+    # the garbage collections' pauses, one series per generation under one TYPE line
+    assert text.count("# TYPE vlora_engine_gc_ms counter") == 1
+    assert re.search(r'^vlora_engine_gc_count\{generation="0"\} \d+$', text, re.M)
+    assert 'vlora_engine_gc_max_ms{generation="2"} ' in text
 
 
 def test_a_fuzz_run_of_malformed_calls_leaves_the_server_healthy(server, client):

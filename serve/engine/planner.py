@@ -26,7 +26,7 @@ from serve.orchestrator import Mode, Policy, RequestView, StepView
 
 from .scheduler import Scheduler, StepPlan, fair_interleave
 from .sequence import Sequence
-from .tenancy import flow_of
+from .tenancy import flow_of, tenant_turns
 
 
 @dataclass
@@ -222,7 +222,8 @@ class StepPlanner:
         for s in sched.policy.order(sched.waiting) if outside else ():
             if flow_of(s) not in holding and flow_of(s) not in seen and applied.can_run(s.adapter):
                 seen.add(flow_of(s))
-                newcomers.append(s.request_id)
+                newcomers.append(s)
+        newcomers = [s.request_id for s in tenant_turns(newcomers, sched.running)]  # tenants take turns first
         first = set(newcomers)
         extra = self._under_share(applied, set(decision.admit) | first, decision.admit, flows)
         admit = newcomers + [r for r in fair_interleave(list(decision.admit) + extra, flows.get) if r not in first]

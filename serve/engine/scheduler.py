@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .order import ArrivalOrder, FairShare, SchedulingPolicy, fair_interleave  # noqa: F401 (imported from here too)
 from .sequence import Sequence, SequenceStatus
-from .tenancy import FairShares, busiest_flow, flow_of, newcomers_first, share_of, short_of_pictures, step_caps
+from .tenancy import (FairShares, busiest_flow, flow_of, newcomers_first, share_of, short_of_pictures, step_caps,
+                      tenant_turns)
 
 
 class AdapterGate:
@@ -279,12 +280,12 @@ class Scheduler:
             if seq.tenant_max_running is not None and tenants[seq.tenant] >= seq.tenant_max_running:
                 continue
             newcomers[f] = seq
-        victims = []
-        for taken, ((tenant, _), seq) in enumerate(newcomers.items()):
+        victims, taken = [], 0
+        for seq in tenant_turns(list(newcomers.values()), self.running):
             while len(self.running) + taken >= cfg.max_batch_size or not self._fits(seq):
-                busiest = busiest_flow(holding, tenants, weight, tenant)
+                busiest = busiest_flow(holding, tenants, weight, seq.tenant)
                 if busiest is None:
-                    return victims
+                    break
                 victim = [s for s in self.policy.order(self.running) if flow_of(s) == busiest][-1]
                 self.running.remove(victim)
                 self._preempt(victim)
@@ -293,6 +294,8 @@ class Scheduler:
                 if not holding[busiest]:
                     del holding[busiest]
                 victims.append(victim)
+            else:
+                taken += 1  # its slot and blocks are there; one whose room no fair preemption makes waits
         return victims
 
     def _fits(self, seq: Sequence) -> bool:

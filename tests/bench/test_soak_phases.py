@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.soak_floods import PARTS, ratio_interval
+from bench.soak_floods import PARTS, STEP_PARTS, ratio_interval
 from vlora.commands.bench import run
 from vlora.config import compose
 
@@ -46,11 +46,16 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
         assert lo <= hi and lo > 0, flood["ratio_interval"]
         for rows in ("all", "tail"):
             where = flood["where"][rows]
-            assert set(where) == {"total_ms", *PARTS, "handoff_ms", "out_ms"}
+            assert set(where) == {"total_ms", *PARTS, "handoff_ms", "out_ms", *STEP_PARTS, "between_ms"}
+            # the engine's part by where: its steps (a prefill and a decode), their planning, the loop between
+            assert where["steps"] >= 2 and 0 < where["first_step_ms"] < where["step_ms"]
+            engine = where["step_ms"] + where["plan_ms"] + where["between_ms"]
+            assert engine == pytest.approx(where["prefill_ms"] + where["decode_ms"], abs=0.05), (name, rows, where)
             assert where["queue_ms"] + where["prefill_ms"] + where["decode_ms"] > 0
             assert where["pipe_ms"] > 0  # the final's way from the engine process, measured by the front end
             spent = sum(where[k] for k in ("submit_ms", "queue_ms", "prefill_ms", "decode_ms", "after_ms"))
             assert spent == pytest.approx(where["total_ms"], abs=0.1), (name, rows, where)
+        assert all(isinstance(p["passed_reason"], str) for p in flood["probes"])  # why a step passed it over, if one did
 
 
 def test_the_ratio_interval_is_wide_for_few_probes_narrow_for_many_and_covers_a_known_ratio():

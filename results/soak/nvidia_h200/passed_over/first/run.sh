@@ -1,0 +1,15 @@
+#!/bin/bash
+# the loop's own full collections (engine.gc_every_s=30) against the interpreter's (null); probes say steps_before, lingered_before_ms, gc_before_ms
+cd "$(dirname "$0")/.."
+python -m pip install --no-deps --no-index -q .wheels/antlr4*.whl .wheels/hydra*.whl .wheels/omegaconf*.whl .wheels/plumbum*.whl .wheels/rpyc*.whl 2>&1 | tail -2
+export PYTHONPATH=$PWD
+R=$OUT/r; mkdir -p $R; cp devscripts/a6.sh $R/run.sh
+{ nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; lscpu | grep "Model name"; python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; date -u; } > $R/machine.txt 2>&1
+run() {  # name, overrides list
+  s=$(date +%s)
+  timeout 150 python -u -m vlora bench bench.suite=soak bench.soak.device=cuda '+bench.soak.phases=[floods]' "bench.soak.server_overrides=$2" bench.out_dir=$R/$1 > $R/$1.log 2>&1
+  echo "$1 rc=$? $(( $(date +%s) - s )) s"; grep "fairness_" $R/$1.log | cut -c1-160
+}
+run gc30_1 "[]"
+run gcnull_1 '["engine.gc_every_s=null"]'
+cd $OUT && tar czf r.tgz r && rm -rf r

@@ -159,8 +159,8 @@ class EngineLoop(StepFailures, WarmState):
             wait = linger() if linger is not None else 0.0
             if wait > 0:  # a tenant about to come back: its next request need not wait for a whole step of others'
                 start = time.perf_counter()
-                self._drain(block=True, timeout=wait)  # ends at the first arrival; then asked again
-                self.engine.lingered(time.perf_counter() - start)
+                # ends at the first arrival (then asked again); the wait is over before that arrival is taken in
+                self._drain(block=True, timeout=wait, waited=lambda: self.engine.lingered(time.perf_counter() - start))
                 continue
             self._step()
 
@@ -188,7 +188,9 @@ class EngineLoop(StepFailures, WarmState):
             else:
                 self._held = command
 
-    def _drain(self, block: bool, timeout: float | None = None) -> None:
+    def _drain(self, block: bool, timeout: float | None = None, waited=None) -> None:
+        """Handles every command waiting, after waiting up to `timeout` (or idle_wait_s) for the first if
+        `block`; `waited()` is called once that wait is over, before any command is handled."""
         if self._held is not None:
             command, self._held = self._held, None
         else:
@@ -196,7 +198,11 @@ class EngineLoop(StepFailures, WarmState):
                 command = self._commands.get(timeout=timeout or self.idle_wait_s) if block else \
                     self._commands.get_nowait()
             except queue.Empty:
+                if waited is not None:
+                    waited()
                 return
+        if waited is not None:
+            waited()
         while True:
             self._handle(command)
             try:

@@ -203,6 +203,8 @@ def test_the_loop_holds_the_others_steps_for_a_tenant_about_to_come_back(tiny_zo
         assert not any(f.finished.is_set() for f in floods)  # the flood had steps to run all along
         v2 = send("victim", "v2", 1)
         assert v2.finished.wait(30)
+        timing = [e for e in v2.take(1.0) if e["type"] == "final"][0]["timing"]
+        assert timing["lingered_before_ms"] < 50  # the wait its arrival ended is not charged to it (0.2 s of it)
         stats = engine.stats().anticipation
         assert held == 0, f"{held} step(s) ran while the victim was about to come back"
         assert stats["waits"] >= 1 and stats["waited_ms"] >= 150 and stats["came_back"] >= 1

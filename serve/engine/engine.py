@@ -417,8 +417,6 @@ class Engine:
         running_before = len(self.scheduler.running)
         batch = self.scheduler.schedule(plan)
         self.last_batch = tuple(seq.request_id for seq, _ in batch.entries)  # a failure from here on is theirs
-        if batch.entries:
-            self._note_passed_over(batch, plan, running_before)
         if not batch.entries:
             if self.lora is not None and self.lora.wait_pending():
                 return outputs  # only adapter swaps were pending: their requests are admitted next step
@@ -426,6 +424,7 @@ class Engine:
                 raise RuntimeError(f"{len(self.scheduler.waiting)} waiting request(s) cannot be scheduled with "
                                    f"{self.block_manager.num_free_blocks} free K/V blocks")
             return outputs
+        self._note_passed_over(batch, plan, running_before)
         start = time.perf_counter()
         for seq, _ in batch.entries:
             tracked = self._requests[seq.request_id]
@@ -451,7 +450,8 @@ class Engine:
         now = time.perf_counter()
         graphed = self.runner.counters["graph_steps"] > graphs
         for seq, _ in batch.entries:
-            metrics = self._requests[seq.request_id].metrics
+            tracked = self._requests[seq.request_id]
+            metrics = tracked.metrics
             if not metrics.steps:
                 metrics.first_step_s, metrics.first_step_tokens = now - start, batch.num_tokens
             metrics.steps += 1
@@ -462,15 +462,14 @@ class Engine:
             head_done = seq.prefill_only and seq.is_finished
             if seq.seq_id not in sampled and not head_done:
                 continue
-            tracked = self._requests[seq.request_id]
-            tracked.metrics.first_token_time = tracked.metrics.first_token_time or now
+            metrics.first_token_time = metrics.first_token_time or now
             if head_done:
                 outputs.append(self._output(tracked, [], finished=True, head=seq.state.head_result))
             else:
                 outputs.append(self._output(tracked, [sampled[seq.seq_id]], finished=seq.is_finished))
             if seq.is_finished:
-                tracked.metrics.finished_time = now
-                tracked.metrics.gc_s = PAUSES.total_s - tracked.taken_in_at[2]
+                metrics.finished_time = now
+                metrics.gc_s = PAUSES.total_s - tracked.taken_in_at[2]
                 del self._requests[seq.request_id]
                 if self.anticipation is not None:
                     self.anticipation.gone(tracked.request.tenant, now, finished=True)

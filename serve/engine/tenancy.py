@@ -52,7 +52,7 @@ def share_of(seq: Sequence):
     return seq.tenant
 
 
-def tenant_turns(seqs: list, running: list[Sequence], tenant_of=lambda seq: seq.tenant) -> list:
+def tenant_turns(seqs: list[Sequence], running: list[Sequence]) -> list[Sequence]:
     """`seqs` with their tenants taking turns: round by round one of each tenant's, in the order they had,
     and within a round the tenant running the fewest sequences for its weight first (then the one met
     first). With one tenant the order stays as it is. A flood's idle connections are newcomers as much as
@@ -67,14 +67,14 @@ def tenant_turns(seqs: list, running: list[Sequence], tenant_of=lambda seq: seq.
     rank: Counter = Counter()
     first: dict = {}
     keyed = []
-    for i, item in enumerate(seqs):
-        t = tenant_of(item)
+    for i, seq in enumerate(seqs):
+        t = seq.tenant
         first.setdefault(t, i)
-        keyed.append((rank[t], held[t] / weight.get(t, 1.0), first[t], i, item))
+        keyed.append((rank[t], held[t] / weight.get(t, 1.0), first[t], i))
         rank[t] += 1
     if len(first) < 2:
         return list(seqs)
-    return [item for *_, item in sorted(keyed, key=lambda k: k[:4])]
+    return [seqs[k[3]] for k in sorted(keyed)]
 
 
 def newcomers_first(candidates: list[Sequence], running: list[Sequence]) -> list[Sequence]:

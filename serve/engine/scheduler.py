@@ -79,8 +79,8 @@ class SchedulerConfig:
     # while several tenants have work, one over its share of the batch carries at most the others'
     # per-weight tokens (serve/engine/tenancy.py step_caps); off: the step is work-conserving
     tenant_step_cap: bool = True
-    # in a step where a tenant within its share admits a request, those over their share carry no prompt
-    # tokens (never two steps in a row; serve/engine/tenancy.py step_caps)
+    # in a step where a tenant within its share and with nothing running admits a request, those over
+    # their share carry no prompt tokens (never two steps in a row; serve/engine/tenancy.py step_caps)
     tenant_first_step_alone: bool = True
     # waiting sequences of one tenant that steps look at (its earliest, a connection's turn each first);
     # its later ones wait in its backlog, where no step reads them, and move up as these leave. Every step

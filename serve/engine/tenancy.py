@@ -32,9 +32,9 @@ Two more guards keep a flooding tenant from slowing another's requests:
   tenant's own throughput while another tenant has work; a tenant alone is never capped. A capped
   prompt chunk also stops before a picture it would begin to encode and cannot take whole
   (`short_of_pictures`): the tower's cost is the picture's, not the chunk's.
-- **first step alone** (`step_caps(first_alone=True)`): in a step where a tenant within its share
-  admits a waiting request, the tenants over their share carry no prompt tokens (their decodes go on
-  up to their cap). Under 32 connections topping up one-token requests, the equal split still put
+- **first step alone** (`step_caps(first_alone=True)`): in a step where a tenant within its share and
+  with nothing running admits a request, the tenants over their share carry no prompt tokens (their
+  decodes go on up to their cap). Under 32 connections topping up one-token requests, the equal split still put
   one flood request (its picture, its prompt, its finish) into each victim's first step: 10.5 ms
   against 6.1 alone in the slowest tenth on an H200. A tenant so held back is never held back two
   steps in a row, so light tenants arriving every step leave it half the steps, not none.
@@ -225,9 +225,10 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     as the scheduler admits it and as a capped tenant's chunks are charged. Counted whole, a victim's
     32-token prompt with 16 cached (a chat template and question shared with the flood, before a
     picture of its own) let the flood carry two prompts of 16 new tokens beside it, twice the victim's work.
-    first_alone: when a tenant within its share has a waiting candidate counted, the tenants over
-    their share get no prompt tokens this step (the caller passes False the step after one that held
-    a tenant back: `Caps.held_back`)."""
+    first_alone: when a tenant within its share with nothing running has a waiting candidate counted,
+    the tenants over their share get no prompt tokens this step (the caller passes False the step after
+    one that held a tenant back: `Caps.held_back`). Tenants that all have work running share every step
+    by weight as before."""
     demand, prompt, held, weight = Counter(), Counter(), Counter(), {}
     for seq in active:
         computed = seq.num_computed_tokens + (stepped.get(id(seq), 0) if stepped else 0)
@@ -251,6 +252,7 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     # holds no running sequence at any step's start (each finishes in the step that admits it), and
     # counted by its running ones alone it was never over its share; seven of its prefills then rode
     # in each of a victim's steps
+    idle = {t for t in counted if not held[t]}  # tenants with nothing running: their first step is now
     for tenant, n in counted.items():
         held[tenant] += n
     if len(demand) < 2:
@@ -262,7 +264,7 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
         return None
     level = max(demand[t] / weight[t] for t in within)
     prompt_level = max(prompt[t] / weight[t] for t in within)
-    if first_alone and any(counted[t] for t in within):
+    if first_alone and idle.intersection(within):
         return Caps({t: max(1, int(level * weight[t])) for t in over}, {t: 0 for t in over},
                     held_back=any(prompt[t] and prompt_level * weight[t] >= 1 for t in over))
     return Caps({t: max(1, int(level * weight[t])) for t in over}, {t: int(prompt_level * weight[t]) for t in over})

@@ -267,8 +267,9 @@ def test_a_tenant_over_its_share_is_never_held_back_two_steps_in_a_row():
 def test_a_cached_prefix_counts_on_neither_side_of_the_cap():
     """A victim wants the tokens past its cached prefix, as a capped flood's prompts are charged. Counted
     whole, a victim of 32 tokens with 16 cached (a chat template and question it shares with the flood)
-    let two flood prompts of 16 new tokens each in beside it."""
-    s = _sched()
+    let two flood prompts of 16 new tokens each in beside it. (The first-step rule off: it keeps the flood out of
+    a victim's first step altogether; the split holds in the victim's later prompt steps.)"""
+    s = _sched(alone=False)
     prefix = list(range(900_001, 900_017))  # one block, cached by the first request
 
     def seq(tenant, owner):

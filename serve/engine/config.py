@@ -45,10 +45,6 @@ class EngineConfig:
     # while tenants share a step, one over its share of the batch carries at most the others' tokens
     # per weight (serve/engine/tenancy.py step_caps); False: the step is work-conserving
     tenant_step_cap: bool = True
-    # in a step where a tenant within its share and with nothing running admits a request, those over
-    # their share carry no prompt tokens, never two steps in a row (serve/engine/tenancy.py step_caps);
-    # False: the step cap's split alone
-    tenant_first_step_alone: bool = True
     # waiting requests of one tenant each step looks at, its earliest (serve/engine/scheduler.py): the rest
     # wait in its backlog, so a step's cost does not grow with a queue of thousands; None: all
     waiting_window: int | None = 64

@@ -79,9 +79,6 @@ class SchedulerConfig:
     # while several tenants have work, one over its share of the batch carries at most the others'
     # per-weight tokens (serve/engine/tenancy.py step_caps); off: the step is work-conserving
     tenant_step_cap: bool = True
-    # in a step where a tenant within its share and with nothing running admits a request, those over
-    # their share carry no prompt tokens (never two steps in a row; serve/engine/tenancy.py step_caps)
-    tenant_first_step_alone: bool = True
     # waiting sequences of one tenant that steps look at (its earliest, a connection's turn each first);
     # its later ones wait in its backlog, where no step reads them, and move up as these leave. Every step
     # orders and scans what waits: with 2,048 queued, plan + schedule took 4.3-7.3 ms a step on an H200's host
@@ -140,7 +137,6 @@ class Scheduler:
         self.shares = FairShares()  # each step's prompt tokens by deficit round robin over flows
         self._caps: dict | None = None  # this step's tokens left to tenants over their share
         self._lane_steps = 0  # decode-only steps in a row while prompts waited (max_prefill_with_decode=0)
-        self.held_back = False  # the last step kept a tenant over its share off its prompts (tenancy.step_caps)
 
     # ---- queue --------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -342,9 +338,8 @@ class Scheduler:
         slots = cfg.max_batch_size - len(running)
         allowance = {} if lane else self.shares.allowances(active, candidates, capacity, slots)
         # tokens left to each tenant over its share while others have work (tenancy.step_caps)
-        self._caps = step_caps(active, candidates, slots, cached=bm.num_cached_tokens,
-                               first_alone=self.first_alone_next()) if cfg.tenant_step_cap and not lane else None
-        self.held_back = self._caps is not None and self._caps.held_back
+        self._caps = step_caps(active, candidates, slots, cached=bm.num_cached_tokens) \
+            if cfg.tenant_step_cap and not lane else None
         used: Counter = Counter()
         i = 0
         while i < len(running) and budget > 0:
@@ -388,11 +383,6 @@ class Scheduler:
             self._admit(batch, skipped, budget, prefill, None, used)
         self.shares.settle(allowance, used, capacity, carry=not cfg.chunked_prefill)
         return batch
-
-    def first_alone_next(self) -> bool:
-        """Whether the next step holds the tenants over their share off their prompts while another
-        admits a request: never two steps in a row (tenancy.step_caps)."""
-        return self.config.tenant_first_step_alone and not self.held_back
 
     def _decode_lane(self, plan: StepPlan) -> bool:
         """Whether this step is a decode lane's: max_prefill_with_decode=0 and some sequence the step

@@ -32,12 +32,6 @@ Two more guards keep a flooding tenant from slowing another's requests:
   tenant's own throughput while another tenant has work; a tenant alone is never capped. A capped
   prompt chunk also stops before a picture it would begin to encode and cannot take whole
   (`short_of_pictures`): the tower's cost is the picture's, not the chunk's.
-- **first step alone** (`step_caps(first_alone=True)`): in a step where a tenant within its share and
-  with nothing running admits a request, the tenants over their share carry no prompt tokens (their
-  decodes go on up to their cap). Under 32 connections topping up one-token requests, the equal split still put
-  one flood request (its picture, its prompt, its finish) into each victim's first step: 10.5 ms
-  against 6.1 alone in the slowest tenth on an H200. A tenant so held back is never held back two
-  steps in a row, so light tenants arriving every step leave it half the steps, not none.
 """
 
 from __future__ import annotations
@@ -186,10 +180,9 @@ class Caps(dict):
     """tenant -> tokens it may still carry this step (decode and prompt); `prompt`: tenant -> prompt
     tokens of them."""
 
-    def __init__(self, total: dict, prompt: dict, held_back: bool = False):
+    def __init__(self, total: dict, prompt: dict):
         super().__init__(total)
         self.prompt = prompt
-        self.held_back = held_back  # the first-step rule took prompt tokens from a tenant that wanted some
 
     def allow(self, tenant, n: int, prompt: bool) -> int:
         """`n` cut to what `tenant` may still carry (all of it when it is not capped)."""
@@ -208,7 +201,7 @@ class Caps(dict):
 
 
 def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, stepped: dict | None = None,
-              cached=None, first_alone: bool = False) -> Caps | None:
+              cached=None) -> Caps | None:
     """Tokens each tenant over its share may carry this step; None when no one is capped.
 
     active: the running sequences the step may run; candidates: the waiting ones it may admit (a
@@ -224,11 +217,7 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     prefix cache holds (BlockManager.num_cached_tokens). A candidate wants only the tokens past them,
     as the scheduler admits it and as a capped tenant's chunks are charged. Counted whole, a victim's
     32-token prompt with 16 cached (a chat template and question shared with the flood, before a
-    picture of its own) let the flood carry two prompts of 16 new tokens beside it, twice the victim's work.
-    first_alone: when a tenant within its share with nothing running has a waiting candidate counted,
-    the tenants over their share get no prompt tokens this step (the caller passes False the step after
-    one that held a tenant back: `Caps.held_back`). Tenants that all have work running share every step
-    by weight as before."""
+    picture of its own) let the flood carry two prompts of 16 new tokens beside it, twice the victim's work."""
     demand, prompt, held, weight = Counter(), Counter(), Counter(), {}
     for seq in active:
         computed = seq.num_computed_tokens + (stepped.get(id(seq), 0) if stepped else 0)
@@ -252,7 +241,6 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     # holds no running sequence at any step's start (each finishes in the step that admits it), and
     # counted by its running ones alone it was never over its share; seven of its prefills then rode
     # in each of a victim's steps
-    idle = {t for t in counted if not held[t]}  # tenants with nothing running: their first step is now
     for tenant, n in counted.items():
         held[tenant] += n
     if len(demand) < 2:
@@ -264,9 +252,6 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
         return None
     level = max(demand[t] / weight[t] for t in within)
     prompt_level = max(prompt[t] / weight[t] for t in within)
-    if first_alone and idle.intersection(within):
-        return Caps({t: max(1, int(level * weight[t])) for t in over}, {t: 0 for t in over},
-                    held_back=any(prompt[t] and prompt_level * weight[t] >= 1 for t in over))
     return Caps({t: max(1, int(level * weight[t])) for t in over}, {t: int(prompt_level * weight[t]) for t in over})
 
 

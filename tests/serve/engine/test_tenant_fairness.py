@@ -48,15 +48,12 @@ def test_backlogged_tenants_share_prompt_tokens_by_weight_step_after_step():
         s.add(_seq("a", n_prompt=400, weight=1.0))
     for _ in range(6):
         s.add(_seq("b", n_prompt=400, weight=3.0))
-    # b, within its share and with nothing running, admits its first requests alone (tenancy's first-step
-    # rule); from then on the tenants share every step by weight
-    assert _tokens_by(_step(s)) == {"b": 40}
     for _ in range(5):
         assert _tokens_by(_step(s)) == {"a": 10, "b": 30}
 
 
 def test_a_tenants_share_goes_to_its_sequences_in_arrival_order_whichever_connection_sent_them():
-    s = _sched(budget=40, tenant_first_step_alone=False)  # the shares themselves, without the first-step rule
+    s = _sched(budget=40)
     for owner in ("c1", "c2", "c1", "c2"):
         s.add(_seq("a", owner, n_prompt=200))
     s.add(_seq("b", "c3", n_prompt=200))
@@ -103,7 +100,7 @@ def test_one_tenant_runs_as_before_tenants():
 
 
 def test_the_share_holds_for_an_orchestrator_admit_list():
-    s = _sched(budget=40, tenant_first_step_alone=False)  # the shares themselves, without the first-step rule
+    s = _sched(budget=40)
     flood = [_seq("a", n_prompt=100) for _ in range(8)]
     victim = _seq("b", n_prompt=100)
     for q in (*flood, victim):
@@ -197,8 +194,7 @@ def test_the_planner_puts_a_victim_tenants_newcomer_before_a_flood_tenants():
 
 
 def test_a_whole_prompt_waits_at_most_a_step_for_its_credit_without_chunked_prefill():
-    # the credit, without the first-step rule
-    s = _sched(budget=32, chunked_prefill=False, tenant_first_step_alone=False)
+    s = _sched(budget=32, chunked_prefill=False)
     long = _seq("a", n_prompt=24, max_tokens=1)
     s.add(long)
     for _ in range(8):

@@ -20,10 +20,10 @@ def _seq(tenant, owner=None, n_prompt=30, max_tokens=200, weight=1.0):
                     arrival_time=float(base), owner=owner or tenant, tenant=tenant, tenant_weight=weight)
 
 
-def _sched(blocks=48, batch=8, cap=True, alone=True):
+def _sched(blocks=48, batch=8, cap=True):
     # the soak's server: 48 blocks of 16 tokens, a batch of 8, the serve defaults' token budgets
     config = SchedulerConfig(max_batch_size=batch, max_tokens_per_step=4096, max_model_len=4096,
-                             max_prefill_with_decode=2048, tenant_step_cap=cap, tenant_first_step_alone=alone)
+                             max_prefill_with_decode=2048, tenant_step_cap=cap)
     return Scheduler(config, BlockManager(blocks, 16), FairShare())
 
 
@@ -196,9 +196,8 @@ def _with_picture(seq, offset=10, tokens=40):
 
 def test_a_capped_chunk_stops_before_a_picture_it_cannot_take_whole():
     # the tower encodes a whole picture whatever the chunk: a flood's one-token chunk reaching its picture
-    # put the picture's encoding inside the victim's decode step (the first step's rule off, so that the
-    # flood's pictures can reach the victim's prompt steps at all)
-    s = _sched(alone=False)
+    # put the picture's encoding inside the victim's decode step
+    s = _sched()
     top_up = _one_token_flood(s, lambda: _with_picture(_seq("flood", n_prompt=70, max_tokens=1)))
     for _ in range(30):
         top_up()
@@ -220,56 +219,11 @@ def test_a_capped_chunk_stops_before_a_picture_it_cannot_take_whole():
     assert begun > 0  # in the victim's prompt steps its 70-token level lets a flood picture in
 
 
-def _victims_first_steps(alone: bool) -> list[Counter]:
-    """The tokens of each victim request's first step under the `topup` flood."""
-    s = _sched(alone=alone)
-    top_up = _one_token_flood(s, lambda: _seq("flood", n_prompt=14, max_tokens=1))
-    for _ in range(30):
-        top_up()
-        _step(s)
-    firsts = []
-    for _ in range(10):
-        victim = _seq("victim", n_prompt=16, max_tokens=2)
-        s.add(victim)
-        top_up()
-        firsts.append(_tokens(_step(s)))
-        assert firsts[-1]["victim"] == 16
-        while victim.finish_reason is None:
-            top_up()
-            _step(s)
-        for _ in range(2):  # the flood alone between the victim's requests
-            top_up()
-            assert _tokens(_step(s))["flood"] >= 7 * 14
-    return firsts
-
-
-def test_a_victims_first_step_carries_no_prompt_of_a_tenant_over_its_share():
-    # on an H200 the soak's `topup32` flood put one 14-token request beside each victim's 16-token
-    # prompt: its first step took 10.5 ms in the slowest tenth against 6.1 ms alone
-    assert all(t["flood"] == 0 for t in _victims_first_steps(alone=True))
-    assert all(0 < t["flood"] <= 16 for t in _victims_first_steps(alone=False)), "off: the equal split as before"
-
-
-def test_a_tenant_over_its_share_is_never_held_back_two_steps_in_a_row():
-    """Light tenants admitting a request every step leave the flood every other step's prompt tokens."""
-    s = _sched(batch=16)
-    top_up = _one_token_flood(s, lambda: _seq("flood", n_prompt=14, max_tokens=1))
-    flood_steps = []
-    for i in range(40):
-        top_up()
-        s.add(_seq(f"light{i % 4}", n_prompt=16, max_tokens=1))  # a newcomer within its share every step
-        batch = _step(s)
-        flood_steps.append(_tokens(batch)["flood"] > 0)
-    assert not any(a is False and b is False for a, b in zip(flood_steps, flood_steps[1:])), flood_steps
-    assert flood_steps.count(False) >= 15, "the rule never held the flood back"
-
-
 def test_a_cached_prefix_counts_on_neither_side_of_the_cap():
     """A victim wants the tokens past its cached prefix, as a capped flood's prompts are charged. Counted
     whole, a victim of 32 tokens with 16 cached (a chat template and question it shares with the flood)
-    let two flood prompts of 16 new tokens each in beside it. (The first-step rule off: it keeps the flood out of
-    a victim's first step altogether; the split holds in the victim's later prompt steps.)"""
-    s = _sched(alone=False)
+    let two flood prompts of 16 new tokens each in beside it."""
+    s = _sched()
     prefix = list(range(900_001, 900_017))  # one block, cached by the first request
 
     def seq(tenant, owner):

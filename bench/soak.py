@@ -15,6 +15,8 @@ the log under `log_max_bytes`. Each check is a row of soak.csv with its value an
 
 from __future__ import annotations
 
+import gzip
+import json
 import shutil
 import sys
 import tempfile
@@ -235,7 +237,8 @@ def _tenants(home: Path, checkpoint: str) -> tuple[dict, Path]:
 
 
 def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
-    """Runs the soak; returns (check rows, the full report) and writes soak.json and soak.csv."""
+    """Runs the soak; returns (check rows, the full report) and writes soak.json, soak.csv and, with the
+    floods, probes.json.gz (every probe's parts: `read_probes`)."""
     names = _phases(job)  # a misspelt phase is refused before the server is built
     if not 0 <= job.floods_client_nice <= 19:  # a negative one would fail in the flood's process, unseen
         raise ValueError(f"bench.soak.floods_client_nice={job.floods_client_nice}: give 0-19")
@@ -295,10 +298,39 @@ def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
               "checks": checks, "passed": all(c["pass"] for c in checks),
               "missed": [c["check"] for c in checks if not c["pass"]], "log_tail": log_tail}
     out = results_dir(job.out_dir, "cpu" if job.device == "cpu" else _device_name(job.device))
+    probes = _take_probes(report)
     write_json(out / "soak.json", report)
+    if probes:
+        write_probes(out / "probes.json.gz", probes)
     write_csv(out / "soak.csv", checks, columns=("check", "value", "bound", "unit", "pass"))
     print_table(report)
     return checks, report
+
+
+def _take_probes(report: dict) -> dict:
+    """Every flood's per-probe parts, taken out of the report: "floods/topup32" -> {"probes": [...],
+    "quiet_probes": [...]}. Kept in the report, 200 probes of 30 parts under each of five floods made a
+    run's soak.json 1-2 MB; the report keeps each flood's summary (`where`), the probes go to
+    probes.json.gz."""
+    out = {}
+    for phase, body in report["phases"].items():
+        for flood, row in ((body.get("by_flood") or {}) if isinstance(body, dict) else {}).items():
+            taken = {k: row.pop(k) for k in ("probes", "quiet_probes") if k in row}
+            if taken:
+                out[f"{phase}/{flood}"] = taken
+    return out
+
+
+def write_probes(path: Path, probes: dict) -> Path:
+    with gzip.open(path, "wt", compresslevel=9) as f:
+        json.dump(probes, f)
+    return path
+
+
+def read_probes(path: str | Path) -> dict:
+    """A run's probes.json.gz: "floods/<flood>" -> {"probes": [...], "quiet_probes": [...]}."""
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
 
 
 def _device_name(device: str) -> str:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from bench.soak import read_probes
 from bench.soak_floods import PARTS, STEP_PARTS, ratio_interval
 from vlora.commands.bench import run
 from vlora.config import compose
@@ -55,7 +56,14 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
             assert where["pipe_ms"] > 0  # the final's way from the engine process, measured by the front end
             spent = sum(where[k] for k in ("submit_ms", "queue_ms", "prefill_ms", "decode_ms", "after_ms"))
             assert spent == pytest.approx(where["total_ms"], abs=0.1), (name, rows, where)
-        assert all(isinstance(p["passed_reason"], str) for p in flood["probes"])  # why a step passed it over, if one did
+    # every probe's parts, in a file of their own: they made soak.json 1-2 MB a run
+    probes = read_probes(tmp_path / "cpu" / "probes.json.gz")
+    assert set(probes) == {f"floods/{name}" for name in report["phases"]["floods"]["by_flood"]}
+    for name, rows in probes.items():
+        assert len(rows["probes"]) == report["phases"]["floods"]["by_flood"][name.split("/")[1]]["probe"]["n"], name
+        assert len(rows["quiet_probes"]) > 0
+        assert all(isinstance(p["passed_reason"], str) for p in rows["probes"])  # why a step passed it over, if one did
+        assert "probes" not in report["phases"]["floods"]["by_flood"][name.split("/")[1]]
 
 
 def test_the_ratio_interval_is_wide_for_few_probes_narrow_for_many_and_covers_a_known_ratio():

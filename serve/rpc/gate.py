@@ -68,6 +68,7 @@ class Gate:
         self._use: dict = {}  # tenant -> [CPU seconds of its calls, decayed over USE_TAU_S, at time]
         self._local = threading.local()  # per thread: depth of nested enters, who, CPU at entry
         self._inside: dict[int, float] = {}  # thread -> when its call went in (after pacing)
+        self._clock, self._row = None, 0  # the other front-end processes' tenants (serve/rpc/shared_clock.py)
         self.counters: Counter = Counter()  # calls, waited (calls that queued), paced_s, stuck
 
     @staticmethod
@@ -134,7 +135,9 @@ class Gate:
             self._conn_v[connection] = self._conn_v.get(connection, 0.0) + 1.0
             # the tenant owes what its call cost beyond the estimate _pace took (at most 1 s: one
             # huge call makes its tenant wait a while, not for ever)
-            self._used(tenant, cost, time.monotonic())
+            now = time.monotonic()
+            self._used(tenant, cost, now)
+            self._publish(now)
             bucket = self._budget.get(tenant)
             if bucket is not None:
                 bucket[0] = max(-1.0, bucket[0] - (cost - self.overhead_s))
@@ -170,6 +173,8 @@ class Gate:
         tenants that called within the last second (lock held)."""
         self._busy = {t: (at, w) for t, (at, w) in self._busy.items() if now - at < 1.0}
         total = sum(w for _, w in self._busy.values())
+        if self._clock is not None:
+            total += self._clock.others(self._row, now, USE_TAU_S)[0]
         return self.share * self._busy[tenant][1] / total
 
     def _used(self, tenant, cost: float, now: float) -> float:
@@ -187,7 +192,22 @@ class Gate:
         to a part of the clock while a flooding tenant uses more (its pacing stretched a victim's
         p95 tenfold under 32 polling connections); a lone tenant is always the heaviest (lock held)."""
         mine = self._used(tenant, 0.0, now) / weight
+        if self._clock is not None and self._clock.others(self._row, now, USE_TAU_S)[1] > mine:
+            return False
         return all(self._used(t, 0.0, now) / w <= mine for t, (_, w) in self._busy.items() if t != tenant)
+
+    def _publish(self, now: float) -> None:
+        """This process's row of the shared clock: its tenants calling now and the heaviest (lock held)."""
+        if self._clock is None:
+            return
+        busy = [(t, w) for t, (at, w) in self._busy.items() if now - at < 1.0]
+        heaviest = max((self._used(t, 0.0, now) / w for t, w in busy), default=0.0)
+        self._clock.publish(self._row, sum(w for _, w in busy), now, heaviest, now)
+
+    def share_clock(self, clock, row: int) -> None:
+        """Paces this process's tenants against those of the other processes on `clock` (this one's row: `row`)."""
+        with self._lock:
+            self._clock, self._row = clock, row
 
     def _pace(self, tenant, weight: float) -> None:
         """Before a call queues: sleeps (holding no slot) while its tenant is over its part of the
@@ -201,6 +221,7 @@ class Gate:
                 bucket = self._budget.setdefault(tenant, [self.burst_s, now])
                 bucket[0] = min(self.burst_s, bucket[0] + (now - bucket[1]) * rate)
                 bucket[1] = now
+                self._publish(now)
                 if bucket[0] >= 0 or not self._heaviest(tenant, weight, now):
                     bucket[0] -= self.overhead_s
                     if len(self._budget) > MAX_REMEMBERED:
@@ -240,6 +261,13 @@ class Gate:
     def held(self) -> bool:
         """Whether this thread is inside a call now."""
         return bool(getattr(self._local, "depth", 0))
+
+    def metrics(self) -> dict[str, int]:
+        """Its counters as the server's metrics show them (summed over the front-end processes)."""
+        with self._lock:
+            c = self.counters
+            return {"gate_calls": c["calls"], "gate_waited": c["waited"], "gate_stuck": c["stuck"],
+                    "gate_paced_ms": int(c["paced_s"] * 1000)}
 
     def in_use(self) -> int:
         """Slots taken now."""

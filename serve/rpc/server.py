@@ -115,6 +115,8 @@ class RpcServer:
                     "max_message_bytes": limits.max_message_bytes + MESSAGE_SLACK}
         manager = TenantProcesses(self.state, attach, str(tenants.path), limit, settings)
         self.state.pixel_pool = manager.pixel_pool
+        if manager.clock is not None:  # this process's tenants (the operator, those past the limit): row 0
+            gate.GATE.share_clock(manager.clock, 0)
         self._server.hand_off = manager.hand_off
         return manager
 

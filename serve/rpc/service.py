@@ -25,6 +25,7 @@ import rpyc
 
 from . import ownership
 from .adapter_calls import AdapterCalls
+from .gate import GATE
 from .loop import Ticket
 from .metrics import prometheus_text
 from .replies import guarded, reply
@@ -244,6 +245,7 @@ class VLoRAService(AdapterCalls, rpyc.Service):
             server = dict(self.state.counters, connections=self.state.connections)
             pixels_in_flight = self.state.pixels_in_flight  # a gauge: JSON only (the Prometheus text counts)
         server.update({f"engine_{k}": v for k, v in self.state.loop.counters.items()})
+        server.update(GATE.metrics())  # this process's; the tenant processes' are added in below
         if self.state.door_counters is not None:  # the door's, and the tenant processes' own (added in)
             for key, value in self.state.door_counters().items():
                 server[key] = server.get(key, 0) + value

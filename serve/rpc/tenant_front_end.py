@@ -22,8 +22,9 @@ COUNTERS_EVERY_S = 1.0
 
 
 def run(conn, name: str, attach: tuple, tenants_path: str, settings: dict, first_id: int, pixel_pool,
-        log_level: int) -> None:
-    """The process's entry. settings: {"limits": Limits, "max_connections": int, "protocol_config": dict}."""
+        log_level: int, clock=None, row: int = 0) -> None:
+    """The process's entry. settings: {"limits": Limits, "max_connections": int, "protocol_config": dict};
+    clock: the server's SharedClock when the tenant processes are paced (this process's row: `row`)."""
     import itertools
 
     from rpyc.utils.helpers import classpartial
@@ -60,8 +61,11 @@ def run(conn, name: str, attach: tuple, tenants_path: str, settings: dict, first
         return
     state = ServerState(loop, limits, settings["max_connections"], TenantRegistry.from_file(tenants_path),
                         ids=itertools.count(first_id), pixel_pool=pixel_pool)
-    # one tenant's connections only: they take turns (gate_slots) without pacing against anyone
-    gate.configure(limits.gate_slots, 1.0)
+    if clock is not None:  # paced against the tenants of every front end (serve/rpc/shared_clock.py)
+        gate.configure(limits.gate_slots, limits.gate_share)
+        gate.GATE.share_clock(clock, row)
+    else:  # one tenant's connections only: they take turns (gate_slots) without pacing against anyone
+        gate.configure(limits.gate_slots, 1.0)
     logger = _quiet_logger()
     _bounded_logs(logger)
     runner = ConnectionRunner(classpartial(VLoRAService, state), settings["protocol_config"], logger,
@@ -87,7 +91,7 @@ def run(conn, name: str, attach: tuple, tenants_path: str, settings: dict, first
         while True:
             time.sleep(COUNTERS_EVERY_S)
             with state.lock:
-                now = dict(state.counters, idle_closed=runner.idle_closed)
+                now = dict(state.counters, idle_closed=runner.idle_closed, **gate.GATE.metrics())
             if now != sent:
                 tell(("counters", now))
                 sent = now

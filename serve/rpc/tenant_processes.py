@@ -31,6 +31,7 @@ import threading
 from collections import Counter
 from multiprocessing.reduction import send_handle
 
+from .shared_clock import SharedClock
 from .tenants import Tenant
 
 log = logging.getLogger("vlora.serve.rpc")
@@ -38,8 +39,8 @@ IDS_PER_PROCESS = 10 ** 8  # connection ids of process k start at k * this: requ
 START_TIMEOUT_S = 120.0  # a process that has not said ready by then is killed (a new one starts later)
 
 
-MOST_AUTO = 8  # `auto`'s most: one H200 machine's 16 cores served the soak's floods best with it
-CORES_KEPT = 4  # `auto` leaves the engine process, its torch threads and the door this many cores
+MOST_AUTO = 8  # `auto`'s number: one H200 machine's 16 cores served the soak's floods best with it
+CORES_KEPT = 4  # the engine process, its torch threads and the door: unpaced processes leave them this many cores
 
 
 def usable_cores() -> int:
@@ -49,27 +50,42 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def check_limit(value, cores: int | None = None) -> int:
-    """`rpc.tenant_processes` as a number (`auto` resolved), or ValueError naming the key.
+def check_limit(value) -> int:
+    """`rpc.tenant_processes` as a number (`auto`: MOST_AUTO), or ValueError naming the key.
 
-    `auto`: a process per tenant pays only where each can have a core of its own. With 16 cores it
-    took the soak's floods from 2.2-3.1x to 0.9-2.0x on an H200; on 2 cores it made them 3-4x, against
-    1-3.6x with one front end (results/soak/*/tenant_processes). So: the cores beyond CORES_KEPT, at
-    most MOST_AUTO; none on a machine of CORES_KEPT cores or fewer."""
+    A process per tenant takes the tenants' calls off each other's interpreter: with 16 cores it took
+    the soak's floods from 2.2-3.1x to 0.9-2.0x on an H200 (results/soak/*/tenant_processes). Where
+    the cores are short they are paced (check_pacing), which on 2 cores beat one front end too
+    (results/soak/cpu/paced_processes)."""
     if value == "auto":
-        return max(0, min(MOST_AUTO, (usable_cores() if cores is None else cores) - CORES_KEPT))
+        return MOST_AUTO
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"rpc.tenant_processes={value!r}: give the most tenants served by front-end processes of "
-                         "their own (an integer >= 0, 0: every connection in the server's process; or auto: the "
-                         f"machine's cores less {CORES_KEPT}, at most {MOST_AUTO})")
+                         "their own (an integer >= 0, 0: every connection in the server's process; or auto: "
+                         f"{MOST_AUTO})")
     return value
+
+
+def check_pacing(value, limit: int, cores: int | None = None) -> bool:
+    """`rpc.pace_tenant_processes` as a bool, or ValueError naming the key.
+
+    `auto`: paced where the processes cannot each have a core beside CORES_KEPT. Unpaced on 2 cores, a
+    flood's own process tripled its throughput and took the cores the engine steps on (the floods
+    2.1-4.2x, results/soak/cpu/intervals); paced, the victim's p95 alone and loaded both fell
+    (results/soak/cpu/paced_processes). On 16 cores, 8 unpaced processes are what the H200 runs measured."""
+    if value == "auto":
+        return limit > (usable_cores() if cores is None else cores) - CORES_KEPT
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"rpc.pace_tenant_processes={value!r}: give true, false or auto (paced where the tenant "
+                     f"processes outnumber the machine's cores less {CORES_KEPT})")
 
 
 class _TenantProcess:
     """One tenant's process, as this one holds it: its control pipe and what it reported."""
 
-    def __init__(self, name: str, process, conn):
-        self.name, self.process, self.conn = name, process, conn
+    def __init__(self, name: str, process, conn, row: int = 0):
+        self.name, self.process, self.conn, self.row = name, process, conn, row
         self.lock = threading.Lock()  # hand-offs from several connection threads go one at a time
         self.ready = threading.Event()
         self.connections = 0  # handed to it and not reported closed
@@ -89,6 +105,8 @@ class TenantProcesses:
         ctx = multiprocessing.get_context("spawn")  # never fork a process that has threads
         self._ctx = ctx
         self.pixel_pool = ctx.Value("q", 0)
+        # row 0: the server's own process; rows 1..limit: the live tenant processes
+        self.clock = SharedClock(limit + 1) if settings["limits"].pace_tenant_processes else None
         self._procs: dict[str, _TenantProcess] = {}
         self._lock = threading.Lock()
         self._started = 0
@@ -139,16 +157,19 @@ class TenantProcesses:
             return None
         self._started += 1
         index = self._started
+        taken = {p.row for p in self._procs.values() if p.alive}
+        row = min(set(range(1, self.limit + 1)) - taken)  # a dead process's row goes to the next one
         parent, child = self._ctx.Pipe(duplex=True)
         from .tenant_front_end import run
 
         level = logging.getLogger("vlora").getEffectiveLevel()
         process = self._ctx.Process(target=run, name=f"vlora-tenant-{name}",
                                     args=(child, name, self.attach, self.tenants_path, self.settings,
-                                          index * IDS_PER_PROCESS, self.pixel_pool, level), daemon=True)
+                                          index * IDS_PER_PROCESS, self.pixel_pool, level, self.clock, row),
+                                    daemon=True)
         process.start()
         child.close()
-        proc = _TenantProcess(name, process, parent)
+        proc = _TenantProcess(name, process, parent, row)
         self._procs[name] = proc
         self.counters["tenant_processes_started"] += 1
         threading.Thread(target=self._listen, args=(proc,), name=f"vlora-tenant-{name}-reports", daemon=True).start()

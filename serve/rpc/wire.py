@@ -84,6 +84,10 @@ class Limits:
     # added to the niceness of each tenant's front-end process (serve/rpc/tenant_processes.py): on a
     # machine with fewer free cores than busy processes, the engine's step loop runs before the front ends
     tenant_process_nice: int = 0
+    # the tenant processes' connection threads paced as the server's own, by gate_share split between
+    # the tenants calling in every front-end process (serve/rpc/shared_clock.py); off: each tenant's
+    # process runs its calls unpaced
+    pace_tenant_processes: bool = False
     # finished results a connection has not polled: kept at most this long, and at most this many
     # (the oldest go first; 0: as many as max_queued_per_connection)
     result_ttl_s: float = 600.0
@@ -110,7 +114,7 @@ class Limits:
         value that is not of its kind."""
         fields = cls.__dataclass_fields__
         cast = {"float": float, "int": int, "str": lambda v: "" if v is None else str(v),  # annotations are strings
-                "dict[str, float]": lambda v: {str(k): x for k, x in dict(v or {}).items()}}
+                "bool": _strict_bool, "dict[str, float]": lambda v: {str(k): x for k, x in dict(v or {}).items()}}
         values = {}
         for k, v in d.items():
             if k not in fields:
@@ -124,6 +128,12 @@ class Limits:
             except (TypeError, ValueError) as e:
                 raise ValueError(f"rpc.{k}={v!r}: {e}") from None
         return cls(**values)
+
+
+def _strict_bool(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("give true or false")
+    return value
 
 
 @dataclass

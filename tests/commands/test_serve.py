@@ -115,6 +115,8 @@ def test_bad_values_are_answered_before_any_model_is_built(empty_zoo):
     assert "rpc.max_images=2.5: give an integer" in _refused(["rpc.max_images=2.5"], empty_zoo)
     assert "rpc.gate_share='half': give a number" in _refused(["rpc.gate_share=half"], empty_zoo)
     assert "rpc.tenant_processes='many': give the most tenants" in _refused(["rpc.tenant_processes=many"], empty_zoo)
+    assert "rpc.pace_tenant_processes='often': give true, false or auto" in _refused(
+        ["rpc.pace_tenant_processes=often"], empty_zoo)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

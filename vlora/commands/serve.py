@@ -243,7 +243,9 @@ def start_server(cfg: DictConfig, token: str, connections: int = 0, sources=None
 
     check_config(cfg, token, listens=False)  # it listens on a free port
     plan = plan_serve(cfg, sources)
-    limits = Limits.from_dict(OmegaConf.to_container(cfg.rpc, resolve=True))
+    values = OmegaConf.to_container(cfg.rpc, resolve=True)
+    values["pace_tenant_processes"] = False  # served in this process: no tenant processes to pace
+    limits = Limits.from_dict(values)
     engine = build_engine(cfg, plan)
     if engine.needs_warm_up:  # the app waits for its own server anyway: warm before it listens
         engine.warm_up()
@@ -337,17 +339,24 @@ def _http_server(server, http, base_model: str):
 
 
 def _tenant_processes(rpc) -> int:
-    from serve.rpc.tenant_processes import check_limit, usable_cores
+    from serve.rpc.tenant_processes import check_limit
 
-    value = rpc.get("tenant_processes", 0)
     try:
-        limit = check_limit(value)
+        return check_limit(rpc.get("tenant_processes", 0))
     except ValueError as e:
         fail(str(e))
-    if value == "auto" and rpc.get("tenants"):  # say what the machine made of it
-        print(f"vlora serve: rpc.tenant_processes=auto: {limit} on {usable_cores()} usable cores"
-              f"{' (every tenant in this process)' if limit == 0 else ''}", file=sys.stderr, flush=True)
-    return limit
+
+
+def _pacing(rpc, processes: int) -> bool:
+    """rpc.pace_tenant_processes resolved (ValueError naming it); with tenants, what the machine made of it is said."""
+    from serve.rpc.tenant_processes import check_pacing, usable_cores
+
+    value = rpc.get("pace_tenant_processes", False)
+    paced = check_pacing(value, processes)
+    if rpc.get("tenants") and processes and "auto" in (value, rpc.get("tenant_processes")):
+        print(f"vlora serve: up to {processes} tenant front-end process(es), {'paced' if paced else 'not paced'}"
+              f" against each other, on {usable_cores()} usable cores", file=sys.stderr, flush=True)
+    return paced
 
 
 def _switch_interval(rpc, key: str) -> float | None:
@@ -376,11 +385,13 @@ def run(cfg: DictConfig):
     engine_switch_ms = _switch_interval(rpc, "engine_switch_interval_ms")
     http = http_config(cfg) if int(os.environ.get("RANK", 0)) == 0 else None
     plan = plan_serve(cfg)
+    processes = _tenant_processes(rpc)  # checked before the engine is built
+    values = OmegaConf.to_container(rpc, resolve=True)
     try:
-        limits = Limits.from_dict(OmegaConf.to_container(rpc, resolve=True))
+        values["pace_tenant_processes"] = _pacing(rpc, processes)
+        limits = Limits.from_dict(values)
     except ValueError as e:  # a limit out of its range: said before anything is built
         fail(str(e))
-    processes = _tenant_processes(rpc)  # checked before the engine is built
     tensor_parallel = int(cfg.engine.get("tensor_parallel_size", 1)) > 1
     replicated = "replicas" in cfg and (int(cfg.replicas.count) > 1 or cfg.replicas.autoscaling is not None)
     if replicated:  # with tensor parallel too: each replica leads a group over its GPUs (no torchrun)

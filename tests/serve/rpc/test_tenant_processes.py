@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from rpc_server import ServerProcess
 
 from serve.rpc import Client, ServerError, add_tenant
-from serve.rpc.tenant_processes import check_limit
+from serve.rpc.tenant_processes import check_limit, check_pacing
 
 NAME = "qwen2_vl_tiny"
 FRAME = np.full((32, 32, 3), 60, np.uint8)
@@ -33,17 +34,26 @@ def tenants(tmp_path_factory):
 def server(tiny_zoo, vlora_home, tenants):
     # asked for: `auto` gives none on a machine of 4 cores or fewer
     proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.tenants={tenants[0]}", "engine.max_batch_size=4",
-                         "rpc.tenant_processes=8", "rpc.tenant_process_nice=3")
+                         "rpc.tenant_processes=8", "rpc.tenant_process_nice=3",
+                         # paced against each other over the shared clock, at a share small enough that a loop of
+                         # calls from one connection is always over its part
+                         "rpc.pace_tenant_processes=true", "rpc.gate_share=0.1")
     yield proc
     proc.stop()
 
 
-def test_auto_gives_a_process_per_tenant_only_where_each_can_have_a_core():
-    assert [check_limit("auto", cores=c) for c in (1, 2, 4, 5, 8, 12, 16, 128)] == [0, 0, 0, 1, 4, 8, 8, 8]
-    assert check_limit(3, cores=2) == 3  # a number is taken as given
+def test_auto_gives_a_process_per_tenant_paced_where_they_cannot_each_have_a_core():
+    assert check_limit("auto") == 8 and check_limit(3) == 3 and check_limit(0) == 0
     for bad in (-1, 2.5, True, "all", None):
         with pytest.raises(ValueError, match="rpc.tenant_processes"):
             check_limit(bad)
+    # paced where the processes outnumber the cores left beside the engine's and the door's 4
+    assert [check_pacing("auto", 8, cores=c) for c in (1, 2, 4, 8, 11, 12, 16, 128)] == [True] * 5 + [False] * 3
+    assert check_pacing("auto", 2, cores=6) is False and check_pacing("auto", 3, cores=6) is True
+    assert check_pacing(False, 8, cores=2) is False and check_pacing(True, 1, cores=128) is True  # as given
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="rpc.pace_tenant_processes"):
+            check_pacing(bad, 8)
 
 
 def _client(server, tenants, who: str) -> Client:
@@ -138,6 +148,41 @@ def test_each_tenant_is_served_by_a_process_of_its_own_and_the_operator_by_the_s
     server_counters = _metrics(server, tenants)
     assert server_counters["tenant_processes"] == 2
     assert server_counters["requests_image"] == 3  # the tenant processes' counters are summed in
+
+
+def _paced_ms(server, tenants) -> int:
+    """The gate's pacing summed over the front ends, once the tenant processes have reported."""
+    time.sleep(1.5)  # a tenant process reports its counters about once a second
+    return _metrics(server, tenants)["gate_paced_ms"]
+
+
+def test_a_tenant_calling_in_a_loop_is_paced_in_its_own_process_while_another_calls(server, tenants):
+    with _client(server, tenants, "victim") as victim, _client(server, tenants, "flood") as flood:
+        _answer(victim), _answer(flood)  # both processes up
+        before = _paced_ms(server, tenants)
+        stop = threading.Event()
+
+        def steady():  # the victim calls now and then: it counts among the tenants calling
+            while not stop.is_set():
+                victim.health()
+                time.sleep(0.05)
+
+        t = threading.Thread(target=steady)
+        t.start()
+        try:
+            deadline = time.monotonic() + 1.5
+            calls = 0
+            while time.monotonic() < deadline:  # the flood calls back to back from its own process
+                flood.health()
+                calls += 1
+        finally:
+            stop.set()
+            t.join(10)
+        paced = _paced_ms(server, tenants) - before
+    # paced in the flood's own process and counted in the server's metrics (unpaced, as with
+    # rpc.pace_tenant_processes=false, one connection's calls can never be over the whole clock); the split
+    # of the share with the other processes' tenants: tests/serve/rpc/test_shared_clock.py
+    assert paced > 200, (paced, calls)
 
 
 def test_quotas_hold_in_a_tenant_process_and_connections_are_counted_by_the_server(server, tenants):

@@ -22,6 +22,10 @@ The gate bounds the connection threads:
   32 connections call in a loop gets as many turns as another tenant's one connection, so a flood
   slows the flooding tenant, not the others.
 
+With a front-end process per tenant paced against the others (rpc.pace_tenant_processes), the share
+is split, and the heaviest found, among the tenants calling in every front-end process
+(serve/rpc/shared_clock.py).
+
 A blocking wait inside a call (poll's wait for events, a call run on the engine thread) must not
 hold a slot: wrap it in `with GATE.released(): ...`; a call waiting while every slot has been
 held STUCK_S goes in anyway, so a wait left inside stalls the others briefly, never for long.

@@ -11,7 +11,9 @@ How: the server's own process keeps the door (pending handshakes, the token chec
 quotas) and hands each authenticated socket of a tenant (not the operator's) to that tenant's
 process over a Unix socket (the descriptor itself, SCM_RIGHTS). The tenant process
 (serve/rpc/tenant_front_end.py) attaches to the engine process over a link of its own
-(serve/rpc/engine_links.py) and serves the connection with the same service, quotas and limits.
+(serve/rpc/engine_links.py) and serves the connection with the same service, quotas and limits;
+paced (rpc.pace_tenant_processes), its gate shares the clock with the other processes' tenants
+(serve/rpc/shared_clock.py).
 Its requests, queue and pixels are only its tenant's, so its per-tenant quotas hold there; the
 server-wide decoded-pixel budget is one shared counter; the connection counts stay here (a
 process tells when a connection it served ends). At most `rpc.tenant_processes` processes run; a

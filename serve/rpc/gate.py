@@ -70,10 +70,11 @@ class Gate:
         self._budget: dict = {}  # tenant -> [seconds it may still use before it paces, refilled at, weight]
         self._busy: dict = {}  # tenant -> (last call's time, weight): the tenants sharing the clock now
         self._use: dict = {}  # tenant -> [CPU seconds of its calls, decayed over USE_TAU_S, at time]
+        self._pacers: dict = {}  # tenant -> the lock its threads take turns pacing under
         self._local = threading.local()  # per thread: depth of nested enters, who, CPU at entry
         self._inside: dict[int, float] = {}  # thread -> when its call went in (after pacing)
         self._clock, self._row = None, 0  # the other front-end processes' tenants (serve/rpc/shared_clock.py)
-        self.counters: Counter = Counter()  # calls, waited (calls that queued), paced_s, stuck
+        self.counters: Counter = Counter()  # calls, waited (calls that queued), paced_s, pace_sleeps, stuck
 
     @staticmethod
     def _check(slots, share, overhead_s, burst_s) -> None:
@@ -215,7 +216,22 @@ class Gate:
 
     def _pace(self, tenant, weight: float) -> None:
         """Before a call queues: sleeps (holding no slot) while its tenant is over its part of the
-        clock, then takes the call's estimated cost (overhead_s; leave() charges the rest)."""
+        clock, then takes the call's estimated cost (overhead_s; leave() charges the rest).
+
+        One thread of a tenant paces at a time; its others wait on the tenant's lock, asleep. Each
+        pacing thread once woke when the budget came back, one went in and the rest found it spent
+        again and slept a fraction of a millisecond: 32 connections of one tenant polling kept 0.6
+        of a core busy with those wake-ups while their calls used 0.17 of the clock."""
+        with self._lock:
+            pacer = self._pacers.get(tenant)
+            if pacer is None:
+                if len(self._pacers) > MAX_REMEMBERED:
+                    self._pacers = {t: p for t, p in self._pacers.items() if p.locked()}
+                pacer = self._pacers[tenant] = threading.Lock()
+        with pacer:
+            self._pace_turn(tenant, weight)
+
+    def _pace_turn(self, tenant, weight: float) -> None:
         weight = max(weight, 0.01)
         while True:
             with self._lock:
@@ -233,6 +249,7 @@ class Gate:
                     return
                 wait = -bucket[0] / rate
                 self.counters["paced_s"] += wait
+                self.counters["pace_sleeps"] += 1
             time.sleep(wait)
 
     @contextmanager

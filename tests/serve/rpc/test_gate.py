@@ -144,6 +144,32 @@ def test_a_tenant_over_its_part_of_the_clock_waits_and_the_others_do_not():
     assert flood_done and gate.counters["paced_s"] > 0.2
 
 
+def test_a_tenants_many_threads_pace_one_at_a_time_without_waking_each_other():
+    gate = Gate(slots=1, share=0.1, overhead_s=100e-6, burst_s=0.005)
+    stop = threading.Event()
+    calls = []
+
+    def flood(i):
+        while not stop.is_set():
+            with gate.call(f"f{i}", "flood"):
+                end = time.thread_time() + 0.0002
+                while time.thread_time() < end:
+                    pass
+            calls.append(1)
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert calls and gate.counters["paced_s"] > 0.5  # paced nearly all the second, one thread at a time
+    # a sleep per call at most (and the last ones'), not the herd of 16 waking each time the budget came back
+    # (that took thousands of sleeps a second and most of a core)
+    assert gate.counters["pace_sleeps"] <= len(calls) + 16, (gate.counters["pace_sleeps"], len(calls))
+
+
 def test_bad_limits_are_refused_with_the_value_named():
     with pytest.raises(ValueError, match="slots"):
         Gate(slots=0)

@@ -1,4 +1,4 @@
-"""The table of this folder's README from the runs' soak.json: per run, the victim's p95 alone and, per flood,
+"""The table of a folder's README from its runs' soak.json (runs: folders named SETTING_N): per run, the victim's p95 alone and, per flood,
 the ratio to it and the loaded p95 (ms); then per setting, the runs meeting 2x under every flood and the
 median of each flood's ratio and loaded p95.  python summarize.py [FOLDER]"""
 import json
@@ -11,8 +11,11 @@ root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent)
 runs = {}
 for path in sorted(root.glob("*/soak.json")) + sorted(root.glob("*/*/soak.json")):
     name = path.relative_to(root).parts[0]
+    if not name.rsplit("_", 1)[-1].isdigit():  # not a run of a setting (NAME_N): a folder of another kind
+        continue
     by = json.loads(path.read_text())["phases"]["floods"]["by_flood"]
-    runs[name] = by
+    if all(f in by for f in FLOODS):
+        runs[name] = by
 print("| run | p95 alone | " + " | ".join(FLOODS) + " | all within 2x |")
 print("| --- " * (len(FLOODS) + 3) + "|")
 key = lambda n: (n.rsplit("_", 1)[0], int(n.rsplit("_", 1)[1]))

@@ -45,6 +45,8 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 
+from .shared_clock import BUSY_S  # a tenant calls now if it called within this; a process's row too
+
 MAX_REMEMBERED = 4096  # tenants / connections whose virtual time is kept (the idle ones are forgotten)
 # a call waiting while every slot has been held this long goes in anyway: a blocking wait left
 # inside a call (not wrapped in released()) or a very long call stalls the others at most this long
@@ -176,8 +178,7 @@ class Gate:
     def _rate(self, tenant, now: float) -> float:
         """Seconds of CPU per second the tenant may use: its weight's part of the share among the
         tenants that called within the last second (lock held)."""
-        self._busy = {t: (at, w) for t, (at, w) in self._busy.items() if now - at < 1.0}
-        total = sum(w for _, w in self._busy.values())
+        total = sum(w for _, w in self._calling(now).values())
         if self._clock is not None:
             total += self._clock.others(self._row, now, USE_TAU_S)[0]
         return self.share * self._busy[tenant][1] / total
@@ -205,9 +206,14 @@ class Gate:
         """This process's row of the shared clock: its tenants calling now and the heaviest (lock held)."""
         if self._clock is None:
             return
-        busy = [(t, w) for t, (at, w) in self._busy.items() if now - at < 1.0]
-        heaviest = max((self._used(t, 0.0, now) / w for t, w in busy), default=0.0)
-        self._clock.publish(self._row, sum(w for _, w in busy), now, heaviest, now)
+        busy = self._calling(now)
+        heaviest = max((self._used(t, 0.0, now) / w for t, (_, w) in busy.items()), default=0.0)
+        self._clock.publish(self._row, sum(w for _, w in busy.values()), now, heaviest, now)
+
+    def _calling(self, now: float) -> dict:
+        """The tenants that called within the last BUSY_S, the others forgotten (lock held)."""
+        self._busy = {t: (at, w) for t, (at, w) in self._busy.items() if now - at < BUSY_S}
+        return self._busy
 
     def share_clock(self, clock, row: int) -> None:
         """Paces this process's tenants against those of the other processes on `clock` (this one's row: `row`)."""

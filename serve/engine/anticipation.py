@@ -16,7 +16,12 @@ request before starting a step without it.
   average until the waits stopped) is learned as a moving average.
   A tenant is waited for only once a gap of it is known and that average is at most `max_ms`, and for
   at most `SLACK` times it (never more than `max_ms`): a tenant that does not come back soon stops
-  being waited for.
+  being waited for. A gap is learned as at most `GAP_CEILING` times `max_ms`: a client's pause (the soak's
+  victim between its probes alone and under a flood, a camera reconnecting) had put the average over
+  `max_ms` for its next 8-12 requests, each then waiting for a whole step of the flood (5-8 ms on an
+  H200, the `queue2048` flood's slowest probes in results/soak/nvidia_h200/after_pacing). Clipped, a
+  tenant whose usual gap is under half of `max_ms` is waited for again right after a pause, and one
+  whose gaps are all long still stops being waited for after two of them.
 - Every wait is paid from one budget that fills at `BUDGET_RATE` of the wall clock (holding at most
   `BURST` waits of `max_ms`): however tenants time their requests, waiting takes at most half of the
   loop's time, so the others' throughput is at least half of what it was.
@@ -37,6 +42,7 @@ from collections import Counter
 
 SLACK = 2.0  # a wait lasts at most this many of the tenant's usual gaps
 ALPHA = 0.3  # the moving average's weight of the newest gap
+GAP_CEILING = 2.0  # a gap is learned as at most this many max_ms (one pause must not outweigh many gaps)
 BUDGET_RATE = 0.5  # seconds of waiting earned per second of wall clock
 BURST = 8  # the budget holds at most this many waits of max_ms
 
@@ -86,6 +92,7 @@ class Anticipation:
         if tenant in self._held_for:  # a wait was for it: did it come within its window?
             self._held_for.discard(tenant)
             self.counters["came_back" if gap <= self.window(tenant) else "late"] += 1
+        gap = min(gap, GAP_CEILING * self.max_s)
         old = self._gap.get(tenant)
         self._gap[tenant] = gap if old is None else old + ALPHA * (gap - old)
 

@@ -67,6 +67,19 @@ def test_a_tenant_whose_gap_is_long_is_never_waited_for_and_waits_never_pass_max
     assert near.wait_s(2.0) == pytest.approx(10 * MS)
 
 
+def test_one_pause_does_not_stop_the_waits_but_long_gaps_still_do():
+    """A client idle for a second (between its probes alone and under a flood) came back to no waits for
+    its next 8-12 requests: the pause had put its average gap far over max_ms."""
+    a = _learned(3.0, max_ms=20.0)
+    a.gone("v", 2.0, finished=True)
+    a.taken_in("v", 4.0)  # a 2 s pause
+    a.gone("v", 5.0, finished=True)
+    assert a.wait_s(5.0) > 0  # its very next return is waited for again
+    a.taken_in("v", 6.0)  # a second long gap in a row
+    a.gone("v", 7.0, finished=True)
+    assert a.window("v") == 0.0 and a.wait_s(7.0) == 0.0  # gaps that stay long end the waits
+
+
 def test_an_abort_or_another_request_still_in_the_engine_opens_no_wait():
     a = _learned(2.0)
     a.taken_in("v", 2.0)

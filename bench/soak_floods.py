@@ -143,14 +143,15 @@ def _probe(port: int, victim: str, probes: int, probe_tokens: int, seconds: floa
 
 
 def _engine_counts(port: int, token: str) -> dict:
-    """The engine's waits for a tenant about to come back so far (serve/engine/anticipation.py; {} when off)
-    and its process's garbage collections by generation (serve/engine/garbage.py), flattened."""
+    """The engine's waits for a tenant about to come back so far (serve/engine/anticipation.py; {} when off),
+    its process's garbage collections by generation (serve/engine/garbage.py), flattened, and its quiet
+    steps (serve/engine/tenancy.py step_caps)."""
     from serve.rpc import Client
 
     with Client("127.0.0.1", port, token) as client:
         engine = client.metrics()["engine"]
     gc = {f"{gen}_{part}": v for gen, row in (engine.get("gc") or {}).items() for part, v in row.items()}
-    return {"anticipation": engine.get("anticipation") or {}, "gc": gc}
+    return {"anticipation": engine.get("anticipation") or {}, "gc": gc, "quiet_steps": engine.get("quiet_steps", 0)}
 
 
 def _since(now: dict, before: dict) -> dict:
@@ -205,6 +206,7 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
                      # the engine's waits for a tenant about to come back, and its process's garbage
                      # collections (counts, ms; the longest so far), during the flood
                      "anticipation": _since(counts["anticipation"], counts_before["anticipation"]),
+                     "quiet_steps": counts["quiet_steps"] - counts_before["quiet_steps"],
                      "gc": {**_since(counts["gc"], counts_before["gc"]),
                             **{k: v for k, v in counts["gc"].items() if k.endswith("max_ms")}},
                      "where": where_the_time_goes(parts), "where_quiet": where_the_time_goes(quiet_parts),

@@ -21,8 +21,9 @@ tenant its share goes to its sequences in policy order. A flow (a tenant's conne
 nothing running is admitted first (and `_make_room` frees it a slot of a full batch and the blocks
 of its first chunk), and at most `tenant_max_running` of a tenant's sequences run at once. While
 several tenants have work, a tenant over its share of the batch carries at most the others'
-per-weight tokens (`tenant_step_cap`). With one tenant every token is its own and the step is what
-it was before tenants.
+per-weight tokens (`tenant_step_cap`), and while one within its share takes prompt tokens, none of
+theirs (`tenant_quiet_prefill`, in at most a third of steps). With one tenant every token is its own
+and the step is what it was before tenants.
 
 The policy (serve/engine/order.py) says only who comes first. An orchestrator (serve/engine/planner.py) may
 also hand `schedule` a `StepPlan`: running sequences it pauses are left out of the step (they
@@ -79,6 +80,9 @@ class SchedulerConfig:
     # while several tenants have work, one over its share of the batch carries at most the others'
     # per-weight tokens (serve/engine/tenancy.py step_caps); off: the step is work-conserving
     tenant_step_cap: bool = True
+    # with the cap: a step carrying prompt tokens of a tenant within its share carries none of those over
+    # theirs (at most a third of steps: QUIET_RATE; serve/engine/tenancy.py step_caps' `quiet`)
+    tenant_quiet_prefill: bool = True
     # waiting sequences of one tenant that steps look at (its earliest, a connection's turn each first);
     # its later ones wait in its backlog, where no step reads them, and move up as these leave. Every step
     # orders and scans what waits: with 2,048 queued, plan + schedule took 4.3-7.3 ms a step on an H200's host
@@ -121,6 +125,10 @@ class ScheduledBatch:
         return len(self.entries)
 
 
+QUIET_RATE = 0.5  # quiet steps (tenancy.step_caps' `quiet`) earned per step that is not one: at most a third
+QUIET_BURST = 4.0  # quiet steps a run of steps without one can save up
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy | None = None,
                  adapters: AdapterGate | None = None):
@@ -136,6 +144,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.shares = FairShares()  # each step's prompt tokens by deficit round robin over flows
         self._caps: dict | None = None  # this step's tokens left to tenants over their share
+        self._quiet = QUIET_BURST  # quiet steps that may run now
+        self.num_quiet_steps = 0
         self._lane_steps = 0  # decode-only steps in a row while prompts waited (max_prefill_with_decode=0)
 
     # ---- queue --------------------------------------------------------------------------
@@ -338,8 +348,14 @@ class Scheduler:
         slots = cfg.max_batch_size - len(running)
         allowance = {} if lane else self.shares.allowances(active, candidates, capacity, slots)
         # tokens left to each tenant over its share while others have work (tenancy.step_caps)
-        self._caps = step_caps(active, candidates, slots, cached=bm.num_cached_tokens) \
+        self._caps = step_caps(active, candidates, slots, cached=bm.num_cached_tokens,
+                               quiet_fits=allowance if self.quiet_ready() else None) \
             if cfg.tenant_step_cap and not lane else None
+        if self._caps is not None and self._caps.quiet:
+            self._quiet -= 1
+            self.num_quiet_steps += 1
+        else:
+            self._quiet = min(QUIET_BURST, self._quiet + QUIET_RATE)
         used: Counter = Counter()
         i = 0
         while i < len(running) and budget > 0:
@@ -383,6 +399,10 @@ class Scheduler:
             self._admit(batch, skipped, budget, prefill, None, used)
         self.shares.settle(allowance, used, capacity, carry=not cfg.chunked_prefill)
         return batch
+
+    def quiet_ready(self) -> bool:
+        """Whether the next step may be a quiet one (tenancy.step_caps' `quiet`)."""
+        return self.config.tenant_quiet_prefill and self._quiet >= 1
 
     def _decode_lane(self, plan: StepPlan) -> bool:
         """Whether this step is a decode lane's: max_prefill_with_decode=0 and some sequence the step

@@ -54,6 +54,7 @@ class EngineStats:
     anticipation: dict | None = None
     # the process's garbage collections (serve/engine/garbage.py): gen0/gen1/gen2 -> count, ms, max_ms
     gc: dict | None = None
+    quiet_steps: int = 0  # steps where tenants over their share carried no prompt tokens (tenancy.step_caps)
 
 
 def collect_stats(engine) -> EngineStats:
@@ -73,7 +74,7 @@ def collect_stats(engine) -> EngineStats:
         **_mode_stats(engine), items_encoded_ahead=runner.counters["items_encoded_ahead"],
         kernel_compiles=WATCH.stats() if WATCH.installed else None, tower_attention=segment_plans.stats(),
         anticipation=engine.anticipation.stats() if engine.anticipation is not None else None,
-        gc=PAUSES.stats(),
+        gc=PAUSES.stats(), quiet_steps=sched.num_quiet_steps,
     )
 
 

@@ -180,9 +180,10 @@ class Caps(dict):
     """tenant -> tokens it may still carry this step (decode and prompt); `prompt`: tenant -> prompt
     tokens of them."""
 
-    def __init__(self, total: dict, prompt: dict):
+    def __init__(self, total: dict, prompt: dict, quiet: bool = False):
         super().__init__(total)
         self.prompt = prompt
+        self.quiet = quiet  # the tenants over their share carry no prompt tokens (step_caps' `quiet`)
 
     def allow(self, tenant, n: int, prompt: bool) -> int:
         """`n` cut to what `tenant` may still carry (all of it when it is not capped)."""
@@ -201,7 +202,7 @@ class Caps(dict):
 
 
 def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, stepped: dict | None = None,
-              cached=None) -> Caps | None:
+              cached=None, quiet_fits: dict | None = None) -> Caps | None:
     """Tokens each tenant over its share may carry this step; None when no one is capped.
 
     active: the running sequences the step may run; candidates: the waiting ones it may admit (a
@@ -217,7 +218,17 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     prefix cache holds (BlockManager.num_cached_tokens). A candidate wants only the tokens past them,
     as the scheduler admits it and as a capped tenant's chunks are charged. Counted whole, a victim's
     32-token prompt with 16 cached (a chat template and question shared with the flood, before a
-    picture of its own) let the flood carry two prompts of 16 new tokens beside it, twice the victim's work."""
+    picture of its own) let the flood carry two prompts of 16 new tokens beside it, twice the victim's work.
+
+    quiet_fits: tenant -> prompt tokens its share gives it this step. When the tenants within their share
+    want prompt tokens and each one's fit in its share, the step is quiet: those over their share carry
+    none (their decode tokens still run). Capped to the
+    victim's own tokens, one flood prompt of 14 tokens still rode in each of a victim's 16-token prefills
+    under the soak's `queue2048` on an H200: that step took 7.7-8.2 ms in the slowest tenth against 3.9-5.0
+    alone, the largest part of the flood's tail (results/soak/nvidia_h200/after_pacing). Only prompts their
+    share finishes make it quiet, so backlogged tenants still share every step by weight; and the scheduler
+    grants at most a third of the steps (scheduler.QUIET_RATE), so the tenants over their share take prompt
+    tokens in two steps of three whatever the others send."""
     demand, prompt, held, weight = Counter(), Counter(), Counter(), {}
     for seq in active:
         computed = seq.num_computed_tokens + (stepped.get(id(seq), 0) if stepped else 0)
@@ -252,7 +263,10 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
         return None
     level = max(demand[t] / weight[t] for t in within)
     prompt_level = max(prompt[t] / weight[t] for t in within)
-    return Caps({t: max(1, int(level * weight[t])) for t in over}, {t: int(prompt_level * weight[t]) for t in over})
+    wanting = [t for t in within if prompt[t] > 0]
+    quiet = bool(quiet_fits and wanting) and all(prompt[t] <= quiet_fits.get(t, 0) for t in wanting)
+    return Caps({t: max(1, int(level * weight[t])) for t in over},
+                {t: 0 if quiet else int(prompt_level * weight[t]) for t in over}, quiet)
 
 
 def short_of_pictures(seq: Sequence, start: int, n: int, cap: int) -> int:

@@ -194,7 +194,8 @@ def test_the_planner_puts_a_victim_tenants_newcomer_before_a_flood_tenants():
 
 
 def test_a_whole_prompt_waits_at_most_a_step_for_its_credit_without_chunked_prefill():
-    s = _sched(budget=32, chunked_prefill=False)
+    # not quiet (tenancy.step_caps): there the light tenant's whole prompt goes first, ahead of its credit
+    s = _sched(budget=32, chunked_prefill=False, tenant_quiet_prefill=False)
     long = _seq("a", n_prompt=24, max_tokens=1)
     s.add(long)
     for _ in range(8):

@@ -46,8 +46,9 @@ class EngineConfig:
     # per weight (serve/engine/tenancy.py step_caps); False: the step is work-conserving
     tenant_step_cap: bool = True
     # with the cap: a step carrying prompt tokens of a tenant within its share carries none of the tenants
-    # over theirs (at most a third of steps); False: they carry up to the others' prompt tokens
-    tenant_quiet_prefill: bool = True
+    # over theirs (at most a third of steps); False: they carry up to the others' prompt tokens. Off by
+    # default: on 2 CPU cores it did not lower the soak's ratios (results/soak/cpu/quiet_steps)
+    tenant_quiet_prefill: bool = False
     # waiting requests of one tenant each step looks at, its earliest (serve/engine/scheduler.py): the rest
     # wait in its backlog, so a step's cost does not grow with a queue of thousands; None: all
     waiting_window: int | None = 64

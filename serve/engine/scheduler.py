@@ -22,7 +22,7 @@ nothing running is admitted first (and `_make_room` frees it a slot of a full ba
 of its first chunk), and at most `tenant_max_running` of a tenant's sequences run at once. While
 several tenants have work, a tenant over its share of the batch carries at most the others'
 per-weight tokens (`tenant_step_cap`), and while one within its share takes prompt tokens, none of
-theirs (`tenant_quiet_prefill`, in at most a third of steps). With one tenant every token is its own
+theirs (`tenant_quiet_prefill`, off by default, in at most a third of steps). With one tenant every token is its own
 and the step is what it was before tenants.
 
 The policy (serve/engine/order.py) says only who comes first. An orchestrator (serve/engine/planner.py) may
@@ -81,8 +81,9 @@ class SchedulerConfig:
     # per-weight tokens (serve/engine/tenancy.py step_caps); off: the step is work-conserving
     tenant_step_cap: bool = True
     # with the cap: a step carrying prompt tokens of a tenant within its share carries none of those over
-    # theirs (at most a third of steps: QUIET_RATE; serve/engine/tenancy.py step_caps' `quiet`)
-    tenant_quiet_prefill: bool = True
+    # theirs (at most a third of steps: QUIET_RATE; serve/engine/tenancy.py step_caps' `quiet_fits`). Off by
+    # default: on 2 CPU cores it did not lower the soak's ratios (results/soak/cpu/quiet_steps)
+    tenant_quiet_prefill: bool = False
     # waiting sequences of one tenant that steps look at (its earliest, a connection's turn each first);
     # its later ones wait in its backlog, where no step reads them, and move up as these leave. Every step
     # orders and scans what waits: with 2,048 queued, plan + schedule took 4.3-7.3 ms a step on an H200's host

@@ -183,7 +183,7 @@ class Caps(dict):
     def __init__(self, total: dict, prompt: dict, quiet: bool = False):
         super().__init__(total)
         self.prompt = prompt
-        self.quiet = quiet  # the tenants over their share carry no prompt tokens (step_caps' `quiet`)
+        self.quiet = quiet  # the tenants over their share carry no prompt tokens (step_caps' `quiet_fits`)
 
     def allow(self, tenant, n: int, prompt: bool) -> int:
         """`n` cut to what `tenant` may still carry (all of it when it is not capped)."""

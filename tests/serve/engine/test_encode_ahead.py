@@ -178,12 +178,13 @@ def test_pictures_encoded_ahead_stay_with_their_sequence_when_the_cache_drops_th
     assert engine.stats().items_encoded == len(items)  # the two held ones were not encoded again
 
 
-def test_the_guess_holds_a_flooding_tenant_to_its_step_cap(tiny_zoo):
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_guess_holds_a_flooding_tenant_to_its_step_cap(tiny_zoo, quiet):
     """A tenant flooding one-token image requests beside another tenant's running request: each step
-    after the victim's first carries one flood picture (the step cap), and the guess names only that
-    one, not the seven a batch of eight would have room for."""
+    carries one flood picture (the step cap; with quiet steps none in the victim's first), and the guess
+    names only that one, not the seven a batch of eight would have room for."""
     engine = _engine(tiny_zoo["qwen2_vl_tiny"], "on", max_batch_size=8, encoder_cache_items=0,
-                     enable_prefix_cache=False, max_tokens_per_step=4096)
+                     enable_prefix_cache=False, max_tokens_per_step=4096, tenant_quiet_prefill=quiet)
     victim = make_request(dict(prompt="Which way?", images=frames(1, n=1, side=56)), max_new=8)
     victim.tenant = "victim"
     engine.add_request(victim)
@@ -192,8 +193,8 @@ def test_the_guess_holds_a_flooding_tenant_to_its_step_cap(tiny_zoo):
         request.tenant, request.owner = "flood", f"flood-{i % 4}"
         engine.add_request(request)
     guesses, reads = _guesses_and_reads(engine)
-    # the victim's picture alone: its whole prompt fits, so its first step is quiet (tenancy.step_caps)
-    assert len(reads) > 8 and len(reads[0]) == 1
+    # the victim's picture and one of the flood's; quiet, the victim's alone (its prompt fits its share)
+    assert len(reads) > 8 and len(reads[0]) == (1 if quiet else 2)
     for step in range(6):  # the victim runs 8 steps: the guesses made while it ran into the next
         assert guesses[step] == reads[step + 1], step  # before: seven flood pictures guessed at step 0
         assert len(reads[step + 1]) <= 1, reads[step + 1]

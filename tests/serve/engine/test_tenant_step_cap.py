@@ -129,12 +129,12 @@ def test_the_serve_key_reaches_the_engines_scheduler(tiny_zoo):
     from serve import Engine, EngineConfig
     from vlora.config import compose
 
-    values = OmegaConf.to_container(compose("serve", ["engine.tenant_step_cap=false", "engine.tenant_quiet_prefill=false"]
+    values = OmegaConf.to_container(compose("serve", ["engine.tenant_step_cap=false", "engine.tenant_quiet_prefill=true"]
                                             ).engine, resolve=True)
     config = EngineConfig.from_dict({**values, "device": "cpu", "num_kv_blocks": 32})
-    assert config.tenant_step_cap is False and config.tenant_quiet_prefill is False
+    assert config.tenant_step_cap is False and config.tenant_quiet_prefill is True
     scheduler = Engine(tiny_zoo["qwen2_vl_tiny"], config).scheduler
-    assert scheduler.config.tenant_step_cap is False and scheduler.config.tenant_quiet_prefill is False
+    assert scheduler.config.tenant_step_cap is False and scheduler.config.tenant_quiet_prefill is True
 
 
 def test_a_newcomer_whose_first_chunk_needs_over_half_the_cache_preempts_no_one():

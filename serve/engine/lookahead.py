@@ -50,8 +50,8 @@ def upcoming_vision(scheduler, batch, budget: int) -> list[tuple]:
         needs[share_of(seq)] = needs.get(share_of(seq), 0) + seq.prompt_len - start
         weights[share_of(seq)] = seq.tenant_weight
     tokens = water_fill(needs, weights, max(0, budget), list(needs))
-    caps = step_caps(active, waiting, slots, stepped, bm.num_cached_tokens, tokens if scheduler.quiet_ready() else None) \
-        if scheduler.config.tenant_step_cap else None
+    caps = step_caps(active, waiting, slots, stepped, bm.num_cached_tokens,
+                     tokens if scheduler.quiet_ready() else None) if scheduler.config.tenant_step_cap else None
     for tenant in caps or ():
         if tenant in tokens:
             tokens[tenant] = caps.allow(tenant, tokens[tenant], True)

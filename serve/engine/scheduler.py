@@ -22,8 +22,8 @@ nothing running is admitted first (and `_make_room` frees it a slot of a full ba
 of its first chunk), and at most `tenant_max_running` of a tenant's sequences run at once. While
 several tenants have work, a tenant over its share of the batch carries at most the others'
 per-weight tokens (`tenant_step_cap`), and while one within its share takes prompt tokens, none of
-theirs (`tenant_quiet_prefill`, off by default, in at most a third of steps). With one tenant every token is its own
-and the step is what it was before tenants.
+theirs (`tenant_quiet_prefill`, off by default, in at most a third of steps). With one tenant every
+token is its own and the step is what it was before tenants.
 
 The policy (serve/engine/order.py) says only who comes first. An orchestrator (serve/engine/planner.py) may
 also hand `schedule` a `StepPlan`: running sequences it pauses are left out of the step (they
@@ -126,7 +126,7 @@ class ScheduledBatch:
         return len(self.entries)
 
 
-QUIET_RATE = 0.5  # quiet steps (tenancy.step_caps' `quiet`) earned per step that is not one: at most a third
+QUIET_RATE = 0.5  # quiet steps (tenancy.step_caps' `quiet_fits`) earned per step that is not one: at most a third
 QUIET_BURST = 4.0  # quiet steps a run of steps without one can save up
 
 
@@ -402,7 +402,7 @@ class Scheduler:
         return batch
 
     def quiet_ready(self) -> bool:
-        """Whether the next step may be a quiet one (tenancy.step_caps' `quiet`)."""
+        """Whether the next step may be a quiet one (tenancy.step_caps' `quiet_fits`)."""
         return self.config.tenant_quiet_prefill and self._quiet >= 1
 
     def _decode_lane(self, plan: StepPlan) -> bool:

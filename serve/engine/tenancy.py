@@ -222,13 +222,13 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
 
     quiet_fits: tenant -> prompt tokens its share gives it this step. When the tenants within their share
     want prompt tokens and each one's fit in its share, the step is quiet: those over their share carry
-    none (their decode tokens still run). Capped to the
-    victim's own tokens, one flood prompt of 14 tokens still rode in each of a victim's 16-token prefills
-    under the soak's `queue2048` on an H200: that step took 7.7-8.2 ms in the slowest tenth against 3.9-5.0
-    alone, the largest part of the flood's tail (results/soak/nvidia_h200/after_pacing). Only prompts their
-    share finishes make it quiet, so backlogged tenants still share every step by weight; and the scheduler
-    grants at most a third of the steps (scheduler.QUIET_RATE), so the tenants over their share take prompt
-    tokens in two steps of three whatever the others send."""
+    none (their decode tokens still run). Capped to the victim's own tokens, one flood prompt of 14 tokens
+    still rode in each of a victim's 16-token prefills under the soak's `queue2048` on an H200: that step
+    took 7.7-8.2 ms in the slowest tenth against 3.9-5.0 alone, the largest part of the flood's tail
+    (results/soak/nvidia_h200/after_pacing). Only prompts their share finishes make it quiet, so backlogged
+    tenants still share every step by weight; and the scheduler grants at most a third of the steps
+    (scheduler.QUIET_RATE), so the tenants over their share take prompt tokens in two steps of three
+    whatever the others send."""
     demand, prompt, held, weight = Counter(), Counter(), Counter(), {}
     for seq in active:
         computed = seq.num_computed_tokens + (stepped.get(id(seq), 0) if stepped else 0)

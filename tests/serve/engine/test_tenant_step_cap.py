@@ -129,8 +129,8 @@ def test_the_serve_key_reaches_the_engines_scheduler(tiny_zoo):
     from serve import Engine, EngineConfig
     from vlora.config import compose
 
-    values = OmegaConf.to_container(compose("serve", ["engine.tenant_step_cap=false", "engine.tenant_quiet_prefill=true"]
-                                            ).engine, resolve=True)
+    overrides = ["engine.tenant_step_cap=false", "engine.tenant_quiet_prefill=true"]
+    values = OmegaConf.to_container(compose("serve", overrides).engine, resolve=True)
     config = EngineConfig.from_dict({**values, "device": "cpu", "num_kv_blocks": 32})
     assert config.tenant_step_cap is False and config.tenant_quiet_prefill is True
     scheduler = Engine(tiny_zoo["qwen2_vl_tiny"], config).scheduler
@@ -284,7 +284,7 @@ def test_quiet_steps_are_at_most_a_third_of_all_whatever_light_tenants_send():
     s = _sched(batch=16)
     top_up = _one_token_flood(s, lambda: _seq("flood", n_prompt=14, max_tokens=1))
     steps, with_flood = 300, 0
-    for i in range(steps):
+    for _ in range(steps):
         top_up()
         for k in range(3):  # three light tenants, each with a fresh one-token request every step
             if not any(q.tenant == f"light{k}" for q in s.running + s.waiting):

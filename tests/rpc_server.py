@@ -11,6 +11,28 @@ import time
 TOKEN = "test-token-0123456789"
 
 
+def flood_room(descriptors: int, alias: str) -> tuple[int, int]:
+    """Readies this process for a socket flood from loopback address `alias` (127.0.0.x): the file
+    descriptor limit raised to its hard limit, the alias checked. Skips the test when either falls
+    short; returns the (soft, hard) limit to restore."""
+    import resource
+    import socket
+
+    import pytest
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < descriptors:
+        pytest.skip(f"the flood needs {descriptors} file descriptors; this process may open only {hard} (ulimit -Hn)")
+    try:
+        socket.create_connection(("127.0.0.1", 9), timeout=1, source_address=(alias, 0)).close()
+    except ConnectionRefusedError:
+        pass  # the alias exists, nothing listens on port 9
+    except OSError as e:
+        pytest.skip(f"loopback aliases ({alias}) are not usable here: {e}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft, hard
+
+
 def follower_pids() -> set[int]:
     """Pids of tensor-parallel followers that a group leader started (serve.distributed.local_group)."""
     pids = set()

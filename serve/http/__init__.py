@@ -6,7 +6,8 @@
 `/health`, `/metrics`; the bearer token is the tenant's RPyC token (docs/http.md). `session` calls
 the RPyC service's own methods per request (validation, quotas, adapters, frame decoding,
 submission), `bodies` and `media` turn OpenAI bodies into the wire's request spec and frames,
-`responses` builds OpenAI's objects, `app` the routes, `server` runs uvicorn on a thread.
+`responses` builds OpenAI's objects, `app` the routes, `server` runs uvicorn on a thread, with
+`door` bounding the connections that have no request in progress.
 `config` imports without Starlette or uvicorn (`missing_packages` says what to install).
 """
 

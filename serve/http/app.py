@@ -67,7 +67,9 @@ def create_app(front: Front, config: HttpConfig) -> Starlette:
             parts.append(piece)
 
     def tenant_of(request: Request) -> Tenant:
-        return front.tenant(request.headers.get("authorization"), request.client.host if request.client else "?")
+        tenant = front.tenant(request.headers.get("authorization"), request.client.host if request.client else "?")
+        request.state.tenant = tenant  # its connection, kept alive, then waits among the tenant's (door.py)
+        return tenant
 
     def prepare(session: Session, body: bytes, chat: bool):
         with session.turn():

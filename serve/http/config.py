@@ -11,6 +11,7 @@ from typing import Any
 EXTRA = 'pip install -e ".[http]"'
 PACKAGES = ("starlette", "uvicorn")
 BASE64_SLACK = 1 << 20  # beyond the frames' base64 text: the JSON around them (prompt, fields)
+SECONDS = ("body_timeout_s", "keep_alive_s", "first_byte_timeout_s", "header_timeout_s")
 
 
 def missing_packages() -> str | None:
@@ -33,18 +34,23 @@ class HttpConfig:
     max_concurrent: int = 256  # requests in progress at once, every client; more get 503
     max_n: int = 8  # choices of one request (each is a request of the engine)
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    # the door (serve/http/door.py): connections without a request in progress
+    max_pending: int = 128  # of every source address, not counting tenants' kept-alive ones
+    max_pending_per_address: int = 16  # of one address; a new one closes that address's longest-idle one
+    first_byte_timeout_s: float = 1.0  # a new connection's first byte within this
+    header_timeout_s: float = 5.0  # a request's whole head within this of its first byte; slower: 408
     max_video_file_bytes: int = 256 << 20  # a video_url file's size on disk
 
     def __post_init__(self) -> None:
         if self.port is not None and (type(self.port) is not int or not 0 <= self.port <= 65535):
             raise ValueError(f"http.port={self.port!r}: an integer in [0, 65535] (0: any free port), or null: off")
-        for name in ("max_concurrent", "max_n", "max_video_file_bytes"):
+        for name in ("max_concurrent", "max_n", "max_video_file_bytes", "max_pending", "max_pending_per_address"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"http.{name}={value!r}: must be an integer >= 1")
         if type(self.max_body_bytes) is not int or self.max_body_bytes < 0:
             raise ValueError(f"http.max_body_bytes={self.max_body_bytes!r}: an integer >= 0 (0: from rpc.max_message_bytes)")
-        for name in ("body_timeout_s", "keep_alive_s"):
+        for name in SECONDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
                 raise ValueError(f"http.{name}={value!r}: must be a positive number of seconds")
@@ -67,7 +73,7 @@ class HttpConfig:
             raise ValueError(f"http.{unknown[0]} is not a setting; known: {sorted(known)}")
         if d.get("media_root") is None:
             d["media_root"] = ""
-        for name in ("body_timeout_s", "keep_alive_s"):
+        for name in SECONDS:
             if type(d.get(name)) is int:
                 d[name] = float(d[name])
         return cls(**d)

@@ -5,8 +5,10 @@
 
 It shares the RPyC server's state (engine loop or process, limits, tenants, quotas, counters), so
 both front ends serve one engine under one budget. The socket is bound here, before start() returns.
-Requests in progress past http.max_concurrent are answered 503 at once; idle keep-alive connections
-close after http.keep_alive_s; a body must arrive within http.body_timeout_s.
+Requests in progress past http.max_concurrent are answered 503 at once, a tenant's past its connections
+quota 429; connections without a request
+in progress are the door's (serve/http/door.py: deadlines, bounds per address and per tenant); a body
+must arrive within http.body_timeout_s.
 """
 
 from __future__ import annotations
@@ -18,8 +20,16 @@ import threading
 from serve.rpc.state import ServerState
 
 from .config import HttpConfig
+from .door import HttpDoor, door_protocol
 from .errors import error_body
-from .session import Front
+from .session import MAX_TOKEN_CHARS, Front
+
+
+async def _refuse(send, status: int, kind: str, message: str) -> None:
+    body = json.dumps(error_body(kind, message)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class ConcurrencyLimit:
@@ -33,16 +43,54 @@ class ConcurrencyLimit:
             return await self.app(scope, receive, send)
         if self.active >= self.limit:
             self.state.count("http_errors_503")
-            body = json.dumps(error_body("busy", f"{self.active} requests are in progress, the server's limit "
-                                                 "(http.max_concurrent); retry shortly")).encode()
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})
-            return await send({"type": "http.response.body", "body": body})
+            return await _refuse(send, 503, "busy", f"{self.active} requests are in progress, the server's limit "
+                                                    "(http.max_concurrent); retry shortly")
         self.active += 1  # one event loop: no lock needed
         try:
             return await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+
+class TenantLimit:
+    """ASGI middleware: a tenant's HTTP requests in progress at once, at most its `connections` quota
+    (each is a connection of its own in HTTP/1.1), so one tenant's slow or long requests cannot take
+    every one of `http.max_concurrent` from the others; the next gets 429. A request without a valid
+    token passes on to be answered 401 by the app."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state, self.active = app, state, {}
+
+    async def __call__(self, scope, receive, send):
+        tenant = self._tenant(scope) if scope["type"] == "http" else None
+        if tenant is None:
+            return await self.app(scope, receive, send)
+        held = self.active.get(tenant.name, 0)
+        if held >= tenant.quotas.connections:
+            self.state.count("http_errors_tenant_concurrent")
+            return await _refuse(send, 429, "too_many_requests",
+                                 f"{held} requests of this tenant are in progress, its limit (its connections "
+                                 "quota); retry when some finish")
+        self.active[tenant.name] = held + 1  # one event loop: no lock needed
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            left = self.active[tenant.name] - 1
+            if left:
+                self.active[tenant.name] = left
+            else:
+                del self.active[tenant.name]
+
+    def _tenant(self, scope):
+        registry = self.state.tenants
+        if registry is None:  # one operator, no token check: nobody else to keep a share for
+            return None
+        value = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, _, token = value.partition(b" ")
+        token = token.strip()
+        if scheme.lower() != b"bearer" or not token or len(token) > MAX_TOKEN_CHARS:
+            return None
+        return registry.identify(token)
 
 
 class HttpServer:
@@ -52,17 +100,19 @@ class HttpServer:
         from .app import create_app
 
         self.front = Front(state, base_model)
-        app = ConcurrencyLimit(create_app(self.front, config), config.max_concurrent, state)
+        app = ConcurrencyLimit(TenantLimit(create_app(self.front, config), state), config.max_concurrent, state)
         family = socket.getaddrinfo(config.host, config.port or 0, type=socket.SOCK_STREAM)[0][0]
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((config.host, config.port or 0))
         self._socket.listen(1024)
         self.host, self.port = config.host, self._socket.getsockname()[1]
-        # h11, not httptools: h11 refuses 16 KiB of headers still incomplete, httptools (llhttp) read
-        # headers of any size. No access log: one line a request
-        self._server = uvicorn.Server(uvicorn.Config(app, http="h11", log_level="warning", access_log=False,
-                                                     lifespan="off",
+        # h11 (the door's protocol is uvicorn's h11 one), not httptools: h11 refuses 16 KiB of headers
+        # still incomplete, httptools (llhttp) read headers of any size. No access log: one line a request
+        self.door = HttpDoor(config.max_pending, config.max_pending_per_address, config.first_byte_timeout_s,
+                             config.header_timeout_s, config.keep_alive_s, state.count)
+        self._server = uvicorn.Server(uvicorn.Config(app, http=door_protocol(self.door), log_level="warning",
+                                                     access_log=False, lifespan="off",
                                                      timeout_keep_alive=int(max(1, config.keep_alive_s)),
                                                      # connections and tasks, a backstop: the JSON 503 is ConcurrencyLimit's
                                                      limit_concurrency=config.max_concurrent * 2 + 64,

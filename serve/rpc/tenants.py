@@ -48,7 +48,7 @@ class Quotas:
     queued: int = 256  # requests submitted and not finished (waiting or running)
     in_flight: int = 64  # requests running in the engine's batch at once
     pixels: int = 1 << 27  # decoded frame pixels of its requests held by the server
-    connections: int = 16
+    connections: int = 16  # RPyC connections; on the HTTP port, apart, requests in progress at once
 
     @classmethod
     def sole(cls) -> "Quotas":

@@ -53,7 +53,9 @@ def setup(tiny_zoo, vlora_home, tmp_path_factory):
     make_adapter(model, root / "a" / "mine", ["v_proj"], 4, 8, seed=4)
     media = tmp_path_factory.mktemp("media")
     tenants = tmp_path_factory.mktemp("tenants") / "tenants.yaml"
-    tokens = {who: add_tenant(tenants, who, role) for who, role in (("ops", "operator"), ("a", "tenant"), ("b", "tenant"))}
+    # ops' 64 concurrent clients below: each HTTP request in progress counts against its connections quota
+    tokens = {who: add_tenant(tenants, who, role, quotas={"connections": 64} if who == "ops" else None)
+              for who, role in (("ops", "operator"), ("a", "tenant"), ("b", "tenant"))}
     proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.tenants={tenants}", f"rpc.adapter_root={root}",
                          "adapters.manifest=null", f"adapters.extra=['shared={shared}']", "http.port=0",
                          f"http.media_root={media}", "engine.max_batch_size=16")

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import rpyc
-from rpc_server import TOKEN, ServerProcess
+from rpc_server import TOKEN, ServerProcess, flood_room
 from rpyc.core import consts
 from rpyc.core.stream import SocketStream
 
@@ -30,16 +30,7 @@ ATTACKER, VICTIM = "127.0.0.2", "127.0.0.3"
 
 @pytest.fixture(scope="module")
 def server(tiny_zoo, vlora_home):
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < FLOOD + 256:
-        pytest.skip(f"the flood needs {FLOOD + 256} file descriptors; this process may open only {hard} (ulimit -Hn)")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    try:
-        socket.create_connection(("127.0.0.1", 9), timeout=1, source_address=(ATTACKER, 0)).close()
-    except ConnectionRefusedError:
-        pass  # the alias exists, nothing listens on port 9
-    except OSError as e:
-        pytest.skip(f"loopback aliases ({ATTACKER}) are not usable here: {e}")
+    soft, hard = flood_room(FLOOD + 256, ATTACKER)
     # one sequence at a time: a request queued behind a long one gets no event for seconds (a long poll)
     proc = ServerProcess(tiny_zoo[NAME], vlora_home, f"rpc.idle_timeout_s={IDLE_S}", "engine.max_batch_size=1")
     yield proc

@@ -29,7 +29,8 @@ from bench.soak_attacks import fuzz_phase, handshake_phase, malformed_phase
 from bench.soak_floods import flood_phases
 from bench.soak_load import disconnect_phase, flood_phase, unpolled_phase
 from bench.soak_server import ServerUnderTest, latency_summary, legit_latencies, snapshot
-from bench.soak_tenancy import amplify_phase, boundary_phase, decode_phase, lockout_phase, numbers_phase
+from bench.soak_tenancy import (amplify_phase, boundary_phase, decode_phase, http_lockout_phase, lockout_phase,
+                                numbers_phase)
 
 
 @dataclass
@@ -96,14 +97,17 @@ class SoakJob:
     command: str = ""
 
 
-PHASES = ("handshake", "lockout", "malformed", "numbers", "boundary", "amplify", "decode", "unpolled", "disconnect",
+PHASES = ("handshake", "lockout", "http_lockout", "malformed", "numbers", "boundary", "amplify", "decode", "unpolled", "disconnect",
           "flood", "floods", "fuzz")
 
 
-def _phase(name: str, job: SoakJob, port: int, tokens: dict, unloaded_p95_ms: float, root: Path) -> dict:
-    token, victim = tokens["attacker"], tokens["victim"]
+def _phase(name: str, job: SoakJob, server: ServerUnderTest, tokens: dict, unloaded_p95_ms: float, root: Path) -> dict:
+    token, victim, port = tokens["attacker"], tokens["victim"], server.port
     if name == "lockout":
         return lockout_phase(port, victim, job.lockout_s, job.lockout_sockets, job.lockout_probes, job.lockout_max_s)
+    if name == "http_lockout":  # the same at the OpenAI-compatible HTTP port (serve/http/door.py)
+        return http_lockout_phase(server.http_port, victim, job.lockout_s, job.lockout_sockets, job.lockout_probes,
+                                  job.lockout_max_s)
     if name == "numbers":
         return numbers_phase(port, token, victim, job.numbers_s, job.numbers_victim_tokens)
     if name == "boundary":
@@ -135,7 +139,17 @@ def _phases(job: SoakJob) -> tuple:
     unknown = sorted(set(job.phases) - set(PHASES))
     if unknown:
         raise ValueError(f"bench.soak.phases: no phase(s) {unknown}; valid: {list(PHASES)} (empty: all)")
-    return tuple(p for p in PHASES if not job.phases or p in job.phases)
+    names = tuple(p for p in PHASES if not job.phases or p in job.phases)
+    if "http_lockout" in names:
+        from serve.http.config import missing_packages
+
+        missing = missing_packages()
+        if missing and "http_lockout" in job.phases:
+            raise ValueError(f"bench.soak.phases names http_lockout, but {missing.split(' but ', 1)[1]}")
+        if missing:  # all phases asked for: the server has no HTTP port to attack without the extra
+            print(f"soak: http_lockout left out: {missing.split(' but ', 1)[1]}", file=sys.stderr, flush=True)
+            names = tuple(p for p in names if p != "http_lockout")
+    return names
 
 
 def _settle(server: ServerUnderTest, token: str, job: SoakJob) -> dict:
@@ -197,8 +211,8 @@ def _checks(job: SoakJob, server: ServerUnderTest, base: dict, after: dict | Non
                 rows.append(_check(f"fairness_{flood}_p95_ratio", f.get("ratio"),
                                    f"<= {job.fairness_max_ratio:g} (victim tenant, attacker's flood '{flood}'{ci})",
                                    f["ok"], "x"))
-        elif name == "lockout" and "worst_s" in phase:
-            rows.append(_check("lockout_connect_served", phase["worst_s"] if not phase["probes_failed"] else
+        elif name in ("lockout", "http_lockout") and "worst_s" in phase:
+            rows.append(_check(f"{name}_connect_served", phase["worst_s"] if not phase["probes_failed"] else
                                f"failed {phase['probes_failed']}", f"<= {job.lockout_max_s:g} s from another address, "
                                f"{job.lockout_sockets} sockets held", phase["ok"], "s"))
         else:
@@ -255,7 +269,7 @@ def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
                  f"rpc.max_unpolled_per_connection={job.max_unpolled_per_connection}",
                  f"rpc.result_ttl_s={job.result_ttl_s}", f"rpc.max_message_bytes={job.max_message_bytes}",
                  f"rpc.adapter_root={home / 'adapter_root'}", f"rpc.tenants={tenants_file}",
-                 *job.server_overrides]
+                 *(("http.port=0", "http.host=127.0.0.1") if "http_lockout" in names else ()), *job.server_overrides]
     started = time.time()
     server = ServerUnderTest(checkpoint, home, token, job.device, overrides, job.server_threads)
     base, phases, after, final, rss_after = {}, {}, None, None, None
@@ -270,7 +284,7 @@ def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
         for name in names:
             t0 = time.monotonic()
             try:
-                phases[name] = _phase(name, job, server.port, tokens, base["latency"]["p95_ms"], home / "adapter_root")
+                phases[name] = _phase(name, job, server, tokens, base["latency"]["p95_ms"], home / "adapter_root")
             except Exception as e:  # the phase's own failure (e.g. the server gone): recorded, the run goes on
                 phases[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
             phases[name]["seconds"] = round(time.monotonic() - t0, 1)

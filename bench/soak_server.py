@@ -29,6 +29,7 @@ class ServerUnderTest:
     def __init__(self, checkpoint: str, home: Path, token: str, device: str, overrides: list[str],
                  threads: int, start_timeout_s: float = 180.0):
         self.token, self.home = token, Path(home)
+        self.http_port: int | None = None
         self.log_path = self.home / "serve.log"
         env = {**os.environ, "VLORA_HOME": str(home), "VLORA_TOKEN": token, "PYTHONUNBUFFERED": "1",
                "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -53,9 +54,13 @@ class ServerUnderTest:
             raise
 
     def _wait_listening(self, timeout_s: float) -> int:
+        """The RPyC port, once the server prints it; `http_port` too when it has the HTTP front end
+        (its line comes first)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for line in self.log_path.read_text(errors="replace").splitlines():
+                if line.startswith("vlora serve: HTTP (OpenAI API) on http://"):
+                    self.http_port = int(line.rsplit(":", 1)[1].split("/")[0])
                 if line.startswith("vlora serve: listening on "):
                     return int(line.rsplit(":", 1)[1])
             if self.proc.poll() is not None:

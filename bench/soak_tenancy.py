@@ -1,4 +1,5 @@
-"""The soak's phases for a server shared by tenants: a pre-auth lockout from one address, numbers
+"""The soak's phases for a server shared by tenants: a pre-auth lockout from one address (at the RPyC
+port, and at the HTTP port when the server has one), numbers
 that once made the engine raise, one tenant reaching for another's adapters, replies that amplify
 what was sent, and frames that take long to decode.
 
@@ -41,9 +42,43 @@ def _client_from(port: int, token: str, host: str):
     return Client("127.0.0.1", port, token, reconnect=False, source=host)
 
 
-def lockout_phase(port: int, token: str, seconds: float, sockets: int, probes: int, max_s: float) -> dict:
+def _http(port: int, token: str, host: str, method: str, path: str, body: dict | None = None) -> dict:
+    """One HTTP request on a new connection from source address `host`; its JSON reply (not 200: raises)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(host, 0))
+    try:
+        conn.request(method, path, None if body is None else json.dumps(body),
+                     {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        reply = conn.getresponse()
+        text = reply.read()
+        if reply.status != 200:
+            raise ConnectionError(f"HTTP {reply.status}: {text[:200]!r}")
+        return json.loads(text)
+    finally:
+        conn.close()
+
+
+def http_lockout_phase(http_port: int, token: str, seconds: float, sockets: int, probes: int, max_s: float) -> dict:
+    """The lockout at the HTTP port: idle sockets and heads that trickle a byte now and then, from
+    127.0.0.2, while a client from 127.0.0.3 connects and has a chat completion answered."""
+    model = _http(http_port, token, "127.0.0.3", "GET", "/v1/models")["data"][0]["id"]  # the base model
+    body = {"model": model, "max_tokens": 2, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "How many cars?"}]}
+
+    def served_s(port: int, token: str, host: str) -> float:
+        start = time.perf_counter()
+        _http(port, token, host, "POST", "/v1/chat/completions", body)
+        return time.perf_counter() - start
+
+    return lockout_phase(http_port, token, seconds, sockets, probes, max_s, served_s=served_s, trickle=b"G")
+
+
+def lockout_phase(port: int, token: str, seconds: float, sockets: int, probes: int, max_s: float,
+                  served_s=_served_s, trickle: bytes = b"V") -> dict:
     """`sockets` idle and trickling unauthenticated sockets from 127.0.0.2, reopened as soon as the server
-    drops them, while a client from 127.0.0.3 connects and is served `probes` times."""
+    drops them, while a client from 127.0.0.3 connects and is served `probes` times (`served_s`: one
+    such client's connect-to-answer, in seconds; `trickle`: the byte the trickling half sends)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -58,7 +93,7 @@ def lockout_phase(port: int, token: str, seconds: float, sockets: int, probes: i
                 try:
                     s = socket.create_connection(("127.0.0.1", port), timeout=2, source_address=("127.0.0.2", 0))
                     if len(live) % 2:
-                        s.send(b"V")  # the trickling half: a byte now and then, never a whole line
+                        s.send(trickle)  # the trickling half: a byte now and then, never a whole line or head
                     s.setblocking(False)
                     live.append(s)
                     stats["opened"] += 1
@@ -73,7 +108,7 @@ def lockout_phase(port: int, token: str, seconds: float, sockets: int, probes: i
                 except BlockingIOError:
                     if now - last > 0.5 and live.index(s) % 2:
                         try:
-                            s.send(b"V")
+                            s.send(trickle)
                         except OSError:
                             pass
                     continue
@@ -93,7 +128,7 @@ def lockout_phase(port: int, token: str, seconds: float, sockets: int, probes: i
         time.sleep(min(3.0, seconds / 3))  # the flood is in place first
         while len(served) + sum(failed.values()) < probes and time.monotonic() < end:
             try:
-                served.append(_served_s(port, token, "127.0.0.3"))
+                served.append(served_s(port, token, "127.0.0.3"))
             except Exception as e:  # refused or timed out: the lockout this phase looks for
                 failed[type(e).__name__] += 1
             time.sleep(0.2)

@@ -15,8 +15,9 @@ from vlora.config import compose
 CHECKS = {"server_alive", "legit_answered", "legit_p95_after", "kv_blocks_free", "requests_in_flight",
           "requests_waiting_running", "pixels_in_flight", "adapter_slots", "connections_left", "internal_errors",
           "rss_growth", "log_size", "fairness_p95_ratio", "lockout_connect_served",
+          "http_lockout_connect_served",
           "fairness_topup4_p95_ratio", "fairness_poll32_p95_ratio",  # the quick preset's floods
-          *(f"phase_{p}" for p in PHASES if p not in ("flood", "floods", "lockout"))}
+          *(f"phase_{p}" for p in PHASES if p not in ("flood", "floods", "lockout", "http_lockout"))}
 
 
 def test_quick_soak_on_cpu(tiny_zoo, tmp_path):
@@ -49,7 +50,8 @@ def test_quick_soak_on_cpu(tiny_zoo, tmp_path):
         assert checks[name]["pass"], (name, report["phases"][name.removeprefix("phase_")])
     decode = report["phases"]["decode"]
     assert decode["attacker"].get("accepted", 0) == 0 and not decode["victim_errors"], decode
-    assert report["phases"]["lockout"]["served_s"], report["phases"]["lockout"]
+    for name in ("lockout", "http_lockout"):  # the HTTP port's door too (the dev extras bring the HTTP front end)
+        assert report["phases"][name]["served_s"], report["phases"][name]
 
     # the server survived, answers, and leaked nothing
     for name in ("server_alive", "legit_answered", "kv_blocks_free", "requests_in_flight", "requests_waiting_running",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.results import results_dir, write_csv, write_json
 from bench.soak_attacks import fuzz_phase, handshake_phase, malformed_phase
-from bench.soak_floods import flood_phases
+from bench.soak_floods import FLOODS, HTTP_FLOODS, flood_phases
 from bench.soak_load import disconnect_phase, flood_phase, unpolled_phase
 from bench.soak_server import ServerUnderTest, latency_summary, legit_latencies, snapshot
 from bench.soak_tenancy import (amplify_phase, boundary_phase, decode_phase, http_lockout_phase, lockout_phase,
@@ -118,7 +118,7 @@ def _phase(name: str, job: SoakJob, server: ServerUnderTest, tokens: dict, unloa
         return decode_phase(port, token, victim, job.decode_s, job.decode_connections, job.decode_frames)
     if name == "floods":
         floods = flood_phases(port, token, victim, job.floods, job.floods_s, job.floods_probes, job.probe_tokens,
-                              unloaded_p95_ms, job.fairness_max_ratio, job.floods_client_nice)
+                              unloaded_p95_ms, job.fairness_max_ratio, job.floods_client_nice, server.http_port)
         return {"actions": sum(f["actions"] for f in floods.values()), "by_flood": floods,
                 "ok": all(f["ok"] for f in floods.values())}
     if name == "handshake":
@@ -140,6 +140,9 @@ def _phases(job: SoakJob) -> tuple:
     if unknown:
         raise ValueError(f"bench.soak.phases: no phase(s) {unknown}; valid: {list(PHASES)} (empty: all)")
     names = tuple(p for p in PHASES if not job.phases or p in job.phases)
+    bad_floods = sorted(set(job.floods) - set(FLOODS)) if "floods" in names else []
+    if bad_floods:
+        raise ValueError(f"bench.soak.floods: no flood(s) {bad_floods}; valid: {list(FLOODS)}")
     if "http_lockout" in names:
         from serve.http.config import missing_packages
 
@@ -250,6 +253,11 @@ def _tenants(home: Path, checkpoint: str) -> tuple[dict, Path]:
     return tokens, path
 
 
+def _needs_http(job: SoakJob, names: tuple) -> bool:
+    """Whether the server under soak opens its HTTP port: a phase or a flood attacks it."""
+    return "http_lockout" in names or ("floods" in names and bool(set(job.floods) & HTTP_FLOODS))
+
+
 def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
     """Runs the soak; returns (check rows, the full report) and writes soak.json, soak.csv and, with the
     floods, probes.json.gz (every probe's parts: `read_probes`)."""
@@ -269,7 +277,7 @@ def run_soak(job: SoakJob) -> tuple[list[dict], dict]:
                  f"rpc.max_unpolled_per_connection={job.max_unpolled_per_connection}",
                  f"rpc.result_ttl_s={job.result_ttl_s}", f"rpc.max_message_bytes={job.max_message_bytes}",
                  f"rpc.adapter_root={home / 'adapter_root'}", f"rpc.tenants={tenants_file}",
-                 *(("http.port=0", "http.host=127.0.0.1") if "http_lockout" in names else ()), *job.server_overrides]
+                 *(("http.port=0", "http.host=127.0.0.1") if _needs_http(job, names) else ()), *job.server_overrides]
     started = time.time()
     server = ServerUnderTest(checkpoint, home, token, job.device, overrides, job.server_threads)
     base, phases, after, final, rss_after = {}, {}, None, None, None

@@ -10,6 +10,7 @@ victim's client for one interpreter: what is measured is the server, not the soa
     queue2048   eight connections keeping 256 one-token requests queued each (2,048 in all)
     topup32     32 connections each topping up 8 one-token requests
     poll32      32 connections calling poll() in a loop, no engine work at all
+    httppoll32  32 kept-alive HTTP connections asking GET /v1/models in a loop (the server's HTTP port)
     none        no flood: the victim's probes alone, measured the same way (where its time goes unloaded)
 """
 
@@ -26,7 +27,9 @@ from bench.soak_server import latency_summary
 
 FRAME = np.zeros((32, 32, 3), np.uint8)
 FLOODS = {"long": (1, 256, 200), "topup4": (4, 8, 1), "queue2048": (8, 256, 1), "topup32": (32, 8, 1),
-          "poll32": (32, 0, 0), "none": (0, 0, 0)}  # name -> (connections, requests kept queued per connection, tokens each)
+          "poll32": (32, 0, 0), "httppoll32": (32, 0, 0),
+          "none": (0, 0, 0)}  # name -> (connections, requests kept queued per connection, tokens each)
+HTTP_FLOODS = {"httppoll32"}  # at the server's HTTP port: the soak opens one when a flood named here runs
 
 
 def _poll_loop(port: int, token: str, stop, stats: Counter) -> None:
@@ -37,6 +40,24 @@ def _poll_loop(port: int, token: str, stop, stats: Counter) -> None:
         while not stop.is_set():
             root.poll("c0-0", 0.0)  # an id of no request: answered at once, no engine work
             stats["calls"] += 1
+
+
+def _http_poll_loop(port: int, token: str, stop, stats: Counter) -> None:
+    import http.client
+
+    headers = {"Authorization": f"Bearer {token}"}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    while not stop.is_set():
+        try:
+            conn.request("GET", "/v1/models", headers=headers)
+            reply = conn.getresponse()
+            reply.read()
+            stats["calls" if reply.status == 200 else f"http_{reply.status}"] += 1
+        except (OSError, http.client.HTTPException):  # closed by the server: a new connection
+            stats["reconnects"] += 1
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.close()
 
 
 def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int = 0) -> None:
@@ -52,8 +73,12 @@ def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int
     connections, depth, tokens = FLOODS[name]
     stats: Counter = Counter()
     local_stop = threading.Event()
-    target = (lambda: _poll_loop(port, token, local_stop, stats)) if depth == 0 else \
-        (lambda: _flood(port, token, depth, tokens, local_stop, stats))
+    if name in HTTP_FLOODS:  # `port` is the HTTP port
+        target = lambda: _http_poll_loop(port, token, local_stop, stats)  # noqa: E731
+    elif depth == 0:
+        target = lambda: _poll_loop(port, token, local_stop, stats)  # noqa: E731
+    else:
+        target = lambda: _flood(port, token, depth, tokens, local_stop, stats)  # noqa: E731
     threads = [threading.Thread(target=target, daemon=True) for _ in range(connections)]
     for t in threads:
         t.start()
@@ -159,7 +184,7 @@ def _since(now: dict, before: dict) -> dict:
 
 
 def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
-                 unloaded_p95_ms: float, max_ratio: float, client_nice: int = 0) -> dict:
+                 unloaded_p95_ms: float, max_ratio: float, client_nice: int = 0, http_port: int | None = None) -> dict:
     """One phase per flood in `names`, one after another; each returns the victim's latency and ratio.
 
     Right before each flood the victim's probes run alone (`quiet`): the ratio is the flood's p95
@@ -168,7 +193,8 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
     (12 vs 24 ms p95 in two runs three minutes apart on 2 shared cores); `ratio_to_baseline` keeps
     the ratio to it as well. `client_nice`: the flood's client process runs at this niceness; on a
     machine of few cores that also runs the server, a positive value stands for an attacker whose
-    client threads run on machines of its own, so its own CPU use is not charged to the server."""
+    client threads run on machines of its own, so its own CPU use is not charged to the server.
+    `http_port`: the server's HTTP port, for the floods of HTTP_FLOODS (the victim stays on RPyC)."""
     ctx = mp.get_context("spawn")
     out: dict = {}
     for name in names:
@@ -176,7 +202,10 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         quiet = latency_summary(quiet_latencies) if quiet_latencies else None
         counts_before = _engine_counts(port, victim)
         ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
-        proc = ctx.Process(target=_flood_process, args=(port, attacker, name, ready, stop, queue, client_nice),
+        if name in HTTP_FLOODS and http_port is None:
+            raise ValueError(f"flood {name!r} needs the server's HTTP port (http.port)")
+        target_port = http_port if name in HTTP_FLOODS else port
+        proc = ctx.Process(target=_flood_process, args=(target_port, attacker, name, ready, stop, queue, client_nice),
                            daemon=True)
         proc.start()
         latencies, parts, errors = [], [], Counter()

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 
+from serve.rpc.gate import GATE
 from serve.rpc.state import ServerState
 
 from .config import HttpConfig
@@ -56,7 +58,13 @@ class TenantLimit:
     """ASGI middleware: a tenant's HTTP requests in progress at once, at most its `connections` quota
     (each is a connection of its own in HTTP/1.1), so one tenant's slow or long requests cannot take
     every one of `http.max_concurrent` from the others; the next gets 429. A request without a valid
-    token passes on to be answered 401 by the app."""
+    token passes on to be answered 401 by the app.
+
+    It also charges each request's CPU on the event loop (routing, replies; `_LoopCpu`) to its tenant
+    (serve/rpc/gate.py `charge`). The gate paces a tenant's calls by their CPU, and an HTTP call's is
+    the smaller part: on 2 cores, 32 connections asking GET /v1/models in a loop made 360 requests a
+    second, twice what the same flood over RPyC was paced to, and another tenant's engine steps in
+    its slowest tenth took 17 ms against 12."""
 
     def __init__(self, app, state: ServerState):
         self.app, self.state, self.active = app, state, {}
@@ -72,14 +80,28 @@ class TenantLimit:
                                  f"{held} requests of this tenant are in progress, its limit (its connections "
                                  "quota); retry when some finish")
         self.active[tenant.name] = held + 1  # one event loop: no lock needed
+        done = []
+
+        def release() -> None:
+            if not done:
+                done.append(True)
+                left = self.active[tenant.name] - 1
+                if left:
+                    self.active[tenant.name] = left
+                else:
+                    del self.active[tenant.name]
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                release()  # before its last bytes leave: the client may send its next request on seeing them
+            await send(message)
+
+        cpu = _LoopCpu(self.app(scope, receive, sending))
         try:
-            return await self.app(scope, receive, send)
+            return await cpu
         finally:
-            left = self.active[tenant.name] - 1
-            if left:
-                self.active[tenant.name] = left
-            else:
-                del self.active[tenant.name]
+            GATE.charge(tenant.name, cpu.seconds)
+            release()
 
     def _tenant(self, scope):
         registry = self.state.tenants
@@ -91,6 +113,35 @@ class TenantLimit:
         if scheme.lower() != b"bearer" or not token or len(token) > MAX_TOKEN_CHARS:
             return None
         return registry.identify(token)
+
+
+class _LoopCpu:
+    """Awaits a coroutine, adding up the CPU the event loop's thread spends running its steps (not the
+    other tasks' steps in between, nor its worker threads', which the gate counts itself)."""
+
+    def __init__(self, coro):
+        self.coro, self.seconds = coro, 0.0
+
+    def __await__(self):
+        coro, value, error = self.coro, None, None
+        while True:
+            start = time.thread_time()
+            try:
+                step = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as done:  # returned (re-raised in a generator it would be a RuntimeError)
+                self.seconds += time.thread_time() - start
+                return done.value
+            except BaseException:
+                self.seconds += time.thread_time() - start
+                raise
+            self.seconds += time.thread_time() - start
+            try:
+                value, error = (yield step), None
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:  # thrown into the task (a cancellation): on to the coroutine
+                value, error = None, e
 
 
 class HttpServer:

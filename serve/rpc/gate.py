@@ -153,6 +153,19 @@ class Gate:
             if len(self._tenant_v) + len(self._conn_v) > MAX_REMEMBERED:
                 self._forget_idle()
 
+    def charge(self, tenant, seconds: float) -> None:
+        """CPU spent for `tenant` outside its calls (the HTTP front end's event loop: parsing, routing,
+        replies): counted in its use and taken from its budget, so that its next call paces for it as
+        for its calls' own (at most 1 s owed, as in leave())."""
+        if seconds <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._used(tenant, seconds, now)
+            bucket = self._budget.get(tenant)
+            if bucket is not None:
+                bucket[0] = max(-1.0, bucket[0] - seconds)
+
     def _admit_waiting(self) -> None:
         """Hands free slots to the waiting calls: the tenant furthest behind, its connection furthest
         behind (lock held)."""

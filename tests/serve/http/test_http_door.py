@@ -208,3 +208,54 @@ def test_a_tenants_requests_in_progress_stop_at_its_quota(server):
         assert time.monotonic() < deadline, "the quota did not come back when the slow clients left"
         time.sleep(0.1)
     assert status == 200
+
+
+def test_each_request_charges_its_event_loop_cpu_to_its_tenant(server, monkeypatch):
+    """The gate paces a tenant by its CPU: an HTTP request's share on the event loop is charged to the
+    tenant whose token it carried, never to another, and an unauthenticated one to nobody."""
+    import serve.http.server as http_server
+
+    charged = []
+    monkeypatch.setattr(http_server.GATE, "charge", lambda tenant, seconds: charged.append((tenant, seconds)))
+    with httpx.Client(timeout=10) as client:
+        for _ in range(5):
+            client.get(server["url"] + "/v1/models", headers={"Authorization": f"Bearer {server['tokens']['two']}"})
+        assert client.get(server["url"] + "/v1/models").status_code == 401
+    assert [t for t, _ in charged] == ["two"] * 5
+    assert all(seconds > 0 for _, seconds in charged)
+
+
+def test_loop_cpu_counts_a_coroutines_own_steps_and_passes_on_its_result_and_errors():
+    import asyncio
+
+    from serve.http.server import _LoopCpu
+
+    async def busy(seconds: float, fail: bool = False):
+        for _ in range(3):
+            end = time.thread_time() + seconds / 3
+            while time.thread_time() < end:
+                pass
+            await asyncio.sleep(0.01)  # the other task's steps run here: not counted
+        if fail:
+            raise ValueError("bad")
+        return "done"
+
+    async def main():
+        other = asyncio.ensure_future(busy(0.06))
+        mine = _LoopCpu(busy(0.03))
+        assert await mine == "done"
+        await other
+        assert 0.025 < mine.seconds < 0.05
+        failing = _LoopCpu(busy(0.0, fail=True))
+        with pytest.raises(ValueError):
+            await failing
+        cancelled = asyncio.ensure_future(_wrap(_LoopCpu(asyncio.sleep(10))))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+
+    async def _wrap(awaitable):
+        return await awaitable
+
+    asyncio.run(main())

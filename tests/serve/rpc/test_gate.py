@@ -144,6 +144,24 @@ def test_a_tenant_over_its_part_of_the_clock_waits_and_the_others_do_not():
     assert flood_done and gate.counters["paced_s"] > 0.2
 
 
+def test_cpu_charged_outside_the_calls_is_paced_like_theirs():
+    """What a tenant's HTTP requests cost on the event loop (charge) makes its next call wait as a
+    call's own CPU would; a tenant charged nothing goes in at once."""
+    gate = Gate(slots=1, share=0.1, overhead_s=0.0, burst_s=0.005)
+    for connection, tenant in (("f1", "flood"), ("v0", "victim")):
+        with gate.call(connection, tenant):
+            pass  # both busy now, with a budget each
+    gate.charge("flood", 0.03)  # ~0.6 s owed at its 5% part of the clock
+    gate.charge("victim", 0.0)  # nothing: no-op
+    start = time.monotonic()
+    with gate.call("v", "victim"):
+        assert time.monotonic() - start < 0.1
+    start = time.monotonic()
+    with gate.call("f2", "flood"):
+        assert time.monotonic() - start > 0.2
+    assert gate.counters["paced_s"] > 0.2
+
+
 def test_a_tenants_many_threads_pace_one_at_a_time_without_waking_each_other():
     gate = Gate(slots=1, share=0.1, overhead_s=100e-6, burst_s=0.005)
     stop = threading.Event()

@@ -11,6 +11,7 @@ victim's client for one interpreter: what is measured is the server, not the soa
     topup32     32 connections each topping up 8 one-token requests
     poll32      32 connections calling poll() in a loop, no engine work at all
     httppoll32  32 kept-alive HTTP connections asking GET /v1/models in a loop (the server's HTTP port)
+    http401x32  the same with a wrong token: requests refused before any tenant is known
     none        no flood: the victim's probes alone, measured the same way (where its time goes unloaded)
 """
 
@@ -27,9 +28,9 @@ from bench.soak_server import latency_summary
 
 FRAME = np.zeros((32, 32, 3), np.uint8)
 FLOODS = {"long": (1, 256, 200), "topup4": (4, 8, 1), "queue2048": (8, 256, 1), "topup32": (32, 8, 1),
-          "poll32": (32, 0, 0), "httppoll32": (32, 0, 0),
+          "poll32": (32, 0, 0), "httppoll32": (32, 0, 0), "http401x32": (32, 0, 0),
           "none": (0, 0, 0)}  # name -> (connections, requests kept queued per connection, tokens each)
-HTTP_FLOODS = {"httppoll32"}  # at the server's HTTP port: the soak opens one when a flood named here runs
+HTTP_FLOODS = {"httppoll32", "http401x32"}  # at the server's HTTP port: the soak opens one when a flood named here runs
 
 
 def _poll_loop(port: int, token: str, stop, stats: Counter) -> None:
@@ -74,7 +75,8 @@ def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int
     stats: Counter = Counter()
     local_stop = threading.Event()
     if name in HTTP_FLOODS:  # `port` is the HTTP port
-        target = lambda: _http_poll_loop(port, token, local_stop, stats)  # noqa: E731
+        wrong = "wrong-" + token if name == "http401x32" else token
+        target = lambda: _http_poll_loop(port, wrong, local_stop, stats)  # noqa: E731
     elif depth == 0:
         target = lambda: _poll_loop(port, token, local_stop, stats)  # noqa: E731
     else:

@@ -17,12 +17,6 @@ the connections *waiting*: accepted, or done with a response, and without a whol
   reopens, only ever displaces its own sockets, and a newcomer is always let in. An address's
   connections past `max_pending_per_address` close its own that waits longest, but only one
   waiting `GRACE_S` or more: a client opening many connections at once is let in before any sent.
-- Refusals: a request refused for its token (401) closes its connection, and each source address
-  may be refused `REFUSALS_PER_S` times a second (a burst of `REFUSAL_BURST`); past that its new
-  connections are closed as they arrive, before a byte is read, until its budget comes back.
-  Anyone can send a wrong token: kept alive, 32 connections of them had 1,300 requests a second
-  answered on 2 cores, each parsed, routed and replied to, and another tenant's engine steps took
-  16-20 ms against 10.
 - A connection whose bytes wait unread in the kernel is about to start a request (a wake accepts
   many sockets before it reads them): it is displaced last, and past the per-address bound not
   at all.
@@ -43,8 +37,6 @@ from .errors import error_body
 
 ADDRESS, TENANT = "address", "tenant"
 GRACE_S = 0.25  # an address's connection waiting less than this is not displaced by the per-address bound
-REFUSALS_PER_S, REFUSAL_BURST = 10.0, 30.0  # refused requests (wrong token) an address may have
-MAX_ADDRESSES = 4096  # addresses whose refusal budget is kept; the full ones are forgotten past it
 
 
 @dataclass(eq=False)
@@ -65,35 +57,11 @@ class HttpDoor:
         self.keep_alive_s, self.count = keep_alive_s, count
         self.waiting: dict[Any, Waiting] = {}
         self.groups: dict[tuple[str, str], int] = {}
-        self.refusals: dict[str, list[float]] = {}  # address -> [refusals it may still have, at]
 
     # ---- what the protocol tells ---------------------------------------------------------------
     def arrived(self, proto, address: str) -> None:
-        """A connection accepted: it waits for its first request, among its address's; closed at once
-        while its address has spent its refusals."""
-        if self._budget(address) < 0:
-            self.count("http_door_refused_address")
-            proto.transport.close()
-            return
+        """A connection accepted: it waits for its first request, among its address's."""
         self._wait(proto, (ADDRESS, address), fresh=True)
-
-    def refused(self, address: str) -> None:
-        """A request from `address` refused for its token: one of its refusals spent."""
-        self._budget(address)
-        self.refusals[address][0] -= 1.0
-
-    def _budget(self, address: str) -> float:
-        """The refusals `address` may still have now (negative: over), refilled since it was last asked."""
-        now = time.monotonic()
-        bucket = self.refusals.get(address)
-        if bucket is None:
-            if len(self.refusals) >= MAX_ADDRESSES:
-                self.refusals = {a: b for a, b in self.refusals.items()
-                                 if b[0] + (now - b[1]) * REFUSALS_PER_S < REFUSAL_BURST}
-            bucket = self.refusals[address] = [REFUSAL_BURST, now]
-        bucket[0] = min(REFUSAL_BURST, bucket[0] + (now - bucket[1]) * REFUSALS_PER_S)
-        bucket[1] = now
-        return bucket[0]
 
     def answered(self, proto, tenant=None) -> None:
         """A response done and the connection kept alive: it waits for the next request, among the

@@ -66,13 +66,13 @@ class TenantLimit:
     second, twice what the same flood over RPyC was paced to, and another tenant's engine steps in
     its slowest tenth took 17 ms against 12."""
 
-    def __init__(self, app, state: ServerState, door: HttpDoor):
-        self.app, self.state, self.door, self.active = app, state, door, {}
+    def __init__(self, app, state: ServerState):
+        self.app, self.state, self.active = app, state, {}
 
     async def __call__(self, scope, receive, send):
         tenant = self._tenant(scope) if scope["type"] == "http" else None
         if tenant is None:
-            return await self.app(scope, receive, self._refusing(scope, send) if scope["type"] == "http" else send)
+            return await self.app(scope, receive, send)
         held = self.active.get(tenant.name, 0)
         if held >= tenant.quotas.connections:
             self.state.count("http_errors_tenant_concurrent")
@@ -102,19 +102,6 @@ class TenantLimit:
         finally:
             GATE.charge(tenant.name, cpu.seconds)
             release()
-
-    def _refusing(self, scope, send):
-        """`send` for a request without a valid token: a 401 closes its connection and spends one of
-        its address's refusals (door.py), so a wrong token costs a new connection each time."""
-        address = scope["client"][0] if scope.get("client") else "local"
-
-        async def sending(message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 401:
-                self.door.refused(address)
-                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
-            await send(message)
-
-        return sending
 
     def _tenant(self, scope):
         registry = self.state.tenants
@@ -164,10 +151,7 @@ class HttpServer:
         from .app import create_app
 
         self.front = Front(state, base_model)
-        self.door = HttpDoor(config.max_pending, config.max_pending_per_address, config.first_byte_timeout_s,
-                             config.header_timeout_s, config.keep_alive_s, state.count)
-        app = ConcurrencyLimit(TenantLimit(create_app(self.front, config), state, self.door), config.max_concurrent,
-                               state)
+        app = ConcurrencyLimit(TenantLimit(create_app(self.front, config), state), config.max_concurrent, state)
         family = socket.getaddrinfo(config.host, config.port or 0, type=socket.SOCK_STREAM)[0][0]
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -176,6 +160,10 @@ class HttpServer:
         self.host, self.port = config.host, self._socket.getsockname()[1]
         # h11 (the door's protocol is uvicorn's h11 one), not httptools: h11 refuses 16 KiB of headers
         # still incomplete, httptools (llhttp) read headers of any size. No access log: one line a request
+        self.door = HttpDoor(config.max_pending, config.max_pending_per_address, config.first_byte_timeout_s,
+                             config.header_timeout_s, config.keep_alive_s, state.count)
+        # ws="none": no route takes WebSockets, so an upgrade request is answered as plain HTTP, and
+        # the door's protocol is never swapped for another under it
         self._server = uvicorn.Server(uvicorn.Config(app, http=door_protocol(self.door), log_level="warning",
                                                      access_log=False, lifespan="off", ws="none",
                                                      timeout_keep_alive=int(max(1, config.keep_alive_s)),

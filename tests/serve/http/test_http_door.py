@@ -21,7 +21,8 @@ from serve.rpc import RpcServer, TenantRegistry, add_tenant  # noqa: E402
 NAME = "qwen2_vl_tiny"
 FLOOD = 1000
 ATTACKER, VICTIM = "127.0.0.2", "127.0.0.3"
-PER_ADDRESS, TOTAL, FIRST_BYTE_S, HEAD_S = 8, 32, 0.5, 1.0
+# a first-byte deadline long enough that a slow machine opens a test's sockets and checks them within it
+PER_ADDRESS, TOTAL, FIRST_BYTE_S, HEAD_S = 8, 32, 2.0, 1.0
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,7 @@ def _kept_alive(server, who: str) -> socket.socket:
 
 def test_an_address_opening_sockets_one_by_one_keeps_its_bound(server):
     first = [_sock(server) for _ in range(PER_ADDRESS)]
-    time.sleep(0.3)  # past the door's grace for a young connection, within the first-byte deadline
+    time.sleep(0.3)  # past the door's grace for a young connection, well within the first-byte deadline
     later = [_sock(server) for _ in range(4)]
     try:
         assert [_closed_within(s, 0.3) for s in first[:4]] == [b""] * 4  # the address's longest idle
@@ -176,9 +177,9 @@ def test_a_tenants_idle_connections_make_room_from_its_own(server):
 def test_a_real_client_reuses_its_connection(server):
     headers = {"Authorization": f"Bearer {server['tokens']['ops']}"}
     with httpx.Client(transport=httpx.HTTPTransport(local_address=VICTIM), timeout=10) as client:
-        for _ in range(3):
+        for _ in range(2):
             assert client.get(server["url"] + "/v1/models", headers=headers).status_code == 200
-            time.sleep(FIRST_BYTE_S * 1.5)  # past a new connection's deadline: a kept-alive one has keep_alive_s
+            time.sleep(FIRST_BYTE_S + 0.5)  # past a new connection's deadline: a kept-alive one has keep_alive_s
             assert _door(server).groups.get(("tenant", "ops")) == 1  # one connection, waiting as the tenant's
 
 
@@ -195,8 +196,11 @@ def test_a_tenants_requests_in_progress_stop_at_its_quota(server):
                                                          "messages": [{"role": "user", "content": "Hi"}]}
     auth = {who: {"Authorization": f"Bearer {server['tokens'][who]}"} for who in ("two", "ops")}
     try:
-        time.sleep(0.3)  # both heads read: two requests of "two" in progress
-        refused = httpx.post(url, json=body, headers=auth["two"], timeout=10)
+        for _ in range(50):  # until both heads are read: two requests of "two" in progress
+            refused = httpx.post(url, json=body, headers=auth["two"], timeout=60)
+            if refused.status_code == 429:
+                break
+            time.sleep(0.1)
         assert refused.status_code == 429, refused.text
         assert "connections" in refused.json()["error"]["message"]
         assert httpx.post(url, json=body, headers=auth["ops"], timeout=60).status_code == 200

@@ -97,8 +97,8 @@ class SoakJob:
     command: str = ""
 
 
-PHASES = ("handshake", "lockout", "http_lockout", "malformed", "numbers", "boundary", "amplify", "decode", "unpolled", "disconnect",
-          "flood", "floods", "fuzz")
+PHASES = ("handshake", "lockout", "http_lockout", "malformed", "numbers", "boundary", "amplify", "decode", "unpolled",
+          "disconnect", "flood", "floods", "fuzz")
 
 
 def _phase(name: str, job: SoakJob, server: ServerUnderTest, tokens: dict, unloaded_p95_ms: float, root: Path) -> dict:
@@ -147,10 +147,11 @@ def _phases(job: SoakJob) -> tuple:
         from serve.http.config import missing_packages
 
         missing = missing_packages()
+        why = missing.split(" but ", 1)[1] if missing else ""  # "starlette is not installed; pip install ..."
         if missing and "http_lockout" in job.phases:
-            raise ValueError(f"bench.soak.phases names http_lockout, but {missing.split(' but ', 1)[1]}")
+            raise ValueError(f"bench.soak.phases names http_lockout, but {why}")
         if missing:  # all phases asked for: the server has no HTTP port to attack without the extra
-            print(f"soak: http_lockout left out: {missing.split(' but ', 1)[1]}", file=sys.stderr, flush=True)
+            print(f"soak: http_lockout left out: {why}", file=sys.stderr, flush=True)
             names = tuple(p for p in names if p != "http_lockout")
     return names
 

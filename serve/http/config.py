@@ -35,8 +35,8 @@ class HttpConfig:
     max_n: int = 8  # choices of one request (each is a request of the engine)
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
     # the door (serve/http/door.py): connections without a request in progress
-    max_pending: int = 128  # of every source address, not counting tenants' kept-alive ones
-    max_pending_per_address: int = 16  # of one address; a new one closes that address's longest-idle one
+    max_pending: int = 128  # in all, tenants' kept-alive ones too; past it the group holding the most gives one up
+    max_pending_per_address: int = 16  # of one address before any token; past it the address gives up its own
     first_byte_timeout_s: float = 1.0  # a new connection's first byte within this
     header_timeout_s: float = 5.0  # a request's whole head within this of its first byte; slower: 408
     max_video_file_bytes: int = 256 << 20  # a video_url file's size on disk

@@ -24,7 +24,7 @@ from serve.rpc.state import ServerState
 from .config import HttpConfig
 from .door import HttpDoor, door_protocol
 from .errors import error_body
-from .session import MAX_TOKEN_CHARS, Front
+from .session import Front, bearer_token
 
 
 async def _refuse(send, status: int, kind: str, message: str) -> None:
@@ -108,11 +108,8 @@ class TenantLimit:
         if registry is None:  # one operator, no token check: nobody else to keep a share for
             return None
         value = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        scheme, _, token = value.partition(b" ")
-        token = token.strip()
-        if scheme.lower() != b"bearer" or not token or len(token) > MAX_TOKEN_CHARS:
-            return None
-        return registry.identify(token)
+        token = bearer_token(value.decode("latin-1"))  # as Starlette decodes it for the app's own check
+        return None if token is None else registry.identify(token)
 
 
 class _LoopCpu:

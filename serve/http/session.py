@@ -27,6 +27,16 @@ from .errors import HttpError, from_reply
 MAX_TOKEN_CHARS = 1000  # what a tenants file's token may be (serve.rpc.tenants.check_token)
 
 
+def bearer_token(authorization: str | None) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header value, as the registry takes it; None
+    when there is none or it is longer than any token may be."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_CHARS:
+        return None
+    return token.encode("utf-8", "replace")
+
+
 class Front:
     """What every HTTP request shares: the server's state (the RPyC server's own, when both run)."""
 
@@ -39,13 +49,12 @@ class Front:
         registry = self.state.tenants
         if registry is None:  # a server built without the token check: one operator
             return sole_operator()
-        scheme, _, token = (authorization or "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_CHARS:
+        token = bearer_token(authorization)
+        if token is None:
             self.state.count("http_refused_no_token")
             self.refusals.refused(peer, "HTTP request without a bearer token")
             raise HttpError("unauthorized", "send the tenant's token as `Authorization: Bearer <token>`")
-        tenant = registry.identify(token.encode("utf-8", "replace"))
+        tenant = registry.identify(token)
         if tenant is None:
             self.state.count("http_refused_token")
             self.refusals.refused(peer, "HTTP request with a wrong token")

@@ -118,7 +118,8 @@ def _phase(name: str, job: SoakJob, server: ServerUnderTest, tokens: dict, unloa
         return decode_phase(port, token, victim, job.decode_s, job.decode_connections, job.decode_frames)
     if name == "floods":
         floods = flood_phases(port, token, victim, job.floods, job.floods_s, job.floods_probes, job.probe_tokens,
-                              unloaded_p95_ms, job.fairness_max_ratio, job.floods_client_nice, server.http_port)
+                              unloaded_p95_ms, job.fairness_max_ratio, job.floods_client_nice, server.http_port,
+                              server.proc.pid)
         return {"actions": sum(f["actions"] for f in floods.values()), "by_flood": floods,
                 "ok": all(f["ok"] for f in floods.values())}
     if name == "handshake":

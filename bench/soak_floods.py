@@ -18,12 +18,14 @@ victim's client for one interpreter: what is measured is the server, not the soa
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import threading
 import time
 from collections import Counter
 
 import numpy as np
 
+from bench.soak_cpu import CpuWindow
 from bench.soak_server import latency_summary
 
 FRAME = np.zeros((32, 32, 3), np.uint8)
@@ -186,7 +188,8 @@ def _since(now: dict, before: dict) -> dict:
 
 
 def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, probes: int, probe_tokens: int,
-                 unloaded_p95_ms: float, max_ratio: float, client_nice: int = 0, http_port: int | None = None) -> dict:
+                 unloaded_p95_ms: float, max_ratio: float, client_nice: int = 0, http_port: int | None = None,
+                 server_pid: int | None = None) -> dict:
     """One phase per flood in `names`, one after another; each returns the victim's latency and ratio.
 
     Right before each flood the victim's probes run alone (`quiet`): the ratio is the flood's p95
@@ -196,11 +199,15 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
     the ratio to it as well. `client_nice`: the flood's client process runs at this niceness; on a
     machine of few cores that also runs the server, a positive value stands for an attacker whose
     client threads run on machines of its own, so its own CPU use is not charged to the server.
-    `http_port`: the server's HTTP port, for the floods of HTTP_FLOODS (the victim stays on RPyC)."""
+    `http_port`: the server's HTTP port, for the floods of HTTP_FLOODS (the victim stays on RPyC).
+    `server_pid`: the server's process, whose tree's CPU is told apart from the rest (`cpu`, `cpu_quiet`)."""
     ctx = mp.get_context("spawn")
     out: dict = {}
+    server = [server_pid] if server_pid else []
     for name in names:
+        window = CpuWindow({"server": server, "soak": [os.getpid()]}).start()
         quiet_latencies, quiet_parts, _ = _probe(port, victim, probes, probe_tokens, seconds)
+        cpu_quiet = window.stop()
         quiet = latency_summary(quiet_latencies) if quiet_latencies else None
         counts_before = _engine_counts(port, victim)
         ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -210,11 +217,13 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         proc = ctx.Process(target=_flood_process, args=(target_port, attacker, name, ready, stop, queue, client_nice),
                            daemon=True)
         proc.start()
-        latencies, parts, errors = [], [], Counter()
+        latencies, parts, errors, cpu = [], [], Counter(), None
         try:
             ready.wait(60)
             time.sleep(min(2.0, seconds / 4))  # the flood's queues fill first
+            window = CpuWindow({"server": server, "flood": [proc.pid], "soak": [os.getpid()]}).start()
             latencies, parts, errors = _probe(port, victim, probes, probe_tokens, seconds)
+            cpu = window.stop()
         finally:
             stop.set()
             try:
@@ -241,6 +250,8 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
                      "gc": {**_since(counts["gc"], counts_before["gc"]),
                             **{k: v for k, v in counts["gc"].items() if k.endswith("max_ms")}},
                      "where": where_the_time_goes(parts), "where_quiet": where_the_time_goes(quiet_parts),
+                     # the machine's cores while the probes ran, by whose processes (bench/soak_cpu.py)
+                     "cpu": cpu, "cpu_quiet": cpu_quiet,
                      # each probe's parts, in the order sent (the tail's causes, probe by probe)
                      "probes": [_rounded(p) for p in parts], "quiet_probes": [_rounded(p) for p in quiet_parts],
                      "ok": ratio is not None and not errors and ratio <= max_ratio}

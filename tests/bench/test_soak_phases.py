@@ -45,6 +45,10 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
         assert flood["ratio"] == round(flood["probe"]["p95_ms"] / flood["quiet"]["p95_ms"], 2)
         lo, hi = flood["ratio_interval"]
         assert lo <= hi and lo > 0, flood["ratio_interval"]
+        # the machine's cores while the probes ran: the server's tree answered them, so it used some
+        for window, groups in (("cpu", {"server", "flood", "soak", "other"}), ("cpu_quiet", {"server", "soak", "other"})):
+            assert set(flood[window]["cores"]) == groups, (name, flood[window])
+            assert flood[window]["cores"]["server"] > 0 and flood[window]["window_s"] > 0, (name, flood[window])
         for rows in ("all", "tail"):
             where = flood["where"][rows]
             assert set(where) == {"total_ms", *PARTS, "handoff_ms", "out_ms", *STEP_PARTS, "between_ms"}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.results import results_dir, write_csv, write_json
 from bench.soak_attacks import fuzz_phase, handshake_phase, malformed_phase
-from bench.soak_floods import FLOODS, HTTP_FLOODS, flood_phases
+from bench.soak_floods import FLOODS, HTTP_FLOODS, OWN_FLOODS, flood_phases
 from bench.soak_load import disconnect_phase, flood_phase, unpolled_phase
 from bench.soak_server import ServerUnderTest, latency_summary, legit_latencies, snapshot
 from bench.soak_tenancy import (amplify_phase, boundary_phase, decode_phase, http_lockout_phase, lockout_phase,
@@ -213,8 +213,9 @@ def _checks(job: SoakJob, server: ServerUnderTest, base: dict, after: dict | Non
             for flood, f in phase["by_flood"].items():
                 ci = f.get("ratio_interval")
                 ci = f", 95% interval {ci[0]:g}-{ci[1]:g}" if ci else ""
+                whose = "another connection of its own" if flood in OWN_FLOODS else "attacker's"
                 rows.append(_check(f"fairness_{flood}_p95_ratio", f.get("ratio"),
-                                   f"<= {job.fairness_max_ratio:g} (victim tenant, attacker's flood '{flood}'{ci})",
+                                   f"<= {job.fairness_max_ratio:g} (victim tenant, {whose} flood '{flood}'{ci})",
                                    f["ok"], "x"))
         elif name in ("lockout", "http_lockout") and "worst_s" in phase:
             rows.append(_check(f"{name}_connect_served", phase["worst_s"] if not phase["probes_failed"] else

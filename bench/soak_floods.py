@@ -12,6 +12,8 @@ victim's client for one interpreter: what is measured is the server, not the soa
     poll32      32 connections calling poll() in a loop, no engine work at all
     httppoll32  32 kept-alive HTTP connections asking GET /v1/models in a loop (the server's HTTP port)
     http401x32  the same with a wrong token: requests refused before any tenant is known
+    own64       one connection of the victim's own tenant keeping 64 requests of 16 tokens queued: one
+                team's camera flooding, another of its connections asking (the tenant rules do not part them)
     none        no flood: the victim's probes alone, measured the same way (where its time goes unloaded)
 """
 
@@ -30,8 +32,9 @@ from bench.soak_server import latency_summary
 
 FRAME = np.zeros((32, 32, 3), np.uint8)
 FLOODS = {"long": (1, 256, 200), "topup4": (4, 8, 1), "queue2048": (8, 256, 1), "topup32": (32, 8, 1),
-          "poll32": (32, 0, 0), "httppoll32": (32, 0, 0), "http401x32": (32, 0, 0),
+          "poll32": (32, 0, 0), "httppoll32": (32, 0, 0), "http401x32": (32, 0, 0), "own64": (1, 64, 16),
           "none": (0, 0, 0)}  # name -> (connections, requests kept queued per connection, tokens each)
+OWN_FLOODS = {"own64"}  # sent with the victim's token: another connection of its own tenant
 HTTP_FLOODS = {"httppoll32", "http401x32"}  # at the server's HTTP port: the soak opens one when a flood named here runs
 
 
@@ -214,7 +217,8 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         if name in HTTP_FLOODS and http_port is None:
             raise ValueError(f"flood {name!r} needs the server's HTTP port (http.port)")
         target_port = http_port if name in HTTP_FLOODS else port
-        proc = ctx.Process(target=_flood_process, args=(target_port, attacker, name, ready, stop, queue, client_nice),
+        flooder = victim if name in OWN_FLOODS else attacker
+        proc = ctx.Process(target=_flood_process, args=(target_port, flooder, name, ready, stop, queue, client_nice),
                            daemon=True)
         proc.start()
         latencies, parts, errors, cpu = [], [], Counter(), None

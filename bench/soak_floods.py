@@ -66,9 +66,10 @@ def _http_poll_loop(port: int, token: str, stop, stats: Counter) -> None:
     conn.close()
 
 
-def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int = 0) -> None:
-    """In the flood's own process: the connections of flood `name` until `stop` is set, at niceness
-    `nice` (the flood's client threads are the attacker's machines, not the server's)."""
+def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int = 0, spec: tuple | None = None) -> None:
+    """In the flood's own process: the connections of flood `name` (or of `spec`: connections, requests
+    kept queued per connection, tokens each) until `stop` is set, at niceness `nice` (the flood's client
+    threads are the attacker's machines, not the server's)."""
     import os
 
     from bench.soak_load import _flood
@@ -76,7 +77,7 @@ def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int
     if nice:
         os.nice(nice)
 
-    connections, depth, tokens = FLOODS[name]
+    connections, depth, tokens = spec or FLOODS[name]
     stats: Counter = Counter()
     local_stop = threading.Event()
     if name in HTTP_FLOODS:  # `port` is the HTTP port

@@ -97,15 +97,24 @@ def _flood(port: int, token: str, depth: int, max_tokens: int, stop: threading.E
 def flood_phase(port: int, token: str, seconds: float, depth: int, flood_tokens: int, probes: int,
                 probe_tokens: int, unloaded_p95_ms: float, max_ratio: float) -> dict:
     """Client A floods (depth requests queued, each flood_tokens long); client B sends single requests
-    one after another (up to `probes`, within `seconds`). B's p95 under the flood / its unloaded p95."""
+    one after another (up to `probes`, within `seconds`). B's p95 under the flood / its unloaded p95.
+    A runs in a process of its own, as the floods' attackers do (bench/soak_floods.py): as a thread of
+    this process its 64 polls a round took the interpreter from B's client, and the ratio measured the
+    soak's own process as well as the server."""
+    import multiprocessing as mp
+
+    from bench.soak_floods import _flood_process
     from serve.rpc import Client
 
-    stop, stats = threading.Event(), Counter()
-    flooder = threading.Thread(target=_flood, args=(port, token, depth, flood_tokens, stop, stats), daemon=True)
+    ctx = mp.get_context("spawn")
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    flooder = ctx.Process(target=_flood_process, args=(port, token, "flood", ready, stop, out, 0,
+                                                       (1, depth, flood_tokens)), daemon=True)
     flooder.start()
-    latencies = []
+    latencies, stats = [], {}
     end = time.monotonic() + seconds
     try:
+        ready.wait(60)
         time.sleep(min(1.0, seconds / 4))  # the flood's queue fills first
         with Client("127.0.0.1", port, token) as client:
             while len(latencies) < probes and time.monotonic() < end:
@@ -116,11 +125,17 @@ def flood_phase(port: int, token: str, seconds: float, depth: int, flood_tokens:
                 latencies.append((time.perf_counter() - start) * 1e3)
     finally:
         stop.set()
-        flooder.join(60)
+        try:
+            stats = out.get(timeout=90)
+        except Exception:  # the flood's process died: what it did is unknown
+            stats = {}
+        flooder.join(30)
+        if flooder.is_alive():
+            flooder.kill()
     if not latencies:
-        return {"actions": stats["submitted"], "flood": dict(stats), "probe": None, "ratio": None, "ok": False}
+        return {"actions": stats.get("submitted", 0), "flood": dict(stats), "probe": None, "ratio": None, "ok": False}
     probe = latency_summary(latencies)
     ratio = probe["p95_ms"] / unloaded_p95_ms
-    return {"actions": stats["submitted"] + len(latencies), "flood": dict(stats), "probe": probe,
+    return {"actions": stats.get("submitted", 0) + len(latencies), "flood": dict(stats), "probe": probe,
             "unloaded_p95_ms": unloaded_p95_ms, "ratio": round(ratio, 2), "max_ratio": max_ratio,
             "ok": ratio <= max_ratio}

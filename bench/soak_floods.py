@@ -98,6 +98,39 @@ def _flood_process(port: int, token: str, name: str, ready, stop, out, nice: int
     out.put(dict(stats))
 
 
+class FloodProcess:
+    """A flood's client connections in a process of their own (`_flood_process`, spawned): start(), then
+    wait_ready(), then stop() ends them and returns what the flood did (its counts; {} if its process died)."""
+
+    def __init__(self, port: int, token: str, name: str, nice: int = 0, spec: tuple | None = None):
+        ctx = mp.get_context("spawn")
+        self._ready, self._stop, self._out = ctx.Event(), ctx.Event(), ctx.Queue()
+        self._proc = ctx.Process(target=_flood_process, args=(port, token, name, self._ready, self._stop, self._out,
+                                                              nice, spec), daemon=True)
+
+    def start(self) -> "FloodProcess":
+        self._proc.start()
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        self._ready.wait(timeout_s)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        try:
+            stats = self._out.get(timeout=90)
+        except Exception:  # the flood process died: what it did is unknown
+            stats = {}
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+        return stats
+
+
 PARTS = ("submit_ms", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "pipe_ms", "after_ms")
 STEP_PARTS = ("steps", "step_ms", "step_tokens", "intake_ms", "plan_ms", "graph_steps", "first_step_ms",
               "first_step_tokens", "steps_before", "lingered_before_ms", "gc_before_ms", "gc_ms", "passed_over")
@@ -205,7 +238,6 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
     client threads run on machines of its own, so its own CPU use is not charged to the server.
     `http_port`: the server's HTTP port, for the floods of HTTP_FLOODS (the victim stays on RPyC).
     `server_pid`: the server's process, whose tree's CPU is told apart from the rest (`cpu`, `cpu_quiet`)."""
-    ctx = mp.get_context("spawn")
     out: dict = {}
     server = [server_pid] if server_pid else []
     for name in names:
@@ -214,30 +246,20 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         cpu_quiet = window.stop()
         quiet = latency_summary(quiet_latencies) if quiet_latencies else None
         counts_before = _engine_counts(port, victim)
-        ready, stop, queue = ctx.Event(), ctx.Event(), ctx.Queue()
         if name in HTTP_FLOODS and http_port is None:
             raise ValueError(f"flood {name!r} needs the server's HTTP port (http.port)")
         target_port = http_port if name in HTTP_FLOODS else port
         flooder = victim if name in OWN_FLOODS else attacker
-        proc = ctx.Process(target=_flood_process, args=(target_port, flooder, name, ready, stop, queue, client_nice),
-                           daemon=True)
-        proc.start()
+        proc = FloodProcess(target_port, flooder, name, client_nice).start()
         latencies, parts, errors, cpu = [], [], Counter(), None
         try:
-            ready.wait(60)
+            proc.wait_ready(60)
             time.sleep(min(2.0, seconds / 4))  # the flood's queues fill first
             window = CpuWindow({"server": server, "flood": [proc.pid], "soak": [os.getpid()]}).start()
             latencies, parts, errors = _probe(port, victim, probes, probe_tokens, seconds)
             cpu = window.stop()
         finally:
-            stop.set()
-            try:
-                flood = queue.get(timeout=90)
-            except Exception:  # the flood process died: what it did is unknown
-                flood = {}
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
+            flood = proc.stop()
         counts = _engine_counts(port, victim)
         probe = latency_summary(latencies) if latencies else None
         reference = quiet["p95_ms"] if quiet is not None else unloaded_p95_ms

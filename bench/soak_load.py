@@ -101,20 +101,14 @@ def flood_phase(port: int, token: str, seconds: float, depth: int, flood_tokens:
     A runs in a process of its own, as the floods' attackers do (bench/soak_floods.py): as a thread of
     this process its 64 polls a round took the interpreter from B's client, and the ratio measured the
     soak's own process as well as the server."""
-    import multiprocessing as mp
-
-    from bench.soak_floods import _flood_process
+    from bench.soak_floods import FloodProcess
     from serve.rpc import Client
 
-    ctx = mp.get_context("spawn")
-    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
-    flooder = ctx.Process(target=_flood_process, args=(port, token, "flood", ready, stop, out, 0,
-                                                       (1, depth, flood_tokens)), daemon=True)
-    flooder.start()
+    flooder = FloodProcess(port, token, "flood", spec=(1, depth, flood_tokens)).start()
     latencies, stats = [], {}
     end = time.monotonic() + seconds
     try:
-        ready.wait(60)
+        flooder.wait_ready(60)
         time.sleep(min(1.0, seconds / 4))  # the flood's queue fills first
         with Client("127.0.0.1", port, token) as client:
             while len(latencies) < probes and time.monotonic() < end:
@@ -124,14 +118,7 @@ def flood_phase(port: int, token: str, seconds: float, depth: int, flood_tokens:
                     max(5.0, end - time.monotonic() + 30.0))
                 latencies.append((time.perf_counter() - start) * 1e3)
     finally:
-        stop.set()
-        try:
-            stats = out.get(timeout=90)
-        except Exception:  # the flood's process died: what it did is unknown
-            stats = {}
-        flooder.join(30)
-        if flooder.is_alive():
-            flooder.kill()
+        stats = flooder.stop()
     if not latencies:
         return {"actions": stats.get("submitted", 0), "flood": dict(stats), "probe": None, "ratio": None, "ok": False}
     probe = latency_summary(latencies)

@@ -29,6 +29,7 @@ import numpy as np
 
 from bench.soak_cpu import CpuWindow
 from bench.soak_server import latency_summary
+from serve.engine.request import STEP_PHASES
 
 FRAME = np.zeros((32, 32, 3), np.uint8)
 FLOODS = {"long": (1, 256, 200), "topup4": (4, 8, 1), "queue2048": (8, 256, 1), "topup32": (32, 8, 1),
@@ -134,6 +135,8 @@ class FloodProcess:
 PARTS = ("submit_ms", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "pipe_ms", "after_ms")
 STEP_PARTS = ("steps", "step_ms", "step_tokens", "intake_ms", "plan_ms", "graph_steps", "first_step_ms",
               "first_step_tokens", "steps_before", "lingered_before_ms", "gc_before_ms", "gc_ms", "passed_over")
+# the host phases (serve/engine/request.py STEP_PHASES) of its first step and of its last (a probe's decode step)
+PHASE_PARTS = tuple(f"{when}_{phase}_ms" for when in ("first", "last") for phase in STEP_PHASES)
 
 
 def _parts(total_ms: float, submit_ms: float, timing: dict) -> dict:
@@ -153,6 +156,8 @@ def _parts(total_ms: float, submit_ms: float, timing: dict) -> dict:
             # prefill + decode by where: its steps' run (of which arrivals taken in mid-step), the planning
             # of its later steps, and the loop between them (outputs handed out, arrivals, waits)
             **{k: timing.get(k) or 0.0 for k in STEP_PARTS}, "passed_reason": timing.get("passed_reason") or "",
+            **{f"{when}_{phase}_ms": (timing.get(f"{when}_phases_ms") or {}).get(phase, 0.0)
+               for when in ("first", "last") for phase in STEP_PHASES},
             "between_ms": sum(timing.get(k) or 0.0 for k in ("prefill_ms", "decode_ms"))
             - (timing.get("step_ms") or 0.0) - (timing.get("plan_ms") or 0.0)}
 
@@ -167,7 +172,7 @@ def where_the_time_goes(parts: list[dict]) -> dict:
         return {}
     tail = sorted(parts, key=lambda p: p["total_ms"])[-max(1, len(parts) // 10):]
     mean = lambda rows, k: round(sum(r[k] for r in rows) / len(rows), 2)  # noqa: E731
-    keys = ("total_ms", *PARTS, "handoff_ms", "out_ms", *STEP_PARTS, "between_ms")
+    keys = ("total_ms", *PARTS, "handoff_ms", "out_ms", *STEP_PARTS, "between_ms", *PHASE_PARTS)
     return {"all": {k: mean(parts, k) for k in keys}, "tail": {k: mean(tail, k) for k in keys}}
 
 

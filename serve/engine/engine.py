@@ -450,11 +450,15 @@ class Engine:
         self.scheduler.postprocess(batch, sampled)
         now = time.perf_counter()
         graphed = self.runner.counters["graph_steps"] > graphs
+        phase_log = getattr(self.runner, "phase_log", None)
+        phases = phase_log[-1] if phase_log else ()
         for seq, _ in batch.entries:
             tracked = self._requests[seq.request_id]
             metrics = tracked.metrics
             if not metrics.steps:
                 metrics.first_step_s, metrics.first_step_tokens = now - start, batch.num_tokens
+                metrics.first_phases_s = phases
+            metrics.last_phases_s = phases
             metrics.steps += 1
             metrics.step_s += now - start
             metrics.step_tokens += batch.num_tokens

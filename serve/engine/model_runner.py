@@ -28,6 +28,7 @@ from .cuda_graph import DecodeGraphs
 from .encoder_cache import EncoderCache, tower_key
 from .inputs import StepInputs, attach_vision, build_step_inputs, release_vision
 from .kv_cache import KVCache, blocks_for_gpu_budget, bytes_per_block
+from .request import STEP_PHASES
 from .sampling import sample
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
@@ -169,10 +170,8 @@ class ModelRunner:
                 seq.state.logits.append(logits[i].cpu())
         return {seq.seq_id: token for seq, token in zip(seqs, tokens.tolist())}
 
-    # run()'s host phases, in order: the step's inputs (and LoRA batch), its pictures' vision work (decode, patchify,
-    # the tower's launches), the language model's launches, the heads' and sampling's launches, the next step's
-    # pictures queued (encode_ahead), then the wait for the device's results (heads, sampled tokens)
-    PHASES = ("inputs", "vision", "forward", "sample", "ahead", "wait")
+    # run()'s host phases, in order (vision: decode, patchify, the tower's launches; wait: heads, sampled tokens)
+    PHASES = STEP_PHASES
 
     def encode_ahead(self, upcoming: list, ahead_now: int) -> int:
         """Encodes pictures of the next step's (seq, item) pairs behind the work already queued; returns

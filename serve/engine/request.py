@@ -88,6 +88,17 @@ class Request:
         check_priority(self.priority)
 
 
+# ModelRunner.run's host phases, in order: the step's inputs (and LoRA batch), its pictures' vision work, the
+# language model's launches, the heads' and sampling's launches, the next step's pictures queued (encode_ahead),
+# then the wait for the device's results
+STEP_PHASES = ("inputs", "vision", "forward", "sample", "ahead", "wait")
+
+
+def phases_ms(phases: tuple) -> dict:
+    """A step's phase seconds (RequestMetrics.first_phases_s, last_phases_s) as {phase: ms}; {} when not recorded."""
+    return {name: round(s * 1e3, 3) for name, s in zip(STEP_PHASES, phases)}
+
+
 @dataclass
 class RequestMetrics:
     arrival_time: float
@@ -109,6 +120,10 @@ class RequestMetrics:
     graph_steps: int = 0
     first_step_s: float = 0.0
     first_step_tokens: int = 0
+    # the host's seconds in each of the runner's phases (ModelRunner.PHASES) of its first step and of its latest:
+    # which part of a step grew when another's requests rode in it (references to the runner's log, no copy)
+    first_phases_s: tuple = ()
+    last_phases_s: tuple = ()
     # from taken in to its first step: the steps that ran without it, and the loop's waits for returning tenants
     steps_before: int = 0
     lingered_before_s: float = 0.0

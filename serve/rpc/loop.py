@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from serve.engine.request import phases_ms
+
 from .culprits import Culprits
 from .gate import GATE
 from .step_failures import StepFailures
@@ -292,7 +294,8 @@ class EngineLoop(StepFailures, WarmState):
                   "steps": m.steps, "step_ms": round(m.step_s * 1e3, 3), "step_tokens": m.step_tokens,
                   "intake_ms": round(m.intake_s * 1e3, 3), "plan_ms": round(m.plan_s * 1e3, 3),
                   "graph_steps": m.graph_steps, "first_step_ms": round(m.first_step_s * 1e3, 3),
-                  "first_step_tokens": m.first_step_tokens, "steps_before": m.steps_before,
+                  "first_step_tokens": m.first_step_tokens, "first_phases_ms": phases_ms(m.first_phases_s),
+                  "last_phases_ms": phases_ms(m.last_phases_s), "steps_before": m.steps_before,
                   "lingered_before_ms": round(m.lingered_before_s * 1e3, 3),
                   "gc_before_ms": round(m.gc_before_s * 1e3, 3), "gc_ms": round(m.gc_s * 1e3, 3),
                   "passed_over": m.passed_over, "passed_reason": m.passed_reason}

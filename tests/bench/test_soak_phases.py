@@ -10,7 +10,8 @@ import json
 import pytest
 
 from bench.soak import read_probes
-from bench.soak_floods import PARTS, STEP_PARTS, ratio_interval
+from bench.soak_floods import PARTS, PHASE_PARTS, STEP_PARTS, ratio_interval
+from serve.engine.request import STEP_PHASES
 from vlora.commands.bench import run
 from vlora.config import compose
 
@@ -51,7 +52,11 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
             assert flood[window]["cores"]["server"] > 0 and flood[window]["window_s"] > 0, (name, flood[window])
         for rows in ("all", "tail"):
             where = flood["where"][rows]
-            assert set(where) == {"total_ms", *PARTS, "handoff_ms", "out_ms", *STEP_PARTS, "between_ms"}
+            assert set(where) == {"total_ms", *PARTS, "handoff_ms", "out_ms", *STEP_PARTS, "between_ms", *PHASE_PARTS}
+            # the host phases of its first step (prefill) and its last (decode) add up to no more than those steps
+            first = sum(where[f"first_{p}_ms"] for p in STEP_PHASES)
+            assert 0 < first <= where["first_step_ms"] + 0.01, (name, rows, where)
+            assert 0 < sum(where[f"last_{p}_ms"] for p in STEP_PHASES) <= where["step_ms"] - first + 0.01
             # the engine's part by where: its steps (a prefill and a decode), their planning, the loop between
             assert where["steps"] >= 2 and 0 < where["first_step_ms"] < where["step_ms"]
             engine = where["step_ms"] + where["plan_ms"] + where["between_ms"]

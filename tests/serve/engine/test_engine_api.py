@@ -8,6 +8,7 @@ import torch
 from serve_cases import case_specs, image, make_request
 
 from serve import Engine, EngineConfig, Request, SamplingParams
+from serve.engine.request import STEP_PHASES, phases_ms
 
 NAME = "qwen2_vl_tiny"
 
@@ -113,6 +114,11 @@ def test_a_request_counts_the_steps_it_ran_in_and_what_arrived_during_them(engin
     assert m.intake_s > 0  # the arrival was taken in during its first step
     assert 0 < m.first_step_s < m.step_s and m.num_prompt_tokens - m.num_cached_tokens <= m.first_step_tokens < tokens
     assert m.graph_steps == 0  # on the CPU every step runs eagerly
+    # the runner's phases of its first step (its prefill) and of its last (a decode): each within its step's time
+    assert len(m.first_phases_s) == len(m.last_phases_s) == len(STEP_PHASES) and m.first_phases_s != m.last_phases_s
+    assert 0 < sum(m.first_phases_s) <= m.first_step_s and 0 < sum(m.last_phases_s) <= m.step_s - m.first_step_s
+    first_ms = phases_ms(m.first_phases_s)
+    assert list(first_ms) == list(STEP_PHASES) and first_ms["forward"] > 0
     assert len(final) == 2 and final[first].finish_reason == "length"
     (arrived,) = [out for rid, out in final.items() if rid != first]
     # taken in during the first's prefill, that step ran without it; no loop waited for anyone

@@ -438,6 +438,7 @@ class Engine:
             else:
                 metrics.plan_s += start - entered
         self._intake_s = 0.0
+        cpu_start = time.thread_time()
         ahead = self._ahead(batch) if self.encode_ahead else None
         graphs = self.runner.counters["graph_steps"]
         if self.step_profiler is None:
@@ -450,6 +451,7 @@ class Engine:
         self.scheduler.postprocess(batch, sampled)
         now = time.perf_counter()
         graphed = self.runner.counters["graph_steps"] > graphs
+        cpu = time.thread_time() - cpu_start
         phase_log = getattr(self.runner, "phase_log", None)
         phases = phase_log[-1] if phase_log else ()
         for seq, _ in batch.entries:
@@ -457,8 +459,8 @@ class Engine:
             metrics = tracked.metrics
             if not metrics.steps:
                 metrics.first_step_s, metrics.first_step_tokens = now - start, batch.num_tokens
-                metrics.first_phases_s = phases
-            metrics.last_phases_s = phases
+                metrics.first_phases_s, metrics.first_step_cpu_s = phases, cpu
+            metrics.last_phases_s, metrics.last_step_s, metrics.last_step_cpu_s = phases, now - start, cpu
             metrics.steps += 1
             metrics.step_s += now - start
             metrics.step_tokens += batch.num_tokens

@@ -124,6 +124,12 @@ class RequestMetrics:
     # which part of a step grew when another's requests rode in it (references to the runner's log, no copy)
     first_phases_s: tuple = ()
     last_phases_s: tuple = ()
+    # the stepping thread's CPU seconds in its first step and in its latest (beside first_step_s and last_step_s,
+    # their wall): a step slower by more work spends the CPU time too; one slower by waiting (for the interpreter,
+    # a core or the device) does not
+    first_step_cpu_s: float = 0.0
+    last_step_s: float = 0.0
+    last_step_cpu_s: float = 0.0
     # from taken in to its first step: the steps that ran without it, and the loop's waits for returning tenants
     steps_before: int = 0
     lingered_before_s: float = 0.0

@@ -295,7 +295,9 @@ class EngineLoop(StepFailures, WarmState):
                   "intake_ms": round(m.intake_s * 1e3, 3), "plan_ms": round(m.plan_s * 1e3, 3),
                   "graph_steps": m.graph_steps, "first_step_ms": round(m.first_step_s * 1e3, 3),
                   "first_step_tokens": m.first_step_tokens, "first_phases_ms": phases_ms(m.first_phases_s),
-                  "last_phases_ms": phases_ms(m.last_phases_s), "steps_before": m.steps_before,
+                  "last_phases_ms": phases_ms(m.last_phases_s), "first_step_cpu_ms": round(m.first_step_cpu_s * 1e3, 3),
+                  "last_step_ms": round(m.last_step_s * 1e3, 3), "last_step_cpu_ms": round(m.last_step_cpu_s * 1e3, 3),
+                  "steps_before": m.steps_before,
                   "lingered_before_ms": round(m.lingered_before_s * 1e3, 3),
                   "gc_before_ms": round(m.gc_before_s * 1e3, 3), "gc_ms": round(m.gc_s * 1e3, 3),
                   "passed_over": m.passed_over, "passed_reason": m.passed_reason}

@@ -56,7 +56,10 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
             # the host phases of its first step (prefill) and its last (decode) add up to no more than those steps
             first = sum(where[f"first_{p}_ms"] for p in STEP_PHASES)
             assert 0 < first <= where["first_step_ms"] + 0.01, (name, rows, where)
-            assert 0 < sum(where[f"last_{p}_ms"] for p in STEP_PHASES) <= where["step_ms"] - first + 0.01
+            assert 0 < sum(where[f"last_{p}_ms"] for p in STEP_PHASES) <= where["last_step_ms"] + 0.01
+            # the stepping thread's CPU time in those steps: some, at most their wall (its last step: the decode)
+            assert 0 < where["first_step_cpu_ms"] <= where["first_step_ms"] + 0.5
+            assert 0 < where["last_step_cpu_ms"] <= where["last_step_ms"] + 0.5 and where["last_step_ms"] < where["step_ms"]
             # the engine's part by where: its steps (a prefill and a decode), their planning, the loop between
             assert where["steps"] >= 2 and 0 < where["first_step_ms"] < where["step_ms"]
             engine = where["step_ms"] + where["plan_ms"] + where["between_ms"]

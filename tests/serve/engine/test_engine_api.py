@@ -118,6 +118,9 @@ def test_a_request_counts_the_steps_it_ran_in_and_what_arrived_during_them(engin
     assert len(m.first_phases_s) == len(m.last_phases_s) == len(STEP_PHASES) and m.first_phases_s != m.last_phases_s
     assert 0 < sum(m.first_phases_s) <= m.first_step_s and 0 < sum(m.last_phases_s) <= m.step_s - m.first_step_s
     first_ms = phases_ms(m.first_phases_s)
+    # the stepping thread's CPU time in them: some, never more than the wall (one thread)
+    assert 0 < m.first_step_cpu_s <= m.first_step_s + 1e-3 and 0 < m.last_step_cpu_s <= m.last_step_s + 1e-3
+    assert sum(m.last_phases_s) <= m.last_step_s
     assert list(first_ms) == list(STEP_PHASES) and first_ms["forward"] > 0
     assert len(final) == 2 and final[first].finish_reason == "length"
     (arrived,) = [out for rid, out in final.items() if rid != first]

@@ -84,6 +84,9 @@ class SchedulerConfig:
     # theirs (at most a third of steps: QUIET_RATE; serve/engine/tenancy.py step_caps' `quiet_fits`). Off by
     # default: on 2 CPU cores it did not lower the soak's ratios (results/soak/cpu/quiet_steps)
     tenant_quiet_prefill: bool = False
+    # with the cap: one over its share also runs at most the others' per-weight count of sequences in the step
+    # (tenancy.step_caps' `seq_cap`); off: any number of sequences, within its tokens
+    tenant_seq_cap: bool = True
     # waiting sequences of one tenant that steps look at (its earliest, a connection's turn each first);
     # its later ones wait in its backlog, where no step reads them, and move up as these leave. Every step
     # orders and scans what waits: with 2,048 queued, plan + schedule took 4.3-7.3 ms a step on an H200's host
@@ -350,7 +353,7 @@ class Scheduler:
         allowance = {} if lane else self.shares.allowances(active, candidates, capacity, slots)
         # tokens left to each tenant over its share while others have work (tenancy.step_caps)
         self._caps = step_caps(active, candidates, slots, cached=bm.num_cached_tokens,
-                               quiet_fits=allowance if self.quiet_ready() else None) \
+                               quiet_fits=allowance if self.quiet_ready() else None, seq_cap=cfg.tenant_seq_cap) \
             if cfg.tenant_step_cap and not lane else None
         if self._caps is not None and self._caps.quiet:
             self._quiet -= 1

@@ -29,7 +29,8 @@ Two more guards keep a flooding tenant from slowing another's requests:
   the tenants within their share (at least one token), decode tokens included. A victim's decode
   step then carries one flood token, not seven: on CPU a step costs about its tokens, and seven
   flood decodes doubled the victim's decode step of the tiny model. The cost is the flooding
-  tenant's own throughput while another tenant has work; a tenant alone is never capped. A capped
+  tenant's own throughput while another tenant has work; a tenant alone is never capped. It also runs at
+  most as many sequences as they hold per weight (`seq_cap`): a step's cost follows its sequences too. A capped
   prompt chunk also stops before a picture it would begin to encode and cannot take whole
   (`short_of_pictures`): the tower's cost is the picture's, not the chunk's.
 """
@@ -176,19 +177,25 @@ def busiest_flow(holding: Counter, tenants: Counter, weight: dict, newcomer_tena
     return None
 
 
+SEQ_TOKENS = 4  # step_caps' `seq_cap`: a capped tenant's sequence counts as this many of the others' tokens
+
+
 class Caps(dict):
     """tenant -> tokens it may still carry this step (decode and prompt); `prompt`: tenant -> prompt
-    tokens of them."""
+    tokens of them; `seqs`: tenant -> sequences it may still run in the step (None: no such cap)."""
 
-    def __init__(self, total: dict, prompt: dict, quiet: bool = False):
+    def __init__(self, total: dict, prompt: dict, quiet: bool = False, seqs: dict | None = None):
         super().__init__(total)
         self.prompt = prompt
         self.quiet = quiet  # the tenants over their share carry no prompt tokens (step_caps' `quiet_fits`)
+        self.seqs = seqs
 
     def allow(self, tenant, n: int, prompt: bool) -> int:
         """`n` cut to what `tenant` may still carry (all of it when it is not capped)."""
         if tenant not in self:
             return n
+        if self.seqs is not None and self.seqs[tenant] <= 0:
+            return 0
         return min(n, self[tenant], self.prompt[tenant]) if prompt else min(n, self[tenant])
 
     def prompt_left(self, tenant) -> int:
@@ -199,10 +206,12 @@ class Caps(dict):
             self[tenant] -= n
             if prompt:
                 self.prompt[tenant] -= n
+            if self.seqs is not None and n > 0:
+                self.seqs[tenant] -= 1
 
 
 def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, stepped: dict | None = None,
-              cached=None, quiet_fits: dict | None = None) -> Caps | None:
+              cached=None, quiet_fits: dict | None = None, seq_cap: bool = False) -> Caps | None:
     """Tokens each tenant over its share may carry this step; None when no one is capped.
 
     active: the running sequences the step may run; candidates: the waiting ones it may admit (a
@@ -228,7 +237,13 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     (results/soak/nvidia_h200/after_pacing). Only prompts their share finishes make it quiet, so backlogged
     tenants still share every step by weight; and the scheduler grants at most a third of the steps
     (scheduler.QUIET_RATE), so the tenants over their share take prompt tokens in two steps of three
-    whatever the others send."""
+    whatever the others send.
+
+    seq_cap: those over their share also run at most their weight's part of the largest per-weight count of
+    sequences the tenants within their share hold, or of their level in SEQ_TOKENS (at least one). Tokens alone let
+    a victim's 16-token prefill carry 16 of a `long` flood's decode tokens, one from each of up to 7 sequences: on 2
+    CPU cores its first step then took 6.2 ms against 2.5 alone, in one process with no server
+    (results/soak/cpu/seq_cap): each of those sequences cost about what four of the victim's tokens did."""
     demand, prompt, held, weight = Counter(), Counter(), Counter(), {}
     for seq in active:
         computed = seq.num_computed_tokens + (stepped.get(id(seq), 0) if stepped else 0)
@@ -265,8 +280,12 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     prompt_level = max(prompt[t] / weight[t] for t in within)
     wanting = [t for t in within if prompt[t] > 0]
     quiet = bool(quiet_fits and wanting) and all(prompt[t] <= quiet_fits.get(t, 0) for t in wanting)
+    seqs = None
+    if seq_cap:
+        seq_level = max(max(held[t] / weight[t] for t in within), level / SEQ_TOKENS)
+        seqs = {t: max(1, int(seq_level * weight[t])) for t in over}
     return Caps({t: max(1, int(level * weight[t])) for t in over},
-                {t: 0 if quiet else int(prompt_level * weight[t]) for t in over}, quiet)
+                {t: 0 if quiet else int(prompt_level * weight[t]) for t in over}, quiet, seqs)
 
 
 def short_of_pictures(seq: Sequence, start: int, n: int, cap: int) -> int:

@@ -9,7 +9,7 @@ from collections import Counter
 from serve.engine.block_manager import BlockManager
 from serve.engine.scheduler import FairShare, Scheduler, SchedulerConfig, StepPlan
 from serve.engine.sequence import Sequence
-from serve.engine.tenancy import step_caps
+from serve.engine.tenancy import SEQ_TOKENS, step_caps
 
 _n = iter(range(10**6))
 
@@ -20,10 +20,11 @@ def _seq(tenant, owner=None, n_prompt=30, max_tokens=200, weight=1.0):
                     arrival_time=float(base), owner=owner or tenant, tenant=tenant, tenant_weight=weight)
 
 
-def _sched(blocks=48, batch=8, cap=True, quiet=True):
+def _sched(blocks=48, batch=8, cap=True, quiet=True, seq_cap=True):
     # the soak's server: 48 blocks of 16 tokens, a batch of 8, the serve defaults' token budgets
     config = SchedulerConfig(max_batch_size=batch, max_tokens_per_step=4096, max_model_len=4096,
-                             max_prefill_with_decode=2048, tenant_step_cap=cap, tenant_quiet_prefill=quiet)
+                             max_prefill_with_decode=2048, tenant_step_cap=cap, tenant_quiet_prefill=quiet,
+                             tenant_seq_cap=seq_cap)
     return Scheduler(config, BlockManager(blocks, 16), FairShare())
 
 
@@ -123,18 +124,44 @@ def test_weights_set_the_cap_and_the_cap_can_be_turned_off():
     assert any(t["flood"] > max(1, t["victim"]) for t in steps if t["victim"]), "off: the flood decodes as before"
 
 
+def _flood_sequences_beside_a_victim(seq_cap: bool) -> list[int]:
+    """The `long` flood's sequences in each step that runs the victim's prefill or decode."""
+    s = _sched(quiet=False, seq_cap=seq_cap)
+    _long_flood(s)
+    beside = []
+    for _ in range(10):
+        for _ in range(7):
+            _step(s)
+        victim = _seq("victim", n_prompt=16, max_tokens=2)
+        s.add(victim)
+        while victim.finish_reason is None:
+            batch = _step(s)
+            if any(q is victim for q, _ in batch.entries):
+                beside.append(sum(q.tenant == "flood" for q, _ in batch.entries))
+    return beside
+
+
+def test_a_victims_steps_run_few_flood_sequences():
+    # tokens alone: its 16-token prefill carried 16 flood decode tokens, one from each of up to 7 sequences
+    assert max(_flood_sequences_beside_a_victim(seq_cap=False)) > SEQ_TOKENS
+    beside = _flood_sequences_beside_a_victim(seq_cap=True)
+    # its prefill: 16 tokens' worth, SEQ_TOKENS a sequence; its decode step: one token, one sequence
+    assert len(beside) >= 20 and max(beside) == 16 // SEQ_TOKENS and min(beside) == 1, beside
+
+
 def test_the_serve_key_reaches_the_engines_scheduler(tiny_zoo):
     from omegaconf import OmegaConf
 
     from serve import Engine, EngineConfig
     from vlora.config import compose
 
-    overrides = ["engine.tenant_step_cap=false", "engine.tenant_quiet_prefill=true"]
+    overrides = ["engine.tenant_step_cap=false", "engine.tenant_quiet_prefill=true", "engine.tenant_seq_cap=false"]
     values = OmegaConf.to_container(compose("serve", overrides).engine, resolve=True)
     config = EngineConfig.from_dict({**values, "device": "cpu", "num_kv_blocks": 32})
-    assert config.tenant_step_cap is False and config.tenant_quiet_prefill is True
+    assert config.tenant_step_cap is False and config.tenant_quiet_prefill is True and config.tenant_seq_cap is False
     scheduler = Engine(tiny_zoo["qwen2_vl_tiny"], config).scheduler
     assert scheduler.config.tenant_step_cap is False and scheduler.config.tenant_quiet_prefill is True
+    assert scheduler.config.tenant_seq_cap is False
 
 
 def test_a_newcomer_whose_first_chunk_needs_over_half_the_cache_preempts_no_one():

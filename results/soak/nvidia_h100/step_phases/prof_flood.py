@@ -26,7 +26,7 @@ FRAME = np.zeros((32, 32, 3), np.uint8)
 def victim():
     return Request(prompt="How many cars?", images=[FRAME], sampling=SamplingParams(max_tokens=2, ignore_eos=True), tenant="victim")
 def flood():
-    return Request(prompt="Describe.", images=[FRAME], sampling=SamplingParams(max_tokens=1, ignore_eos=True), tenant="attacker")
+    return Request(prompt="Describe.", images=[FRAME], sampling=SamplingParams(max_tokens=int(os.environ.get("FLOOD_TOKENS", "1")), ignore_eos=True), tenant="attacker")
 flooding = {"on": False, "ids": set()}
 def top_up():
     while flooding["on"] and len(flooding["ids"]) < depth:
@@ -35,8 +35,13 @@ def probe(profile=False):
     vid = eng.add_request(victim())
     if profile:
         eng.profile_steps(1)
+    first = True
     while True:
-        for o in eng.step():
+        outs = eng.step()
+        if first:
+            COMPOSITION.append(eng.step_log[-1][:2])
+            first = False
+        for o in outs:
             if o.request_id in flooding["ids"] and o.finished:
                 flooding["ids"].discard(o.request_id)
             if o.request_id == vid and o.finished:
@@ -44,6 +49,7 @@ def probe(profile=False):
                 return o.metrics
         top_up()
 rows = {}
+COMPOSITION = []
 for label in ("alone", "flood"):
     flooding["on"] = label == "flood"
     top_up()
@@ -71,6 +77,10 @@ for label in ("alone", "flood"):
                 "last_step_cpu_ms": round(float(np.mean([m.last_step_cpu_s * 1e3 for m in rows_])), 3),
                 "first_phases_ms": {k: round(float(np.mean([phases_ms(m.first_phases_s)[k] for m in rows_])), 3) for k in phases_ms(rows_[0].first_phases_s)}}
     rows[label] = {"all": summary(ms), "tail": summary(tail)}
+    comp = COMPOSITION[-n:]
+    rows[label]["first_step_seqs"] = float(np.mean([c[0] for c in comp]))
+    rows[label]["first_step_tokens_log"] = float(np.mean([c[1] for c in comp]))
+    del COMPOSITION[:]
     profiles = []
     for _ in range(5):
         for _ in range(3):

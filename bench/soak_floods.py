@@ -134,7 +134,8 @@ class FloodProcess:
 
 PARTS = ("submit_ms", "frame_decode_ms", "preprocess_ms", "queue_ms", "prefill_ms", "decode_ms", "pipe_ms", "after_ms")
 STEP_PARTS = ("steps", "step_ms", "step_tokens", "intake_ms", "plan_ms", "graph_steps", "first_step_ms",
-              "first_step_tokens", "first_step_cpu_ms", "last_step_ms", "last_step_cpu_ms", "steps_before", "lingered_before_ms", "gc_before_ms", "gc_ms", "passed_over")
+              "first_step_tokens", "first_step_cpu_ms", "last_step_ms", "last_step_cpu_ms", "steps_before",
+              "lingered_before_ms", "gc_before_ms", "gc_ms", "passed_over")
 # the host phases (serve/engine/request.py STEP_PHASES) of its first step and of its last (a probe's decode step)
 PHASE_PARTS = tuple(f"{when}_{phase}_ms" for when in ("first", "last") for phase in STEP_PHASES)
 

@@ -49,8 +49,9 @@ class EngineConfig:
     # over theirs (at most a third of steps); False: they carry up to the others' prompt tokens. Off by
     # default: on 2 CPU cores it did not lower the soak's ratios (results/soak/cpu/quiet_steps)
     tenant_quiet_prefill: bool = False
-    # with the cap: one over its share also runs at most the others' per-weight count of sequences in a step
-    # (serve/engine/tenancy.py step_caps' `seq_cap`); False: any number, within its tokens
+    # with the cap: one over its share also runs at most the others' per-weight count of sequences in a step, or
+    # one per SEQ_TOKENS of their tokens if more (serve/engine/tenancy.py step_caps' `seq_cap`); False: any number,
+    # within its tokens
     tenant_seq_cap: bool = True
     # waiting requests of one tenant each step looks at, its earliest (serve/engine/scheduler.py): the rest
     # wait in its backlog, so a step's cost does not grow with a queue of thousands; None: all

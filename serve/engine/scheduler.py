@@ -84,8 +84,8 @@ class SchedulerConfig:
     # theirs (at most a third of steps: QUIET_RATE; serve/engine/tenancy.py step_caps' `quiet_fits`). Off by
     # default: on 2 CPU cores it did not lower the soak's ratios (results/soak/cpu/quiet_steps)
     tenant_quiet_prefill: bool = False
-    # with the cap: one over its share also runs at most the others' per-weight count of sequences in the step
-    # (tenancy.step_caps' `seq_cap`); off: any number of sequences, within its tokens
+    # with the cap: one over its share also runs at most the others' per-weight count of sequences in the step, or
+    # one per SEQ_TOKENS of their tokens if more (tenancy.step_caps' `seq_cap`); off: any number, within its tokens
     tenant_seq_cap: bool = True
     # waiting sequences of one tenant that steps look at (its earliest, a connection's turn each first);
     # its later ones wait in its backlog, where no step reads them, and move up as these leave. Every step

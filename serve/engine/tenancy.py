@@ -30,7 +30,8 @@ Two more guards keep a flooding tenant from slowing another's requests:
   step then carries one flood token, not seven: on CPU a step costs about its tokens, and seven
   flood decodes doubled the victim's decode step of the tiny model. The cost is the flooding
   tenant's own throughput while another tenant has work; a tenant alone is never capped. It also runs at
-  most as many sequences as they hold per weight (`seq_cap`): a step's cost follows its sequences too. A capped
+  most as many sequences as they hold per weight, or one per SEQ_TOKENS of their tokens if more (`seq_cap`): a
+  step's cost follows its sequences too. A capped
   prompt chunk also stops before a picture it would begin to encode and cannot take whole
   (`short_of_pictures`): the tower's cost is the picture's, not the chunk's.
 """

@@ -226,6 +226,22 @@ def _engine_counts(port: int, token: str) -> dict:
     return {"anticipation": engine.get("anticipation") or {}, "gc": gc, "quiet_steps": engine.get("quiet_steps", 0)}
 
 
+def _gate_counts(port: int, tokens: dict) -> dict:
+    """who -> that tenant's turns at the server's gate so far (calls, calls that queued, pacing sleeps and
+    ms; serve/rpc/gate.py), each read with its own token (a tenant sees only its own). A tenant process
+    reports its counts about once a second, so a count can land up to a second late."""
+    from serve.rpc import Client
+
+    out = {}
+    for who, token in tokens.items():
+        try:
+            with Client("127.0.0.1", port, token) as client:
+                out[who] = next(iter(client.metrics().get("gate", {}).values()), {})
+        except Exception:  # a token the server refuses (a test's unknown attacker): nothing to count
+            out[who] = {}
+    return out
+
+
 def _since(now: dict, before: dict) -> dict:
     return {k: round(v - before.get(k, 0), 3) for k, v in now.items() if not k.endswith("max_ms")}
 
@@ -252,6 +268,8 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         cpu_quiet = window.stop()
         quiet = latency_summary(quiet_latencies) if quiet_latencies else None
         counts_before = _engine_counts(port, victim)
+        whose = {"victim": victim} if name in OWN_FLOODS else {"victim": victim, "attacker": attacker}
+        gate_before = _gate_counts(port, whose)
         if name in HTTP_FLOODS and http_port is None:
             raise ValueError(f"flood {name!r} needs the server's HTTP port (http.port)")
         target_port = http_port if name in HTTP_FLOODS else port
@@ -288,5 +306,8 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
                      # each probe's parts, in the order sent (the tail's causes, probe by probe)
                      "probes": [_rounded(p) for p in parts], "quiet_probes": [_rounded(p) for p in quiet_parts],
                      "ok": ratio is not None and not errors and ratio <= max_ratio}
-        time.sleep(1.0)  # what the flood left queued drains (its connections closed: aborted)
+        time.sleep(1.2)  # what the flood left queued drains (its connections closed: aborted); the counts report
+        # each tenant's calls under the flood: how many, how many queued for a slot, how often and how long
+        # paced (a victim paced while the flood is held to its part shows here)
+        out[name]["gate"] = {who: _since(now, gate_before[who]) for who, now in _gate_counts(port, whose).items()}
     return out

@@ -77,6 +77,8 @@ class Gate:
         self._inside: dict[int, float] = {}  # thread -> when its call went in (after pacing)
         self._clock, self._row = None, 0  # the other front-end processes' tenants (serve/rpc/shared_clock.py)
         self.counters: Counter = Counter()  # calls, waited (calls that queued), paced_s, pace_sleeps, stuck
+        # the same by tenant (its name; the operator's metrics show which tenants wait and are paced)
+        self._by_tenant: dict = {}
 
     @staticmethod
     def _check(slots, share, overhead_s, burst_s) -> None:
@@ -97,6 +99,8 @@ class Gate:
         self._pace(tenant, weight)
         with self._lock:
             self.counters["calls"] += 1
+            mine_counts = self._tenant_counts(tenant)
+            mine_counts["calls"] += 1
             ticket = None
             if self._free > 0 and not self._queues:
                 self._free -= 1
@@ -109,6 +113,7 @@ class Gate:
                 ticket = _Ticket()
                 heapq.heappush(mine, (start, next(self._arrival), ticket))
                 self.counters["waited"] += 1
+                mine_counts["waited"] += 1
         if ticket is not None:
             self._wait_turn(ticket)
         with self._lock:
@@ -269,6 +274,9 @@ class Gate:
                 wait = -bucket[0] / rate
                 self.counters["paced_s"] += wait
                 self.counters["pace_sleeps"] += 1
+                mine = self._tenant_counts(tenant)
+                mine["paced_s"] += wait
+                mine["pace_sleeps"] += 1
             time.sleep(wait)
 
     @contextmanager
@@ -308,6 +316,23 @@ class Gate:
             c = self.counters
             return {"gate_calls": c["calls"], "gate_waited": c["waited"], "gate_stuck": c["stuck"],
                     "gate_paced_ms": int(c["paced_s"] * 1000)}
+
+    def _tenant_counts(self, tenant) -> Counter:
+        """The counters of `tenant` (lock held); past MAX_REMEMBERED tenants the oldest are dropped."""
+        counts = self._by_tenant.get(tenant)
+        if counts is None:
+            if len(self._by_tenant) >= MAX_REMEMBERED:
+                self._by_tenant.pop(next(iter(self._by_tenant)))
+            counts = self._by_tenant[tenant] = Counter()
+        return counts
+
+    def tenant_metrics(self) -> dict[str, dict[str, int]]:
+        """tenant -> its calls, the calls that queued for a slot, its pacing sleeps and the time paced (ms),
+        for the tenants known by name (a connection before its token check has none)."""
+        with self._lock:
+            return {t: {"gate_calls": c["calls"], "gate_waited": c["waited"], "gate_pace_sleeps": c["pace_sleeps"],
+                        "gate_paced_ms": int(c["paced_s"] * 1000)}
+                    for t, c in self._by_tenant.items() if isinstance(t, str)}
 
     def in_use(self) -> int:
         """Slots taken now."""

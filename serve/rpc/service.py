@@ -254,4 +254,12 @@ class VLoRAService(AdapterCalls, rpyc.Service):
         if fmt != "json":
             raise RequestError("bad_argument", "fmt must be 'json' or 'prometheus'")
         engine = {k: v for k, v in vars(stats).items() if k != "step_times_ms"}
-        return reply(engine=engine, server=server, pixels_in_flight=pixels_in_flight)
+        return reply(engine=engine, server=server, pixels_in_flight=pixels_in_flight, gate=self._gate_by_tenant())
+
+    def _gate_by_tenant(self) -> dict:
+        """Each tenant's turns at the gate (calls, calls that queued, pacing sleeps and ms): the operator sees
+        every tenant's, a tenant only its own."""
+        gates = self.state.tenant_gates() if self.state.tenant_gates is not None else GATE.tenant_metrics()
+        if self.tenant is None or self.tenant.operator:
+            return gates
+        return {self.tenant.name: gates[self.tenant.name]} if self.tenant.name in gates else {}

@@ -59,6 +59,8 @@ class ServerState:
     adapter_names: set[str] | None = None
     # counters kept outside the service (the door's sockets, idle closes): () -> {name: count}
     door_counters: Any = None
+    # tenant -> its calls' turns at the gate in every front-end process (serve/rpc/gate.py tenant_metrics)
+    tenant_gates: Any = None
     # the decoded-pixel budget shared by the server's front-end processes (serve/rpc/tenant_processes.py):
     # a multiprocessing.Value("q") counting every process's pixels in flight; None: this process's alone
     pixel_pool: Any = None

@@ -91,7 +91,8 @@ def run(conn, name: str, attach: tuple, tenants_path: str, settings: dict, first
         while True:
             time.sleep(COUNTERS_EVERY_S)
             with state.lock:
-                now = dict(state.counters, idle_closed=runner.idle_closed, **gate.GATE.metrics())
+                now = dict(state.counters, idle_closed=runner.idle_closed, **gate.GATE.metrics(),
+                           tenant_gates=gate.GATE.tenant_metrics())
             if now != sent:
                 tell(("counters", now))
                 sent = now

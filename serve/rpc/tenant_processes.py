@@ -218,6 +218,16 @@ class TenantProcesses:
         total["tenant_processes"] = sum(p.alive for p in procs)
         return total
 
+    def tenant_gates(self) -> dict[str, dict]:
+        """tenant -> its gate counters in the processes that served it, as they last reported."""
+        with self._lock:
+            procs = list(self._procs.values())
+        out: dict[str, Counter] = {}
+        for proc in procs:
+            for tenant, counts in (proc.counters.get("tenant_gates") or {}).items():
+                out.setdefault(tenant, Counter()).update(counts)
+        return {t: dict(c) for t, c in out.items()}
+
     def pids(self) -> dict[str, int]:
         """tenant -> the pid of its live process (the operator's metrics)."""
         with self._lock:

@@ -31,3 +31,6 @@ def test_the_own_flood_holds_the_victims_token_and_a_tenant_flood_the_attackers(
     assert own["cpu"]["cores"]["flood"] > 0  # the flood's own process did the sending
     # the same code with the attacker's (unknown) token: nothing goes in
     assert tenant["flood"].get("submitted", 0) == 0 and tenant["flood"].get("finished", 0) == 0, tenant["flood"]
+    # the gate's counts by tenant: the own flood's are the victim's alone; an unknown token has none to read
+    assert set(own["gate"]) == {"victim"} and own["gate"]["victim"]["gate_calls"] > own["probe"]["n"], own["gate"]
+    assert tenant["gate"]["attacker"] == {} and tenant["gate"]["victim"]["gate_calls"] > 0, tenant["gate"]

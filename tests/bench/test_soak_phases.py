@@ -46,6 +46,11 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
         assert flood["ratio"] == round(flood["probe"]["p95_ms"] / flood["quiet"]["p95_ms"], 2)
         lo, hi = flood["ratio_interval"]
         assert lo <= hi and lo > 0, flood["ratio_interval"]
+        # each tenant's turns at the server's gate under the flood, read with its own token: the victim's probes
+        # went through its gate; nobody was paced with no flood
+        assert set(flood["gate"]) == {"victim", "attacker"}, flood["gate"]
+        assert flood["gate"]["victim"]["gate_calls"] >= flood["probe"]["n"], flood["gate"]
+        assert flood["gate"]["victim"]["gate_paced_ms"] >= 0 and "gate_pace_sleeps" in flood["gate"]["attacker"]
         # the machine's cores while the probes ran: the server's tree answered them, so it used some
         for window, groups in (("cpu", {"server", "flood", "soak", "other"}), ("cpu_quiet", {"server", "soak", "other"})):
             assert set(flood[window]["cores"]) == groups, (name, flood[window])

@@ -142,6 +142,9 @@ def test_a_tenant_over_its_part_of_the_clock_waits_and_the_others_do_not():
     assert waited < 0.25 and not flood_done  # the flood's next call still pays (~0.5 s), asleep, holding no slot
     flood.join(5)
     assert flood_done and gate.counters["paced_s"] > 0.2
+    by_tenant = gate.tenant_metrics()  # whose calls were paced, for the operator's metrics
+    assert by_tenant["flood"]["gate_paced_ms"] > 200 and by_tenant["flood"]["gate_pace_sleeps"] >= 1
+    assert by_tenant["victim"] == {"gate_calls": 1, "gate_waited": 0, "gate_pace_sleeps": 0, "gate_paced_ms": 0}
 
 
 def test_cpu_charged_outside_the_calls_is_paced_like_theirs():

@@ -160,6 +160,8 @@ def test_a_tenant_calling_in_a_loop_is_paced_in_its_own_process_while_another_ca
     with _client(server, tenants, "victim") as victim, _client(server, tenants, "flood") as flood:
         _answer(victim), _answer(flood)  # both processes up
         before = _paced_ms(server, tenants)
+        with _client(server, tenants, "ops") as ops:
+            gates_before = ops.metrics()["gate"]
         stop = threading.Event()
 
         def steady():  # the victim calls now and then: it counts among the tenants calling
@@ -179,10 +181,18 @@ def test_a_tenant_calling_in_a_loop_is_paced_in_its_own_process_while_another_ca
             stop.set()
             t.join(10)
         paced = _paced_ms(server, tenants) - before
+        with _client(server, tenants, "ops") as ops:
+            gates = ops.metrics()["gate"]  # the operator sees each tenant's turns
+        own = victim.metrics()["gate"]  # a tenant only its own
     # paced in the flood's own process and counted in the server's metrics (unpaced, as with
     # rpc.pace_tenant_processes=false, one connection's calls can never be over the whole clock); the split
     # of the share with the other processes' tenants: tests/serve/rpc/test_shared_clock.py
     assert paced > 200, (paced, calls)
+    # by tenant: the flood was paced, the victim calling now and then was not
+    since = {t: {k: v - gates_before.get(t, {}).get(k, 0) for k, v in c.items()} for t, c in gates.items()}
+    assert since["flood"]["gate_paced_ms"] > 200 and since["flood"]["gate_pace_sleeps"] > 0, (gates_before, gates)
+    assert since["victim"]["gate_paced_ms"] == 0 and since["victim"]["gate_calls"] > 10, (gates_before, gates)
+    assert set(own) == {"victim"} and own["victim"]["gate_calls"] >= gates["victim"]["gate_calls"], own
 
 
 def test_quotas_hold_in_a_tenant_process_and_connections_are_counted_by_the_server(server, tenants):

@@ -165,6 +165,31 @@ def test_cpu_charged_outside_the_calls_is_paced_like_theirs():
     assert gate.counters["paced_s"] > 0.2
 
 
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_tenant_that_was_not_the_heaviest_pays_for_one_call_not_for_all_it_made_meanwhile():
+    """The victim calls, 10 ms of CPU each, while a flood's one big call keeps the flood the heaviest: it is
+    not paced then. When it turns the heaviest, its first sleep pays for about one call at its part of
+    the clock (~0.2 s), not for every call it made while the flood used more (~1 s)."""
+    gate = Gate(slots=1, share=0.1, overhead_s=0.0, burst_s=0.005)
+    with gate.call("f", "flood"):
+        _burn(0.06)
+    waits = []
+    for _ in range(30):
+        start = time.monotonic()
+        with gate.call("v", "victim"):
+            waits.append(time.monotonic() - start)
+            _burn(0.01)
+        if gate.tenant_metrics()["victim"]["gate_pace_sleeps"]:
+            break
+    assert gate.tenant_metrics()["victim"]["gate_pace_sleeps"] == 1, (waits, gate.tenant_metrics())
+    assert max(waits[:-1]) < 0.05 and 0.1 < waits[-1] < 0.5, waits
+
+
 def test_a_tenants_many_threads_pace_one_at_a_time_without_waking_each_other():
     gate = Gate(slots=1, share=0.1, overhead_s=100e-6, burst_s=0.005)
     stop = threading.Event()

@@ -269,7 +269,7 @@ class Gate:
                 if bucket[0] < 0 and not self._heaviest(tenant, weight, now):
                     # it goes in while another tenant uses more, and what it overspent meanwhile is not kept
                     # against it: kept, a victim's debt grew over many calls and was paid at once, in one
-                    # sleep of 0.1-0.3 s, the first time it read as the heaviest (results/soak/cpu/process_cpu)
+                    # sleep of 0.1-0.4 s, the first time it read as the heaviest (results/soak/cpu/victim_pacing)
                     bucket[0] = 0.0
                 if bucket[0] >= 0:
                     bucket[0] -= self.overhead_s

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 
 from rpyc.utils.helpers import classpartial
 
@@ -101,14 +100,8 @@ class RpcServer:
 
         self.state.door_counters = door_counters
 
-        def tenant_gates() -> dict:
-            out = {t: Counter(c) for t, c in gate.GATE.tenant_metrics().items()}
-            if self.tenant_processes is not None:
-                for tenant, counts in self.tenant_processes.tenant_gates().items():
-                    out.setdefault(tenant, Counter()).update(counts)
-            return {t: dict(c) for t, c in out.items()}
-
-        self.state.tenant_gates = tenant_gates
+        if self.tenant_processes is not None:  # this process's gate counts and theirs, added by tenant
+            self.state.tenant_gates = lambda: self.tenant_processes.tenant_gates(gate.GATE.tenant_metrics())
         self.host, self.port = host, self._server.port
         self._thread: threading.Thread | None = None
         self._trimmer = None

@@ -218,11 +218,12 @@ class TenantProcesses:
         total["tenant_processes"] = sum(p.alive for p in procs)
         return total
 
-    def tenant_gates(self) -> dict[str, dict]:
-        """tenant -> its gate counters in the processes that served it, as they last reported."""
+    def tenant_gates(self, own: dict[str, dict]) -> dict[str, dict]:
+        """tenant -> its gate counters in the processes that served it, as they last reported, added to
+        `own` (the server's process's)."""
         with self._lock:
             procs = list(self._procs.values())
-        out: dict[str, Counter] = {}
+        out = {t: Counter(c) for t, c in own.items()}
         for proc in procs:
             for tenant, counts in (proc.counters.get("tenant_gates") or {}).items():
                 out.setdefault(tenant, Counter()).update(counts)

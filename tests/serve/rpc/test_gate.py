@@ -249,3 +249,25 @@ def test_every_exposed_method_runs_inside_the_gate_and_gives_its_slot_back():
     assert '"internal"' in svc.exposed_fails()
     assert '"bad_argument"' in svc.exposed_ok(object())  # refused arguments go through the gate too
     assert GATE.in_use() == 0 and not GATE.held()
+
+
+def test_a_tenant_sees_only_its_own_turns_at_the_gate_and_the_operator_every_tenants(tiny_zoo, tmp_path):
+    """metrics()["gate"] from one front end serving every tenant (no tenant processes): a tenant's view
+    holds its own counts alone, the operator's every tenant's."""
+    from serve.engine import Engine, EngineConfig
+    from serve.rpc import Client, RpcServer, TenantRegistry, add_tenant
+
+    path = tmp_path / "tenants.yaml"
+    tokens = {who: add_tenant(path, who, "operator" if who == "ops" else "tenant") for who in ("ops", "a", "b")}
+    engine = Engine(tiny_zoo["qwen2_vl_tiny"], EngineConfig(device="cpu", num_kv_blocks=16, max_batch_size=2))
+    with RpcServer(engine, TenantRegistry.from_file(path), "127.0.0.1", 0) as server:
+        clients = {who: Client("127.0.0.1", server.port, token, reconnect=False) for who, token in tokens.items()}
+        try:
+            for _ in range(3):
+                clients["a"].health(), clients["b"].health()
+            views = {who: c.metrics()["gate"] for who, c in clients.items()}
+        finally:
+            for c in clients.values():
+                c.close()
+    assert set(views["a"]) == {"a"} and set(views["b"]) == {"b"}, views
+    assert {"a", "b", "ops"} <= set(views["ops"]) and views["ops"]["a"]["gate_calls"] >= 3, views

@@ -5,8 +5,9 @@
 
 A forward stores the step's new K/V rows at `ctx.slot_mapping`, then attends each sequence's
 query rows (its last `query_len` tokens) to its whole context, causally. Backends:
-"torch" loops over sequences with `scaled_dot_product_attention` (CPU runs, and the
-reference of the kernels); "triton" launches `paged_decode` when every sequence has one query
+"torch" runs `scaled_dot_product_attention`: the one-token sequences of a step (decodes) in one call
+over their contexts padded to the longest, the others one by one (CPU runs; `paged_attention_torch`, one
+call per sequence, is the reference of the kernels); "triton" launches `paged_decode` when every sequence has one query
 token and `paged_prefill` otherwise (mixed prefill/decode steps included).
 """
 
@@ -67,6 +68,48 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     return out
 
 
+def paged_attention_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_lens: list[int], context_lens: list[int],
+                            scale: float) -> torch.Tensor:
+    """`paged_attention_torch`'s result with the step's one-token sequences in one batched call. On a CPU each
+    call costs about as much as a short sequence's arithmetic, so a step that carried a flood's decodes one call
+    each grew by a pass of small calls per sequence; now by one padded row of the batch."""
+    decodes = [i for i, n in enumerate(query_lens) if n == 1]
+    if len(decodes) < 2:
+        return paged_attention_torch(q, k_cache, v_cache, block_tables, query_lens, context_lens, scale)
+    out = torch.empty_like(q)
+    rows, start = [], 0
+    for i, (n, length) in enumerate(zip(query_lens, context_lens)):
+        if n > length:
+            raise ValueError(f"sequence {i}: query length {n} exceeds its context length {length}")
+        if n == 1:
+            rows.append(start)
+        else:
+            k = gather_context(k_cache, block_tables[i], length)
+            v = gather_context(v_cache, block_tables[i], length)
+            out[start:start + n] = _attend(q[start:start + n], k, v, scale)
+        start += n
+    lens = [context_lens[i] for i in decodes]
+    longest = max(lens)
+    tables = block_tables[torch.tensor(decodes, device=block_tables.device), :-(-longest // k_cache.shape[1])].long()
+    k = k_cache[tables].flatten(1, 2)[:, :longest].transpose(1, 2)  # [B, KVH, L, D]
+    v = v_cache[tables].flatten(1, 2)[:, :longest].transpose(1, 2)
+    rows_t = torch.tensor(rows, device=q.device)
+    batch, n_heads, head_dim = len(rows), q.shape[1], q.shape[2]
+    # one query row: head h reads kv head h // group, so the heads fold into [KVH, group] without copying K/V
+    qd = q[rows_t].view(batch, k.shape[1], n_heads // k.shape[1], head_dim)
+    visible = torch.arange(longest, device=q.device)[None, :] < torch.tensor(lens, device=q.device)[:, None]
+    # written out rather than through scaled_dot_product_attention, whose masked CPU path took 3x as long at 32
+    # sequences; the rows past a sequence's length (stale rows of its last block's earlier owner, or the
+    # padding's block 0) are masked in the scores and zeroed in V, since a non-finite stale row times a zero
+    # weight would still be NaN
+    scores = torch.matmul(qd, k.transpose(2, 3)).float() * scale  # [B, KVH, group, L]
+    weights = scores.masked_fill(~visible[:, None, None, :], float("-inf")).softmax(-1).to(v.dtype)
+    o = torch.matmul(weights, v.masked_fill(~visible[:, None, :, None], 0.0))
+    out[rows_t] = o.reshape(batch, n_heads, head_dim)
+    return out
+
+
 def dense_causal_attention(q, k, v, query_lens: list[int], scale: float) -> torch.Tensor:
     """Attention of fresh sequences without a cache (memory profiling before the cache exists)."""
     out = torch.empty_like(q)
@@ -107,8 +150,8 @@ class PagedAttention(nn.Module):
         serve/models/fused.py rope_store)."""
         ctx: StepContext = get_context()
         if self.backend == "torch":
-            return paged_attention_torch(q, self.k_cache, self.v_cache, ctx.block_tables,
-                                         ctx.query_lens_list, ctx.context_lens_list, self.scale)
+            return paged_attention_batched(q, self.k_cache, self.v_cache, ctx.block_tables,
+                                           ctx.query_lens_list, ctx.context_lens_list, self.scale)
         from .decode_kernel import paged_decode
         from .prefill_kernel import paged_prefill
 

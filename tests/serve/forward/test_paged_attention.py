@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from serve.forward.attention import paged_attention_torch, store_kv
+from serve.forward.attention import paged_attention_batched, paged_attention_torch, store_kv
 from serve.forward.decode_kernel import paged_decode
 from serve.forward.prefill_kernel import paged_prefill
 
@@ -73,6 +73,42 @@ def test_reference_matches_dense_attention(context_lens, query_lens, n_heads, n_
     q, kc, vc, tables, _, keys, values = _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page)
     got = paged_attention_torch(q, kc, vc, tables, query_lens, context_lens, 1 / math.sqrt(head_dim))
     torch.testing.assert_close(got.cpu(), _dense(q, keys, values, query_lens, n_heads), atol=1e-5, rtol=1e-5)
+
+
+BATCHED_CASES = CASES + [  # several one-token sequences, which the CPU path attends in one call
+    ([9, 64, 33, 1], [1, 1, 1, 1], 4, 2, 32, 16),  # decodes only: a page's end, one row, one token of context
+    ([40, 120, 7, 50, 16], [12, 1, 1, 50, 1], 8, 1, 16, 8),  # decodes among a chunk and a fresh prompt; MQA
+    ([30, 31], [1, 1], 6, 6, 24, 16),  # two decodes, no grouping, head dim not a power of two
+]
+
+
+@pytest.mark.parametrize("context_lens,query_lens,n_heads,n_kv_heads,head_dim,page", BATCHED_CASES)
+def test_the_batched_path_matches_dense_attention(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page):
+    q, kc, vc, tables, _, keys, values = _paged_case(context_lens, query_lens, n_heads, n_kv_heads, head_dim, page)
+    got = paged_attention_batched(q, kc, vc, tables, query_lens, context_lens, 1 / math.sqrt(head_dim))
+    torch.testing.assert_close(got.cpu(), _dense(q, keys, values, query_lens, n_heads), atol=1e-5, rtol=1e-5)
+
+
+def test_stale_non_finite_rows_past_a_sequence_do_not_reach_its_output():
+    """The batched decodes read whole blocks: the rows past each sequence's length (an earlier owner's, or the
+    padding's block 0) are masked, and a NaN or inf there must not leak into any sequence's output."""
+    context_lens, query_lens = [5, 21, 3], [1, 1, 1]
+    q, kc, vc, tables, _, keys, values = _paged_case(context_lens, query_lens, 4, 2, 32, 16)
+    used = {(int(b), r) for i, c in enumerate(context_lens) for b, r in
+            ((tables[i, t // 16], t % 16) for t in range(c))}
+    for b in range(kc.shape[0]):
+        for r in range(16):
+            if (b, r) not in used:
+                kc[b, r], vc[b, r] = float("nan"), float("inf")
+    got = paged_attention_batched(q, kc, vc, tables, query_lens, context_lens, 32 ** -0.5)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.cpu(), _dense(q, keys, values, query_lens, 4), atol=1e-5, rtol=1e-5)
+
+
+def test_the_batched_path_names_a_query_longer_than_its_context():
+    q, kc, vc, tables, _, _, _ = _paged_case([8, 8, 8], [1, 1, 8], 4, 2, 32, 16)
+    with pytest.raises(ValueError, match="sequence 2: query length 9 exceeds its context length 8"):
+        paged_attention_batched(torch.cat([q, q[:1]]), kc, vc, tables, [1, 1, 9], [8, 8, 8], 1.0)
 
 
 @pytest.mark.parametrize("context_lens,query_lens,n_heads,n_kv_heads,head_dim,page", CASES)

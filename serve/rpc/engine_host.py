@@ -29,7 +29,7 @@ import threading
 
 from .engine_links import Link, Links, changes_adapters
 from .loop import EngineLoop
-from .memory import pin_mmap_threshold, trim_when_idle
+from .memory import pin_unless_forwarding, trim_when_idle
 
 log = logging.getLogger("vlora.serve.rpc")
 ADAPTER_CALLS = ("list_adapters", "load_adapter", "unload_adapter", "adapter_names")
@@ -161,12 +161,12 @@ def host(conn, build, idle_wait_s: float, log_level: int, attachable: bool = Fal
     """The process's entry: build() gives the engine; serves commands until ("stop",) or the pipe closes.
     attachable: tenant front-end processes may attach (info["attach"]: the address and key)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    pin_mmap_threshold()  # requests of megabytes arrive here too (serve.rpc.memory)
     try:
         engine = build()
     except BaseException as e:  # noqa: BLE001 - a user error (SystemExit) or a failed build: the front end says it
         conn.send_bytes(dumps(("failed", str(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}")))
         return
+    pin_unless_forwarding(engine)  # requests of megabytes arrive here too, and a CPU engine's forwards (serve.rpc.memory)
     primary = Link("the server")
     outbox = primary.outbox
     sender = threading.Thread(target=_send_all, args=(conn, outbox), name="vlora-engine-sender", daemon=True)

@@ -34,6 +34,7 @@ from .culprits import Culprits
 from .engine_host import dumps, host, receive, receive_all, write_batches
 from .gate import GATE
 from .loop import Ticket
+from .memory import unpinned_children
 from .warming import WarmState
 
 log = logging.getLogger("vlora.serve.rpc")
@@ -99,7 +100,8 @@ class EngineProcess(WarmState):
         level = logging.getLogger("vlora").getEffectiveLevel()
         self._process = ctx.Process(target=host, args=(child, self._build, self.idle_wait_s, level, self.attachable),
                                     name="vlora-engine")
-        self._process.start()
+        with unpinned_children():  # it pins its own threshold, unless its CPU runs the forwards (serve.rpc.memory)
+            self._process.start()
         child.close()
         message = self._first_message()
         if message[0] == "failed":

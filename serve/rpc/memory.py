@@ -9,10 +9,18 @@ threshold pinned at 256 KB. Pinning it (mallopt) turns the dynamic adjustment of
 process gets it from its start (the environment variable, which also covers what was allocated
 before any code of ours ran). Smaller blocks freed by a burst of requests are handed back by
 `trim_when_idle`, once nothing is in flight.
+
+Not in a process whose CPU runs the model's forward passes (an engine on the CPU device,
+`pin_unless_forwarding`). There the forward's large temporaries (the logits, a batched attention's
+scores) would be mmapped and unmapped every step, and every page of them faulted in again: the tiny
+model's decode step of 8 sequences took 9.6-12.5 ms pinned against 5.8-6.7 dynamic, 32 sequences 22-25 ms
+against 12-16 (one process, 2 CPU cores; results/soak/cpu/forward_heap). glibc's dynamic threshold lets
+those blocks come back from the heap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -23,6 +31,7 @@ import threading
 log = logging.getLogger("vlora.serve.rpc")
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MMAP_THRESHOLD_BYTES = 256 << 10
+THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"  # glibc reads it at a process's start
 
 
 def _libc():
@@ -37,12 +46,39 @@ def _libc():
 def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     """Blocks of nbytes and more are mmapped (and unmapped when freed), here and in processes
     started from here; False where there is no glibc."""
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(nbytes))  # glibc reads it at a process's start
+    os.environ.setdefault(THRESHOLD_ENV, str(nbytes))
     libc = _libc()
     ok = bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, nbytes))
     if not ok:
         log.debug("the allocator's mmap threshold was not set")
     return ok
+
+
+def forwards_on_this_cpu(engine) -> bool:
+    """Whether `engine` runs the model's forward passes on this process's CPU: an engine on the CPU device
+    (an EngineProcess handle or a GPU engine does not)."""
+    return getattr(getattr(engine, "device", None), "type", None) == "cpu"
+
+
+def pin_unless_forwarding(engine) -> bool:
+    """pin_mmap_threshold, unless this process's CPU runs `engine`'s forwards (then glibc keeps its dynamic
+    threshold: see the module's note); whether it pinned."""
+    if forwards_on_this_cpu(engine):
+        log.debug("the allocator's mmap threshold left dynamic: the model's forwards run on this CPU")
+        return False
+    return pin_mmap_threshold()
+
+
+@contextlib.contextmanager
+def unpinned_children():
+    """Processes started within get no pinned threshold from this one's environment: an engine process
+    decides its own once it knows its device (`pin_unless_forwarding`)."""
+    value = os.environ.pop(THRESHOLD_ENV, None)
+    try:
+        yield
+    finally:
+        if value is not None:
+            os.environ.setdefault(THRESHOLD_ENV, value)
 
 
 def trim_when_idle(idle, period_s: float = 10.0) -> threading.Event | None:

@@ -21,7 +21,7 @@ from .guarded import GuardedServer
 from .logs import bound
 from .engine_process import EngineProcess
 from .loop import EngineLoop
-from .memory import freeze_heap, pin_mmap_threshold, trim_when_idle
+from .memory import freeze_heap, pin_unless_forwarding, trim_when_idle
 from .service import VLoRAService
 from .state import ServerState
 from .tenants import TenantRegistry
@@ -73,7 +73,7 @@ class RpcServer:
         by front-end processes of their own (serve.rpc.tenant_processes; the engine must be an
         EngineProcess started attachable); 0: every connection is served here."""
         limits = limits or Limits()
-        pin_mmap_threshold()  # frames and requests of megabytes go back to the system when freed (serve.rpc.memory)
+        pin_unless_forwarding(engine)  # frames and requests of megabytes go back to the system when freed (serve.rpc.memory)
         tenants = token if isinstance(token, TenantRegistry) else TenantRegistry.single(token)
         self.loop = engine if isinstance(engine, EngineProcess) else EngineLoop(engine)
         self.state = ServerState(self.loop, limits, max_connections, tenants)

@@ -39,7 +39,7 @@ class SoakJob:
     checkpoint: str | None = None  # an HF directory; null: the tiny zoo model `model`, built in a temporary home
     model: str = "qwen2_vl_tiny"
     device: str = "cpu"
-    server_threads: int = 1  # the server's OpenMP threads
+    server_threads: int | None = 1  # the server's OpenMP threads (None: its own choice, rpc.engine_threads)
     num_kv_blocks: int = 48
     max_batch_size: int = 8
     handshake_timeout_s: float = 2.0

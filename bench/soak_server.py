@@ -27,12 +27,14 @@ def _die_with_parent() -> None:
 
 class ServerUnderTest:
     def __init__(self, checkpoint: str, home: Path, token: str, device: str, overrides: list[str],
-                 threads: int, start_timeout_s: float = 180.0):
+                 threads: int | None, start_timeout_s: float = 180.0):
         self.token, self.home = token, Path(home)
         self.http_port: int | None = None
         self.log_path = self.home / "serve.log"
         env = {**os.environ, "VLORA_HOME": str(home), "VLORA_TOKEN": token, "PYTHONUNBUFFERED": "1",
                "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+        if threads is None:  # the server's own choice (rpc.engine_threads), torch's default elsewhere
+            del env["OMP_NUM_THREADS"]
         cmd = [sys.executable, "-m", "vlora.cli", "serve", f"model.path={checkpoint}", "rpc.host=127.0.0.1",
                "rpc.port=0", f"engine.device={device}", f"hydra.run.dir={home}/runs/serve", *overrides]
         self._log = open(self.log_path, "wb")

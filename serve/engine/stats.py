@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from serve.forward import segment_plans
 
 from .compile_watch import WATCH
@@ -32,6 +34,7 @@ class EngineStats:
     step_time_last_ms: float
     step_times_ms: list[float]  # the most recent steps
     adapters_loaded: int = 0
+    cpu_threads: int = 0  # torch's intra-op threads in the process that steps (`rpc.engine_threads`)
     adapters_resident: int = 0  # holding a device slot
     adapters_in_host_cache: int = 0
     adapter_swaps: int = 0  # copies of an adapter into a slot
@@ -74,7 +77,7 @@ def collect_stats(engine) -> EngineStats:
         **_mode_stats(engine), items_encoded_ahead=runner.counters["items_encoded_ahead"],
         kernel_compiles=WATCH.stats() if WATCH.installed else None, tower_attention=segment_plans.stats(),
         anticipation=engine.anticipation.stats() if engine.anticipation is not None else None,
-        gc=PAUSES.stats(), quiet_steps=sched.num_quiet_steps,
+        gc=PAUSES.stats(), quiet_steps=sched.num_quiet_steps, cpu_threads=torch.get_num_threads(),
     )
 
 

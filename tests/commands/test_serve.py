@@ -111,6 +111,8 @@ def test_bad_values_are_answered_before_any_model_is_built(empty_zoo):
     assert "rpc.switch_interval_ms=-1: give milliseconds" in _refused(["rpc.switch_interval_ms=-1"], empty_zoo)
     assert "rpc.engine_switch_interval_ms=0: give milliseconds" in _refused(["rpc.engine_switch_interval_ms=0"], empty_zoo)
     assert "rpc.tenant_process_nice=25: give 0-19" in _refused(["rpc.tenant_process_nice=25"], empty_zoo)
+    assert "rpc.engine_threads=0: give a whole number" in _refused(["rpc.engine_threads=0"], empty_zoo)
+    assert "rpc.engine_threads='many': give a whole number" in _refused(["rpc.engine_threads=many"], empty_zoo)
     assert "rpc.tenant_process_nice='x': give an integer" in _refused(["rpc.tenant_process_nice=x"], empty_zoo)
     assert "rpc.max_images=2.5: give an integer" in _refused(["rpc.max_images=2.5"], empty_zoo)
     assert "rpc.gate_share='half': give a number" in _refused(["rpc.gate_share=half"], empty_zoo)
@@ -180,3 +182,14 @@ def test_fusion_refuses_bad_epochs_per_domain_before_building_the_model(vlora_ho
     cfg = compose("fusion", ["fusion.only={qa: 0.5}", f"fusion.epochs={epochs}"])
     with pytest.raises(SystemExit, match=f"fusion.epochs.*{what}.*int >= 1"):
         run_fusion(cfg)
+
+
+def test_a_cpu_engine_leaves_a_core_to_the_front_end_unless_told(monkeypatch):
+    from serve.rpc.tenant_processes import usable_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cpu = compose("serve", SMALL)
+    assert serve.engine_threads(cpu) == max(1, usable_cores() - 1)
+    assert serve.engine_threads(compose("serve", SMALL + ["rpc.engine_threads=3"])) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the operator's word stands
+    assert serve.engine_threads(cpu) is None

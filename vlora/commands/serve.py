@@ -366,11 +366,39 @@ def _switch_interval(rpc, key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _build_in_engine_process(cfg: DictConfig, plan: ServePlan, switch_ms: float | None):
+def engine_threads(cfg: DictConfig) -> int | None:
+    """rpc.engine_threads resolved: torch threads for the process that steps a CPU engine, or None where torch's
+    default stands (a GPU engine, or OMP_NUM_THREADS set). `auto` leaves a core to the front end: with every core
+    the engine's workers wait for the one a busy front end holds, and that wait is CPU time too. In one process
+    on 2 cores, an 8-sequence decode step took 15.6 ms at two threads with the other core busy against 5.6-6.5
+    idle; at one thread 5.9-8.1 either way (results/soak/cpu/engine_threads)."""
+    from serve.engine.engine import resolve_device
+    from serve.rpc.tenant_processes import usable_cores
+
+    value = cfg.rpc.get("engine_threads", "auto")
+    if value == "auto":
+        try:
+            on_cpu = resolve_device(str(cfg.engine.device)).type == "cpu"
+        except (ValueError, RuntimeError):  # the engine's build says what is wrong with the device
+            return None
+        if not on_cpu or os.environ.get("OMP_NUM_THREADS"):
+            return None
+        return max(1, usable_cores() - 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        fail(f"rpc.engine_threads={value!r}: give a whole number of threads (1 or more), or auto")
+    return value
+
+
+def _build_in_engine_process(cfg: DictConfig, plan: ServePlan, switch_ms: float | None, threads: int | None = None):
     """build_engine, run in the engine's own process; switch_ms: that process's interpreter switch interval,
-    how long the step loop may wait for the interpreter while a thread reading or writing the pipes holds it."""
+    how long the step loop may wait for the interpreter while a thread reading or writing the pipes holds it;
+    threads: its torch threads (engine_threads)."""
     if switch_ms is not None:
         sys.setswitchinterval(switch_ms / 1e3)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     return build_engine(cfg, plan)
 
 
@@ -383,6 +411,7 @@ def run(cfg: DictConfig):
     if switch_ms is not None:  # how soon a thread woken by an answer gets the interpreter from a busy one
         sys.setswitchinterval(switch_ms / 1e3)
     engine_switch_ms = _switch_interval(rpc, "engine_switch_interval_ms")
+    threads = engine_threads(cfg)
     http = http_config(cfg) if int(os.environ.get("RANK", 0)) == 0 else None
     plan = plan_serve(cfg)
     processes = _tenant_processes(rpc)  # checked before the engine is built
@@ -412,9 +441,13 @@ def run(cfg: DictConfig):
 
         # the step loop in a process of its own: no client's traffic takes its interpreter (serve.rpc.engine_host);
         # attachable by the tenants' own front-end processes (serve.rpc.tenant_processes)
-        engine = EngineProcess(partial(_build_in_engine_process, cfg, plan, engine_switch_ms),
+        engine = EngineProcess(partial(_build_in_engine_process, cfg, plan, engine_switch_ms, threads),
                                attachable=bool(rpc.get("tenants")) and processes > 0).start()
     else:
+        if threads and not tensor_parallel:  # its steps run on a thread of this process
+            import torch
+
+            torch.set_num_threads(threads)
         engine = build_engine(cfg, plan)
     if tensor_parallel:
         from serve.distributed import LeaderEngine, follow, leave_group

@@ -1,5 +1,5 @@
-"""`vlora serve` steps a CPU engine on the usable cores less one (rpc.engine_threads=auto), in the engine's own
-process or on a thread of the server's; an operator's number stands. Read back from a real server's metrics."""
+"""`vlora serve` steps a CPU engine on the usable cores less one (rpc.engine_threads=auto) in the engine's own
+process, or on an operator's number on a thread of the server's. Read back from a real server's metrics."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ NAME = "qwen2_vl_tiny"
 
 @pytest.mark.parametrize("overrides, want", [
     ((), max(1, usable_cores() - 1)),
-    (("rpc.engine_process=false",), max(1, usable_cores() - 1)),
-    (("rpc.engine_threads=3",), 3),
+    (("rpc.engine_process=false", "rpc.engine_threads=3"), 3),
 ])
 def test_the_engine_steps_on_the_threads_it_was_given(tiny_zoo, tmp_path, monkeypatch, overrides, want):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # torch's default would be every core

@@ -57,15 +57,18 @@ class BlockManager:
         return parent, tuple(seq.token_ids[start:end]), images
 
     def block_hash(self, seq: Sequence, index: int) -> tuple[int, tuple]:
-        """(hash, key) of full block `index` of seq; hashes are memoized on the sequence."""
+        """(hash, key) of full block `index` of seq. Both are memoized on the sequence (a full block's tokens
+        never change): the scheduler matches every waiting prompt's prefix several times a step, and building
+        the key again each time was most of a step's planning with a few dozen requests queued."""
         while len(seq.block_hashes) <= index:
             i = len(seq.block_hashes)
             if (i + 1) * self.block_size > seq.num_tokens:
                 raise ValueError(f"block {i} of {seq.request_id!r} is not full")
             parent = seq.block_hashes[i - 1] if i else hash(("root", seq.adapter, seq.adapter_version))
-            seq.block_hashes.append(hash(self._block_key(seq, i, parent)))
-        parent = seq.block_hashes[index - 1] if index else hash(("root", seq.adapter, seq.adapter_version))
-        return seq.block_hashes[index], self._block_key(seq, index, parent)
+            key = self._block_key(seq, i, parent)
+            seq.block_keys.append(key)
+            seq.block_hashes.append(hash(key))
+        return seq.block_hashes[index], seq.block_keys[index]
 
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding seq's leading full blocks. At least one token is left to compute

@@ -65,6 +65,7 @@ class Sequence:
     num_cached_tokens: int = 0  # served from the prefix cache at the last admission
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # content hashes of full blocks, memoized
+    block_keys: list[tuple] = field(default_factory=list)  # what each hash was made of (checked on a hit)
     num_hashed_blocks: int = 0  # leading blocks registered in (or taken from) the prefix cache
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None

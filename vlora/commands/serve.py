@@ -395,11 +395,16 @@ def _build_in_engine_process(cfg: DictConfig, plan: ServePlan, switch_ms: float 
     threads: its torch threads (engine_threads)."""
     if switch_ms is not None:
         sys.setswitchinterval(switch_ms / 1e3)
+    _step_threads(threads)
+    return build_engine(cfg, plan)
+
+
+def _step_threads(threads: int | None) -> None:
+    """Gives torch `threads` threads in the process about to step a CPU engine (None: torch's default stands)."""
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    return build_engine(cfg, plan)
 
 
 def run(cfg: DictConfig):
@@ -444,10 +449,8 @@ def run(cfg: DictConfig):
         engine = EngineProcess(partial(_build_in_engine_process, cfg, plan, engine_switch_ms, threads),
                                attachable=bool(rpc.get("tenants")) and processes > 0).start()
     else:
-        if threads and not tensor_parallel:  # its steps run on a thread of this process
-            import torch
-
-            torch.set_num_threads(threads)
+        if not tensor_parallel:  # its steps run on a thread of this process
+            _step_threads(threads)
         engine = build_engine(cfg, plan)
     if tensor_parallel:
         from serve.distributed import LeaderEngine, follow, leave_group

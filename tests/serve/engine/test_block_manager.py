@@ -119,6 +119,24 @@ def test_prefix_keys_include_the_images_and_the_adapter():
     assert bm.num_cached_tokens(other_adapter) == 0
 
 
+def test_a_prompts_block_keys_are_built_once_however_often_it_is_matched(monkeypatch):
+    # the scheduler matches each waiting prompt several times a step, every step it waits
+    bm = BlockManager(num_blocks=16, block_size=4)
+    a = _seq(range(13), name="a")
+    bm.allocate(a, 13)
+    a.num_computed_tokens = 13
+    bm.commit(a)
+    built = []
+    make = bm._block_key
+    monkeypatch.setattr(bm, "_block_key", lambda seq, i, parent: built.append(i) or make(seq, i, parent))
+    waiting = _seq(list(range(12)) + [50, 51], name="w")
+    for _ in range(5):
+        assert bm.num_cached_tokens(waiting) == 12 and bm.can_allocate(waiting, 14)
+    assert built == [0, 1, 2]  # each full block once; the keys it kept still decide the hits
+    bm.allocate(waiting, 14)
+    assert waiting.block_table[:3] == a.block_table[:3] and built == [0, 1, 2]
+
+
 def test_prefix_cache_can_be_switched_off():
     bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_cache=False)
     a = _seq(range(9), name="a")

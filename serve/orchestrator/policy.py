@@ -154,14 +154,18 @@ class VLoRAPolicy(Adaptive, Policy):
         here = BatchEstimate(p, mode, self.lora_op, view.running)
         away = None  # requests the current mode cannot run: estimated in unmerge, after the switch
         switch_ms = p.switch_cost_ms(self.switch_op, mode.merged_adapter, None)
-        out = {}
+        out, left = {}, {}  # left: the estimate by what it reads, once each (a flood's requests are alike)
         for r in view.waiting:
-            wait = view.now_ms - r.arrival_ms
-            if mode.can_run(r.adapter):
-                out[r.request_id] = wait + here.exec_ms(r)
-            else:
-                away = away or BatchEstimate(p, Mode.unmerge(), self.lora_op, view.running)
-                out[r.request_id] = wait + away.exec_ms(r) + switch_ms
+            key = (r.adapter, r.output_mode, r.remaining_prompt, r.remaining_output)
+            ms = left.get(key)
+            if ms is None:
+                if mode.can_run(r.adapter):
+                    ms = here.exec_ms(r)
+                else:
+                    away = away or BatchEstimate(p, Mode.unmerge(), self.lora_op, view.running)
+                    ms = away.exec_ms(r) + switch_ms
+                left[key] = ms
+            out[r.request_id] = view.now_ms - r.arrival_ms + ms
         return out
 
     def dwell_ms(self) -> float:

@@ -6,6 +6,7 @@ import pytest
 from orchestrator_cases import affine, linear_profile, req, view
 
 from serve.orchestrator import Decision, Mode, Policy, VLoRAConfig, VLoRAPolicy, build_policy
+from serve.orchestrator.base import BatchEstimate
 
 
 @pytest.fixture
@@ -125,6 +126,25 @@ def test_credit_is_wait_plus_execution_in_the_current_mode_plus_switch(profile):
     # w cannot run merged: estimated unmerged after a switch (one all-layer unmerge, 5 ms)
     expect = 40.0 + p.step_ms(2, 301, 301, 2, "atmm") + 19 * p.step_ms(2, 2, 2, 2, "atmm") + 5.0
     assert merged == pytest.approx(expect)
+
+
+def test_alike_requests_share_one_estimate_and_each_credit_is_still_its_own(profile):
+    # a flood's requests are alike: their estimate is made once; each credit keeps its own wait
+    running = [req("x-run", "x", -100.0, computed_tokens=100, generated_tokens=2)]
+    waiting = [req(f"f{i}", "a", float(i), prompt=30, out=1) for i in range(20)]
+    waiting += [req("long", "a", 3.0, prompt=30, out=40), req("base", None, 4.0, prompt=300),
+                req("head", "a", 5.0, prompt=30, out=1, output_mode="head"),
+                req("part", "a", 6.0, prompt=300, computed_tokens=200), req("other", "b", 7.0, prompt=30, out=1)]
+    policy = VLoRAPolicy(profile, PAPER)
+    for mode in (Mode.unmerge(), Mode.merge("a")):
+        got = policy.credits(view(50.0, waiting, running, mode))
+        here = BatchEstimate(profile, mode, policy.lora_op, running)
+        away = BatchEstimate(profile, Mode.unmerge(), policy.lora_op, running)
+        switch = profile.switch_cost_ms(policy.switch_op, mode.merged_adapter, None)
+        for r in waiting:
+            one = here.exec_ms(r) if mode.can_run(r.adapter) else away.exec_ms(r) + switch
+            assert got[r.request_id] == pytest.approx(50.0 - r.arrival_ms + one), (mode, r.request_id)
+        assert len({got[f"f{i}"] + i for i in range(20)}) == 1  # alike: the same estimate, their own waits
 
 
 def test_application_targets_and_priorities_set_the_starving_threshold(profile):

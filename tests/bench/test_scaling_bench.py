@@ -42,7 +42,7 @@ def test_setups_sweep_to_the_knee_and_resume(vlora_home, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     setups = ("single", "tensor_parallel") + (("replicas",) if importlib.util.find_spec("ray") else ())
     job = ScalingBenchJob(model="qwen2_vl_tiny", device="cpu", dtype="float32", adapters=2, rank=8, setups=setups,
-                          rates=(2.0, 1000.0), duration_s=2.0, drain_s=3.0, warmup_s=1.0, image_size=56,
+                          rates=(2.0, 400.0), duration_s=2.0, drain_s=3.0, warmup_s=1.0, image_size=56,
                           video_frames=(1, 2), video_output_tokens=(2, 3), retrieval_output_tokens=(4, 8),
                           text_tokens=(4, 12), max_batch_size=8, max_tokens_per_step=1024, profile="measure",
                           out_dir=str(tmp_path))
@@ -52,14 +52,15 @@ def test_setups_sweep_to_the_knee_and_resume(vlora_home, tmp_path, monkeypatch):
     for setup in setups:
         rs = [r for r in rows if r["setup"] == setup]
         gpus = 1 if setup == "single" else 2
-        assert [r["rate"] for r in rs] == [2.0 * gpus, 1000.0 * gpus] and all(r["gpus"] == gpus for r in rs)
+        assert [r["rate"] for r in rs] == [2.0 * gpus, 400.0 * gpus] and all(r["gpus"] == gpus for r in rs)
         low, high = rs
         assert low["meets_target"] and low["completed"] == low["requests"] > 0
         assert all(r["steps_unmerge"] + r["steps_merge"] + r["steps_mixture"] > 0 for r in rs)  # engines' counters
-        # a thousand requests/s per process is far past what the tiny model serves on two cores
+        # four hundred requests/s per process is far past what the tiny model serves on two cores (and a
+        # thousand spent most of the test making requests that could only be aborted)
         assert not high["meets_target"] and high["aborted"] > 0 and high["met_share"] < 0.9
         s = summary["setups"][setup]
-        assert s["bounded"] and s["measured_rps"] == 2.0 * gpus and 2.0 * gpus <= s["capacity_rps"] < 1000.0 * gpus
+        assert s["bounded"] and s["measured_rps"] == 2.0 * gpus and 2.0 * gpus <= s["capacity_rps"] < 400.0 * gpus
         assert s["load_s"] > 0 and s["gpus"] == gpus
     base = summary["setups"]["single"]["capacity_rps"]
     tp = summary["setups"]["tensor_parallel"]

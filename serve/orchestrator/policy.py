@@ -207,14 +207,18 @@ class VLoRAPolicy(Adaptive, Policy):
         return starving + fcfs(r for r in view.waiting if r.request_id not in ids)
 
     def _top(self, present: list[RequestView], cur: str | None) -> tuple[Counter, str | None]:
-        """Requests per adapter and the most requested adapter (ties: the merged one, then the earliest)."""
-        counts, first = Counter(), {}  # first: each adapter's earliest arrival (what fcfs order puts first)
+        """Requests per adapter and the most requested adapter (ties: the merged one, then the one whose
+        request fcfs order puts first)."""
+        # first: each adapter's first request in fcfs order, (arrival, id): equal arrivals (a trace's
+        # burst) are ordered by id as fcfs orders them, never by the adapter's name
+        counts, first = Counter(), {}
         for r in present:
             a = r.adapter
             if a is not None:
                 counts[a] += 1
-                if a not in first or r.arrival_ms < first[a]:
-                    first[a] = r.arrival_ms
+                key = (r.arrival_ms, r.request_id)
+                if a not in first or key < first[a]:
+                    first[a] = key
         top = min(counts, key=lambda a: (-counts[a], a != cur, first[a], a)) if counts else None
         return counts, top
 

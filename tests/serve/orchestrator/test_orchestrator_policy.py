@@ -103,6 +103,18 @@ def test_dominance_counts_against_the_max_batch_or_the_requests_present(profile)
     assert present.decide(view(10.0, queue)).mode == Mode.merge("a"), "3 > 0.5 * min(8, 3)"
 
 
+def test_a_tie_of_equal_arrivals_goes_to_the_adapter_whose_request_fcfs_puts_first(profile):
+    # a burst: every request arrived at the same ms, as a replayed trace's do; fcfs orders them by id,
+    # and so must the choice of the most requested adapter (never the adapters' names)
+    queue = [req("r0", "zebra", 0.0), req("r1", "apple", 0.0), req("r2", "zebra", 0.0), req("r3", "apple", 0.0)]
+    policy = VLoRAPolicy(profile, VLoRAConfig(decide="algorithm1", share_of="present"))
+    assert policy._top(queue, None)[1] == "zebra"
+    assert policy._top(list(reversed(queue)), None)[1] == "zebra", "not the order they are listed in"
+    assert policy._top(queue, "apple")[1] == "apple", "the merged adapter still wins its tie"
+    later = [req("r0", "zebra", 2.0), *queue[1:]]  # zebra's first request now arrived after apple's
+    assert policy._top(later, None)[1] == "apple"
+
+
 def test_the_merged_adapter_keeps_its_place_within_the_hysteresis_band(profile):
     queue = a_queue(4) + [req("b0", "b", 5), req("c0", "c", 6)]  # a holds 4 of MaxBS 8
     assert VLoRAPolicy(profile, PAPER).decide(view(10.0, queue)).mode == Mode.unmerge(), "entering needs > 4"

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .anticipation import check_anticipate_ms
-from .scheduler import check_waiting_window
+from .scheduler import check_quiet_rate, check_waiting_window
 
 
 @dataclass
@@ -46,9 +46,12 @@ class EngineConfig:
     # per weight (serve/engine/tenancy.py step_caps); False: the step is work-conserving
     tenant_step_cap: bool = True
     # with the cap: a step carrying prompt tokens of a tenant within its share carries none of the tenants
-    # over theirs (at most a third of steps); False: they carry up to the others' prompt tokens. Off by
-    # default: on 2 CPU cores it did not lower the soak's ratios (results/soak/cpu/quiet_steps)
+    # over theirs; False: they carry up to the others' prompt tokens. Off by default: on 2 CPU cores it did
+    # not lower the soak's ratios (results/soak/cpu/quiet_steps)
     tenant_quiet_prefill: bool = False
+    # quiet steps earned per step that is not one: at most rate / (1 + rate) of the steps are quiet (0.5: a
+    # third, 1: a half; serve/engine/scheduler.py)
+    tenant_quiet_rate: float = 0.5
     # with the cap: one over its share also runs at most the others' per-weight count of sequences in a step, or
     # one per SEQ_TOKENS of their tokens if more (serve/engine/tenancy.py step_caps' `seq_cap`); False: any number,
     # within its tokens
@@ -145,6 +148,7 @@ class EngineConfig:
             raise ValueError(f"warm_up_side={self.warm_up_side} and warm_up_frames={self.warm_up_frames}: give a side "
                              "of at least 28 pixels and at least one frame")
         self.warm_up_sizes = tuple(_picture_size(size) for size in self.warm_up_sizes)
+        check_quiet_rate(self.tenant_quiet_rate)
         if self.encode_ahead not in ("auto", "on", "off"):
             raise ValueError(f"encode_ahead={self.encode_ahead!r}: use auto (on a GPU only), on or off")
         if self.adapter_slots < 0:

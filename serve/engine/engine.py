@@ -151,6 +151,7 @@ class Engine:
                                        self.runner.max_model_len, config.max_prefill_with_decode,
                                        decode_burst=config.decode_burst, tenant_step_cap=config.tenant_step_cap,
                                        tenant_quiet_prefill=config.tenant_quiet_prefill,
+                                       tenant_quiet_rate=config.tenant_quiet_rate,
                                        tenant_seq_cap=config.tenant_seq_cap,
                                        waiting_window=config.waiting_window)
         self.scheduler = Scheduler(sched_config, self.block_manager, FairShare(), self.lora)

@@ -22,8 +22,8 @@ nothing running is admitted first (and `_make_room` frees it a slot of a full ba
 of its first chunk), and at most `tenant_max_running` of a tenant's sequences run at once. While
 several tenants have work, a tenant over its share of the batch carries at most the others'
 per-weight tokens (`tenant_step_cap`), and while one within its share takes prompt tokens, none of
-theirs (`tenant_quiet_prefill`, off by default, in at most a third of steps). With one tenant every
-token is its own and the step is what it was before tenants.
+theirs (`tenant_quiet_prefill`, off by default, in at most a share of the steps that `tenant_quiet_rate`
+sets). With one tenant every token is its own and the step is what it was before tenants.
 
 The policy (serve/engine/order.py) says only who comes first. An orchestrator (serve/engine/planner.py) may
 also hand `schedule` a `StepPlan`: running sequences it pauses are left out of the step (they
@@ -64,6 +64,14 @@ def check_waiting_window(window) -> None:
                          "(an integer >= 1), or null for all")
 
 
+def check_quiet_rate(rate) -> None:
+    """SchedulerConfig.tenant_quiet_rate (also checked by EngineConfig). Above 1 most steps could hold a
+    flood's prompts out; NaN and bools are refused too."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+        raise ValueError(f"tenant_quiet_rate={rate!r}: give a number above 0 and at most 1 (quiet steps earned "
+                         "per step that is not one)")
+
+
 @dataclass
 class SchedulerConfig:
     max_batch_size: int = 32  # sequences in one step
@@ -81,9 +89,12 @@ class SchedulerConfig:
     # per-weight tokens (serve/engine/tenancy.py step_caps); off: the step is work-conserving
     tenant_step_cap: bool = True
     # with the cap: a step carrying prompt tokens of a tenant within its share carries none of those over
-    # theirs (at most a third of steps: QUIET_RATE; serve/engine/tenancy.py step_caps' `quiet_fits`). Off by
-    # default: on 2 CPU cores it did not lower the soak's ratios (results/soak/cpu/quiet_steps)
+    # theirs (serve/engine/tenancy.py step_caps' `quiet_fits`). Off by default: on 2 CPU cores it did not
+    # lower the soak's ratios (results/soak/cpu/quiet_steps)
     tenant_quiet_prefill: bool = False
+    # quiet steps earned per step that is not one, so at most rate / (1 + rate) of the steps are quiet (0.5: a
+    # third; 1: a half): the tenants over their share take prompt tokens in the rest whatever the others send
+    tenant_quiet_rate: float = 0.5
     # with the cap: one over its share also runs at most the others' per-weight count of sequences in the step, or
     # one per SEQ_TOKENS of their tokens if more (tenancy.step_caps' `seq_cap`); off: any number, within its tokens
     tenant_seq_cap: bool = True
@@ -102,6 +113,7 @@ class SchedulerConfig:
             raise ValueError("max_prefill_with_decode must be >= 0 (0: a decode lane) or None")
         if self.decode_burst < 1:
             raise ValueError("decode_burst must be >= 1")
+        check_quiet_rate(self.tenant_quiet_rate)
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,6 @@ class ScheduledBatch:
         return len(self.entries)
 
 
-QUIET_RATE = 0.5  # quiet steps (tenancy.step_caps' `quiet_fits`) earned per step that is not one: at most a third
 QUIET_BURST = 4.0  # quiet steps a run of steps without one can save up
 
 
@@ -359,7 +370,7 @@ class Scheduler:
             self._quiet -= 1
             self.num_quiet_steps += 1
         else:
-            self._quiet = min(QUIET_BURST, self._quiet + QUIET_RATE)
+            self._quiet = min(QUIET_BURST, self._quiet + cfg.tenant_quiet_rate)
         used: Counter = Counter()
         i = 0
         while i < len(running) and budget > 0:

@@ -236,9 +236,9 @@ def step_caps(active: list[Sequence], candidates: list[Sequence], slots: int, st
     still rode in each of a victim's 16-token prefills under the soak's `queue2048` on an H200: that step
     took 7.7-8.2 ms in the slowest tenth against 3.9-5.0 alone, the largest part of the flood's tail
     (results/soak/nvidia_h200/after_pacing). Only prompts their share finishes make it quiet, so backlogged
-    tenants still share every step by weight; and the scheduler grants at most a third of the steps
-    (scheduler.QUIET_RATE), so the tenants over their share take prompt tokens in two steps of three
-    whatever the others send.
+    tenants still share every step by weight; and the scheduler grants at most a share of the steps
+    (SchedulerConfig.tenant_quiet_rate: a third by default), so the tenants over their share take prompt
+    tokens in the rest whatever the others send.
 
     seq_cap: those over their share also run at most their weight's part of the largest per-weight count of
     sequences the tenants within their share hold, or of their level in SEQ_TOKENS (at least one). Tokens alone let

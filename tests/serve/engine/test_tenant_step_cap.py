@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from serve.engine.block_manager import BlockManager
 from serve.engine.scheduler import FairShare, Scheduler, SchedulerConfig, StepPlan
 from serve.engine.sequence import Sequence
@@ -20,11 +22,11 @@ def _seq(tenant, owner=None, n_prompt=30, max_tokens=200, weight=1.0):
                     arrival_time=float(base), owner=owner or tenant, tenant=tenant, tenant_weight=weight)
 
 
-def _sched(blocks=48, batch=8, cap=True, quiet=True, seq_cap=True):
+def _sched(blocks=48, batch=8, cap=True, quiet=True, seq_cap=True, quiet_rate=0.5):
     # the soak's server: 48 blocks of 16 tokens, a batch of 8, the serve defaults' token budgets
     config = SchedulerConfig(max_batch_size=batch, max_tokens_per_step=4096, max_model_len=4096,
                              max_prefill_with_decode=2048, tenant_step_cap=cap, tenant_quiet_prefill=quiet,
-                             tenant_seq_cap=seq_cap)
+                             tenant_seq_cap=seq_cap, tenant_quiet_rate=quiet_rate)
     return Scheduler(config, BlockManager(blocks, 16), FairShare())
 
 
@@ -155,13 +157,25 @@ def test_the_serve_key_reaches_the_engines_scheduler(tiny_zoo):
     from serve import Engine, EngineConfig
     from vlora.config import compose
 
-    overrides = ["engine.tenant_step_cap=false", "engine.tenant_quiet_prefill=true", "engine.tenant_seq_cap=false"]
+    overrides = ["engine.tenant_step_cap=false", "engine.tenant_quiet_prefill=true", "engine.tenant_seq_cap=false",
+                 "engine.tenant_quiet_rate=1"]
     values = OmegaConf.to_container(compose("serve", overrides).engine, resolve=True)
     config = EngineConfig.from_dict({**values, "device": "cpu", "num_kv_blocks": 32})
     assert config.tenant_step_cap is False and config.tenant_quiet_prefill is True and config.tenant_seq_cap is False
     scheduler = Engine(tiny_zoo["qwen2_vl_tiny"], config).scheduler
     assert scheduler.config.tenant_step_cap is False and scheduler.config.tenant_quiet_prefill is True
-    assert scheduler.config.tenant_seq_cap is False
+    assert scheduler.config.tenant_seq_cap is False and scheduler.config.tenant_quiet_rate == 1
+    assert EngineConfig(device="cpu").tenant_quiet_rate == compose("serve", []).engine.tenant_quiet_rate == 0.5
+
+
+@pytest.mark.parametrize("rate", [0, -0.5, 1.5, float("nan"), float("inf"), True, "0.5"])
+def test_a_quiet_rate_out_of_range_is_refused_before_a_model_loads(rate):
+    from serve import EngineConfig
+
+    with pytest.raises(ValueError, match=r"tenant_quiet_rate=.*give a number above 0 and at most 1"):
+        EngineConfig(device="cpu", tenant_quiet_rate=rate)
+    with pytest.raises(ValueError, match="tenant_quiet_rate"):
+        SchedulerConfig(max_batch_size=8, max_tokens_per_step=64, tenant_quiet_rate=rate)
 
 
 def test_a_newcomer_whose_first_chunk_needs_over_half_the_cache_preempts_no_one():
@@ -303,12 +317,13 @@ def test_a_light_tenants_prompt_step_carries_no_flood_prompt_and_the_flood_keeps
     assert s.num_quiet_steps == 30
 
 
-def test_quiet_steps_are_at_most_a_third_of_all_whatever_light_tenants_send():
+@pytest.mark.parametrize("rate, share", [(0.5, 1 / 3), (1.0, 1 / 2), (0.25, 1 / 5)])
+def test_quiet_steps_are_at_most_their_share_of_all_whatever_light_tenants_send(rate, share):
     """Light tenants sending back to back cannot hold a flood's prompts out of most steps: the scheduler
-    grants at most a third of the steps (QUIET_RATE) after its saved-up QUIET_BURST."""
+    grants at most rate / (1 + rate) of the steps (`tenant_quiet_rate`) after its saved-up QUIET_BURST."""
     from serve.engine.scheduler import QUIET_BURST
 
-    s = _sched(batch=16)
+    s = _sched(batch=16, quiet_rate=rate)
     top_up = _one_token_flood(s, lambda: _seq("flood", n_prompt=14, max_tokens=1))
     steps, with_flood = 300, 0
     for _ in range(steps):
@@ -317,8 +332,8 @@ def test_quiet_steps_are_at_most_a_third_of_all_whatever_light_tenants_send():
             if not any(q.tenant == f"light{k}" for q in s.running + s.waiting):
                 s.add(_seq(f"light{k}", n_prompt=16, max_tokens=1))
         with_flood += _tokens(_step(s))["flood"] > 0
-    assert s.num_quiet_steps <= steps / 3 + QUIET_BURST
-    assert s.num_quiet_steps >= steps / 3 - 1  # the light tenants got their third
+    assert s.num_quiet_steps <= steps * share + QUIET_BURST
+    assert s.num_quiet_steps >= steps * share - 1  # the light tenants got their share
     assert with_flood >= steps - s.num_quiet_steps
 
 

@@ -213,6 +213,8 @@ def _checks(job: SoakJob, server: ServerUnderTest, base: dict, after: dict | Non
             for flood, f in phase["by_flood"].items():
                 ci = f.get("ratio_interval")
                 ci = f", 95% interval {ci[0]:g}-{ci[1]:g}" if ci else ""
+                if f.get("drift") is not None:  # how far the victim alone moved from the window before to after
+                    ci += f"; alone {f['quiet']['p95_ms']:g} ms before, {f['quiet_after']['p95_ms']:g} after"
                 whose = "another connection of its own" if flood in OWN_FLOODS else "attacker's"
                 rows.append(_check(f"fairness_{flood}_p95_ratio", f.get("ratio"),
                                    f"<= {job.fairness_max_ratio:g} (victim tenant, {whose} flood '{flood}'{ci})",

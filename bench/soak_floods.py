@@ -259,7 +259,12 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
     machine of few cores that also runs the server, a positive value stands for an attacker whose
     client threads run on machines of its own, so its own CPU use is not charged to the server.
     `http_port`: the server's HTTP port, for the floods of HTTP_FLOODS (the victim stays on RPyC).
-    `server_pid`: the server's process, whose tree's CPU is told apart from the rest (`cpu`, `cpu_quiet`)."""
+    `server_pid`: the server's process, whose tree's CPU is told apart from the rest (`cpu`, `cpu_quiet`).
+
+    Each flood's probes alone right after it (`quiet_after`: the next flood's `quiet`, or one more window
+    after the last) are reported beside it, with `drift`, their p95 over the one before, and
+    `ratio_to_quiet_after`. The check stays the ratio to the window before. On a GPU host whose speed moves
+    by itself, the two windows around a flood say how far the machine moved while it ran."""
     out: dict = {}
     server = [server_pid] if server_pid else []
     for name in names:
@@ -310,4 +315,18 @@ def flood_phases(port: int, attacker: str, victim: str, names, seconds: float, p
         # each tenant's calls under the flood: how many, how many queued for a slot, how often and how long
         # paced (a victim paced while the flood is held to its part shows here)
         out[name]["gate"] = {who: _since(now, gate_before[who]) for who, now in _gate_counts(port, whose).items()}
+    if out:
+        closing, _, _ = _probe(port, victim, probes, probe_tokens, seconds)
+        _quiet_after(out, latency_summary(closing) if closing else None)
     return out
+
+
+def _quiet_after(out: dict, closing: dict | None) -> None:
+    """Each flood's window alone after it, in the order they ran: the next one's `quiet`, the last's
+    `closing`; with its p95 over the window before (`drift`) and the flood's p95 over it."""
+    floods = list(out.values())
+    for f, after in zip(floods, [g["quiet"] for g in floods[1:]] + [closing]):
+        before, probe = f["quiet"], f["probe"]
+        f["quiet_after"] = after
+        f["drift"] = round(after["p95_ms"] / before["p95_ms"], 2) if after and before else None
+        f["ratio_to_quiet_after"] = round(probe["p95_ms"] / after["p95_ms"], 2) if after and probe else None

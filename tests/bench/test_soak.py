@@ -57,6 +57,9 @@ def test_quick_soak_on_cpu(tiny_zoo, tmp_path):
     for name in ("server_alive", "legit_answered", "kv_blocks_free", "requests_in_flight", "requests_waiting_running",
                  "pixels_in_flight", "adapter_slots", "connections_left", "log_size"):
         assert checks[name]["pass"], checks[name]
+    floods = report["phases"]["floods"]["by_flood"]  # topup4's window alone after it is poll32's before it
+    assert floods["topup4"]["quiet_after"] == floods["poll32"]["quiet"] and floods["poll32"]["quiet_after"]["n"] > 0
+    assert "ms before" in checks["fairness_topup4_p95_ratio"]["bound"], checks["fairness_topup4_p95_ratio"]
     flood = report["phases"]["flood"]
     assert flood["probe"]["n"] > 0 and flood["ratio"] > 0 and flood["flood"]["submitted"] > 0
     assert report["baseline"]["rss_mb"] > 0 and report["after"]["rss_mb"] > 0

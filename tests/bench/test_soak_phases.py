@@ -16,6 +16,25 @@ from vlora.commands.bench import run
 from vlora.config import compose
 
 
+def test_each_floods_window_after_is_the_next_floods_window_before_and_the_last_has_its_own():
+    from bench.soak_floods import _quiet_after
+
+    def window(p95):
+        return {"n": 5, "p95_ms": p95}
+
+    # three floods in the order they ran; nobody answered alone before c
+    out = {"a": {"quiet": window(10.0), "probe": window(18.0)}, "b": {"quiet": window(12.5), "probe": window(30.0)},
+           "c": {"quiet": None, "probe": window(20.0)}}
+    _quiet_after(out, window(8.0))  # the window after the last
+
+    def after(name):
+        return out[name]["quiet_after"], out[name]["drift"], out[name]["ratio_to_quiet_after"]
+
+    assert after("a") == (window(12.5), 1.25, 1.44)
+    assert after("b") == (None, None, None)
+    assert after("c") == (window(8.0), None, 2.5)
+
+
 def test_a_misspelt_phase_is_refused_before_a_server_starts(tmp_path):
     cfg = compose("bench", ["bench.suite=soak", "+bench.soak.phases=[floods,flod]", f"bench.out_dir={tmp_path}"])
     with pytest.raises(ValueError, match=r"bench.soak.phases: no phase\(s\) \['flod'\]"):
@@ -44,6 +63,10 @@ def test_only_the_chosen_phases_run_after_the_server_warmed_up_and_each_flood_sa
     for name, flood in report["phases"]["floods"]["by_flood"].items():
         assert flood["probe"]["n"] > 0 and flood["quiet"]["n"] > 0, name  # the flood's probes and the quiet ones before
         assert flood["ratio"] == round(flood["probe"]["p95_ms"] / flood["quiet"]["p95_ms"], 2)
+        # the probes alone after the flood (the last flood's: one more window) and how far they moved
+        after = flood["quiet_after"]
+        assert after["n"] > 0 and flood["drift"] == round(after["p95_ms"] / flood["quiet"]["p95_ms"], 2), flood
+        assert flood["ratio_to_quiet_after"] == round(flood["probe"]["p95_ms"] / after["p95_ms"], 2)
         lo, hi = flood["ratio_interval"]
         assert lo <= hi and lo > 0, flood["ratio_interval"]
         # each tenant's turns at the server's gate under the flood, read with its own token: the victim's probes

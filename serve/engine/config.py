@@ -47,7 +47,8 @@ class EngineConfig:
     tenant_step_cap: bool = True
     # with the cap: a step carrying prompt tokens of a tenant within its share carries none of the tenants
     # over theirs; False: they carry up to the others' prompt tokens. Off by default: on 2 CPU cores it did
-    # not lower the soak's ratios (results/soak/cpu/quiet_steps)
+    # not lower the soak's ratios (results/soak/cpu/quiet_steps), on an H100 at rate 1 a little, for 19-29% of a
+    # flood's requests (results/soak/nvidia_h100/quiet_steps)
     tenant_quiet_prefill: bool = False
     # quiet steps earned per step that is not one: at most rate / (1 + rate) of the steps are quiet (0.5: a
     # third, 1: a half; serve/engine/scheduler.py)

@@ -90,7 +90,8 @@ class SchedulerConfig:
     tenant_step_cap: bool = True
     # with the cap: a step carrying prompt tokens of a tenant within its share carries none of those over
     # theirs (serve/engine/tenancy.py step_caps' `quiet_fits`). Off by default: on 2 CPU cores it did not
-    # lower the soak's ratios (results/soak/cpu/quiet_steps)
+    # lower the soak's ratios (results/soak/cpu/quiet_steps); on an H100, covering every light prefill (rate 1),
+    # it lowered them a little and cost a flood 19-29% of its requests (results/soak/nvidia_h100/quiet_steps)
     tenant_quiet_prefill: bool = False
     # quiet steps earned per step that is not one, so at most rate / (1 + rate) of the steps are quiet (0.5: a
     # third; 1: a half): the tenants over their share take prompt tokens in the rest whatever the others send

@@ -212,12 +212,12 @@ def _checks(job: SoakJob, server: ServerUnderTest, base: dict, after: dict | Non
         elif name == "floods" and "by_flood" in phase:
             for flood, f in phase["by_flood"].items():
                 ci = f.get("ratio_interval")
-                ci = f", 95% interval {ci[0]:g}-{ci[1]:g}" if ci else ""
+                detail = f", 95% interval {ci[0]:g}-{ci[1]:g}" if ci else ""
                 if f.get("drift") is not None:  # how far the victim alone moved from the window before to after
-                    ci += f"; alone {f['quiet']['p95_ms']:g} ms before, {f['quiet_after']['p95_ms']:g} after"
+                    detail += f"; alone {f['quiet']['p95_ms']:g} ms before, {f['quiet_after']['p95_ms']:g} after"
                 whose = "another connection of its own" if flood in OWN_FLOODS else "attacker's"
                 rows.append(_check(f"fairness_{flood}_p95_ratio", f.get("ratio"),
-                                   f"<= {job.fairness_max_ratio:g} (victim tenant, {whose} flood '{flood}'{ci})",
+                                   f"<= {job.fairness_max_ratio:g} (victim tenant, {whose} flood '{flood}'{detail})",
                                    f["ok"], "x"))
         elif name in ("lockout", "http_lockout") and "worst_s" in phase:
             rows.append(_check(f"{name}_connect_served", phase["worst_s"] if not phase["probes_failed"] else

@@ -15,8 +15,22 @@ if not torch.cuda.is_available():
 
 TINY_MODELS = ("qwen2_vl_tiny", "qwen2_5_vl_tiny", "llava_1_5_tiny")
 
+# Tests that start process trees of their own (Ray clusters, tensor-parallel groups of gloo ranks). When the
+# tests run in several workers (pytest-xdist, `--dist loadgroup`), these run in one of them, one after another:
+# two Ray clusters at once on two cores starve each other's start-up deadlines.
+PROCESS_TREES = (
+    "tests/bench/test_bench_tp.py", "tests/bench/test_scaling_bench.py", "tests/bench/test_scaling_streams.py",
+    "tests/bench/test_scaling_streams_tp.py", "tests/serve/distributed/", "tests/serve/models/test_fp8_linear.py",
+    "tests/serve/models/test_shard_at_load.py",
+)
 
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
+    trees = pytest.mark.xdist_group("process_trees")
+    for item in items:
+        if item.nodeid.startswith(PROCESS_TREES):
+            item.add_marker(trees)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -33,14 +33,30 @@ def flood_room(descriptors: int, alias: str) -> tuple[int, int]:
     return soft, hard
 
 
-def follower_pids() -> set[int]:
-    """Pids of tensor-parallel followers that a group leader started (serve.distributed.local_group)."""
-    pids = set()
+def _descendants(root: int) -> set[int]:
+    parent = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            pass
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def follower_pids() -> set[int]:
+    """Pids of tensor-parallel followers that a group leader started (serve.distributed.local_group) under
+    this process: a test in another process (a pytest-xdist worker) may have groups of its own."""
+    pids = set()
+    for pid in _descendants(os.getpid()):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if b"local_group import _follow" in f.read():
-                    pids.add(int(pid))
+                    pids.add(pid)
         except OSError:  # gone meanwhile
             pass
     return pids

@@ -197,12 +197,14 @@ def test_a_tenant_calling_in_a_loop_is_paced_in_its_own_process_while_another_ca
 
 def test_quotas_hold_in_a_tenant_process_and_connections_are_counted_by_the_server(server, tenants):
     with _client(server, tenants, "flood") as flood:
-        handles = [flood.submit_image("Describe.", [FRAME], sampling={"max_tokens": 40, "ignore_eos": True})
+        # long enough to be in flight still when the fourth comes, however slowly this (niced) process runs
+        handles = [flood.submit_image("Describe.", [FRAME], sampling={"max_tokens": 300, "ignore_eos": True})
                    for _ in range(3)]
         with pytest.raises(ServerError, match="too_many_requests|its limit 3"):
             flood.submit_image("Describe.", [FRAME], sampling={"max_tokens": 2})
         assert _metrics(server, tenants)["connections"] == 2  # this one and the operator's asking
         for handle in handles:
+            handle.abort()
             handle.result(120)
     deadline = time.monotonic() + 10
     while _metrics(server, tenants)["connections"] != 1 and time.monotonic() < deadline:

@@ -41,6 +41,9 @@ def _once(fn):
     return release
 
 
+ADMITTED_S = 10.0  # how long a connection admitted at its handshake holds its place before its service counts it
+
+
 @dataclass
 class ServerState:
     loop: Any  # EngineLoop, or EngineProcess (the engine in a process of its own)
@@ -64,6 +67,10 @@ class ServerState:
     # the decoded-pixel budget shared by the server's front-end processes (serve/rpc/tenant_processes.py):
     # a multiprocessing.Value("q") counting every process's pixels in flight; None: this process's alone
     pixel_pool: Any = None
+    # (monotonic time, tenant name) of connections admitted at the handshake and not yet connected: they hold
+    # their place, or a tenant's connections opened one after another all passed `admit` before the first's
+    # service counted itself (a third connection past a quota of two, on a loaded machine)
+    admitted: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if hasattr(self.loop, "on_adapters_changed"):  # another front end loaded or unloaded one
@@ -77,17 +84,27 @@ class ServerState:
 
     # ---- connections -----------------------------------------------------------------------------
     def admit(self, tenant: Tenant | None = None) -> bool:
-        """Whether one more connection fits, in the server and in the tenant's quota."""
+        """Whether one more connection fits, in the server and in the tenant's quota; if it does, its place
+        is held until `connected` counts it (or ADMITTED_S passes: a client gone before its service started)."""
         with self.lock:
-            if self.connections >= self.max_connections:
+            now = time.monotonic()
+            self.admitted = [a for a in self.admitted if now - a[0] < ADMITTED_S]
+            if self.connections + len(self.admitted) >= self.max_connections:
                 return False
-            if tenant is not None and self._usage(tenant).connections >= tenant.quotas.connections:
-                self.counters["refused_tenant_connections"] += 1
-                return False
+            name = None if tenant is None else tenant.name
+            if tenant is not None:
+                waiting = sum(1 for _, who in self.admitted if who == name)
+                if self._usage(tenant).connections + waiting >= tenant.quotas.connections:
+                    self.counters["refused_tenant_connections"] += 1
+                    return False
+            self.admitted.append((now, name))
             return True
 
     def connected(self, tenant: Tenant) -> None:
         with self.lock:
+            mine = next((i for i, a in enumerate(self.admitted) if a[1] in (tenant.name, None)), None)
+            if mine is not None:
+                del self.admitted[mine]
             self.connections += 1
             self._usage(tenant).connections += 1
             self.counters["connections_total"] += 1

@@ -115,18 +115,17 @@ def test_the_connection_threads_use_at_most_their_share_of_the_clock():
 
     def run(share):
         gate = Gate(slots=1, share=share, overhead_s=0.0, burst_s=0.005)
-        start, cpu = time.monotonic(), time.thread_time()
+        start = time.monotonic()
         for _ in range(20):  # one connection calling in a loop, 2 ms of CPU a call: 40 ms of CPU
             with gate.call("c", "t"):
                 burn(0.002)
-        return time.monotonic() - start, time.thread_time() - cpu, gate.counters["paced_s"]
+        return time.monotonic() - start, gate.counters["paced_s"]
 
-    _, _, unpaced = run(1.0)
-    clock, cpu, slept = run(0.2)
-    # 40 ms of CPU at 20%: ~0.2 s of clock, less the 5 ms burst and the last call (paid at the next call). How
-    # much of it is sleep depends on how long the burns took on the clock: longer on a loaded machine.
-    owed = cpu - 0.005 - cpu / 20
-    assert unpaced < 0.01 and slept > 0 and clock > owed / 0.2 * 0.9, (clock, cpu)
+    _, unpaced = run(1.0)
+    paced, slept = run(0.2)
+    # 40 ms of CPU at 20%: ~0.2 s of clock; how much of it is sleep depends on how long the burns took on the
+    # clock: less on a loaded machine
+    assert unpaced < 0.01 and slept > 0 and paced > 0.15
 
 
 def test_a_tenant_over_its_part_of_the_clock_waits_and_the_others_do_not():

@@ -40,12 +40,9 @@ def _flood(gate: Gate, tenant: str, calls: int, cpu_s: float) -> float:
 
 def test_a_lone_tenant_in_its_process_is_paced_at_the_whole_share():
     _, tenant = _gates(share=0.2)
-    cpu = time.thread_time()
     took = _flood(tenant, "flood", 20, 0.002)  # 40 ms of CPU at 20% of the clock: ~0.2 s
-    cpu = time.thread_time() - cpu
-    # less the 5 ms burst and the last call, paid at the next; asleep for less of it when the burns take longer
-    # on the clock (a loaded machine)
-    assert took > (cpu - 0.005 - cpu / 20) / 0.2 * 0.9 and tenant.counters["paced_s"] > 0, (took, cpu)
+    # how much of it is sleep depends on how long the burns took on the clock: less on a loaded machine
+    assert took > 0.15 and tenant.counters["paced_s"] > 0
 
 
 def test_a_flood_in_one_process_is_paced_at_its_part_and_a_victim_in_another_is_not():

@@ -33,14 +33,27 @@ def flood_room(descriptors: int, alias: str) -> tuple[int, int]:
     return soft, hard
 
 
-def _descendants(root: int) -> set[int]:
+def _live_parents() -> dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process."""
     parent = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
-                parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):  # gone meanwhile
-            pass
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields[0] != "Z":
+            parent[int(pid)] = int(fields[1])
+    return parent
+
+
+def children(pid: int) -> set[int]:
+    """The live child processes of `pid`."""
+    return {child for child, parent in _live_parents().items() if parent == pid}
+
+
+def _descendants(root: int) -> set[int]:
+    parent = _live_parents()
     found, frontier = set(), {root}
     while frontier:
         frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from rpc_server import ServerProcess
+from rpc_server import ServerProcess, children
 
 from serve.rpc import Client, ServerError, add_tenant
 from serve.rpc.tenant_processes import check_limit, check_pacing
@@ -60,20 +60,6 @@ def _client(server, tenants, who: str) -> Client:
     return Client("127.0.0.1", server.port, tenants[1][who], reconnect=False)
 
 
-def _children(pid: int) -> set[int]:
-    """The live child processes of `pid`."""
-    out = set()
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.add(int(entry))
-    return out
-
-
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -109,7 +95,7 @@ def _server_of(server, client: Client) -> int:
     deadline = time.monotonic() + 10
     while True:
         ends = _tcp_inodes(local_port)
-        holders = [pid for pid in (server.proc.pid, *_children(server.proc.pid)) if _socket_inodes(pid) & ends]
+        holders = [pid for pid in (server.proc.pid, *children(server.proc.pid)) if _socket_inodes(pid) & ends]
         if len(holders) == 1 or time.monotonic() > deadline:  # the server's copy closes right after the hand-off
             assert len(holders) == 1, holders
             return holders[0]
@@ -139,7 +125,7 @@ def test_each_tenant_is_served_by_a_process_of_its_own_and_the_operator_by_the_s
         pids = {who: _server_of(server, c) for who, c in (("victim", victim), ("flood", flood), ("ops", ops))}
     assert pids["ops"] == server.proc.pid
     assert pids["victim"] != pids["flood"] and server.proc.pid not in (pids["victim"], pids["flood"])
-    assert {pids["victim"], pids["flood"]} <= _children(server.proc.pid)
+    assert {pids["victim"], pids["flood"]} <= children(server.proc.pid)
     # rpc.tenant_process_nice: the tenant processes yield the cores to the server's (and the engine's)
     assert _nice(pids["victim"]) == _nice(pids["flood"]) == _nice(server.proc.pid) + 3
     deadline = time.monotonic() + 10  # a tenant process reports its counters about once a second

@@ -25,6 +25,62 @@ PROCESS_TREES = (
 )
 
 
+class _Alone:
+    """Tests marked `alone` run with no other test in progress when the tests run in several workers:
+    each worker holds a shared lock on one file while a test of its runs, an `alone` test an exclusive
+    one. A turnstile file taken before either lets an `alone` test waiting for the exclusive lock stop
+    the other worker from starting its next test (a shared lock is granted while an exclusive one waits)."""
+
+    def __init__(self, run_id: str):
+        import tempfile
+
+        stem = os.path.join(tempfile.gettempdir(), f"vlora-tests-{run_id}")
+        self.turnstile, self.room = open(stem + ".turnstile", "a+"), open(stem + ".room", "a+")
+
+    def enter(self, alone: bool) -> None:
+        import fcntl
+
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self.room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+    def leave(self) -> None:
+        import fcntl
+
+        fcntl.flock(self.room, fcntl.LOCK_UN)
+
+    def close(self) -> None:  # each worker holds its own descriptors: the files can go whichever ends first
+        for f in (self.turnstile, self.room):
+            f.close()
+            try:
+                os.unlink(f.name)
+            except OSError:
+                pass
+
+
+def pytest_configure(config):
+    worker = getattr(config, "workerinput", None)  # set in a pytest-xdist worker only
+    config._vlora_alone = _Alone(worker["testrunuid"]) if worker else None
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_vlora_alone", None) is not None:
+        config._vlora_alone.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    alone = item.config._vlora_alone
+    if alone is None:
+        yield
+        return
+    alone.enter(item.get_closest_marker("alone") is not None)
+    try:
+        yield
+    finally:
+        alone.leave()
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     trees = pytest.mark.xdist_group("process_trees")

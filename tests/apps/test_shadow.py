@@ -10,6 +10,7 @@ import time
 
 import cv2
 import numpy as np
+import pytest
 from apps_server import MODEL, connector, serving
 
 from apps.video_analytics import (JsonlSink, ShadowConfig, ShadowWorker, StreamManager, TaskSpec, format_line,
@@ -74,6 +75,7 @@ class SlowDetector(Teacher):
         return [Detection("car", 0.9, (0.0, 0.0, 8.0, 8.0))]
 
 
+@pytest.mark.alone
 def test_a_slow_shadow_never_holds_up_the_stream_and_drops_when_behind():
     count = TaskSpec("count")
     worker = ShadowWorker("cam", [(ShadowConfig("slow", share=1.0, queue_size=2), [count])],

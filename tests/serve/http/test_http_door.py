@@ -78,6 +78,7 @@ def _door(server):
     return server["http"].door
 
 
+@pytest.mark.alone
 def test_a_thousand_idle_sockets_lock_out_nobody(server):
     flood = [_sock(server) for _ in range(FLOOD)]  # each past the bound closes the address's longest idle
     try:
@@ -101,6 +102,7 @@ def test_a_silent_connection_is_closed_after_the_first_byte_deadline(server):
         sock.close()
 
 
+@pytest.mark.alone
 def test_trickling_heads_get_a_408_at_their_deadline(server):
     tricklers = [_sock(server) for _ in range(PER_ADDRESS)]
     head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 64
@@ -214,6 +216,7 @@ def test_a_tenants_requests_in_progress_stop_at_its_quota(server):
     assert status == 200
 
 
+@pytest.mark.alone
 def test_each_request_charges_its_event_loop_cpu_to_its_tenant(server, monkeypatch):
     """The gate paces a tenant by its CPU: an HTTP request's share on the event loop is charged to the
     tenant whose token it carried, never to another, and an unauthenticated one to nobody."""

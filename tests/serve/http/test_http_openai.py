@@ -200,6 +200,7 @@ def test_the_docs_curl_examples_run_as_written(setup, tmp_path):
     assert outputs[3].stdout.rstrip().endswith("data: [DONE]")
 
 
+@pytest.mark.alone
 def test_64_concurrent_clients_without_an_error(setup):
     async def one(i: int, http) -> int:
         body = {"model": NAME if i % 2 else "shared", "max_tokens": 2, "stream": bool(i % 3 == 0),

@@ -129,6 +129,7 @@ class Flood:
         self._selector.close()
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("trickle", [False, True], ids=["idle", "trickling"])
 @pytest.mark.parametrize("reopen", [False, True], ids=["once", "reopened"])
 def test_a_flood_from_one_address_never_locks_out_another(server, trickle, reopen):
@@ -155,6 +156,7 @@ def _threads(server) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
 
 
+@pytest.mark.alone
 def test_a_flood_from_many_addresses_displaces_its_own_oldest(server):
     # 200 addresses, 5 sockets each: no address reaches its bound, all of them the total one; each
     # new socket displaces the one idle longest, so a real client's socket lives long enough

@@ -11,6 +11,8 @@ import pytest
 from serve.rpc.gate import GATE, Gate
 from serve.rpc.replies import guarded
 
+pytestmark = pytest.mark.alone  # pacing measured on the clock: no other test's load beside it
+
 
 def _run_all(targets):
     threads = [threading.Thread(target=t) for t in targets]

@@ -14,6 +14,8 @@ import pytest
 from serve.rpc.gate import Gate
 from serve.rpc.shared_clock import SharedClock
 
+pytestmark = pytest.mark.alone  # pacing measured on the clock: no other test's load beside it
+
 
 def _burn(seconds: float) -> None:
     end = time.thread_time() + seconds

@@ -125,9 +125,7 @@ def test_the_connection_threads_use_at_most_their_share_of_the_clock():
 
     _, unpaced = run(1.0)
     paced, slept = run(0.2)
-    # 40 ms of CPU at 20%: ~0.2 s of clock; how much of it is sleep depends on how long the burns took on the
-    # clock: less on a loaded machine
-    assert unpaced < 0.01 and slept > 0 and paced > 0.15
+    assert unpaced < 0.01 and slept > 0.1 and paced > 0.15  # 40 ms of CPU at 20%: ~0.2 s of clock
 
 
 def test_a_tenant_over_its_part_of_the_clock_waits_and_the_others_do_not():

@@ -43,8 +43,7 @@ def _flood(gate: Gate, tenant: str, calls: int, cpu_s: float) -> float:
 def test_a_lone_tenant_in_its_process_is_paced_at_the_whole_share():
     _, tenant = _gates(share=0.2)
     took = _flood(tenant, "flood", 20, 0.002)  # 40 ms of CPU at 20% of the clock: ~0.2 s
-    # how much of it is sleep depends on how long the burns took on the clock: less on a loaded machine
-    assert took > 0.15 and tenant.counters["paced_s"] > 0
+    assert took > 0.15 and tenant.counters["paced_s"] > 0.1
 
 
 def test_a_flood_in_one_process_is_paced_at_its_part_and_a_victim_in_another_is_not():

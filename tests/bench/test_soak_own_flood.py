@@ -20,7 +20,9 @@ def test_the_own_flood_holds_the_victims_token_and_a_tenant_flood_the_attackers(
                              ["+engine.num_kv_blocks=48", "engine.max_batch_size=8", f"rpc.tenants={tenants_file}"], 1)
     unknown = secrets.token_hex(16)  # no tenant holds it
     try:
-        out = flood_phases(server.port, unknown, tokens["victim"], ["own64", "topup4"], seconds=3.0, probes=4,
+        # 20 probes: the CPU window is the probes' time, and the flood's client polls at about a tenth of a
+        # core; /proc counts whole ticks of 10 ms, so 4 probes (0.1 s) could read its process as 0 ticks
+        out = flood_phases(server.port, unknown, tokens["victim"], ["own64", "topup4"], seconds=3.0, probes=20,
                            probe_tokens=2, unloaded_p95_ms=100.0, max_ratio=1e9, server_pid=server.proc.pid)
         assert server.proc.poll() is None
     finally:

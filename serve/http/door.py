@@ -20,6 +20,12 @@ the connections *waiting*: accepted, or done with a response, and without a whol
 - A connection whose bytes wait unread in the kernel is about to start a request (a wake accepts
   many sockets before it reads them): it is displaced last, and past the per-address bound not
   at all.
+- An address that started a request within the last `first_byte_timeout_s` is a live client
+  opening several connections at once, not a pile of idle sockets: past its bound its connections
+  wait out their first-byte deadline instead of the grace. A busy client's event loop can take
+  longer than `GRACE_S` to write on each of 64 sockets it opened together (5 of 64 such
+  connections were closed on a loaded 2-core machine). It cannot lock anyone out this way: the
+  bound in all still takes from the group holding the most.
 
 One event loop runs every protocol of the listener: no locks.
 """
@@ -57,6 +63,7 @@ class HttpDoor:
         self.keep_alive_s, self.count = keep_alive_s, count
         self.waiting: dict[Any, Waiting] = {}
         self.groups: dict[tuple[str, str], int] = {}
+        self.progress: dict[str, float] = {}  # address -> when a request of its last started
 
     # ---- what the protocol tells ---------------------------------------------------------------
     def arrived(self, proto, address: str) -> None:
@@ -78,18 +85,22 @@ class HttpDoor:
 
     def started(self, proto) -> None:
         """A request's head is whole: the connection is the app's until its response is done."""
+        self._progressed(getattr(proto, "door_address", None))
+        self.gone(proto)
+
+    def gone(self, proto) -> None:
+        """Closed, by either side."""
         waiting = self.waiting.get(proto)
         if waiting is not None:
             self._forget(waiting)
-
-    gone = started  # closed, by either side
 
     # ---- bounds --------------------------------------------------------------------------------
     def _wait(self, proto, group: tuple[str, str], fresh: bool) -> None:
         old = self.waiting.get(proto)
         if old is not None:
             self._forget(old)
-        if group[0] == ADDRESS and self.groups.get(group, 0) >= self.max_pending_per_address:
+        if (group[0] == ADDRESS and self.groups.get(group, 0) >= self.max_pending_per_address
+                and not self._live(group[1])):
             self._displace(group, min_wait_s=GRACE_S)
         if len(self.waiting) >= self.max_pending:  # the group holding the most gives one up; on a tie its own
             self._displace(max(self.groups, key=lambda g: (self.groups[g], g == group)))
@@ -112,6 +123,19 @@ class HttpDoor:
         if quiet is None and min_wait_s is not None:
             return  # every one has a request arriving: over the address's bound for a moment
         self._drop(quiet or candidates[0], "http_door_displaced")
+
+    def _progressed(self, address: str | None) -> None:
+        if address is None:
+            return
+        now = time.monotonic()
+        self.progress[address] = now
+        if len(self.progress) > 4 * self.max_pending:  # many addresses: keep the ones still live
+            self.progress = {a: t for a, t in self.progress.items() if now - t < self.first_byte_timeout_s}
+
+    def _live(self, address: str) -> bool:
+        """Whether a request from `address` started within the last first-byte deadline."""
+        last = self.progress.get(address)
+        return last is not None and time.monotonic() - last < self.first_byte_timeout_s
 
     # ---- deadlines -----------------------------------------------------------------------------
     def _deadline(self, waiting: Waiting) -> float:

@@ -161,6 +161,28 @@ def test_an_address_opening_sockets_one_by_one_keeps_its_bound(server):
             s.close()
 
 
+@pytest.mark.alone  # its checks fall between the grace (0.25 s) and the first-byte deadline (2 s)
+def test_an_address_that_just_sent_a_request_keeps_its_connections_past_the_bound(server):
+    """A live client opening many connections at once, slow to write on some (its own event loop
+    busy): an address that started a request within the first-byte deadline is not cut to its bound
+    after the grace; its idle ones still close at that deadline."""
+    live = "127.0.0.4"
+    transport = httpx.HTTPTransport(local_address=live)
+    with httpx.Client(transport=transport, timeout=10) as client:
+        reply = client.get(server["url"] + "/v1/models", headers={"Authorization": f"Bearer {server['tokens']['ops']}"})
+    assert reply.status_code == 200, reply.text
+    first = [_sock(server, live) for _ in range(PER_ADDRESS)]
+    time.sleep(0.3)  # past the grace, as in the test above, well within the first-byte deadline (2 s)
+    later = [_sock(server, live) for _ in range(4)]
+    try:
+        assert [_closed_within(s, 0.1) for s in first[:4]] == [None] * 4  # none displaced
+        assert _door(server).groups.get(("address", live)) == PER_ADDRESS + 4
+        assert _closed_within(first[0], FIRST_BYTE_S + 1.0) == b""  # the first-byte deadline still holds
+    finally:
+        for s in first + later:
+            s.close()
+
+
 def test_a_tenants_idle_connections_make_room_from_its_own(server):
     others = [_kept_alive(server, "ops") for _ in range(3)]
     mine = [_kept_alive(server, "two") for _ in range(TOTAL + 8)]

@@ -84,8 +84,10 @@ class HttpDoor:
             self._schedule(waiting)
 
     def started(self, proto) -> None:
-        """A request's head is whole: the connection is the app's until its response is done."""
-        self._progressed(getattr(proto, "door_address", None))
+        """A request's head is whole: the connection is the app's until its response is done. (Told on
+        every read of the request; only the first, while the connection still waits, counts.)"""
+        if proto in self.waiting:
+            self._progressed(getattr(proto, "door_address", None))
         self.gone(proto)
 
     def gone(self, proto) -> None:

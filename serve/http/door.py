@@ -64,6 +64,7 @@ class HttpDoor:
         self.waiting: dict[Any, Waiting] = {}
         self.groups: dict[tuple[str, str], int] = {}
         self.progress: dict[str, float] = {}  # address -> when a request of its last started
+        self.prune_at = 4 * max_pending  # the size of `progress` that prunes it next
 
     # ---- what the protocol tells ---------------------------------------------------------------
     def arrived(self, proto, address: str) -> None:
@@ -86,9 +87,10 @@ class HttpDoor:
     def started(self, proto) -> None:
         """A request's head is whole: the connection is the app's until its response is done. (Told on
         every read of the request; only the first, while the connection still waits, counts.)"""
-        if proto in self.waiting:
+        waiting = self.waiting.get(proto)
+        if waiting is not None:
             self._progressed(getattr(proto, "door_address", None))
-        self.gone(proto)
+            self._forget(waiting)
 
     def gone(self, proto) -> None:
         """Closed, by either side."""
@@ -131,8 +133,11 @@ class HttpDoor:
             return
         now = time.monotonic()
         self.progress[address] = now
-        if len(self.progress) > 4 * self.max_pending:  # many addresses: keep the ones still live
+        if len(self.progress) > self.prune_at:  # many addresses: keep the ones still live
             self.progress = {a: t for a, t in self.progress.items() if now - t < self.first_byte_timeout_s}
+            # next prune once it has doubled: with many live addresses, a rebuild per request start
+            # would cost their number each time; this way each start pays for at most two entries
+            self.prune_at = max(4 * self.max_pending, 2 * len(self.progress))
 
     def _live(self, address: str) -> bool:
         """Whether a request from `address` started within the last first-byte deadline."""

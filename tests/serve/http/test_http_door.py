@@ -5,6 +5,7 @@ requests in progress stop at its connections quota."""
 
 from __future__ import annotations
 
+import asyncio
 import resource
 import socket
 import time
@@ -288,3 +289,33 @@ def test_loop_cpu_counts_a_coroutines_own_steps_and_passes_on_its_result_and_err
         return await awaitable
 
     asyncio.run(main())
+
+
+def test_the_map_of_live_addresses_is_pruned_in_doublings_not_per_request():
+    """Requests from many addresses within the first-byte deadline: every one stays live, and the map is
+    rebuilt only when it has doubled (a rebuild per request start would cost the number of addresses each)."""
+    from serve.http.door import HttpDoor
+
+    class Proto:  # what the door keeps of a connection: a key, its address
+        def __init__(self, address):
+            self.door_address = address
+
+    async def main():
+        door = HttpDoor(max_pending=2, max_pending_per_address=2, first_byte_timeout_s=30.0, header_timeout_s=30.0,
+                        keep_alive_s=30.0, count=lambda reason: None)
+        rebuilt, last = 0, door.progress
+        for i in range(200):
+            proto = Proto(f"10.0.0.{i}")
+            door.arrived(proto, proto.door_address)
+            door.started(proto)
+            rebuilt, last = rebuilt + (door.progress is not last), door.progress
+        return door, rebuilt
+
+    door, rebuilt = asyncio.run(main())
+    assert not door.waiting and not door.groups
+    assert all(door._live(f"10.0.0.{i}") for i in range(200))  # none of the live ones pruned
+    assert rebuilt <= 6, f"the map was rebuilt {rebuilt} times for 200 addresses"  # doublings from 8: 5
+    door.first_byte_timeout_s = 0.0  # every address stale now: the next prune keeps none of them
+    for i in range(door.prune_at + 1 - len(door.progress)):
+        door._progressed(f"10.1.0.{i}")
+    assert len(door.progress) <= 1

@@ -256,8 +256,6 @@ def test_each_request_charges_its_event_loop_cpu_to_its_tenant(server, monkeypat
 
 
 def test_loop_cpu_counts_a_coroutines_own_steps_and_passes_on_its_result_and_errors():
-    import asyncio
-
     from serve.http.server import _LoopCpu
 
     async def busy(seconds: float, fail: bool = False):
